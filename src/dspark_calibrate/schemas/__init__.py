@@ -1,0 +1,36 @@
+"""Arrow schemas, JSON Schemas and the logical-hash specification (imports nothing of ours).
+
+Example:
+    >>> from dspark_calibrate.schemas import arrow_schema, key_columns
+    >>> key_columns("cost-table")
+    ('graph_batch_size', 'verifier_budget')
+    >>> arrow_schema("cost-table").names[:3]
+    ['graph_batch_size', 'verifier_budget', 'step_time_ms']
+"""
+
+from dspark_calibrate.schemas._arrow import (
+    ARTIFACT_KINDS,
+    KINDS,
+    SCHEMA_VERSION,
+    SchemaMismatch,
+    TableSpec,
+    arrow_schema,
+    conform_table,
+    key_columns,
+    table_spec,
+)
+from dspark_calibrate.schemas._json import json_schema, logical_hash_spec
+
+__all__ = [
+    "ARTIFACT_KINDS",
+    "KINDS",
+    "SCHEMA_VERSION",
+    "SchemaMismatch",
+    "TableSpec",
+    "arrow_schema",
+    "conform_table",
+    "json_schema",
+    "key_columns",
+    "logical_hash_spec",
+    "table_spec",
+]
