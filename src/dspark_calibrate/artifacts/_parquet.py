@@ -1,0 +1,273 @@
+"""Parquet read/write with the ``dspark`` footer key (DESIGN §4).
+
+Writes are atomic (the whole file is encoded in memory, then written through
+``atomic_write_bytes``), so a reader never sees a partial artifact. Reads are bounded: file size,
+footer size and metadata size are capped before anything is parsed, and every pyarrow error is
+turned into an ``ArtifactReadError`` with a reason code. The footer is *untrusted* until the
+signature verifies; this module only loads it.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dspark_calibrate.artifacts._atomic import atomic_write_bytes
+from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict
+from dspark_calibrate.artifacts._logical_hash import logical_sha256
+from dspark_calibrate.artifacts._models import Fingerprint, ModelError, Provenance
+from dspark_calibrate.artifacts._reasons import Reason
+from dspark_calibrate.errors import ConfigError, DsparkError
+from dspark_calibrate.schemas import SCHEMA_VERSION, SchemaMismatch, conform_table
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "FOOTER_KEY",
+    "FORMAT",
+    "ArtifactReadError",
+    "LoadedArtifact",
+    "ReadLimits",
+    "detached_envelope_path",
+    "encode_artifact",
+    "footer_metadata",
+    "read_artifact",
+    "write_unsigned_artifact",
+]
+
+FOOTER_KEY = b"dspark"
+FORMAT = "dspark-calibrate/artifact"
+FORMAT_VERSION = 1
+_MAGIC = b"PAR1"
+
+
+@dataclass(frozen=True, slots=True)
+class ReadLimits:
+    """Caps applied before parsing untrusted files (bytes).
+
+    Defaults: our largest artifacts (raw sweep samples of a long sweep) stay far below 256 MiB; a
+    footer above 8 MiB or a ``dspark`` value above 2 MiB can only be an attack or a bug.
+    """
+
+    max_file_bytes: int = 256 << 20
+    max_footer_bytes: int = 8 << 20
+    max_metadata_bytes: int = 2 << 20
+    max_envelope_bytes: int = 1 << 20
+
+
+DEFAULT_LIMITS = ReadLimits()
+
+
+class ArtifactReadError(DsparkError):
+    """An artifact file could not be read; ``reason`` says why (IO_ERROR, NOT_PARQUET, ...)."""
+
+    def __init__(self, reason: Reason, message: str) -> None:
+        self.reason = reason
+        super().__init__(message)
+
+
+def detached_envelope_path(path: Path) -> Path:
+    """``<file>.dsse.json`` beside an artifact."""
+    return path.with_name(path.name + ".dsse.json")
+
+
+@dataclass(frozen=True)
+class LoadedArtifact:
+    """A Parquet artifact as read from disk. Nothing here is trusted until verification passes.
+
+    Attributes:
+        path: where it was read from.
+        table: the data, without schema metadata.
+        metadata: the parsed ``dspark`` footer JSON (untrusted).
+        envelope: the embedded DSSE envelope (JSON form), or ``None``.
+        detached_envelope: bytes of ``<file>.dsse.json`` when present, else ``None``.
+    """
+
+    path: Path
+    table: pa.Table
+    metadata: Mapping[str, Any]
+    envelope: Mapping[str, Any] | None
+    detached_envelope: bytes | None = None
+    file_bytes: int = 0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str | None:
+        """The footer's (untrusted) kind."""
+        kind = self.metadata.get("kind")
+        return kind if isinstance(kind, str) else None
+
+    @property
+    def schema_version(self) -> int | None:
+        """The footer's (untrusted) schema version."""
+        v = self.metadata.get("schema_version")
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+    def fingerprint_untrusted(self) -> Fingerprint:
+        """The footer's fingerprint (untrusted: for unsigned sweep/trace outputs and diagnostics).
+
+        Raises:
+            ConfigError: the footer holds no valid fingerprint.
+        """
+        try:
+            return Fingerprint.from_dict(self.metadata.get("fingerprint") or {})
+        except ModelError as exc:
+            raise ConfigError(f"{self.path}: footer fingerprint is invalid: {exc}") from exc
+
+    def provenance_untrusted(self) -> Provenance:
+        """The footer's provenance (untrusted).
+
+        Raises:
+            ConfigError: the footer holds no valid provenance.
+        """
+        try:
+            return Provenance.from_dict(self.metadata.get("provenance") or {})
+        except ModelError as exc:
+            raise ConfigError(f"{self.path}: footer provenance is invalid: {exc}") from exc
+
+
+def footer_metadata(
+    *,
+    kind: str,
+    table: pa.Table,
+    fingerprint: Fingerprint,
+    provenance: Provenance,
+    summary: Mapping[str, Any] | None = None,
+    envelope: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Build the ``dspark`` footer document for a table of ``kind``."""
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "kind": kind,
+        "schema_version": SCHEMA_VERSION[kind],
+        "logical_sha256": logical_sha256(table, kind),
+        "fingerprint": fingerprint.to_dict(),
+        "provenance": provenance.to_dict(),
+        "summary": dict(summary) if summary is not None else {},
+        "envelope": dict(envelope) if envelope is not None else None,
+    }
+
+
+def encode_artifact(
+    table: pa.Table, metadata: Mapping[str, Any], *, compression: str = "zstd", row_group_size: int | None = None
+) -> bytes:
+    """Encode a table and its footer document as Parquet bytes."""
+    meta = dict(table.schema.metadata or {})
+    meta[FOOTER_KEY] = canonical_json(metadata)
+    sink = pa.BufferOutputStream()
+    pq.write_table(
+        table.replace_schema_metadata(meta), sink, compression=compression, row_group_size=row_group_size
+    )
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def write_unsigned_artifact(
+    path: Path | str,
+    table: pa.Table,
+    *,
+    kind: str,
+    fingerprint: Fingerprint,
+    provenance: Provenance,
+    summary: Mapping[str, Any] | None = None,
+) -> str:
+    """Conform ``table`` to its kind's schema and write it atomically, unsigned.
+
+    Returns:
+        The logical SHA-256 of the written table.
+
+    Raises:
+        ConfigError: the table does not match the kind's schema or cannot be hashed.
+    """
+    path = Path(path)
+    try:
+        table = conform_table(kind, table)
+        metadata = footer_metadata(
+            kind=kind, table=table, fingerprint=fingerprint, provenance=provenance, summary=summary
+        )
+    except (SchemaMismatch, ValueError) as exc:
+        raise ConfigError(f"{path}: cannot write {kind} artifact: {exc}") from exc
+    atomic_write_bytes(path, encode_artifact(table, metadata))
+    return str(metadata["logical_sha256"])
+
+
+def _check_footer(data: bytes, path: Path, limits: ReadLimits) -> None:
+    if len(data) < 12 or data[:4] != _MAGIC or data[-4:] != _MAGIC:
+        raise ArtifactReadError(Reason.NOT_PARQUET, f"{path}: not a Parquet file (magic bytes missing or truncated)")
+    (footer_len,) = struct.unpack("<I", data[-8:-4])
+    if footer_len > limits.max_footer_bytes:
+        raise ArtifactReadError(
+            Reason.FOOTER_TOO_LARGE,
+            f"{path}: Parquet footer is {footer_len} bytes, above the {limits.max_footer_bytes}-byte limit",
+        )
+    if footer_len + 12 > len(data):
+        raise ArtifactReadError(Reason.NOT_PARQUET, f"{path}: Parquet footer length exceeds the file (truncated?)")
+
+
+def read_artifact(path: Path | str, limits: ReadLimits = DEFAULT_LIMITS) -> LoadedArtifact:
+    """Read a Parquet artifact, its ``dspark`` footer and any detached envelope, within ``limits``.
+
+    Raises:
+        ArtifactReadError: IO_ERROR, NOT_PARQUET, FOOTER_TOO_LARGE, METADATA_INVALID or
+            ENVELOPE_TOO_LARGE, with a message naming the file.
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > limits.max_file_bytes:
+            raise ArtifactReadError(
+                Reason.NOT_PARQUET, f"{path}: {size} bytes is above the {limits.max_file_bytes}-byte artifact limit"
+            )
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ArtifactReadError(Reason.IO_ERROR, f"{path}: cannot read ({exc.strerror or exc})") from exc
+    _check_footer(data, path, limits)
+    try:
+        pf = pq.ParquetFile(pa.BufferReader(data))
+        kv = pf.schema_arrow.metadata or {}
+        raw_meta = kv.get(FOOTER_KEY)
+        if raw_meta is None:
+            raise ArtifactReadError(
+                Reason.METADATA_INVALID, f"{path}: no 'dspark' footer key; not a dspark-calibrate artifact"
+            )
+        if len(raw_meta) > limits.max_metadata_bytes:
+            raise ArtifactReadError(
+                Reason.FOOTER_TOO_LARGE,
+                f"{path}: 'dspark' footer value is {len(raw_meta)} bytes, above {limits.max_metadata_bytes}",
+            )
+        table = pf.read().replace_schema_metadata(None)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        if isinstance(exc, ArtifactReadError):
+            raise
+        raise ArtifactReadError(Reason.NOT_PARQUET, f"{path}: corrupt Parquet ({exc})") from exc
+    try:
+        metadata = loads_strict(raw_meta, what=f"{path}: 'dspark' footer")
+    except JsonError as exc:
+        raise ArtifactReadError(Reason.METADATA_INVALID, str(exc)) from exc
+    if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
+        raise ArtifactReadError(
+            Reason.METADATA_INVALID, f"{path}: 'dspark' footer is not a {FORMAT} document"
+        )
+    envelope = metadata.get("envelope")
+    if envelope is not None and not isinstance(envelope, dict):
+        raise ArtifactReadError(Reason.METADATA_INVALID, f"{path}: footer 'envelope' must be an object or null")
+    detached = None
+    dpath = detached_envelope_path(path)
+    try:
+        if dpath.exists():
+            if dpath.stat().st_size > limits.max_envelope_bytes:
+                raise ArtifactReadError(
+                    Reason.ENVELOPE_TOO_LARGE,
+                    f"{dpath}: {dpath.stat().st_size} bytes, above the {limits.max_envelope_bytes}-byte limit",
+                )
+            detached = dpath.read_bytes()
+    except OSError as exc:
+        raise ArtifactReadError(Reason.IO_ERROR, f"{dpath}: cannot read ({exc.strerror or exc})") from exc
+    return LoadedArtifact(
+        path=path, table=table, metadata=metadata, envelope=envelope, detached_envelope=detached, file_bytes=size
+    )

@@ -1,0 +1,82 @@
+"""Canonical JSON and the strict parser: fixed examples, refusals, hypothesis properties."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dspark_calibrate.artifacts import JsonError, canonical_json, loads_strict
+
+
+def test_matches_trtllm_canonical_form() -> None:
+    obj = {"b": [1, 2.5, "é"], "a": {"z": None, "y": True}}
+    assert canonical_json(obj) == json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+    assert canonical_json(obj) == b'{"a":{"y":true,"z":null},"b":[1,2.5,"\\u00e9"]}'
+
+
+@pytest.mark.parametrize(
+    ("name", "obj"),
+    [
+        ("nan", {"x": float("nan")}),
+        ("inf", [float("inf")]),
+        ("neg_inf", {"a": {"b": [float("-inf")]}}),
+        ("non_string_key", {1: "x"}),
+        ("set", {"x": {1, 2}}),
+        ("bytes", {"x": b"raw"}),
+    ],
+)
+def test_canonical_refuses(name: str, obj: Any) -> None:
+    with pytest.raises(JsonError):
+        canonical_json(obj)
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("duplicate_key", '{"a": 1, "a": 2}'),
+        ("nested_duplicate", '{"x": {"k": 1, "k": 1}}'),
+        ("nan_literal", '{"a": NaN}'),
+        ("infinity_literal", "[Infinity]"),
+        ("neg_infinity_literal", "[-Infinity]"),
+        ("overflow_to_inf", "[1e999]"),
+        ("syntax", '{"a": '),
+        ("not_utf8", b"\xff\xfe"),
+        ("too_deep", "[" * 40 + "]" * 40),
+    ],
+)
+def test_strict_parser_refuses(name: str, text: str | bytes) -> None:
+    with pytest.raises(JsonError):
+        loads_strict(text.encode() if isinstance(text, str) else text, what="doc")
+
+
+def test_strict_parser_message_names_document() -> None:
+    with pytest.raises(JsonError, match="footer of x.parquet"):
+        loads_strict(b'{"a":1,"a":2}', what="footer of x.parquet")
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values)
+def test_property_round_trip_and_idempotence(obj: Any) -> None:
+    data = canonical_json(obj)
+    parsed = loads_strict(data)
+    assert canonical_json(parsed) == data
+    assert data.isascii()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(max_size=6), st.integers(), max_size=6))
+def test_property_key_order_irrelevant(d: dict[str, int]) -> None:
+    reversed_d = dict(reversed(list(d.items())))
+    assert canonical_json(d) == canonical_json(reversed_d)

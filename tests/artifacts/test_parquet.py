@@ -1,0 +1,107 @@
+"""Parquet read/write: atomic unsigned writes, footer key, bounded reads with reason codes."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from dspark_calibrate.artifacts import ArtifactReadError, Reason, ReadLimits, read_artifact, write_unsigned_artifact
+from dspark_calibrate.errors import ConfigError
+from tests.factories import make_cost_table, make_fingerprint, make_provenance
+
+
+def _write(tmp_path: Path) -> Path:
+    path = tmp_path / "cost.parquet"
+    write_unsigned_artifact(
+        path, make_cost_table(), kind="cost-table", fingerprint=make_fingerprint(), provenance=make_provenance()
+    )
+    return path
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    path = _write(tmp_path)
+    loaded = read_artifact(path)
+    assert loaded.kind == "cost-table"
+    assert loaded.schema_version == 1
+    assert loaded.table.equals(make_cost_table())
+    assert loaded.envelope is None
+    assert loaded.fingerprint_untrusted() == make_fingerprint()
+    assert list(tmp_path.iterdir()) == [path]  # no temp files left behind
+
+
+def test_readable_by_plain_pyarrow_and_pandas(tmp_path: Path) -> None:
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    path = _write(tmp_path)
+    assert pq.read_table(path).num_rows == 9
+    assert len(pd.read_parquet(path)) == 9
+
+
+def test_write_refuses_wrong_schema_and_writes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "bad.parquet"
+    with pytest.raises(ConfigError, match="step_time_ms"):
+        write_unsigned_artifact(
+            path,
+            make_cost_table().drop_columns(["step_time_ms"]),
+            kind="cost-table",
+            fingerprint=make_fingerprint(),
+            provenance=make_provenance(),
+        )
+    assert not path.exists()
+
+
+def test_write_refuses_nan(tmp_path: Path) -> None:
+    t = make_cost_table()
+    t = t.set_column(2, "step_time_ms", pa.array([float("nan")] * t.num_rows))
+    with pytest.raises(ConfigError, match="NaN"):
+        write_unsigned_artifact(
+            tmp_path / "x.parquet", t, kind="cost-table", fingerprint=make_fingerprint(), provenance=make_provenance()
+        )
+
+
+def _footer_len_patched(data: bytes, n: int) -> bytes:
+    return data[:-8] + struct.pack("<I", n) + b"PAR1"
+
+
+CASES = [
+    ("missing_file", None, Reason.IO_ERROR),
+    ("empty_file", lambda d: b"", Reason.NOT_PARQUET),
+    ("not_parquet", lambda d: b"hello world, not parquet at all", Reason.NOT_PARQUET),
+    ("truncated_tail", lambda d: d[: len(d) // 2], Reason.NOT_PARQUET),
+    ("truncated_head", lambda d: d[len(d) // 2 :], Reason.NOT_PARQUET),
+    ("footer_len_huge", lambda d: _footer_len_patched(d, 1 << 30), Reason.FOOTER_TOO_LARGE),
+    ("footer_len_past_file", lambda d: _footer_len_patched(d, len(d)), Reason.NOT_PARQUET),
+    ("footer_garbage", lambda d: d[:-40] + b"\x00" * 32 + d[-8:], Reason.NOT_PARQUET),
+]
+
+
+@pytest.mark.parametrize(("name", "mutate", "reason"), CASES, ids=[c[0] for c in CASES])
+def test_bad_files(tmp_path: Path, name: str, mutate: object, reason: Reason) -> None:
+    path = _write(tmp_path)
+    if mutate is None:
+        path.unlink()
+    else:
+        path.write_bytes(mutate(path.read_bytes()))  # type: ignore[operator]
+    with pytest.raises(ArtifactReadError) as info:
+        read_artifact(path)
+    assert info.value.reason is reason
+
+
+def test_plain_parquet_without_footer_key(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "plain.parquet"
+    pq.write_table(make_cost_table(), path)
+    with pytest.raises(ArtifactReadError) as info:
+        read_artifact(path)
+    assert info.value.reason is Reason.METADATA_INVALID
+
+
+def test_file_size_cap(tmp_path: Path) -> None:
+    path = _write(tmp_path)
+    with pytest.raises(ArtifactReadError, match="limit"):
+        read_artifact(path, ReadLimits(max_file_bytes=100))
