@@ -229,7 +229,9 @@ def read_artifact(path: Path | str, limits: ReadLimits = DEFAULT_LIMITS) -> Load
     _check_footer(data, path, limits)
     try:
         pf = pq.ParquetFile(pa.BufferReader(data))
-        kv = pf.schema_arrow.metadata or {}
+        # The Parquet footer's own key-value pairs; the base64 copy pyarrow keeps inside
+        # ARROW:schema is never consulted, so there is exactly one place the key is read from.
+        kv = pf.metadata.metadata or {}
         raw_meta = kv.get(FOOTER_KEY)
         if raw_meta is None:
             raise ArtifactReadError(

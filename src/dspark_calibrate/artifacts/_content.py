@@ -1,0 +1,209 @@
+"""Content rules of verified tables, per kind (DESIGN §4 step 8, §6). Pure: no I/O.
+
+Run only after the signature and the logical hash have passed, on the signed predicate and the
+loaded table. Each rule returns findings; an empty list means the content is acceptable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from dspark_calibrate.artifacts._models import TRTLLM_FINGERPRINT_FIELDS, Fingerprint
+from dspark_calibrate.artifacts._reasons import Finding, Reason
+from dspark_calibrate.schemas import arrow_schema
+
+__all__ = ["MAX_COMPACT_PER_G", "MAX_DEPLOYED_CELLS", "content_findings"]
+
+#: Engine limits on deployed cells (DESIGN §2): compact cells per G, and cells in total.
+MAX_COMPACT_PER_G = 4
+MAX_DEPLOYED_CELLS = 32
+
+
+def _schema(kind: str, table: pa.Table, where: str) -> list[Finding]:
+    want = arrow_schema(kind)
+    have = table.schema
+    if [(f.name, f.type) for f in have] == [(f.name, f.type) for f in want]:
+        return []
+    diffs = []
+    for i in range(max(len(want), len(have))):
+        w = f"{want[i].name}:{want[i].type}" if i < len(want) else "-"
+        h = f"{have[i].name}:{have[i].type}" if i < len(have) else "-"
+        if w != h:
+            diffs.append(f"column {i}: expected {w}, found {h}")
+    return [
+        Finding(
+            Reason.SCHEMA_MISMATCH,
+            f"{where}: {kind} table does not match schema: " + "; ".join(diffs[:4]) + "; rebuild with this tool",
+        )
+    ]
+
+
+def _k(fp: Fingerprint, where: str) -> tuple[int | None, list[Finding]]:
+    if fp.max_draft_len is None:
+        return None, [
+            Finding(Reason.K_INCONSISTENT, f"{where}: fingerprint.max_draft_len (K) is not set", field="max_draft_len")
+        ]
+    return fp.max_draft_len, []
+
+
+def _cost_table(table: pa.Table, fp: Fingerprint, where: str) -> list[Finding]:
+    out: list[Finding] = []
+    missing = fp.missing(TRTLLM_FINGERPRINT_FIELDS)
+    if missing:
+        out.append(
+            Finding(
+                Reason.CONTENT_INVALID,
+                f"{where}: a cost table must carry all ten engine fingerprint fields; missing {list(missing)}",
+                field="fingerprint",
+            )
+        )
+    k, f = _k(fp, where)
+    out += f
+    if k is None:
+        return out
+    g = table.column("graph_batch_size").to_numpy()
+    v = table.column("verifier_budget").to_numpy()
+    t = table.column("step_time_ms").to_numpy()
+    lo = table.column("ci_low_ms").to_numpy()
+    hi = table.column("ci_high_ms").to_numpy()
+    ladder = fp.rank_local_graph_batch_sizes or ()
+    for gi, vi in zip(g.tolist(), v.tolist(), strict=True):
+        if gi not in ladder:
+            out.append(
+                Finding(
+                    Reason.CONTENT_INVALID,
+                    f"{where}: cell (G={gi}, V={vi}) has G outside the graph ladder {list(ladder)}",
+                    field="graph_batch_size",
+                )
+            )
+        elif vi != 0 and not (gi < vi < gi * (k + 1)):
+            # V = G is legal but can never carry a real row (DESIGN §6), so it is never deployed.
+            out.append(
+                Finding(
+                    Reason.CONTENT_INVALID,
+                    f"{where}: cell (G={gi}, V={vi}) is not a deployable compact budget; need G < V < G*(K+1)={gi * (k + 1)}",
+                    field="verifier_budget",
+                )
+            )
+    for gi in ladder:
+        if not np.any((g == gi) & (v == 0)):
+            out.append(
+                Finding(
+                    Reason.NATIVE_CELL_MISSING,
+                    f"{where}: G={gi} has no native cell (V=0); every G needs its static full-K fallback",
+                    field="verifier_budget",
+                    expected=0,
+                )
+            )
+    compact = v != 0
+    per_g = {int(x): int(np.sum(compact & (g == x))) for x in np.unique(g)}
+    over = {x: n for x, n in per_g.items() if n > MAX_COMPACT_PER_G}
+    if over:
+        out.append(
+            Finding(
+                Reason.CONTENT_INVALID,
+                f"{where}: more than {MAX_COMPACT_PER_G} compact cells for G {sorted(over)} (engine limit)",
+            )
+        )
+    if table.num_rows > MAX_DEPLOYED_CELLS:
+        out.append(
+            Finding(
+                Reason.CONTENT_INVALID,
+                f"{where}: {table.num_rows} cells, above the engine limit of {MAX_DEPLOYED_CELLS}",
+            )
+        )
+    if np.any(t <= 0) or np.any(lo <= 0):
+        out.append(Finding(Reason.CONTENT_INVALID, f"{where}: step times must be positive", field="step_time_ms"))
+    if np.any(lo > t) or np.any(t > hi):
+        out.append(
+            Finding(
+                Reason.CONTENT_INVALID, f"{where}: need ci_low_ms <= step_time_ms <= ci_high_ms", field="ci_low_ms"
+            )
+        )
+    if np.any(table.column("samples").to_numpy() < 1):
+        out.append(Finding(Reason.CONTENT_INVALID, f"{where}: every cell needs >= 1 sample", field="samples"))
+    return out
+
+
+def _calibration(table: pa.Table, fp: Fingerprint, where: str) -> list[Finding]:
+    k, out = _k(fp, where)
+    if k is None:
+        return out
+    positions = sorted(table.column("position").to_pylist())
+    if positions != list(range(1, k + 1)):
+        out.append(
+            Finding(
+                Reason.K_INCONSISTENT,
+                f"{where}: calibration positions {positions} do not cover 1..K={k}",
+                field="position",
+                expected=list(range(1, k + 1)),
+                actual=positions,
+            )
+        )
+    temps = table.column("temperature").to_numpy(zero_copy_only=False)
+    finite = temps[~np.isnan(temps.astype(float))] if temps.size else temps
+    if finite.size and np.any(finite <= 0):
+        out.append(Finding(Reason.CONTENT_INVALID, f"{where}: temperatures must be positive", field="temperature"))
+    return out
+
+
+def _sweep(table: pa.Table, fp: Fingerprint, where: str) -> list[Finding]:
+    k, out = _k(fp, where)
+    if k is None or table.num_rows == 0:
+        return out
+    g = table.column("graph_batch_size").to_numpy()
+    v = table.column("verifier_budget").to_numpy()
+    bad = (v != 0) & ((v < g) | (v > g * (k + 1)))
+    if np.any(bad):
+        i = int(np.flatnonzero(bad)[0])
+        out.append(
+            Finding(
+                Reason.CONTENT_INVALID,
+                f"{where}: cell (G={g[i]}, V={v[i]}) is outside G <= V <= G*(K+1)",
+                field="verifier_budget",
+            )
+        )
+    return out
+
+
+def _none(table: pa.Table, fp: Fingerprint, where: str) -> list[Finding]:
+    return []
+
+
+_RULES: Mapping[str, Callable[[pa.Table, Fingerprint, str], list[Finding]]] = {
+    "cost-table": _cost_table,
+    "calibration": _calibration,
+    "sweep": _sweep,
+    "sweep-samples": _none,
+    "admission": _none,
+}
+
+
+def content_findings(
+    kind: str,
+    table: pa.Table,
+    fingerprint: Fingerprint,
+    provenance: Mapping[str, Any],
+    *,
+    allow_synthetic: bool,
+    where: str,
+) -> list[Finding]:
+    """All content findings for a verified table of ``kind`` (empty when acceptable)."""
+    out = _schema(kind, table, where)
+    if out:
+        return out  # the per-kind rules read columns the schema guarantees
+    out += _RULES[kind](table, fingerprint, where)
+    if provenance.get("synthetic") is True and not allow_synthetic:
+        out.append(
+            Finding(
+                Reason.SYNTHETIC_REFUSED,
+                f"{where}: built from synthetic measurements (backend {provenance.get('backend')!r}); "
+                "pass --allow-synthetic only for demos and tests",
+                field="provenance.synthetic",
+            )
+        )
+    return out
