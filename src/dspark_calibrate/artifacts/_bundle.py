@@ -1,0 +1,344 @@
+"""Signed bundle manifests: one deployment = cost-table + calibration (+ admission) (DESIGN §4).
+
+A bundle is a directory holding the signed member artifacts and ``bundle.dsse.json``, a DSSE
+envelope around an in-toto Statement whose subjects are the members' logical hashes. Members cannot
+be mixed and matched across deployments: the manifest pins each by logical hash and version, and
+all members must carry the manifest's fingerprint. Verification reuses the artifact pipeline's
+steps (``_verify``) for the manifest and runs the full pipeline on every member.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from securesystemslib.signer import Signer
+
+from dspark_calibrate.artifacts._atomic import atomic_write_bytes
+from dspark_calibrate.artifacts._canonical import canonical_json
+from dspark_calibrate.artifacts._envelope import (
+    BUNDLE_PREDICATE_TYPE,
+    EnvelopeError,
+    make_statement,
+    parse_envelope,
+    sign_envelope,
+)
+from dspark_calibrate.artifacts._models import Fingerprint, ModelError, is_sha256_hex
+from dspark_calibrate.artifacts._parquet import DEFAULT_LIMITS, ReadLimits
+from dspark_calibrate.artifacts._reasons import Finding, Reason
+from dspark_calibrate.artifacts._sign import format_time, parse_time, series_of
+from dspark_calibrate.artifacts._state import RollbackState, StateError
+from dspark_calibrate.artifacts._trust import TrustRoot
+from dspark_calibrate.artifacts._verify import (
+    Expectation,
+    VerificationReport,
+    VerifiedArtifact,
+    _statement_parts,
+    _Stop,
+    check_binding,
+    check_envelope,
+    check_freshness,
+    verify_path,
+)
+from dspark_calibrate.errors import ConfigError
+
+__all__ = [
+    "BUNDLE_KINDS",
+    "BUNDLE_MANIFEST",
+    "BundleReport",
+    "verify_bundle",
+    "write_bundle",
+]
+
+BUNDLE_MANIFEST = "bundle.dsse.json"
+#: Member kinds a bundle may hold; the first two are required.
+BUNDLE_KINDS: tuple[str, ...] = ("cost-table", "calibration", "admission")
+_REQUIRED: tuple[str, ...] = ("cost-table", "calibration")
+_MEMBER_FILE = re.compile(r"^[A-Za-z0-9._-]+\.parquet$")
+_MANIFEST_FIELDS = frozenset(
+    {"schema_version", "series", "version", "issued_at", "expires_at", "fingerprint", "members"}
+)
+
+
+@dataclass(frozen=True)
+class BundleReport:
+    """The outcome of ``verify_bundle``: manifest findings first, then the members' reports."""
+
+    path: Path
+    findings: tuple[Finding, ...]
+    members: Mapping[str, VerificationReport] = field(default_factory=dict)
+    version: int | None = None
+    fingerprint: Fingerprint | None = None
+    manifest_keyids: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """True when the manifest and every member verified."""
+        return not self.findings
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    @property
+    def reason(self) -> Reason:
+        """The first reason, or OK."""
+        return self.findings[0].reason if self.findings else Reason.OK
+
+    @property
+    def code(self) -> str:
+        """The first finding's code, or OK."""
+        return self.findings[0].code if self.findings else Reason.OK.value
+
+    @property
+    def message(self) -> str:
+        """The first finding's message, or a success line."""
+        if self.findings:
+            return self.findings[0].message
+        kinds = ", ".join(sorted(self.members))
+        return f"{self.path}: valid bundle v{self.version} ({kinds})"
+
+    def artifact(self, kind: str) -> VerifiedArtifact | None:
+        """The verified member of ``kind`` (None when absent or rejected)."""
+        report = self.members.get(kind)
+        return report.artifact if report is not None and report.ok else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "path": str(self.path),
+            "valid": self.ok,
+            "code": self.code,
+            "reason": self.reason.value,
+            "message": self.message,
+            "version": self.version,
+            "manifest_keyids": list(self.manifest_keyids),
+            "findings": [f.to_dict() for f in self.findings],
+            "members": {k: r.to_dict() for k, r in sorted(self.members.items())},
+        }
+
+
+def write_bundle(
+    out_dir: Path,
+    members: Mapping[str, VerifiedArtifact],
+    signers: Sequence[Signer],
+    *,
+    version: int,
+    issued_at: datetime,
+    expires_at: datetime,
+) -> Path:
+    """Write and sign ``out_dir/bundle.dsse.json`` binding the given (verified) members.
+
+    The member files must already be in ``out_dir``.
+
+    Raises:
+        ConfigError: a required member is missing, members disagree on the fingerprint, or a member
+            file is not in ``out_dir``.
+    """
+    missing = [k for k in _REQUIRED if k not in members]
+    unknown = sorted(set(members) - set(BUNDLE_KINDS))
+    if missing or unknown:
+        raise ConfigError(f"bundle needs members {list(_REQUIRED)}; missing {missing}, unknown {unknown}")
+    fps = {k: a.fingerprint for k, a in members.items()}
+    first = fps["cost-table"]
+    for k, fp in fps.items():
+        if fp != first:
+            diff = ", ".join(n for n, _, _ in first.diff(fp))
+            raise ConfigError(f"bundle member {k} has a different fingerprint than cost-table ({diff})")
+    entries: dict[str, Any] = {}
+    for k, a in sorted(members.items()):
+        if a.path.parent.resolve() != out_dir.resolve():
+            raise ConfigError(f"bundle member {a.path} must be inside {out_dir}")
+        entries[k] = {"file": a.path.name, "logical_sha256": a.logical_sha256, "version": a.version}
+    predicate = {
+        "schema_version": 1,
+        "series": series_of("bundle", first),
+        "version": version,
+        "issued_at": format_time(issued_at),
+        "expires_at": format_time(expires_at),
+        "fingerprint": first.to_dict(),
+        "members": entries,
+    }
+    statement = make_statement("bundle", "0" * 64, BUNDLE_PREDICATE_TYPE, predicate)
+    statement["subject"] = [
+        {"name": k, "digest": {"sha256": e["logical_sha256"]}} for k, e in sorted(entries.items())
+    ]
+    envelope = sign_envelope(canonical_json(statement), signers)
+    path = out_dir / BUNDLE_MANIFEST
+    atomic_write_bytes(path, canonical_json(envelope))
+    return path
+
+
+def _manifest_predicate(
+    statement: Mapping[str, Any], where: Path
+) -> tuple[dict[str, Any], Fingerprint, datetime, datetime]:
+    subject, predicate = _statement_parts(statement, where, BUNDLE_PREDICATE_TYPE)
+    if set(predicate) != _MANIFEST_FIELDS or predicate.get("schema_version") != 1:
+        raise _Stop(
+            [Finding(Reason.BUNDLE_INVALID, f"{where}: manifest predicate fields {sorted(predicate)} are not v1")]
+        )
+    members = predicate["members"]
+    if not isinstance(members, dict) or not members or set(members) - set(BUNDLE_KINDS):
+        raise _Stop([Finding(Reason.BUNDLE_INVALID, f"{where}: members must be a subset of {list(BUNDLE_KINDS)}")])
+    for k, e in members.items():
+        if (
+            not isinstance(e, dict)
+            or set(e) != {"file", "logical_sha256", "version"}
+            or not isinstance(e["file"], str)
+            or not _MEMBER_FILE.match(e["file"])
+            or not is_sha256_hex(e["logical_sha256"])
+            or not isinstance(e["version"], int)
+        ):
+            raise _Stop([Finding(Reason.BUNDLE_INVALID, f"{where}: member {k} entry is malformed", field=k)])
+    want_subject = [{"name": k, "digest": {"sha256": e["logical_sha256"]}} for k, e in sorted(members.items())]
+    if subject != want_subject:
+        raise _Stop([Finding(Reason.SUBJECT_INVALID, f"{where}: subjects do not list exactly the members")])
+    try:
+        fp = Fingerprint.from_dict(predicate["fingerprint"])
+        issued, expires = parse_time(predicate["issued_at"]), parse_time(predicate["expires_at"])
+        if isinstance(predicate["version"], bool) or not isinstance(predicate["version"], int):
+            raise ModelError("version must be an integer")
+    except (ModelError, ValueError, TypeError) as exc:
+        raise _Stop([Finding(Reason.BUNDLE_INVALID, f"{where}: {exc}")]) from None
+    if predicate["series"] != series_of("bundle", fp):
+        raise _Stop([Finding(Reason.BUNDLE_INVALID, f"{where}: series does not match the fingerprint", "series")])
+    return predicate, fp, issued, expires
+
+
+def verify_bundle(
+    path: Path | str,
+    trust_root: TrustRoot,
+    *,
+    now: datetime,
+    expected: Expectation = Expectation(),
+    state: RollbackState | None = None,
+    record: bool = False,
+    required: Sequence[str] = _REQUIRED,
+    limits: ReadLimits = DEFAULT_LIMITS,
+) -> BundleReport:
+    """Verify a bundle directory (or its manifest path) and every member.
+
+    Manifest: signature (2), payload (3), predicate (4), freshness and rollback (6), binding (7).
+    Members: the full artifact pipeline each, then the bundle's own checks: the member's logical hash
+    and version are the ones the manifest pins, and its fingerprint is the manifest's. State is
+    recorded (manifest and members) only when everything passed.
+    """
+    path = Path(path)
+    bundle_dir = path if path.is_dir() else path.parent
+    manifest = bundle_dir / BUNDLE_MANIFEST if path.is_dir() else path
+    members: dict[str, VerificationReport] = {}
+    try:
+        try:
+            size = manifest.stat().st_size
+            if size > limits.max_envelope_bytes:
+                raise _Stop([Finding(Reason.ENVELOPE_TOO_LARGE, f"{manifest}: {size} bytes is above the limit")])
+            raw = manifest.read_bytes()
+        except FileNotFoundError:
+            raise _Stop(
+                [Finding(Reason.BUNDLE_MEMBER_MISSING, f"{manifest}: bundle manifest not found", field="manifest")]
+            ) from None
+        except OSError as exc:
+            raise _Stop([Finding(Reason.IO_ERROR, f"{manifest}: cannot read ({exc.strerror or exc})")]) from None
+        try:
+            env = parse_envelope(raw, max_bytes=limits.max_envelope_bytes)
+        except EnvelopeError as exc:
+            raise _Stop([Finding(exc.reason, f"{manifest}: {exc}")]) from None
+        keyids, statement = check_envelope(env, trust_root, manifest)
+        predicate, fp, issued, expires = _manifest_predicate(statement, manifest)
+        fresh = check_freshness(
+            series=predicate["series"],
+            version=predicate["version"],
+            issued_at=issued,
+            expires_at=expires,
+            now=now,
+            max_age=expected.max_age,
+            state=state,
+            where=manifest,
+        )
+        if fresh:
+            raise _Stop(fresh)
+        if expected.fingerprint is not None:
+            binding, _ = check_binding(fp, expected.fingerprint, unbound=expected.unbound_fields, where=manifest)
+            if binding:
+                raise _Stop(binding)
+        entries: dict[str, Any] = predicate["members"]
+        missing = [k for k in required if k not in entries]
+        if missing:
+            raise _Stop(
+                [
+                    Finding(
+                        Reason.BUNDLE_MEMBER_MISSING,
+                        f"{manifest}: required member(s) {missing} not in the bundle",
+                        field=missing[0],
+                    )
+                ]
+            )
+        findings: list[Finding] = []
+        for kind, entry in sorted(entries.items()):
+            member_path = bundle_dir / entry["file"]
+            report = verify_path(
+                member_path,
+                trust_root,
+                now=now,
+                expected=Expectation(
+                    kind=kind,
+                    fingerprint=expected.fingerprint,
+                    unbound_fields=expected.unbound_fields,
+                    allow_synthetic=expected.allow_synthetic,
+                    max_age=expected.max_age,
+                ),
+                state=state,
+                record=False,
+                limits=limits,
+            )
+            members[kind] = report
+            if not report.ok:
+                findings.extend(report.findings)
+                continue
+            art = report.artifact
+            assert art is not None
+            if art.logical_sha256 != entry["logical_sha256"] or art.version != entry["version"]:
+                findings.append(
+                    Finding(
+                        Reason.BUNDLE_MEMBER_MISMATCH,
+                        f"{member_path}: is not the {kind} this bundle pins (logical sha256 "
+                        f"{art.logical_sha256[:16]}… v{art.version}, pinned {entry['logical_sha256'][:16]}… "
+                        f"v{entry['version']}); restore the bundle's own file",
+                        field=kind,
+                        expected=entry["logical_sha256"],
+                        actual=art.logical_sha256,
+                    )
+                )
+            elif art.fingerprint != fp:
+                diff = [n for n, _, _ in art.fingerprint.diff(fp)]
+                findings.append(
+                    Finding(
+                        Reason.CROSS_MEMBER_MISMATCH,
+                        f"{member_path}: fingerprint differs from the bundle's in {diff}",
+                        field=diff[0] if diff else kind,
+                    )
+                )
+        if findings:
+            raise _Stop(findings)
+        if record and state is not None:
+            try:
+                state.record(predicate["series"], predicate["version"])
+                for report in members.values():
+                    a = report.artifact
+                    assert a is not None
+                    state.record(a.series, a.version)
+            except StateError as exc:
+                raise _Stop([Finding(exc.reason, f"{manifest}: {exc}")]) from None
+    except _Stop as stop:
+        return BundleReport(path=bundle_dir, findings=stop.findings, members=members)
+    return BundleReport(
+        path=bundle_dir,
+        findings=(),
+        members=members,
+        version=predicate["version"],
+        fingerprint=fp,
+        manifest_keyids=keyids,
+    )
