@@ -1,0 +1,48 @@
+"""Command-line apps ``dspark-calibrate`` and ``dspark-verify``: thin shells over the library.
+
+Each command module exposes ``register(app)``; the ``dspark-calibrate`` app is assembled on first
+use so that ``dspark-verify`` starts without importing the calibration stack.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+__all__ = ["build_calibrate_app", "calibrate_main", "verify_main"]
+
+#: Command modules of ``dspark-calibrate``, each with ``register(app)``.
+COMMAND_MODULES: tuple[str, ...] = ("keys", "trust", "sign", "sweep", "fit", "build", "export", "report", "demo")
+
+
+def build_calibrate_app() -> typer.Typer:
+    """Assemble the ``dspark-calibrate`` Typer app from the command modules that exist."""
+    app = typer.Typer(
+        name="dspark-calibrate",
+        help="Measure, calibrate, sign and export DSpark dynamic-verification evidence.",
+        add_completion=False,
+        pretty_exceptions_show_locals=False,  # key material may be in scope
+        no_args_is_help=True,
+    )
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+            continue
+        module.register(app)
+    return app
+
+
+def calibrate_main() -> None:
+    """Console-script entry point for ``dspark-calibrate``."""
+    build_calibrate_app()()
+
+
+def verify_main() -> None:
+    """Console-script entry point for ``dspark-verify``."""
+    from dspark_calibrate.cli.verify import verify_app
+
+    verify_app()

@@ -1,0 +1,63 @@
+"""``dspark-calibrate sign``: sign an unsigned table of a known kind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dspark_calibrate.cli._common import EXIT_OK, JsonFlag, exit_with, fail_usage, out_console, parse_expiry, print_json, utcnow
+from dspark_calibrate.cli.trust import signers_from_keys
+from dspark_calibrate.errors import DsparkError
+
+__all__ = ["register"]
+
+
+def sign(
+    table: Annotated[Path, typer.Argument(help="An unsigned (or previously signed) Parquet table of a known kind.")],
+    key: Annotated[list[Path], typer.Option("--key", help="Private key file (repeat to add signatures).")],
+    version: Annotated[int, typer.Option("--version", help="Version in the artifact's series (monotonic).")],
+    expires: Annotated[str, typer.Option("--expires", help="Expiry: a duration (30d) or ISO time.")] = "30d",
+    kind: Annotated[str | None, typer.Option("--kind", help="Sign as this kind (default: the footer's).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Write here instead of in place.")] = None,
+    passphrase_env: Annotated[str | None, typer.Option("--passphrase-env", help="Passphrase variable.")] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Sign TABLE: embed a DSSE envelope in the footer and write TABLE.dsse.json beside it."""
+    from dspark_calibrate.artifacts import ArtifactReadError, read_artifact, sign_artifact
+
+    try:
+        loaded = read_artifact(table)
+        now = utcnow()
+        signed = sign_artifact(
+            loaded,
+            signers_from_keys(key, passphrase_env),
+            version=version,
+            expires_at=parse_expiry(expires, now=now),
+            issued_at=now,
+            out=out,
+            kind=kind,
+        )
+    except (ArtifactReadError, DsparkError, OSError) as exc:
+        fail_usage(str(exc))
+    result = {
+        "path": str(signed.path),
+        "detached": str(signed.detached_path),
+        "kind": signed.kind,
+        "logical_sha256": signed.logical_sha256,
+        "series": signed.series,
+        "version": signed.version,
+        "keyids": list(signed.keyids),
+    }
+    if json_out:
+        print_json(result)
+    else:
+        out_console.print(f"signed {signed.kind} v{signed.version} → {signed.path} (+ {signed.detached_path.name})")
+        out_console.print(f"logical sha256 {signed.logical_sha256}")
+    exit_with(EXIT_OK)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``sign`` to the app."""
+    app.command("sign")(sign)
