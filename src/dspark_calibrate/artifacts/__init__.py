@@ -1,0 +1,120 @@
+"""Artifacts: canonical JSON, logical table hash, Parquet I/O, signing and the verification pipeline.
+
+Everything that needs ``cryptography`` (keys, envelopes, trust root, signing, verification) loads
+lazily on first use, so ``dspark_calibrate.calibrate`` can write unsigned artifacts on GPU images
+without it (DESIGN §3).
+
+Example:
+    >>> import pyarrow as pa
+    >>> from dspark_calibrate.artifacts import logical_sha256
+    >>> t = pa.table({"position": pa.array([1], pa.int64())})
+    >>> len(logical_sha256(t, "calibration"))  # any table with the kind's key columns hashes
+    64
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from dspark_calibrate.artifacts._atomic import atomic_write_bytes
+from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict, sha256_hex
+from dspark_calibrate.artifacts._logical_hash import (
+    LogicalHashError,
+    canonical_table_bytes,
+    logical_sha256,
+    logical_sha256_keys,
+)
+from dspark_calibrate.artifacts._models import (
+    TRTLLM_FINGERPRINT_FIELDS,
+    Fingerprint,
+    ModelError,
+    Provenance,
+    is_sha256_hex,
+)
+from dspark_calibrate.artifacts._parquet import (
+    DEFAULT_LIMITS,
+    ArtifactReadError,
+    LoadedArtifact,
+    ReadLimits,
+    detached_envelope_path,
+    read_artifact,
+    write_unsigned_artifact,
+)
+from dspark_calibrate.artifacts._reasons import Finding, Reason
+
+# Names served lazily from modules that import cryptography / securesystemslib / tuf.
+_LAZY: dict[str, str] = {
+    # keys
+    "KeyPair": "_keys",
+    "generate_keypair": "_keys",
+    "load_signer": "_keys",
+    "load_public_key": "_keys",
+    "signer_from_uri": "_keys",
+    "public_key_of": "_keys",
+    # envelopes
+    "PAYLOAD_TYPE": "_envelope",
+    "PREDICATE_TYPE": "_envelope",
+    "BUNDLE_PREDICATE_TYPE": "_envelope",
+    "STATEMENT_TYPE": "_envelope",
+    "EnvelopeError": "_envelope",
+    "pae": "_envelope",
+    # trust root and state
+    "TrustRoot": "_trust",
+    "TrustRootError": "_trust",
+    "init_root": "_trust",
+    "rotate_root": "_trust",
+    "load_trust_root": "_trust",
+    "RollbackState": "_state",
+    "StateError": "_state",
+    # signing, bundles, verification
+    "sign_artifact": "_sign",
+    "SignedArtifact": "_sign",
+    "Expectation": "_verify",
+    "VerificationReport": "_verify",
+    "VerifiedArtifact": "_verify",
+    "verify_artifact": "_verify",
+    "verify_path": "_verify",
+    "require_valid": "_verify",
+    "BINDING_FIELDS": "_verify",
+    "BundleReport": "_bundle",
+    "write_bundle": "_bundle",
+    "verify_bundle": "_bundle",
+    "BUNDLE_MANIFEST": "_bundle",
+}
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "TRTLLM_FINGERPRINT_FIELDS",
+    "ArtifactReadError",
+    "Finding",
+    "Fingerprint",
+    "JsonError",
+    "LoadedArtifact",
+    "LogicalHashError",
+    "ModelError",
+    "Provenance",
+    "ReadLimits",
+    "Reason",
+    "atomic_write_bytes",
+    "canonical_json",
+    "canonical_table_bytes",
+    "detached_envelope_path",
+    "is_sha256_hex",
+    "loads_strict",
+    "logical_sha256",
+    "logical_sha256_keys",
+    "read_artifact",
+    "sha256_hex",
+    "write_unsigned_artifact",
+    *sorted(_LAZY),
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,151 @@
+"""Atomic, durable file writes: a reader sees the old file or the whole new one, never a part.
+
+The one primitive every writer in the package uses (Parquet artifacts, envelopes, keys, the trust
+root, the rollback state). It imports only the standard library, so ``calibrate`` can use it on GPU
+images without ``cryptography`` (DESIGN §3). It does not lock: callers that read-modify-write (the
+rollback state) hold their own lock around it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+from pathlib import Path
+
+__all__ = ["atomic_write_bytes"]
+
+# Errors from os.link() that mean "this filesystem has no hard links" (FAT, some FUSE and network
+# mounts), as opposed to "the target exists" or a real I/O fault.
+_NO_HARDLINK_ERRNOS = frozenset(
+    {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EMLINK, errno.ENOSYS}
+)
+
+# Flags for files we create. O_NOFOLLOW: a symlink planted at the temporary name must not redirect
+# the write; O_EXCL: the temporary name must be new, so no other process shares the inode.
+_CREATE_FLAGS = (
+    os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+)
+
+
+def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    """Write every byte of ``data`` to ``fd`` (os.write may write less than asked)."""
+    view = memoryview(data).cast("B")
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _create_exclusive(path: Path, mode: int) -> int:
+    """Create ``path`` (which must not exist) with exactly ``mode`` and return its descriptor.
+
+    ``os.open`` applies the umask, which can only remove bits, so the file is never wider than
+    ``mode`` at any moment; ``fchmod`` then sets exactly ``mode`` (the umask may have removed bits
+    the caller asked for, e.g. group read on a public file).
+    """
+    fd = os.open(path, _CREATE_FLAGS, mode)
+    try:
+        os.fchmod(fd, mode)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename or link in ``directory`` durable.
+
+    Some filesystems refuse fsync on a directory (EINVAL); the rename is still atomic there, only
+    its durability across a power loss is up to the filesystem, so that one error is tolerated.
+    """
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+    finally:
+        os.close(fd)
+
+
+def _write_in_place_exclusive(path: Path, data: bytes | bytearray | memoryview, mode: int) -> None:
+    """No-clobber fallback for filesystems without hard links: create ``path`` with O_EXCL.
+
+    The file becomes visible before it is complete, but it is never written over an existing file;
+    a partial file is removed on failure.
+    """
+    fd = _create_exclusive(path, mode)
+    complete = False
+    try:
+        _write_all(fd, data)
+        os.fsync(fd)
+        complete = True
+    finally:
+        os.close(fd)
+        if not complete:
+            path.unlink(missing_ok=True)
+
+
+def atomic_write_bytes(
+    path: str | os.PathLike[str],
+    data: bytes | bytearray | memoryview,
+    *,
+    mode: int = 0o644,
+    overwrite: bool = True,
+) -> None:
+    """Write ``data`` to ``path`` atomically and durably.
+
+    The bytes go to a new temporary file in the same directory (so the final rename cannot cross
+    filesystems), created with ``mode`` from the start: a 0600 private key is never readable by
+    others, not even for an instant. The temporary file is fsynced, renamed over ``path``
+    (``os.replace``), and the directory is fsynced so the rename survives a crash. On any failure,
+    including KeyboardInterrupt, the temporary file is removed and an existing ``path`` is left as
+    it was.
+
+    Args:
+        path: the destination file.
+        data: the complete new content.
+        mode: permission bits of the new file (exactly these; the umask does not widen or narrow
+            the final file, and never widens it in between).
+        overwrite: when False, refuse to replace an existing ``path`` (``FileExistsError``). The
+            file is published with ``os.link``, which fails instead of replacing, so two writers
+            racing for a new name cannot silently overwrite each other.
+
+    Raises:
+        FileExistsError: ``overwrite`` is False and ``path`` exists.
+        OSError: the directory is missing or unwritable, the disk is full, ... (the caller maps it
+            to its own error type with the path and the fix).
+        TypeError: ``data`` is not bytes-like.
+    """
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise TypeError(f"atomic_write_bytes needs bytes, got {type(data).__name__}")
+    target = Path(path)
+    directory = target.parent
+    # A random suffix, not the pid: two threads of one process must not collide either.
+    tmp = directory / f".{target.name}.{secrets.token_hex(8)}.tmp"
+    fd = _create_exclusive(tmp, mode)
+    published = False
+    try:
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if overwrite:
+            os.replace(tmp, target)
+        else:
+            try:
+                # link() never replaces: it fails with EEXIST when the name is taken.
+                os.link(tmp, target)
+            except FileExistsError:
+                raise
+            except OSError as exc:
+                if exc.errno not in _NO_HARDLINK_ERRNOS:
+                    raise
+                _write_in_place_exclusive(target, data, mode)
+        published = True
+        _fsync_dir(directory)
+    finally:
+        # After os.replace the temporary name is gone; in every other case it is still ours.
+        if not (published and overwrite):
+            tmp.unlink(missing_ok=True)

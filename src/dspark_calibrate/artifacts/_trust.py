@@ -1,0 +1,592 @@
+"""The trust root: a real TUF ``root.json`` saying which keys may sign evidence (DESIGN §4).
+
+Built on python-tuf's metadata API (``Metadata[Root]``). Two roles matter:
+
+- ``root``: the keys and threshold that sign the trust root itself, and so control rotation;
+- ``targets``: the *artifact-signing* role, the keys and threshold that must sign every artifact
+  and bundle manifest. ``snapshot`` and ``timestamp`` mirror ``targets`` so the document is a
+  well-formed TUF root; nothing here uses them.
+
+Rules enforced, each with its reason code:
+
+- ``TRUST_ROOT_INVALID``: not strict JSON, not a TUF root, unknown fields, an unsupported key
+  type, one key value under two keyids, a threshold outside 1..number of keys, or fewer than the
+  root threshold of distinct root keys signing it (or a root key's signature that is invalid);
+- ``TRUST_ROOT_EXPIRED``: ``now`` is at or past ``expires``;
+- ``TRUST_ROOT_ROTATION_INVALID``: against a previous root, the version is not previous + 1, or
+  the signatures do not meet *both* the previous root threshold and the new one (TUF's rule).
+
+Thresholds count distinct public key values, never keyids. Performs no file I/O and reads no
+clock: callers pass the bytes and ``now``. Writing ``root.json`` (atomically) is the caller's job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from types import MappingProxyType
+from typing import Any
+
+from securesystemslib.signer import Key, Signer
+from tuf.api.exceptions import UnsignedMetadataError
+from tuf.api.metadata import Metadata, Role, Root
+
+from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict
+from dspark_calibrate.artifacts._keys import check_supported_key, key_identity, tally_signatures
+from dspark_calibrate.artifacts._reasons import Reason
+from dspark_calibrate.errors import ConfigError, DsparkError
+
+__all__ = [
+    "ARTIFACT_ROLE",
+    "MAX_ROOT_CHAIN",
+    "MAX_TRUST_ROOT_BYTES",
+    "ROOT_ROLE",
+    "TrustRoot",
+    "TrustRootError",
+    "init_root",
+    "load_trust_root",
+    "rotate_root",
+    "verify_root_chain",
+]
+
+#: TUF role whose keys sign the trust root (and so control rotation).
+ROOT_ROLE = "root"
+#: TUF role whose keys sign artifacts and bundle manifests.
+ARTIFACT_ROLE = "targets"
+# Roles a TUF root must define; here they only mirror the artifact role.
+_MIRROR_ROLES = ("snapshot", "timestamp")
+
+#: Largest root.json accepted, in bytes. A root with a dozen keys is a few KiB.
+MAX_TRUST_ROOT_BYTES = 1 << 20
+#: Most rotations walked by :func:`verify_root_chain` (python-tuf's client uses the same bound by
+#: default), so a hostile chain cannot make a verifier loop for long.
+MAX_ROOT_CHAIN = 256
+
+
+class TrustRootError(DsparkError):
+    """A trust root that cannot be trusted, or a root operation that would produce one.
+
+    Attributes:
+        reason: ``TRUST_ROOT_INVALID``, ``TRUST_ROOT_EXPIRED`` or ``TRUST_ROOT_ROTATION_INVALID``.
+    """
+
+    def __init__(self, reason: Reason, message: str) -> None:
+        self.reason = reason
+        super().__init__(message)
+
+
+def _invalid(message: str) -> TrustRootError:
+    return TrustRootError(Reason.TRUST_ROOT_INVALID, message)
+
+
+def _rotation(message: str) -> TrustRootError:
+    return TrustRootError(Reason.TRUST_ROOT_ROTATION_INVALID, message)
+
+
+@dataclass(frozen=True, slots=True)
+class TrustRoot:
+    """A verified trust root. Made only by :func:`init_root`, :func:`rotate_root`,
+    :func:`load_trust_root` and :func:`verify_root_chain`.
+
+    Two roots are equal when their canonical bytes are equal.
+
+    Attributes:
+        raw: canonical JSON bytes of the whole root (signatures included).
+        version: the root version (rotation increments it by one).
+        expires: when the root stops being acceptable (UTC).
+        root_keys: keyid -> key of the ``root`` role.
+        root_threshold: distinct root keys needed to sign the root (and a rotation).
+        artifact_keys: keyid -> key of the ``targets`` role (the artifact signers).
+        artifact_threshold: distinct artifact keys needed to sign an artifact or bundle.
+    """
+
+    raw: bytes = field(repr=False)
+    version: int = field(compare=False)
+    expires: datetime = field(compare=False)
+    root_keys: Mapping[str, Key] = field(compare=False, repr=False)
+    root_threshold: int = field(compare=False)
+    artifact_keys: Mapping[str, Key] = field(compare=False, repr=False)
+    artifact_threshold: int = field(compare=False)
+
+    def to_bytes(self) -> bytes:
+        """The canonical ``root.json`` bytes (sorted keys, no whitespace), ready to write."""
+        return self.raw
+
+    def digest(self) -> str:
+        """SHA-256 (lowercase hex) of :meth:`to_bytes`: what an operator pins."""
+        return hashlib.sha256(self.raw).hexdigest()
+
+    def keyids(self) -> tuple[str, ...]:
+        """Every keyid of the root and artifact roles, sorted, unique."""
+        return tuple(sorted(set(self.root_keys) | set(self.artifact_keys)))
+
+    def metadata(self) -> Metadata[Root]:
+        """A fresh, mutable python-tuf copy of this root (edits do not affect ``self``)."""
+        parsed: Metadata[Root] = Metadata.from_dict(loads_strict(self.raw, what="trust root"))
+        return parsed
+
+    def is_expired(self, now: datetime) -> bool:
+        """True when ``now`` is at or past :attr:`expires` (TUF's rule)."""
+        return _aware(now, "now") >= self.expires
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-ready description for ``trust show`` (keyids, types, thresholds; no key values)."""
+
+        def role(keys: Mapping[str, Key], threshold: int) -> dict[str, Any]:
+            return {
+                "threshold": threshold,
+                "keys": [
+                    {"keyid": keyid, "keytype": key.keytype, "scheme": key.scheme}
+                    for keyid, key in sorted(keys.items())
+                ],
+            }
+
+        return {
+            "version": self.version,
+            "expires": _fmt(self.expires),
+            "sha256": self.digest(),
+            "root": role(self.root_keys, self.root_threshold),
+            "artifact_signing": role(self.artifact_keys, self.artifact_threshold),
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _fmt(t: datetime) -> str:
+    """TUF's timestamp form, e.g. ``2030-01-01T00:00:00Z``."""
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _aware(value: datetime, name: str) -> datetime:
+    """``value`` in UTC; a naive datetime is a caller bug (ambiguous time zone)."""
+    if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
+        raise TypeError(f"{name} must be a timezone-aware datetime, got {value!r}")
+    return value.astimezone(UTC)
+
+
+def _role_keys(root: Root, role_name: str) -> dict[str, Key]:
+    role = root.roles[role_name]
+    return {keyid: root.keys[keyid] for keyid in role.keyids}
+
+
+def _check_structure(md: Metadata[Root]) -> Root:
+    """Everything about a root that does not involve signatures or time.
+
+    Raises:
+        TrustRootError: TRUST_ROOT_INVALID, naming the field.
+    """
+    root = md.signed
+    if not isinstance(root, Root):
+        raise _invalid(f"trust root: signed._type is {root.type!r}, expected 'root'")
+    # Unknown fields are refused at every level: a root is a security policy, and a field the
+    # verifier ignores could be one its author meant to restrict something.
+    if md.unrecognized_fields:
+        raise _invalid(f"trust root: unknown top-level field(s) {sorted(md.unrecognized_fields)}")
+    if root.unrecognized_fields:
+        raise _invalid(f"trust root: unknown field(s) in signed: {sorted(root.unrecognized_fields)}")
+    if isinstance(root.version, bool) or not isinstance(root.version, int):
+        raise _invalid(f"trust root: signed.version must be an integer, got {root.version!r}")
+    for keyid, sig in md.signatures.items():
+        if sig.unrecognized_fields:
+            raise _invalid(f"trust root: unknown field(s) in the signature by {keyid}")
+    identities: dict[bytes, str] = {}
+    for keyid, key in root.keys.items():
+        if key.unrecognized_fields:
+            raise _invalid(f"trust root: unknown field(s) in signed.keys[{keyid}]")
+        try:
+            check_supported_key(key)
+        except ValueError as exc:
+            raise _invalid(f"trust root: signed.keys: {exc}") from exc
+        identity = key_identity(key)
+        if identity in identities:
+            # Two keyids for one key would let one key holder count twice toward a threshold.
+            raise _invalid(
+                f"trust root: keyids {identities[identity]} and {keyid} name the same public key; "
+                "list each key once"
+            )
+        identities[identity] = keyid
+    for role_name, role in root.roles.items():
+        if role.unrecognized_fields:
+            raise _invalid(f"trust root: unknown field(s) in signed.roles.{role_name}")
+        if isinstance(role.threshold, bool) or not isinstance(role.threshold, int):
+            raise _invalid(f"trust root: signed.roles.{role_name}.threshold must be an integer")
+        missing = sorted(k for k in role.keyids if k not in root.keys)
+        if missing:
+            raise _invalid(f"trust root: signed.roles.{role_name} names unknown keyid(s) {missing}")
+    for role_name in (ROOT_ROLE, ARTIFACT_ROLE):
+        role = root.roles[role_name]
+        if not role.keyids:
+            raise _invalid(f"trust root: signed.roles.{role_name} has no keys")
+        if role.threshold > len(role.keyids):
+            raise _invalid(
+                f"trust root: signed.roles.{role_name}.threshold is {role.threshold} but the role has only "
+                f"{len(role.keyids)} key(s); lower the threshold or add keys"
+            )
+    return root
+
+
+def _signature_pairs(md: Metadata[Root]) -> list[tuple[str, bytes]]:
+    pairs = []
+    for keyid, sig in md.signatures.items():
+        try:
+            pairs.append((keyid, bytes.fromhex(sig.signature)))
+        except (ValueError, TypeError) as exc:
+            raise _invalid(f"trust root: the signature by {keyid} is not hex") from exc
+    return pairs
+
+
+def _check_threshold(
+    md: Metadata[Root],
+    signatures: list[tuple[str, bytes]],
+    keys: Mapping[str, Key],
+    threshold: int,
+    *,
+    who: str,
+    error: Callable[[str], TrustRootError],
+) -> None:
+    """Require ``threshold`` distinct ``keys`` to have signed ``md``, and none to have signed badly."""
+    tally = tally_signatures(md.signed_bytes, signatures, keys)
+    if tally.invalid_keyids:
+        raise error(
+            f"trust root v{md.signed.version}: the signature by {who} key(s) "
+            f"{', '.join(tally.invalid_keyids)} does not verify; the file was altered: "
+            "restore it from the signer"
+        )
+    if len(tally.accepted_keyids) < threshold:
+        raise error(
+            f"trust root v{md.signed.version}: signed by {len(tally.accepted_keyids)} distinct {who} key(s), "
+            f"{threshold} required; collect signatures from more {who} keys"
+        )
+
+
+def _parse(data: bytes) -> Metadata[Root]:
+    """Strict JSON, then python-tuf's parser, then our structural rules."""
+    if not isinstance(data, bytes | bytearray):
+        raise TypeError(f"trust root data must be bytes, got {type(data).__name__}")
+    if len(data) > MAX_TRUST_ROOT_BYTES:
+        raise _invalid(f"trust root: {len(data)} bytes, above the {MAX_TRUST_ROOT_BYTES}-byte limit")
+    try:
+        obj = loads_strict(bytes(data), what="trust root")
+    except JsonError as exc:
+        raise _invalid(f"{exc}; restore root.json from its signer") from exc
+    if not isinstance(obj, dict):
+        raise _invalid("trust root: not a JSON object")
+    signed = obj.get("signed")
+    if isinstance(signed, dict) and signed.get("_type") != ROOT_ROLE:
+        raise _invalid(
+            f"trust root: signed._type is {signed.get('_type')!r}, expected 'root'; pass root.json"
+        )
+    try:
+        # python-tuf's parser reports malformed input with these built-in exceptions.
+        md: Metadata[Root] = Metadata.from_dict(obj)
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+        raise _invalid(f"trust root: not a valid TUF root ({type(exc).__name__}: {exc})") from exc
+    _check_structure(md)
+    return md
+
+
+def _to_trust_root(md: Metadata[Root]) -> TrustRoot:
+    root = md.signed
+    return TrustRoot(
+        raw=canonical_json(md.to_dict()),
+        version=root.version,
+        expires=root.expires,
+        root_keys=MappingProxyType(_role_keys(root, ROOT_ROLE)),
+        root_threshold=root.roles[ROOT_ROLE].threshold,
+        artifact_keys=MappingProxyType(_role_keys(root, ARTIFACT_ROLE)),
+        artifact_threshold=root.roles[ARTIFACT_ROLE].threshold,
+    )
+
+
+def _verify(md: Metadata[Root], previous: TrustRoot | None) -> TrustRoot:
+    """Signature and rotation checks on a structurally valid root (no expiry check)."""
+    root = md.signed
+    signatures = _signature_pairs(md)
+    if previous is None:
+        _check_threshold(
+            md,
+            signatures,
+            _role_keys(root, ROOT_ROLE),
+            root.roles[ROOT_ROLE].threshold,
+            who="root",
+            error=_invalid,
+        )
+        return _to_trust_root(md)
+    # (rotation) TUF: version exactly previous + 1, signed by the previous root's threshold of its
+    # root keys AND by the new root's own threshold. The old threshold stops a thief of new keys;
+    # the new threshold proves the new key holders accepted the role.
+    if root.version != previous.version + 1:
+        raise _rotation(
+            f"trust root: version {root.version} does not follow the trusted version {previous.version} "
+            f"(expected {previous.version + 1}); apply rotations in order"
+        )
+    _check_threshold(
+        md,
+        signatures,
+        previous.root_keys,
+        previous.root_threshold,
+        who=f"previous (v{previous.version}) root",
+        error=_rotation,
+    )
+    _check_threshold(
+        md,
+        signatures,
+        _role_keys(root, ROOT_ROLE),
+        root.roles[ROOT_ROLE].threshold,
+        who="new root",
+        error=_rotation,
+    )
+    return _to_trust_root(md)
+
+
+def _check_expiry(trust_root: TrustRoot, now: datetime) -> None:
+    if trust_root.is_expired(now):
+        raise TrustRootError(
+            Reason.TRUST_ROOT_EXPIRED,
+            f"trust root v{trust_root.version} expired at {_fmt(trust_root.expires)}; "
+            "rotate it with `dspark-calibrate trust rotate --expires ...`",
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# public API
+# --------------------------------------------------------------------------------------------
+
+
+def load_trust_root(data: bytes, *, now: datetime, previous: TrustRoot | None = None) -> TrustRoot:
+    """Parse and verify ``root.json`` bytes.
+
+    Checks, in order: strict JSON (no duplicate keys), TUF root structure and our rules, then
+    signatures (by the root's own threshold, or with ``previous`` the rotation rule), then expiry.
+
+    Args:
+        data: the file's bytes.
+        now: the current time (timezone-aware).
+        previous: the currently trusted root, when ``data`` is meant to rotate it.
+
+    Raises:
+        TrustRootError: ``TRUST_ROOT_INVALID``, ``TRUST_ROOT_ROTATION_INVALID`` or
+            ``TRUST_ROOT_EXPIRED``.
+        TypeError: ``now`` is naive or ``data`` is not bytes.
+    """
+    _aware(now, "now")
+    trust_root = _verify(_parse(data), previous)
+    _check_expiry(trust_root, now)
+    return trust_root
+
+
+def verify_root_chain(pinned: TrustRoot, chain: Sequence[bytes], now: datetime) -> TrustRoot:
+    """Walk rotations from a pinned root to the newest one, TUF-style.
+
+    Each element must be the next version, signed by the thresholds of the root before it and of
+    itself. An element identical (same canonical bytes) to the current root is skipped, so the
+    chain may start with the pinned root. Intermediate roots may have expired (they were trusted
+    in their time); only the final root must be unexpired.
+
+    Args:
+        pinned: the root the verifier was configured with.
+        chain: ``root.json`` bytes of later versions, in version order.
+        now: the current time (timezone-aware).
+
+    Returns:
+        The newest verified root.
+
+    Raises:
+        TrustRootError: a broken link (``TRUST_ROOT_ROTATION_INVALID``), a malformed element
+            (``TRUST_ROOT_INVALID``), or an expired final root (``TRUST_ROOT_EXPIRED``).
+    """
+    _aware(now, "now")
+    if len(chain) > MAX_ROOT_CHAIN:
+        raise _rotation(f"trust root chain has {len(chain)} elements, above the limit of {MAX_ROOT_CHAIN}")
+    current = pinned
+    for data in chain:
+        md = _parse(data)
+        if canonical_json(md.to_dict()) == current.raw:
+            continue
+        current = _verify(md, current)
+    _check_expiry(current, now)
+    return current
+
+
+def _unique_keys(keys: Iterable[Key], what: str) -> list[Key]:
+    """Validate keys given to init/rotate: supported, and no key value listed twice."""
+    seen: dict[bytes, str] = {}
+    out = []
+    for key in keys:
+        try:
+            check_supported_key(key)
+        except ValueError as exc:
+            raise _invalid(f"{what}: {exc}") from exc
+        identity = key_identity(key)
+        if identity in seen:
+            raise _invalid(f"{what}: the same public key is given twice ({seen[identity]}, {key.keyid})")
+        seen[identity] = key.keyid
+        out.append(key)
+    return out
+
+
+def _check_threshold_arg(threshold: int, n_keys: int, what: str) -> None:
+    if n_keys == 0:
+        raise _invalid(f"no {what} keys given; the {what} role needs at least one key")
+    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
+        raise _invalid(f"{what} threshold must be an integer >= 1, got {threshold!r}")
+    if threshold > n_keys:
+        raise _invalid(f"{what} threshold {threshold} exceeds its {n_keys} key(s); add keys or lower it")
+
+
+def _mirror_artifact_role(root: Root) -> None:
+    targets = root.roles[ARTIFACT_ROLE]
+    for name in _MIRROR_ROLES:
+        root.roles[name] = Role(list(targets.keyids), targets.threshold)
+
+
+def _sign_all(md: Metadata[Root], signers: Sequence[Signer], allowed: Iterable[Mapping[str, Key]]) -> None:
+    """Sign with every signer, refusing a signer whose key is in none of the ``allowed`` roles.
+
+    A stray signature (say, by an artifact key) would be ignored by verifiers, but it almost
+    always means the wrong key file was passed, so it is refused here instead.
+    """
+    allowed_ids = {key_identity(k) for keys in allowed for k in keys.values()}
+    if not signers:
+        raise _invalid("no root signer given; pass the root private key(s)")
+    for signer in signers:
+        public = signer.public_key
+        try:
+            identity = key_identity(public)
+        except ValueError as exc:
+            raise _invalid(f"root signer {public.keyid}: {exc}") from exc
+        if identity not in allowed_ids:
+            raise _invalid(
+                f"signer {public.keyid} is not a root key of this trust root; pass the root key(s), "
+                "not an artifact-signing key"
+            )
+        try:
+            md.sign(signer, append=True)
+        except UnsignedMetadataError as exc:
+            raise ConfigError(f"root signer {public.keyid}: signing failed ({exc})") from exc
+
+
+def init_root(
+    *,
+    root_signers: Sequence[Signer],
+    root_keys: Sequence[Key],
+    root_threshold: int,
+    artifact_keys: Sequence[Key],
+    artifact_threshold: int,
+    expires: datetime,
+    version: int = 1,
+) -> TrustRoot:
+    """Create and sign a new trust root.
+
+    Args:
+        root_signers: signers for at least ``root_threshold`` of ``root_keys``.
+        root_keys: keys of the ``root`` role.
+        root_threshold: distinct root keys needed to sign the root and its rotations.
+        artifact_keys: keys of the artifact-signing (``targets``) role.
+        artifact_threshold: distinct artifact keys needed to sign an artifact.
+        expires: expiry of the root (timezone-aware; stored in UTC, whole seconds).
+        version: the root version (1 for a new deployment).
+
+    Returns:
+        The verified root; write ``to_bytes()`` to ``root.json``.
+
+    Raises:
+        TrustRootError: ``TRUST_ROOT_INVALID`` for a bad threshold, duplicate or unsupported keys,
+            a signer that is not a root key, or too few root signers.
+        ConfigError: a signer failed to sign.
+        TypeError: ``expires`` is naive.
+    """
+    expires_utc = _aware(expires, "expires").replace(microsecond=0)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise _invalid(f"trust root version must be an integer >= 1, got {version!r}")
+    roots = _unique_keys(root_keys, "root keys")
+    artifacts = _unique_keys(artifact_keys, "artifact keys")
+    _check_threshold_arg(root_threshold, len(roots), "root")
+    _check_threshold_arg(artifact_threshold, len(artifacts), "artifact")
+    root = Root(version=version, expires=expires_utc)
+    for key in roots:
+        root.add_key(key, ROOT_ROLE)
+    for key in artifacts:
+        root.add_key(key, ARTIFACT_ROLE)
+    root.roles[ROOT_ROLE].threshold = root_threshold
+    root.roles[ARTIFACT_ROLE].threshold = artifact_threshold
+    _mirror_artifact_role(root)
+    md = Metadata(root)
+    _check_structure(md)  # e.g. one key value under two keyids across the two roles
+    _sign_all(md, root_signers, [_role_keys(root, ROOT_ROLE)])
+    # Round-trip through the loader so that whatever we create, a verifier accepts.
+    return _verify(_parse(canonical_json(md.to_dict())), None)
+
+
+def rotate_root(
+    old: TrustRoot,
+    *,
+    signers: Sequence[Signer],
+    add_root_keys: Sequence[Key] = (),
+    remove_root_keyids: Sequence[str] = (),
+    root_threshold: int | None = None,
+    add_artifact_keys: Sequence[Key] = (),
+    remove_artifact_keyids: Sequence[str] = (),
+    artifact_threshold: int | None = None,
+    expires: datetime,
+) -> TrustRoot:
+    """Create the next root version from ``old``, signed for a valid TUF rotation.
+
+    Removals are applied before additions; a threshold left as ``None`` keeps its old value.
+
+    Args:
+        old: the currently trusted root.
+        signers: root signers; together they must meet ``old``'s root threshold *and* the new
+            root threshold (a signer may count for both when its key is in both).
+        add_root_keys / remove_root_keyids: changes to the ``root`` role.
+        root_threshold: the new root threshold.
+        add_artifact_keys / remove_artifact_keyids: changes to the artifact-signing role.
+        artifact_threshold: the new artifact threshold.
+        expires: expiry of the new root (timezone-aware).
+
+    Returns:
+        The new root (version ``old.version + 1``).
+
+    Raises:
+        TrustRootError: ``TRUST_ROOT_ROTATION_INVALID`` when a keyid to remove is not in its role
+            or the signers do not meet both thresholds; ``TRUST_ROOT_INVALID`` when the new root
+            itself would be invalid (threshold above its keys, duplicate or unsupported keys).
+        ConfigError: a signer failed to sign.
+        TypeError: ``expires`` is naive.
+    """
+    expires_utc = _aware(expires, "expires").replace(microsecond=0)
+    md = old.metadata()
+    md.signatures.clear()
+    root = md.signed
+    root.version = old.version + 1
+    root.expires = expires_utc
+    for role_name, removals in ((ROOT_ROLE, remove_root_keyids), (ARTIFACT_ROLE, remove_artifact_keyids)):
+        for keyid in removals:
+            if keyid not in root.roles[role_name].keyids:
+                raise _rotation(
+                    f"keyid {keyid} is not in the {role_name} role of v{old.version}; nothing to remove"
+                )
+            root.revoke_key(keyid, role_name)
+    # Mirror roles may still reference removed keys until re-mirrored; do it before adding keys
+    # so that revoke_key's "key still used elsewhere" bookkeeping stays right.
+    _mirror_artifact_role(root)
+    for unused in [k for k in root.keys if not any(k in role.keyids for role in root.roles.values())]:
+        del root.keys[unused]
+    for role_name, additions in ((ROOT_ROLE, add_root_keys), (ARTIFACT_ROLE, add_artifact_keys)):
+        for key in _unique_keys(additions, f"added {role_name} keys"):
+            root.add_key(key, role_name)
+    if root_threshold is not None:
+        _check_threshold_arg(root_threshold, len(root.roles[ROOT_ROLE].keyids), "root")
+        root.roles[ROOT_ROLE].threshold = root_threshold
+    if artifact_threshold is not None:
+        _check_threshold_arg(artifact_threshold, len(root.roles[ARTIFACT_ROLE].keyids), "artifact")
+        root.roles[ARTIFACT_ROLE].threshold = artifact_threshold
+    _mirror_artifact_role(root)
+    _check_structure(md)
+    _sign_all(md, signers, [old.root_keys, _role_keys(root, ROOT_ROLE)])
+    return _verify(_parse(canonical_json(md.to_dict())), old)
