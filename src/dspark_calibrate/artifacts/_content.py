@@ -71,24 +71,26 @@ def _cost_table(table: pa.Table, fp: Fingerprint, where: str) -> list[Finding]:
     lo = table.column("ci_low_ms").to_numpy()
     hi = table.column("ci_high_ms").to_numpy()
     ladder = fp.rank_local_graph_batch_sizes or ()
-    for gi, vi in zip(g.tolist(), v.tolist(), strict=True):
-        if gi not in ladder:
-            out.append(
-                Finding(
-                    Reason.CONTENT_INVALID,
-                    f"{where}: cell (G={gi}, V={vi}) has G outside the graph ladder {list(ladder)}",
-                    field="graph_batch_size",
-                )
+    in_ladder = np.isin(g, np.asarray(ladder, dtype=np.int64))
+    for i in np.flatnonzero(~in_ladder).tolist():
+        out.append(
+            Finding(
+                Reason.CONTENT_INVALID,
+                f"{where}: cell (G={g[i]}, V={v[i]}) has G outside the graph ladder {list(ladder)}",
+                field="graph_batch_size",
             )
-        elif vi != 0 and not (gi < vi < gi * (k + 1)):
-            # V = G is legal but can never carry a real row (DESIGN §6), so it is never deployed.
-            out.append(
-                Finding(
-                    Reason.CONTENT_INVALID,
-                    f"{where}: cell (G={gi}, V={vi}) is not a deployable compact budget; need G < V < G*(K+1)={gi * (k + 1)}",
-                    field="verifier_budget",
-                )
+        )
+    # V = G is legal but can never carry a real row (DESIGN §6), so it is never deployed.
+    bad_budget = in_ladder & (v != 0) & ~((g < v) & (v < g * (k + 1)))
+    for i in np.flatnonzero(bad_budget).tolist():
+        out.append(
+            Finding(
+                Reason.CONTENT_INVALID,
+                f"{where}: cell (G={g[i]}, V={v[i]}) is not a deployable compact budget; "
+                f"need G < V < G*(K+1)={g[i] * (k + 1)}",
+                field="verifier_budget",
             )
+        )
     for gi in ladder:
         if not np.any((g == gi) & (v == 0)):
             out.append(

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from dspark_calibrate.artifacts._atomic import atomic_write_bytes
 from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict
-from dspark_calibrate.artifacts._logical_hash import logical_sha256
+from dspark_calibrate.artifacts._logical_hash import canonical_order, logical_sha256
 from dspark_calibrate.artifacts._models import Fingerprint, ModelError, Provenance
 from dspark_calibrate.artifacts._reasons import Reason
 from dspark_calibrate.errors import ConfigError, DsparkError
@@ -186,7 +186,7 @@ def write_unsigned_artifact(
     """
     path = Path(path)
     try:
-        table = conform_table(kind, table)
+        table = canonical_order(conform_table(kind, table), kind)
         metadata = footer_metadata(
             kind=kind, table=table, fingerprint=fingerprint, provenance=provenance, summary=summary
         )

@@ -9,6 +9,8 @@ verification refuses (fail closed) until the artifact is signed again.
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -20,7 +22,7 @@ from securesystemslib.signer import Signer
 from dspark_calibrate.artifacts._atomic import atomic_write_bytes
 from dspark_calibrate.artifacts._canonical import canonical_json
 from dspark_calibrate.artifacts._envelope import PREDICATE_TYPE, make_statement, sign_envelope
-from dspark_calibrate.artifacts._logical_hash import LogicalHashError, logical_sha256
+from dspark_calibrate.artifacts._logical_hash import LogicalHashError, canonical_order, logical_sha256
 from dspark_calibrate.artifacts._models import Fingerprint, ModelError, Provenance
 from dspark_calibrate.artifacts._parquet import (
     LoadedArtifact,
@@ -41,13 +43,18 @@ def format_time(t: datetime) -> str:
     return t.astimezone(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+_SIGNED_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
+
+
 def parse_time(text: str) -> datetime:
     """Parse the signed timestamp form ``YYYY-MM-DDTHH:MM:SSZ``.
 
     Raises:
         ValueError: any other form.
     """
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    if not isinstance(text, str) or not _SIGNED_TIME.match(text):
+        raise ValueError(f"timestamp {text!r} is not of the form YYYY-MM-DDTHH:MM:SSZ")
+    return datetime.fromisoformat(text[:-1]).replace(tzinfo=UTC)
 
 
 def series_of(kind: str, fingerprint: Fingerprint) -> str:
@@ -141,7 +148,7 @@ def sign_artifact(
     try:
         fingerprint = fingerprint or Fingerprint.from_dict(loaded.metadata.get("fingerprint") or {})
         provenance = provenance or Provenance.from_dict(loaded.metadata.get("provenance") or {})
-        table = conform_table(kind, loaded.table)
+        table = canonical_order(conform_table(kind, loaded.table), kind)
         digest = logical_sha256(table, kind)
     except (ModelError, SchemaMismatch, LogicalHashError) as exc:
         raise ConfigError(f"{loaded.path}: cannot sign: {exc}") from exc
