@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# GPU jobs of the sweep benchmark (issue 3). Run from the repository root; results go under $OUT.
+#
+#   bash benchmarks/gpu_sweep_job.sh job1        # 1 x H200: adaptive + fixed sweeps, same cells, same job
+#   bash benchmarks/gpu_sweep_job.sh job2        # 1 x H200, a separate job: a second adaptive sweep
+#   bash benchmarks/gpu_sweep_job.sh tp2         # 2 x H200: 2-rank torchrun sweep, tensor-parallel model
+#   bash benchmarks/gpu_sweep_job.sh compare DIR1 DIR2 [DIR_TP]   # CPU: write sweep_efficiency.json
+#   bash benchmarks/gpu_sweep_job.sh smoke       # CPU: the same pipeline on the tiny config, in seconds
+#
+# Each GPU job stays under 8 minutes: sweep budgets are capped (150 s adaptive, 230 s fixed) and the
+# whole command runs under `timeout 470`.
+set -euo pipefail
+: "${OUT:?set OUT to the directory results should be written to}"
+cd "$(dirname "$0")/.."
+export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
+export TORCH_NCCL_AVOID_RECORD_STREAMS=1
+PY=${PYTHON:-python3}
+MODEL=(--k 5 --ladder 1,2,4,8,16,32 --config deepseek-v3 --layers 4 --context-len 2048 --ep 8)
+
+log_env() {
+  mkdir -p "$OUT/$1"
+  { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv || true
+    "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' || true
+  } > "$OUT/$1/env.txt" 2>&1
+}
+
+case "${1:-}" in
+  job1)
+    log_env job1
+    timeout 470 "$PY" benchmarks/sweep_efficiency.py run --tag job1 --protocols adaptive,fixed --seed 1 \
+      "${MODEL[@]}" --out-dir "$OUT/job1" 2>&1 | tee "$OUT/job1/log.txt"
+    ;;
+  job2)
+    log_env job2
+    timeout 470 "$PY" benchmarks/sweep_efficiency.py run --tag job2 --protocols adaptive --seed 2 \
+      "${MODEL[@]}" --out-dir "$OUT/job2" 2>&1 | tee "$OUT/job2/log.txt"
+    ;;
+  tp2)
+    log_env tp2
+    timeout 470 "$PY" -m torch.distributed.run --standalone --nproc_per_node 2 \
+      benchmarks/sweep_efficiency.py run --tag tp2 --protocols adaptive --seed 3 \
+      "${MODEL[@]}" --out-dir "$OUT/tp2" 2>&1 | tee "$OUT/tp2/log.txt"
+    ;;
+  compare)
+    "$PY" benchmarks/sweep_efficiency.py compare --job1 "$2" --job2 "$3" ${4:+--tp "$4"} \
+      --out "$OUT/sweep_efficiency.json"
+    ;;
+  smoke)
+    SMOKE=(--k 3 --ladder 1,2,4 --config tiny --layers 1 --context-len 32 --ep 1 --device cpu --preset quick
+           --precision 0.05 --adaptive-budget 20 --fixed-budget 60)
+    "$PY" benchmarks/sweep_efficiency.py run --tag s1 --protocols adaptive,fixed --seed 1 "${SMOKE[@]}" --out-dir "$OUT/s1"
+    "$PY" benchmarks/sweep_efficiency.py run --tag s2 --protocols adaptive --seed 2 "${SMOKE[@]}" --out-dir "$OUT/s2"
+    "$PY" benchmarks/sweep_efficiency.py compare --job1 "$OUT/s1" --job2 "$OUT/s2" --out "$OUT/sweep_efficiency.json"
+    ;;
+  *)
+    echo "usage: OUT=dir bash benchmarks/gpu_sweep_job.sh {job1|job2|tp2|compare DIR1 DIR2 [DIR_TP]|smoke}" >&2
+    exit 2
+    ;;
+esac

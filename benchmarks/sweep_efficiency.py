@@ -1,0 +1,317 @@
+"""Sweep efficiency and reproducibility benchmark (issue 3, "GPU runs and benchmark").
+
+GPU-seconds are the sweep loop (first round to the end: capture, warm-up, timing, decisions,
+journal) times the number of GPUs; model set-up is excluded and reported as part of wall_seconds.
+
+Two subcommands:
+
+``run``      one GPU job: sweeps the ``reference`` backend (DeepSeek-V3-shaped config by default)
+             with the listed protocols, in this order, in one process, and writes per protocol
+             ``<out-dir>/<protocol>.parquet`` (+ samples, journal) and ``<out-dir>/<protocol>.json``
+             with the GPU-seconds (wall time of the sweep, capture included). Under ``torchrun``
+             every rank takes part and rank 0 writes.
+``compare``  CPU: combines job 1 (adaptive + fixed) and job 2 (adaptive, another GPU job) into
+             ``sweep_efficiency.json``: ratio of GPU-seconds, share of cells whose medians agree
+             within 1%, coverage of job 2's medians by job 1's stated intervals (and, for contrast,
+             by naive within-run sample-bootstrap intervals), and the fixed-vs-adaptive differences.
+
+Run from the repository root with ``PYTHONPATH=src``; see ``benchmarks/gpu_sweep_job.sh``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dspark_calibrate.artifacts import read_artifact
+from dspark_calibrate.calibrate.ladder import parse_ladder
+from dspark_calibrate.calibrate.stats import Thresholds, sample_interval
+from dspark_calibrate.calibrate.sweep import SweepRequest, execute, samples_path
+
+TARGETS = {"ratio": 0.33, "reproducible_share": 0.95, "ci_coverage": 0.90}
+AGREE_REL = 0.01  # medians "agree" within 1%
+
+
+def _commit() -> str | None:
+    if os.environ.get("COMMIT"):
+        return os.environ["COMMIT"]
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def _device_info() -> dict[str, Any]:
+    info: dict[str, Any] = {"python": platform.python_version(), "host": platform.node()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+            info["gpu_count_visible"] = torch.cuda.device_count()
+            info["cuda"] = torch.version.cuda
+    except ImportError:
+        pass
+    return info
+
+
+def _thresholds(protocol: str, args: argparse.Namespace) -> Thresholds:
+    if protocol == "fixed":
+        return Thresholds.fixed_protocol(budget_s=args.fixed_budget)
+    base = Thresholds.quick() if args.preset == "quick" else Thresholds.adaptive()
+    return Thresholds.from_dict(
+        {**base.to_dict(), "budget_s": args.adaptive_budget, "precision_rel": args.precision}
+    )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run the listed protocols back to back in this process; write artifacts and JSON."""
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rank = int(os.environ.get("RANK", "0"))
+    options: dict[str, Any] = {
+        "config": args.config,
+        "layers": args.layers,
+        "context_len": args.context_len,
+        "ep": args.ep,
+        "max_rows": max(parse_ladder(args.ladder)),
+        "max_row_len": args.k + 1,
+    }
+    if args.device:
+        options["device"] = args.device
+    for protocol in args.protocols.split(","):
+        out = out_dir / f"{protocol}.parquet"
+        for stale in (
+            out,
+            samples_path(out),
+            out.with_name(out.stem + ".journal.jsonl"),
+            out.with_suffix(".png"),
+        ):
+            if rank == 0 and stale.exists():
+                stale.unlink()
+        request = SweepRequest(
+            backend="reference",
+            backend_options=options,
+            k=args.k,
+            ladder=parse_ladder(args.ladder),
+            out=out,
+            protocol=protocol,
+            thresholds=_thresholds(protocol, args),
+            seed=args.seed,
+            plot=False,
+            max_candidates=args.max_candidates,
+            clock_policy=args.clock_policy,
+            command=tuple(sys.argv),
+        )
+        marks: list[float] = []
+
+        def on_event(event: Any, marks: list[float] = marks) -> None:
+            # The measurement loop runs from the first round event to the end event; model setup
+            # before it is the same for both protocols and is reported separately.
+            if not marks or event.kind == "end":
+                marks.append(time.perf_counter())
+
+        t0 = time.perf_counter()
+        result, output = execute(request, on_event=on_event)
+        wall = time.perf_counter() - t0
+        seconds = marks[-1] - marks[0] if len(marks) >= 2 else wall
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except ImportError:
+            pass
+        if output is None:
+            continue
+        reasons: dict[str, int] = {}
+        for c in result.cells:
+            reasons[c.decision.reason] = reasons.get(c.decision.reason, 0) + 1
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        report = {
+            "tag": args.tag,
+            "protocol": protocol,
+            "cells": len(result.cells),
+            "complete": result.complete,
+            "rounds": result.rounds,
+            "gpu_seconds": seconds * world,
+            "sweep_loop_seconds": seconds,
+            "wall_seconds": wall,
+            "measured_seconds": result.seconds,
+            "world_size": world,
+            "stop_reasons": reasons,
+            "samples": sum(c.samples_taken for c in result.cells),
+            "warmup_steps": sum(c.warmup_steps for c in result.cells),
+            "median_half_width_rel": float(
+                np.median([c.summary.half_width_rel for c in result.cells if c.summary])
+            ),
+            "summary_file": output.summary_path.name,
+            "samples_file": output.samples_path.name,
+            "summary_logical_sha256": output.summary_sha256,
+            "thresholds": request.thresholds.to_dict(),
+            "command": " ".join(sys.argv),
+            "commit": _commit(),
+            **_device_info(),
+        }
+        (out_dir / f"{protocol}.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+        print(
+            json.dumps(
+                {k: report[k] for k in ("tag", "protocol", "cells", "gpu_seconds", "rounds", "stop_reasons")}
+            )
+        )
+    return 0
+
+
+def _cells(path: Path) -> dict[tuple[int, int], dict[str, float]]:
+    table = read_artifact(path).table.to_pylist()
+    return {(r["graph_batch_size"], r["verifier_budget"]): r for r in table}
+
+
+def _naive_intervals(summary: Path) -> dict[tuple[int, int], tuple[float, float]]:
+    """Within-run sample-bootstrap intervals of each cell (what a back-to-back protocol reports)."""
+    rows = read_artifact(samples_path(summary)).table.to_pylist()
+    by: dict[tuple[int, int], list[float]] = {}
+    for r in rows:
+        if r["kept"]:
+            by.setdefault((r["graph_batch_size"], r["verifier_budget"]), []).append(r["step_time_ms"])
+    out = {}
+    for key, values in by.items():
+        iv = sample_interval(values, n_boot=500, seed=0)
+        out[key] = (iv.low, iv.high)
+    return out
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Combine two jobs' results into the benchmark JSON."""
+    job1, job2 = Path(args.job1), Path(args.job2)
+    a1, fx, a2 = (
+        _cells(job1 / "adaptive.parquet"),
+        _cells(job1 / "fixed.parquet"),
+        _cells(job2 / "adaptive.parquet"),
+    )
+    meta_a1 = json.loads((job1 / "adaptive.json").read_text())
+    meta_fx = json.loads((job1 / "fixed.json").read_text())
+    meta_a2 = json.loads((job2 / "adaptive.json").read_text())
+    common = sorted(set(a1) & set(a2))
+    agree = [
+        abs(a2[c]["step_time_ms"] - a1[c]["step_time_ms"]) / a1[c]["step_time_ms"] <= AGREE_REL
+        for c in common
+    ]
+    covered = [a1[c]["ci_low_ms"] <= a2[c]["step_time_ms"] <= a1[c]["ci_high_ms"] for c in common]
+    covered_back = [a2[c]["ci_low_ms"] <= a1[c]["step_time_ms"] <= a2[c]["ci_high_ms"] for c in common]
+    naive = _naive_intervals(job1 / "adaptive.parquet")
+    naive_cov = [naive[c][0] <= a2[c]["step_time_ms"] <= naive[c][1] for c in common if c in naive]
+    both = sorted(set(a1) & set(fx))
+    diffs = {c: (fx[c]["step_time_ms"] - a1[c]["step_time_ms"]) / a1[c]["step_time_ms"] for c in both}
+    # A fixed sweep cut short by its budget measured fewer cells; scale its cost to all cells so
+    # the ratio compares like with like (flagged in the output).
+    fixed_seconds = meta_fx["gpu_seconds"] * max(len(a1), 1) / max(len(fx), 1)
+    ratio = meta_a1["gpu_seconds"] / fixed_seconds
+    result: dict[str, Any] = {
+        "gpu": meta_a1.get("gpu"),
+        "cells": len(common),
+        "adaptive_gpu_seconds": meta_a1["gpu_seconds"],
+        "fixed_gpu_seconds": fixed_seconds,
+        "fixed_gpu_seconds_raw": meta_fx["gpu_seconds"],
+        "fixed_cells_measured": len(fx),
+        "ratio": ratio,
+        "reproducible_share": float(np.mean(agree)),
+        "ci_coverage": float(np.mean(covered)),
+        "ci_coverage_reverse": float(np.mean(covered_back)),
+        "naive_within_run_ci_coverage": float(np.mean(naive_cov)) if naive_cov else None,
+        "max_fixed_vs_adaptive_rel": float(max(abs(d) for d in diffs.values())),
+        "median_fixed_vs_adaptive_rel": float(np.median([abs(d) for d in diffs.values()])),
+        "fixed_vs_adaptive_rel": {f"G{g}/V{v}": d for (g, v), d in sorted(diffs.items())},
+        "adaptive_rounds": [meta_a1["rounds"], meta_a2["rounds"]],
+        "adaptive_stop_reasons": [meta_a1["stop_reasons"], meta_a2["stop_reasons"]],
+        "second_sweep_gpu_seconds": meta_a2["gpu_seconds"],
+        "targets": TARGETS,
+        "meets": {
+            "ratio": ratio <= TARGETS["ratio"],
+            "reproducible_share": float(np.mean(agree)) >= TARGETS["reproducible_share"],
+            "ci_coverage": float(np.mean(covered)) >= TARGETS["ci_coverage"],
+        },
+        "command": meta_a1["command"],
+        "command_job2": meta_a2["command"],
+        "commit": meta_a1.get("commit"),
+        "torch": meta_a1.get("torch"),
+    }
+    if args.tp:
+        tp = json.loads((Path(args.tp) / "adaptive.json").read_text())
+        result["tp2"] = {
+            k: tp.get(k)
+            for k in (
+                "gpu",
+                "world_size",
+                "cells",
+                "complete",
+                "gpu_seconds",
+                "rounds",
+                "stop_reasons",
+                "median_half_width_rel",
+                "command",
+            )
+        }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    print(
+        json.dumps(
+            {
+                k: result[k]
+                for k in ("cells", "ratio", "reproducible_share", "ci_coverage", "max_fixed_vs_adaptive_rel")
+            }
+        )
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments and dispatch."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="one GPU job: sweep with the listed protocols")
+    run.add_argument("--tag", required=True)
+    run.add_argument("--protocols", default="adaptive,fixed")
+    run.add_argument("--seed", type=int, default=1)
+    run.add_argument("--k", type=int, default=5)
+    run.add_argument("--ladder", default="1,2,4,8,16,32")
+    run.add_argument("--config", default="deepseek-v3")
+    run.add_argument("--layers", type=int, default=4)
+    run.add_argument("--context-len", type=int, default=2048)
+    run.add_argument("--ep", type=int, default=8)
+    run.add_argument("--device", default=None)
+    run.add_argument("--max-candidates", type=int, default=48)
+    run.add_argument("--precision", type=float, default=0.005)
+    run.add_argument("--preset", choices=("default", "quick"), default="default")
+    run.add_argument("--adaptive-budget", type=float, default=150.0, help="seconds")
+    run.add_argument("--fixed-budget", type=float, default=230.0, help="seconds")
+    run.add_argument("--clock-policy", default="default")
+    run.add_argument("--out-dir", required=True)
+    run.set_defaults(fn=cmd_run)
+    cmp_ = sub.add_parser("compare", help="combine job 1 and job 2 into sweep_efficiency.json")
+    cmp_.add_argument("--job1", required=True)
+    cmp_.add_argument("--job2", required=True)
+    cmp_.add_argument("--tp", default=None)
+    cmp_.add_argument(
+        "--out", default=str(Path(__file__).resolve().parent / "results" / "sweep_efficiency.json")
+    )
+    cmp_.set_defaults(fn=cmd_compare)
+    args = parser.parse_args(argv)
+    return int(args.fn(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Timers: how one sample of a step is timed. Injected into the harness (STYLE rule 12).
+
+A timer owns the notion of time a sweep runs on: :meth:`Timer.now` feeds the per-cell caps and the
+total budget, :meth:`Timer.measure` times samples. :class:`HostTimer` uses a host clock plus an
+optional synchronisation callable (CPU backends, and tests with a fake clock); :class:`CudaEventTimer`
+records CUDA events on the engine stream around back-to-back replays. This module imports torch only
+inside :class:`CudaEventTimer`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+__all__ = ["CudaEventTimer", "HostTimer", "Step", "Timer"]
+
+
+class Step(Protocol):
+    """One whole decode step of a prepared cell (a graph replay on GPU backends)."""
+
+    def __call__(self) -> object:
+        """Run (enqueue) one step."""
+        ...
+
+
+class Timer(Protocol):
+    """Times samples of a step; see the module docstring."""
+
+    def now(self) -> float:
+        """Seconds on the timer's monotonic clock."""
+        ...
+
+    def warm(self, step: Step, replays: int) -> None:
+        """Run ``replays`` untimed steps and wait for them to finish."""
+        ...
+
+    def measure(
+        self, step: Step, *, replays: int, samples: int, on_sample: Callable[[int], None] | None = None
+    ) -> list[float]:
+        """Time ``samples`` samples, each the mean of ``replays`` back-to-back steps, in ms.
+
+        ``on_sample(i)`` is called after sample ``i`` has completed (device synchronised), so
+        telemetry read there belongs to that sample.
+        """
+        ...
+
+
+def _no_sync() -> None:
+    return None
+
+
+class HostTimer:
+    """Host-clock timer: synchronise, read the clock, run the replays, synchronise, read again.
+
+    Args:
+        clock: seconds, monotonic (``time.perf_counter`` by default; a fake clock in tests).
+        sync: waits for queued work (``torch.cuda.synchronize`` for a GPU timed from the host).
+    """
+
+    def __init__(
+        self, clock: Callable[[], float] = time.perf_counter, sync: Callable[[], object] = _no_sync
+    ) -> None:
+        self._clock = clock
+        self._sync = sync
+
+    def now(self) -> float:
+        """Seconds on the host (or fake) clock."""
+        return self._clock()
+
+    def warm(self, step: Step, replays: int) -> None:
+        """Run untimed replays and synchronise."""
+        for _ in range(replays):
+            step()
+        self._sync()
+
+    def measure(
+        self, step: Step, *, replays: int, samples: int, on_sample: Callable[[int], None] | None = None
+    ) -> list[float]:
+        """Time samples with the host clock; see :class:`Timer`."""
+        out: list[float] = []
+        for i in range(samples):
+            self._sync()
+            t0 = self._clock()
+            for _ in range(replays):
+                step()
+            self._sync()
+            out.append((self._clock() - t0) * 1000.0 / replays)
+            if on_sample is not None:
+                on_sample(i)
+        return out
+
+
+class CudaEventTimer:
+    """CUDA-event timer on one stream: events bracket the replays of each sample.
+
+    Args:
+        stream: the ``torch.cuda.Stream`` the graphs replay on (the engine stream).
+        clock: host clock for budgets.
+    """
+
+    def __init__(self, stream: Any, clock: Callable[[], float] = time.perf_counter) -> None:
+        import torch
+
+        self._torch = torch
+        self._stream = stream
+        self._clock = clock
+
+    def now(self) -> float:
+        """Seconds on the host clock."""
+        return self._clock()
+
+    def warm(self, step: Step, replays: int) -> None:
+        """Run untimed replays on the stream and wait for them."""
+        with self._torch.cuda.stream(self._stream):
+            for _ in range(replays):
+                step()
+        self._stream.synchronize()
+
+    def measure(
+        self, step: Step, *, replays: int, samples: int, on_sample: Callable[[int], None] | None = None
+    ) -> list[float]:
+        """Time samples with CUDA events; see :class:`Timer`."""
+        torch = self._torch
+        out: list[float] = []
+        with torch.cuda.stream(self._stream):
+            for i in range(samples):
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record(self._stream)
+                for _ in range(replays):
+                    step()
+                end.record(self._stream)
+                end.synchronize()
+                out.append(float(start.elapsed_time(end)) / replays)
+                if on_sample is not None:
+                    on_sample(i)
+        return out

@@ -1,0 +1,318 @@
+"""``dspark-calibrate sweep``: measure T(G, V) over the graph ladder and write an unsigned sweep.
+
+Thin: parses options into a :class:`~dspark_calibrate.calibrate.sweep.SweepRequest`, calls
+:func:`~dspark_calibrate.calibrate.sweep.execute`, renders a progress bar and a summary table (or
+``--json``). Exit codes: 0 every cell measured, 1 a measurement failed (or, with
+``--require-precision``, a cell stopped short of the precision target), 2 usage or I/O error.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from dspark_calibrate.cli._common import (
+    EXIT_OK,
+    EXIT_REJECTED,
+    JsonFlag,
+    err_console,
+    exit_with,
+    fail_usage,
+    out_console,
+    print_json,
+)
+from dspark_calibrate.errors import ConfigError, DsparkError, MeasurementError
+
+__all__ = ["register"]
+
+
+def _parse_options(pairs: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--backend-opt {pair!r} must look like key=value")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def _summary_table(result: Any) -> Table:
+    table = Table(title=f"sweep: K={result.config.k}, {len(result.cells)} cells, {result.rounds} rounds")
+    for name in ("G", "V", "tokens", "median ms", "95% interval", "±%", "n", "rounds", "stop"):
+        table.add_column(name, justify="right" if name not in ("stop", "95% interval") else "left")
+    for c in result.cells:
+        s = c.summary
+        if s is None:
+            table.add_row(
+                str(c.spec.graph_batch_size),
+                str(c.spec.verifier_budget),
+                str(c.spec.tokens),
+                "-",
+                "-",
+                "-",
+                "0",
+                "0",
+                c.decision.reason,
+            )
+            continue
+        table.add_row(
+            str(c.spec.graph_batch_size),
+            str(c.spec.verifier_budget),
+            str(c.spec.tokens),
+            f"{s.median_ms:.4f}",
+            f"[{s.ci_low_ms:.4f}, {s.ci_high_ms:.4f}]",
+            f"{100 * s.half_width_rel:.2f}",
+            str(s.samples),
+            str(s.rounds),
+            c.decision.reason,
+        )
+    return table
+
+
+def _json_report(result: Any, output: Any) -> dict[str, Any]:
+    return {
+        "ok": result.complete,
+        "all_precise": result.all_precise,
+        "out": str(output.summary_path) if output else None,
+        "samples": str(output.samples_path) if output else None,
+        "plot": str(output.plot_path) if output and output.plot_path else None,
+        "summary_logical_sha256": output.summary_sha256 if output else None,
+        "samples_logical_sha256": output.samples_sha256 if output else None,
+        "rounds": result.rounds,
+        "sweep_seconds": result.seconds,
+        "resumed": result.resumed,
+        "cells": [
+            {
+                "graph_batch_size": c.spec.graph_batch_size,
+                "verifier_budget": c.spec.verifier_budget,
+                "kind": c.spec.kind.value,
+                "status": c.decision.status.value,
+                "stop_reason": c.decision.reason,
+                "step_time_ms": c.summary.median_ms if c.summary else None,
+                "ci_low_ms": c.summary.ci_low_ms if c.summary else None,
+                "ci_high_ms": c.summary.ci_high_ms if c.summary else None,
+                "samples": c.summary.samples if c.summary else 0,
+                "rounds": c.summary.rounds if c.summary else 0,
+                "warnings": list(c.summary.warnings) if c.summary else [],
+            }
+            for c in result.cells
+        ],
+    }
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``sweep`` command to the ``dspark-calibrate`` app."""
+
+    @app.command("sweep")
+    def sweep_command(
+        k: Annotated[int, typer.Option("--k", help="Physical draft length K (drafted tokens per block).")],
+        ladder: Annotated[str, typer.Option("--ladder", help="Rank-local graph batch sizes, e.g. 8,16,32.")],
+        out: Annotated[
+            Path, typer.Option("--out", help="Summary Parquet; samples go to <stem>.samples.parquet.")
+        ],
+        backend: Annotated[
+            str,
+            typer.Option(
+                "--backend",
+                help="synthetic | reference | module | trtllm | import-samples | pkg.mod:Factory.",
+            ),
+        ] = "synthetic",
+        budgets: Annotated[
+            list[str] | None,
+            typer.Option("--budgets", help="Compact budgets for one G, e.g. 16:20,24,32 (repeatable)."),
+        ] = None,
+        max_candidates: Annotated[
+            int, typer.Option(help="Default compact candidates per G before thinning.")
+        ] = 48,
+        control: Annotated[
+            bool, typer.Option("--control/--no-control", help="Measure V=G*(K+1) as a control.")
+        ] = True,
+        protocol: Annotated[
+            str, typer.Option(help="adaptive (rounds, stop on precision) or fixed (128+64).")
+        ] = "adaptive",
+        preset: Annotated[str, typer.Option(help="Threshold preset: default or quick.")] = "default",
+        precision: Annotated[
+            float | None, typer.Option(help="Target relative half-width (0.005 = 0.5%).")
+        ] = None,
+        min_samples: Annotated[int | None, typer.Option(help="Kept samples before a cell may stop.")] = None,
+        min_rounds: Annotated[int | None, typer.Option(help="Rounds before a cell may stop.")] = None,
+        min_time: Annotated[float | None, typer.Option(help="Seconds per cell before it may stop.")] = None,
+        max_samples: Annotated[int | None, typer.Option(help="Per-cell sample cap.")] = None,
+        max_cell_seconds: Annotated[float | None, typer.Option(help="Per-cell time cap (s).")] = None,
+        budget: Annotated[float | None, typer.Option(help="Total sweep budget (s).")] = None,
+        warmup: Annotated[int | None, typer.Option(help="Warm-up replays on a cell's first visit.")] = None,
+        rewarm: Annotated[int | None, typer.Option(help="Warm-up replays on later visits.")] = None,
+        replays: Annotated[int | None, typer.Option(help="Back-to-back replays per sample.")] = None,
+        samples_per_visit: Annotated[int | None, typer.Option(help="Samples per visit.")] = None,
+        seed: Annotated[int, typer.Option(help="Seed of the round order and the bootstrap.")] = 0,
+        resume: Annotated[
+            bool, typer.Option("--resume", help="Continue the journal of an interrupted sweep.")
+        ] = False,
+        journal: Annotated[
+            Path | None, typer.Option(help="Journal path (default <stem>.journal.jsonl).")
+        ] = None,
+        config: Annotated[
+            Path | None, typer.Option("--config", help="reference: HF-style config.json.")
+        ] = None,
+        layers: Annotated[int | None, typer.Option(help="reference: number of layers to build.")] = None,
+        context_len: Annotated[int | None, typer.Option(help="reference: KV-cache tokens per row.")] = None,
+        device: Annotated[str | None, typer.Option(help="reference: cpu or cuda[:i].")] = None,
+        factory: Annotated[
+            str | None, typer.Option(help="module: pkg.mod:factory returning a step for (G, V, K).")
+        ] = None,
+        input_path: Annotated[
+            Path | None, typer.Option("--input", help="import-samples: profiler JSONL.")
+        ] = None,
+        backend_opt: Annotated[
+            list[str] | None, typer.Option(help="Backend option key=value (JSON value).")
+        ] = None,
+        fingerprint: Annotated[
+            Path | None, typer.Option(help="Fingerprint JSON with fields the sweep cannot establish.")
+        ] = None,
+        clock_policy: Annotated[
+            str | None, typer.Option(help="GPU clock policy, e.g. default or locked:1980.")
+        ] = None,
+        plot: Annotated[
+            bool, typer.Option("--plot/--no-plot", help="Write <stem>.png (needs matplotlib).")
+        ] = True,
+        require_precision: Annotated[
+            bool, typer.Option(help="Exit 1 unless every cell reached precision.")
+        ] = False,
+        as_json: JsonFlag = False,
+    ) -> None:
+        """Measure T(G, V) for the native and candidate cells of every G, with honest intervals."""
+        from dspark_calibrate.artifacts import Fingerprint, JsonError, ModelError, loads_strict
+        from dspark_calibrate.calibrate.ladder import parse_budgets, parse_ladder
+        from dspark_calibrate.calibrate.stats import Thresholds
+        from dspark_calibrate.calibrate.sweep import SweepEvent, SweepRequest, execute
+
+        try:
+            if preset not in ("default", "quick"):
+                raise ConfigError(f"--preset {preset!r} is unknown; use default or quick")
+            overrides = {
+                "precision_rel": precision,
+                "min_samples": min_samples,
+                "min_rounds": min_rounds,
+                "min_time_s": min_time,
+                "max_samples_per_cell": max_samples,
+                "max_seconds_per_cell": max_cell_seconds,
+                "budget_s": budget,
+                "warmup_steps": warmup,
+                "rewarm_steps": rewarm,
+                "replays_per_sample": replays,
+                "samples_per_visit": samples_per_visit,
+            }
+            chosen = {name: v for name, v in overrides.items() if v is not None}
+            if protocol == "fixed":
+                thresholds = Thresholds.fixed_protocol(**chosen)
+            elif preset == "quick":
+                thresholds = Thresholds.quick(**chosen)
+            else:
+                thresholds = Thresholds.adaptive(**chosen)
+            options = _parse_options(backend_opt or [])
+            for key, value in (
+                ("config", config),
+                ("layers", layers),
+                ("context_len", context_len),
+                ("device", device),
+                ("factory", factory),
+            ):
+                if value is not None:
+                    options[key] = str(value) if isinstance(value, Path) else value
+            base_fp = None
+            if fingerprint is not None:
+                try:
+                    base_fp = Fingerprint.from_dict(
+                        loads_strict(fingerprint.read_bytes(), what=str(fingerprint))
+                    )
+                except OSError as exc:
+                    raise ConfigError(f"{fingerprint}: cannot read: {exc}") from exc
+                except (JsonError, ModelError) as exc:
+                    raise ConfigError(f"{fingerprint}: {exc}") from exc
+            request = SweepRequest(
+                backend=backend,
+                backend_options=options,
+                k=k,
+                ladder=parse_ladder(ladder),
+                budgets=parse_budgets(budgets or []),
+                max_candidates=max_candidates,
+                include_control=control,
+                out=out,
+                journal=journal,
+                resume=resume,
+                protocol=protocol,
+                thresholds=thresholds,
+                seed=seed,
+                fingerprint=base_fp,
+                clock_policy=clock_policy,
+                input=input_path,
+                plot=plot and importlib.util.find_spec("matplotlib") is not None,
+                command=tuple(sys.argv),
+            )
+        except ConfigError as exc:
+            fail_usage(str(exc))
+
+        progress = Progress(
+            TextColumn("[bold]sweep[/] round {task.fields[round]}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} cells"),
+            TextColumn("{task.fields[current]}"),
+            TimeRemainingColumn(),
+            console=err_console,
+            transient=True,
+            disable=as_json or not err_console.is_terminal,
+        )
+        task = progress.add_task("sweep", total=None, round=0, current="")
+
+        def on_event(event: SweepEvent) -> None:
+            current = ""
+            if event.cell is not None:
+                hw = f" ±{100 * event.half_width_rel:.2f}%" if event.half_width_rel is not None else ""
+                current = f"{event.cell.label()}{hw}"
+            progress.update(
+                task, total=event.cells_total, completed=event.cells_done, round=event.round, current=current
+            )
+
+        try:
+            with progress:
+                result, output = execute(request, on_event=on_event)
+        except MeasurementError as exc:
+            err_console.print(f"[bold red]measurement failed:[/] {exc}")
+            if as_json:
+                print_json({"ok": False, "error": "MEASUREMENT_FAILED", "message": str(exc)})
+            exit_with(EXIT_REJECTED)
+        except DsparkError as exc:
+            if as_json:
+                print_json({"ok": False, "error": "USAGE_OR_IO", "message": str(exc)})
+            fail_usage(str(exc))
+        if output is None:  # not rank 0: rank 0 reports
+            exit_with(EXIT_OK)
+        if as_json:
+            print_json(_json_report(result, output))
+        else:
+            out_console.print(_summary_table(result))
+            out_console.print(
+                f"wrote {output.summary_path} and {output.samples_path}"
+                + (f" and {output.plot_path}" if output.plot_path else "")
+            )
+        if not result.complete:
+            missing = ", ".join(c.label() for c in result.unmeasured())
+            err_console.print(
+                f"[bold red]incomplete:[/] no kept samples for {missing}; raise --budget and --resume"
+            )
+            exit_with(EXIT_REJECTED)
+        if require_precision and not result.all_precise:
+            short = ", ".join(c.spec.label() for c in result.cells if c.decision.reason != "precision")
+            err_console.print(f"[bold red]imprecise:[/] cells stopped short of precision: {short}")
+            exit_with(EXIT_REJECTED)
+        exit_with(EXIT_OK)
