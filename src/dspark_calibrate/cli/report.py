@@ -1,0 +1,119 @@
+"""``dspark-calibrate report``: one page a release engineer can approve a deployment from.
+
+Verifies the bundle (or loose artifacts) against the pinned trust root, then writes a
+self-contained HTML page (or Markdown with ``--format md``) through
+``dspark_calibrate.calibrate.report.write_report``. The page is written whether or not the input
+verified; its first line says which.
+
+Exit codes: 0 verified; 1 the input did not verify (page still written), or ``--strict`` and the
+page lists blockers; 2 usage or I/O error (an unreadable input or trust root still gets a page).
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from dspark_calibrate.cli._common import (
+    EXIT_OK,
+    EXIT_REJECTED,
+    EXIT_USAGE,
+    JsonFlag,
+    TrustRootOption,
+    err_console,
+    exit_with,
+    fail_usage,
+    out_console,
+    print_json,
+    utcnow,
+)
+from dspark_calibrate.errors import DsparkError
+
+__all__ = ["ReportFormatOption", "register", "report"]
+
+
+class ReportFormatOption(enum.StrEnum):
+    """Page formats of ``--format``."""
+
+    HTML = "html"
+    MD = "md"
+
+
+def report(
+    inputs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="A bundle directory, or signed artifact files (cost-table, calibration, admission).",
+            show_default=False,
+        ),
+    ],
+    trust_root: TrustRootOption,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Page to write (default: report.html or report.md).")
+    ] = None,
+    fmt: Annotated[ReportFormatOption, typer.Option("--format", help="html (plots embedded) or md.")] = (
+        ReportFormatOption.HTML
+    ),
+    expect_fingerprint: Annotated[
+        Path | None,
+        typer.Option("--expect-fingerprint", help="Fingerprint JSON the evidence must be bound to."),
+    ] = None,
+    allow_synthetic: Annotated[
+        bool, typer.Option("--allow-synthetic", help="Accept synthetic evidence (demos and tests only).")
+    ] = False,
+    max_age_days: Annotated[
+        float | None, typer.Option("--max-age-days", help="Refuse artifacts issued longer ago than this.")
+    ] = None,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Embed plots in the HTML page.")] = True,
+    strict: Annotated[
+        bool,
+        typer.Option("--strict", help="Exit 1 when the page lists a blocker, even if the input verified."),
+    ] = False,
+    json_out: JsonFlag = False,
+) -> None:
+    """Verify INPUTS and write the release report; exit 0 verified, 1 rejected, 2 usage or I/O error."""
+    from dspark_calibrate.artifacts import Expectation
+    from dspark_calibrate.calibrate.report import write_report
+    from dspark_calibrate.cli.verify import expected_fingerprint
+
+    if max_age_days is not None and max_age_days <= 0:
+        fail_usage(f"--max-age-days {max_age_days} must be positive")
+    target = out if out is not None else Path(f"report.{fmt.value}")
+    try:
+        fingerprint = expected_fingerprint(expect_fingerprint) if expect_fingerprint is not None else None
+        expected = Expectation(
+            fingerprint=fingerprint,
+            allow_synthetic=allow_synthetic,
+            max_age=timedelta(days=max_age_days) if max_age_days is not None else None,
+        )
+        result = write_report(
+            inputs, trust_root, target, now=utcnow(), fmt=fmt.value, expected=expected, plots=plots
+        )
+    except DsparkError as exc:
+        fail_usage(str(exc))
+    if result.io_error:
+        code = EXIT_USAGE
+    elif not result.verified or (strict and result.blockers):
+        code = EXIT_REJECTED
+    else:
+        code = EXIT_OK
+    if not result.verified:
+        first = result.findings[0]
+        err_console.print(f"[bold red]REJECTED[/] {escape(first.code)}: {escape(first.message)}")
+    if json_out:
+        print_json({"out": str(target), "exit_code": code, **result.to_dict()})
+    else:
+        if result.verified:
+            out_console.print(escape(result.headline), style="green")
+        out_console.print(f"report written to {escape(str(target))}")
+    exit_with(code)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``report`` to the app."""
+    app.command("report")(report)
