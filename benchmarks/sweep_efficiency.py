@@ -34,7 +34,8 @@ import numpy as np
 
 from dspark_calibrate.artifacts import read_artifact
 from dspark_calibrate.calibrate.ladder import parse_ladder
-from dspark_calibrate.calibrate.stats import Thresholds, sample_interval
+from dspark_calibrate.calibrate.ladder import CellSpec
+from dspark_calibrate.calibrate.stats import CellSamples, Thresholds, sample_interval, summarize
 from dspark_calibrate.calibrate.sweep import SweepRequest, execute, samples_path
 
 TARGETS = {"ratio": 0.33, "reproducible_share": 0.95, "ci_coverage": 0.90}
@@ -194,6 +195,24 @@ def _naive_intervals(summary: Path) -> dict[tuple[int, int], tuple[float, float]
     return out
 
 
+def _recomputed_intervals(summary: Path, between_run_rel: float) -> dict[tuple[int, int], tuple[float, float]]:
+    """Reproduction intervals recomputed from the kept raw samples with this code's statistics."""
+    k = read_artifact(summary).fingerprint_untrusted().max_draft_len or 1
+    rows = read_artifact(samples_path(summary)).table.to_pylist()
+    by: dict[tuple[int, int], tuple[list[float], list[int]]] = {}
+    for r in rows:
+        if r["kept"]:
+            vals, rounds = by.setdefault((r["graph_batch_size"], r["verifier_budget"]), ([], []))
+            vals.append(r["step_time_ms"])
+            rounds.append(r["round"])
+    out = {}
+    for (g, v), (vals, rounds) in by.items():
+        spec = CellSpec(g, v, k)
+        s = summarize(CellSamples(spec, tuple(vals), tuple(rounds)), between_run_rel=between_run_rel)
+        out[(g, v)] = (s.ci_low_ms, s.ci_high_ms)
+    return out
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     """Combine two jobs' results into the benchmark JSON."""
     job1, job2 = Path(args.job1), Path(args.job2)
@@ -214,6 +233,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     covered_back = [a2[c]["ci_low_ms"] <= a1[c]["step_time_ms"] <= a2[c]["ci_high_ms"] for c in common]
     naive = _naive_intervals(job1 / "adaptive.parquet")
     naive_cov = [naive[c][0] <= a2[c]["step_time_ms"] <= naive[c][1] for c in common if c in naive]
+    # Coverage of job 2's medians by job 1's intervals recomputed from raw samples with the current
+    # statistics (between-run term included); with a third job this is an out-of-sample check.
+    recomputed = _recomputed_intervals(job1 / "adaptive.parquet", Thresholds().between_run_rel)
+    recomputed_cov = [recomputed[c][0] <= a2[c]["step_time_ms"] <= recomputed[c][1] for c in common if c in recomputed]
     both = sorted(set(a1) & set(fx))
     diffs = {c: (fx[c]["step_time_ms"] - a1[c]["step_time_ms"]) / a1[c]["step_time_ms"] for c in both}
     # A fixed sweep cut short by its budget measured fewer cells; scale its cost to all cells so
@@ -232,6 +255,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         "ci_coverage": float(np.mean(covered)),
         "ci_coverage_reverse": float(np.mean(covered_back)),
         "naive_within_run_ci_coverage": float(np.mean(naive_cov)) if naive_cov else None,
+        "ci_coverage_recomputed": float(np.mean(recomputed_cov)) if recomputed_cov else None,
+        "between_run_rel": Thresholds().between_run_rel,
         "max_fixed_vs_adaptive_rel": float(max(abs(d) for d in diffs.values())),
         "median_fixed_vs_adaptive_rel": float(np.median([abs(d) for d in diffs.values()])),
         "fixed_vs_adaptive_rel": {f"G{g}/V{v}": d for (g, v), d in sorted(diffs.items())},

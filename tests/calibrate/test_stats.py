@@ -213,3 +213,18 @@ def test_threshold_presets_and_round_trip() -> None:
     assert Thresholds.from_dict(Thresholds.quick().to_dict()) == Thresholds.quick()
     with pytest.raises(ConfigError, match="unknown"):
         Thresholds.from_dict({"precision": 0.1})
+
+
+def test_between_run_term_adds_in_quadrature() -> None:
+    rng = np.random.default_rng(7)
+    rounds = [rng.normal(10.0, 0.01, 6) for _ in range(8)]
+    plain = median_interval(rounds, seed=1, reproduction=True, between_run_rel=0.0)
+    wide = median_interval(rounds, seed=1, reproduction=True, between_run_rel=0.003)
+    floor = 1.959964 * 0.003 * plain.median
+    assert wide.median == plain.median
+    assert wide.high - wide.median == pytest.approx(math.hypot(plain.high - plain.median, floor), rel=1e-6)
+    assert wide.median - wide.low == pytest.approx(math.hypot(plain.median - plain.low, floor), rel=1e-6)
+    assert wide.method.endswith("+between_run")
+    # Without reproduction the term is not applied: it describes sweep-to-sweep differences only.
+    cond = median_interval(rounds, seed=1, reproduction=False, between_run_rel=0.003)
+    assert "between_run" not in cond.method

@@ -411,7 +411,12 @@ def _finish_cell(st: _CellState, config: SweepConfig) -> CellResult:
     summary = None
     if kept.raw_ms:
         summary = summarize(
-            kept, confidence=th.confidence, n_boot=th.n_boot, seed=config.seed, reproduction=th.reproduction
+            kept,
+            confidence=th.confidence,
+            n_boot=th.n_boot,
+            seed=config.seed,
+            reproduction=th.reproduction,
+            between_run_rel=th.between_run_rel,
         )
     decision = st.decision or Decision(
         Status.UNKNOWN, "not_measured", "the sweep ended before this cell stopped"
