@@ -1,9 +1,10 @@
-"""Calibration side of dspark-calibrate: the sweep harness, its backends and statistics.
+"""Calibration side of dspark-calibrate: sweep, confidence fit, workload replay, build, report.
 
 ``sweep`` measures the step time T(G, V) of every native and candidate cell of the graph ladder
-(DESIGN §7) and writes unsigned ``sweep`` / ``sweep-samples`` artifacts; signing is ``build``'s job,
-so nothing here imports ``cryptography`` or ``runtime_plugin``. torch is imported only by the
-backends and collectives that need it.
+(DESIGN §7) and writes unsigned ``sweep`` / ``sweep-samples`` artifacts; ``fit`` turns draft-round
+traces into an unsigned ``calibration`` table (DESIGN §8). Signing is ``build``'s job: importing
+this package needs no ``cryptography``. torch is imported only by the backends, collectives and the
+recorder-shard reader that need it.
 
 Example:
     >>> from pathlib import Path
@@ -14,6 +15,17 @@ Example:
     >>> result.summary_table().column("step_time_ms")  # doctest: +SKIP
 """
 
+from dspark_calibrate.calibrate.confidence import Calibration, Method, PositionMap, parse_sts_document, sts_document
+from dspark_calibrate.calibrate.fit import (
+    DriftTolerances,
+    FitOptions,
+    FitResult,
+    evaluate_drift,
+    fit_traces,
+    run_evaluate,
+    run_fit,
+    write_fit_outputs,
+)
 from dspark_calibrate.calibrate.ladder import (
     CellKind,
     CellSpec,
@@ -34,6 +46,16 @@ from dspark_calibrate.calibrate.stats import (
     sample_interval,
     summarize,
 )
+from dspark_calibrate.calibrate.metrics import MetricsReport, evaluate_predictions
+from dspark_calibrate.calibrate.report import (
+    Report,
+    ReportThresholds,
+    build_report,
+    collect_evidence,
+    render_html,
+    render_markdown,
+    write_report,
+)
 from dspark_calibrate.calibrate.sweep import (
     SweepConfig,
     SweepOutput,
@@ -43,29 +65,58 @@ from dspark_calibrate.calibrate.sweep import (
     run_sweep,
     write_sweep,
 )
+from dspark_calibrate.calibrate.synth_traces import SynthSpec, synth_traces, write_synth_traces
+from dspark_calibrate.calibrate.traces import TraceSet, read_traces
 
 __all__ = [
+    "Calibration",
     "CellKind",
     "CellSamples",
     "CellSpec",
     "CellSummary",
     "Decision",
+    "DriftTolerances",
+    "FitOptions",
+    "FitResult",
+    "Method",
+    "MetricsReport",
+    "PositionMap",
+    "Report",
+    "ReportThresholds",
     "Status",
     "StopReason",
     "SweepConfig",
     "SweepOutput",
     "SweepRequest",
     "SweepResult",
+    "SynthSpec",
     "Thresholds",
+    "TraceSet",
+    "build_report",
     "candidate_budgets",
+    "collect_evidence",
+    "evaluate_drift",
+    "evaluate_predictions",
     "execute",
+    "fit_traces",
     "legal_compact_budgets",
     "median_interval",
     "parse_budgets",
     "parse_ladder",
+    "parse_sts_document",
     "plan_cells",
+    "read_traces",
+    "render_html",
+    "render_markdown",
+    "run_evaluate",
+    "run_fit",
     "run_sweep",
     "sample_interval",
+    "sts_document",
     "summarize",
+    "synth_traces",
+    "write_fit_outputs",
+    "write_report",
     "write_sweep",
+    "write_synth_traces",
 ]
