@@ -74,6 +74,9 @@ class Reason(str, enum.Enum):
     RANK_DISAGREEMENT = "RANK_DISAGREEMENT"
     INTERNAL_ERROR = "INTERNAL_ERROR"
     METADATA_MISMATCH = "METADATA_MISMATCH"
+    # runtime adapters
+    EXPORT_FAILED = "EXPORT_FAILED"
+    CONFIG_INVALID = "CONFIG_INVALID"
 
 
 @dataclass(frozen=True, slots=True)

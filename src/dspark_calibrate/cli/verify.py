@@ -28,6 +28,15 @@ from dspark_calibrate.cli._common import (
     print_json,
     utcnow,
 )
+from dspark_calibrate.cli.verify_runtime import (
+    BaseOptionsOption,
+    EmitTrtllmOption,
+    FailOpenOption,
+    SelectorIdentityOption,
+    TrtllmDirOption,
+    run_runtime,
+    runtime_requested,
+)
 from dspark_calibrate.errors import ConfigError, DsparkError
 
 if TYPE_CHECKING:
@@ -148,8 +157,43 @@ def main(
     max_age_days: Annotated[float | None, typer.Option("--max-age-days", help="Refuse artifacts older than this.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every finding.")] = False,
     json_out: JsonFlag = False,
+    emit_trtllm_options: EmitTrtllmOption = None,
+    fail_open_to_static: FailOpenOption = False,
+    selector_identity: SelectorIdentityOption = None,
+    trtllm_dir: TrtllmDirOption = None,
+    base_options: BaseOptionsOption = None,
 ) -> None:
     """Verify ARTIFACTS; exit 0 if all are valid, 1 if any is rejected, 2 on usage or I/O errors."""
+    if runtime_requested(emit_trtllm_options, fail_open_to_static):
+        run_runtime(
+            artifacts=artifacts,
+            trust_root=trust_root,
+            expect_fingerprint=expect_fingerprint,
+            live_options=LiveOptions(
+                k=live_k,
+                ladder=live_ladder,
+                topology=live_topology,
+                gpu=live_gpu,
+                gpu_count=live_gpu_count,
+                source_dir=live_source_dir,
+                source_head=live_source_head,
+                source_diff=live_source_diff,
+                runtime_snapshot=live_runtime_snapshot,
+                model_config=live_model_config,
+            ),
+            unbind=unbind,
+            state=state,
+            record=record,
+            allow_synthetic=allow_synthetic,
+            max_age_days=max_age_days,
+            emit_trtllm_options=emit_trtllm_options,
+            fail_open_to_static=fail_open_to_static,
+            selector_identity=selector_identity,
+            trtllm_dir=trtllm_dir,
+            base_options=base_options,
+            verbose=verbose,
+            json_out=json_out,
+        )
     from dspark_calibrate.artifacts import BINDING_FIELDS, Expectation, Reason, RollbackState, verify_bundle, verify_path
     from dspark_calibrate.cli.trust import load_root_or_exit
 

@@ -1,15 +1,26 @@
 """Runtime plugin: the live fingerprint, the admission hook, the reference selector, engine adapters.
 
 Light by design: importing this package pulls in neither torch nor ``dspark_calibrate.calibrate``
-(a serving process must not pay for what it does not use).
+(a serving process must not pay for what it does not use). ``admit`` never raises: on any doubt it
+returns an inactive decision with a reason code and the static-K engine configuration.
 
 Example:
-    >>> from dspark_calibrate.runtime_plugin import collect_live
-    >>> ctx = collect_live(max_draft_len=5, rank_local_graph_batch_sizes=[8, 16], topology="TP1")
-    >>> ctx.fingerprint.max_draft_len
-    5
+    >>> from dspark_calibrate.runtime_plugin import admit, collect_live
+    >>> decision = admit("bundle/", "trust-root.json", live={"max_draft_len": 5})  # doctest: +SKIP
+    >>> decision.active, decision.reason_code  # doctest: +SKIP
+    (False, 'FINGERPRINT_MISSING:gpu')
 """
 
+from dspark_calibrate.runtime_plugin.admission import (
+    STATIC_ENGINE_CONFIG,
+    AdmissionDecision,
+    AdmissionEconomics,
+    AdmissionPolicy,
+    GainStatus,
+    GainVerdict,
+    admit,
+)
+from dspark_calibrate.runtime_plugin.engine import DynamicVerifier
 from dspark_calibrate.runtime_plugin.live import (
     GpuInfo,
     LiveContext,
@@ -17,5 +28,34 @@ from dspark_calibrate.runtime_plugin.live import (
     SystemEnvironment,
     collect_live,
 )
+from dspark_calibrate.runtime_plugin.ranks import agree
+from dspark_calibrate.runtime_plugin.sentinel import SentinelPolicy, SentinelReport
+from dspark_calibrate.runtime_plugin.trtllm import (
+    TrtllmOptions,
+    decoding_fields,
+    llm_api_options,
+    static_decoding_fields,
+)
 
-__all__ = ["GpuInfo", "LiveContext", "LiveEnvironment", "SystemEnvironment", "collect_live"]
+__all__ = [
+    "STATIC_ENGINE_CONFIG",
+    "AdmissionDecision",
+    "AdmissionEconomics",
+    "AdmissionPolicy",
+    "DynamicVerifier",
+    "GainStatus",
+    "GainVerdict",
+    "GpuInfo",
+    "LiveContext",
+    "LiveEnvironment",
+    "SentinelPolicy",
+    "SentinelReport",
+    "SystemEnvironment",
+    "TrtllmOptions",
+    "admit",
+    "agree",
+    "collect_live",
+    "decoding_fields",
+    "llm_api_options",
+    "static_decoding_fields",
+]

@@ -1,0 +1,254 @@
+"""``dspark-verify`` runtime form: admit a bundle as the serving process would, emit engine options.
+
+For launchers and init containers::
+
+    dspark-verify BUNDLE --trust-root ROOT --live-k 5 --live-ladder 8,16,32 --live-topology TP1 \\
+        --emit-trtllm-options OUT.yaml --selector-identity HEX [--fail-open-to-static]
+
+runs :func:`dspark_calibrate.runtime_plugin.admission.admit` (the runtime hook, not the plain
+artifact check) and writes ``extra_llm_api_options`` YAML with the ``DSparkDecodingConfig`` fields:
+confidence scheduling with the exported deployment files when admitted, static K with every
+confidence field cleared otherwise.
+
+Exit codes: 0 admitted; 1 rejected (static options still written); 2 usage or I/O error (options
+not written). With ``--fail-open-to-static`` every rejection, and any bad live option, exits 0 after
+writing the static options, so a serving start is never blocked; only a failure to write OUT
+itself exits 2.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+
+import typer
+
+from dspark_calibrate.cli._common import (
+    EXIT_OK,
+    EXIT_REJECTED,
+    EXIT_USAGE,
+    err_console,
+    exit_with,
+    fail_usage,
+    out_console,
+    parse_ladder,
+    print_json,
+)
+from dspark_calibrate.errors import ConfigError
+
+if TYPE_CHECKING:
+    from dspark_calibrate.runtime_plugin.admission import AdmissionDecision
+    from dspark_calibrate.runtime_plugin.trtllm import TrtllmOptions
+
+__all__ = [
+    "BaseOptionsOption",
+    "EmitTrtllmOption",
+    "FailOpenOption",
+    "SelectorIdentityOption",
+    "TrtllmDirOption",
+    "default_export_dir",
+    "run_runtime",
+    "runtime_requested",
+]
+
+EmitTrtllmOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--emit-trtllm-options",
+        help="Run the runtime admission hook on one bundle and write TensorRT-LLM extra_llm_api_options "
+        "YAML here (dynamic verification if admitted, static K otherwise).",
+    ),
+]
+FailOpenOption = Annotated[
+    bool,
+    typer.Option(
+        "--fail-open-to-static",
+        help="With the runtime form: exit 0 on rejection after writing the static-K options "
+        "(the serving start is never blocked).",
+    ),
+]
+SelectorIdentityOption = Annotated[
+    str | None,
+    typer.Option(
+        "--selector-identity",
+        help="The engine's selector identity SHA-256 (64 hex), pinned in the admission receipt.",
+    ),
+]
+TrtllmDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--trtllm-dir",
+        help="Private (0700) directory for the exported deployment files "
+        "(default: <OUT stem>-files beside OUT).",
+    ),
+]
+BaseOptionsOption = Annotated[
+    Path | None,
+    typer.Option("--base-options", help="extra_llm_api_options YAML to merge the decoding fields into."),
+]
+
+
+def runtime_requested(emit_trtllm_options: Path | None, fail_open_to_static: bool) -> bool:
+    """True when the runtime form was asked for."""
+    return emit_trtllm_options is not None or fail_open_to_static
+
+
+def default_export_dir(out: Path) -> Path:
+    """``OUT.yaml`` → ``OUT-files/`` beside it (visible wherever OUT is, e.g. a shared volume)."""
+    return out.with_name(f"{out.stem}-files")
+
+
+def _live_arguments(live_options: Any) -> dict[str, Any]:
+    """``collect_live`` keyword arguments from the ``--live-*`` options (explicit values win).
+
+    Raises:
+        ConfigError: a malformed ``--live-ladder``.
+    """
+    o = live_options
+    return {
+        "max_draft_len": o.k,
+        "rank_local_graph_batch_sizes": parse_ladder(o.ladder, option="--live-ladder") if o.ladder else None,
+        "topology": o.topology,
+        "gpu": o.gpu,
+        "gpu_count": o.gpu_count,
+        "source_dir": o.source_dir,
+        "source_head": o.source_head,
+        "source_diff_sha256": o.source_diff,
+        "runtime_snapshot": o.runtime_snapshot,
+        "model_config": o.model_config,
+    }
+
+
+def _render(
+    decision: AdmissionDecision,
+    options: TrtllmOptions | None,
+    out: Path | None,
+    verbose: bool,
+    json_out: bool,
+) -> None:
+    if decision.active and (options is None or options.active):
+        if not json_out:  # stdout carries only the JSON report then
+            out_console.print(f"[green]ADMITTED[/] {decision.message}")
+    elif decision.active and options is not None:
+        err_console.print(f"[bold red]STATIC K[/] {options.reason_code}: {options.message}")
+    else:
+        err_console.print(f"[bold red]STATIC K[/] {decision.reason_code}: {decision.message}")
+        if verbose:
+            for f in decision.findings[1:]:
+                err_console.print(f"  also {f.code}: {f.message}")
+    if out is not None:
+        err_console.print(f"wrote {out}")
+
+
+def run_runtime(
+    *,
+    artifacts: list[Path],
+    trust_root: Path,
+    expect_fingerprint: Path | None,
+    live_options: Any,
+    unbind: list[str] | None,
+    state: Path | None,
+    record: bool,
+    allow_synthetic: bool,
+    max_age_days: float | None,
+    emit_trtllm_options: Path | None,
+    fail_open_to_static: bool,
+    selector_identity: str | None,
+    trtllm_dir: Path | None,
+    base_options: Path | None,
+    verbose: bool,
+    json_out: bool,
+) -> NoReturn:
+    """The runtime form of ``dspark-verify`` (see the module docstring). Exits the command.
+
+    Args:
+        artifacts: exactly one bundle directory (or manifest).
+        live_options: ``verify.LiveOptions`` with the ``--live-*`` values.
+        Other arguments: the ``dspark-verify`` options of the same names.
+    """
+    from dspark_calibrate.artifacts import Reason
+    from dspark_calibrate.runtime_plugin.admission import DEFAULT_MAX_ARTIFACT_AGE, AdmissionPolicy, admit
+    from dspark_calibrate.runtime_plugin.trtllm import (
+        decoding_fields,
+        load_options_yaml,
+        static_options,
+        write_options_yaml,
+    )
+
+    if len(artifacts) != 1:
+        fail_usage(f"the runtime form admits exactly one bundle, got {len(artifacts)} paths")
+    base: dict[str, Any] = {}
+    if base_options is not None:
+        try:
+            base = load_options_yaml(base_options.read_text(encoding="utf-8"))
+        except OSError as exc:
+            fail_usage(f"{base_options}: cannot read ({exc.strerror or exc})")
+        except ConfigError as exc:
+            fail_usage(f"{base_options}: {exc}")
+    problem: str | None = None
+    live: Any = None
+    policy: AdmissionPolicy | None = None
+    try:
+        if expect_fingerprint is not None:
+            from dspark_calibrate.cli.verify import expected_fingerprint
+
+            live = expected_fingerprint(expect_fingerprint)
+        else:
+            live = _live_arguments(live_options)
+        policy = AdmissionPolicy(
+            allow_synthetic=allow_synthetic,
+            state_path=state,
+            record_state=record,
+            unbound_fields=frozenset(unbind or ()),
+            max_artifact_age=(
+                timedelta(days=max_age_days) if max_age_days is not None else DEFAULT_MAX_ARTIFACT_AGE
+            ),
+        )
+    except ConfigError as exc:
+        problem = str(exc)
+    if problem is not None or policy is None:
+        if not fail_open_to_static:
+            fail_usage(problem or "invalid options")
+        err_console.print(f"[bold red]error:[/] {problem}; falling back to static K")
+        decision = None
+        options = static_options(Reason.CONFIG_INVALID.value, problem or "invalid options")
+    else:
+        decision = admit(artifacts[0], trust_root, live=live, policy=policy)
+        options = None
+        if emit_trtllm_options is not None:
+            options = decoding_fields(
+                decision,
+                selector_identity=selector_identity,
+                out_dir=trtllm_dir if trtllm_dir is not None else default_export_dir(emit_trtllm_options),
+            )
+    if emit_trtllm_options is not None:
+        assert options is not None
+        try:
+            merged = options.llm_api_options(base)
+        except ConfigError as exc:
+            fail_usage(f"{base_options}: {exc}")
+        try:
+            write_options_yaml(emit_trtllm_options, merged)
+        except OSError as exc:
+            fail_usage(f"{emit_trtllm_options}: cannot write the options ({exc.strerror or exc})")
+    active = bool(decision is not None and decision.active and (options is None or options.active))
+    if active or fail_open_to_static:
+        code = EXIT_OK
+    elif decision is not None and decision.reason is Reason.IO_ERROR:
+        code = EXIT_USAGE
+    else:
+        code = EXIT_REJECTED
+    if json_out:
+        print_json(
+            {
+                "active": active,
+                "exit_code": code,
+                "decision": decision.to_dict() if decision is not None else None,
+                "trtllm": options.to_dict() if options is not None else None,
+                "options_path": str(emit_trtllm_options) if emit_trtllm_options is not None else None,
+            }
+        )
+    if decision is not None:
+        _render(decision, options, emit_trtllm_options, verbose, json_out)
+    exit_with(code)

@@ -1,0 +1,1035 @@
+"""The runtime admission hook: activate dynamic verification only on authenticated, bound, fresh
+evidence, and fall back to static K on any doubt (DESIGN §4–§6, STYLE rule 13).
+
+``admit(bundle, trust_root, ...)`` runs in the serving process (or just before it starts) and
+returns an :class:`AdmissionDecision`; it never raises. Checks, in order:
+
+    (1) trust root: ``root.json`` bytes loaded and verified (signatures, expiry), or a given
+        ``TrustRoot`` checked for expiry at ``now``
+    (2) live deployment: the given context, or collected by ``live.collect_live`` (explicit engine
+        arguments win over probes)
+    (3) the bundle, through the artifacts pipeline (``verify_bundle``): manifest and every member —
+        signatures, payload, predicate, logical hash, expiry, maximum age, rollback, binding to the
+        live fingerprint field by field, content, synthetic evidence — the manifest binding exactly
+        these members; accepted versions are recorded in the rollback state
+    (4) cross-member checks the pipeline cannot make alone: the admission artifact's cells are
+        cells of the cost table, the calibration carries a finite positive STS temperature for
+        every position 1..K, the cost table has a compact cell
+    (5) economics: the admission artifact's signed summary is well formed and its predicted-gain
+        lower bound exceeds the policy minimum (a three-way-plus-unknown test, STYLE rule 11);
+        the reference selector accepts the members (drain guard, gain threshold, calibration)
+    (6) sentinel (optional): re-measure a few cells live
+    (7) rank agreement, when ``torch.distributed`` is initialised (``ranks.agree``)
+
+then one structured log line and the optional metrics callback. The only broad ``except`` of the
+package lives in :func:`admit`: an unexpected exception anywhere becomes an inactive decision with
+``INTERNAL_ERROR`` and the exception's repr, logged once.
+
+I/O here: reading ``root.json`` and the bundle manifest's bytes (for its digest), and the clock
+when ``now`` is not given. Verification I/O belongs to the artifacts pipeline; the checks in steps
+(4) and (5) are pure functions.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import json
+import logging
+import math
+import os
+import stat
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+import dspark_calibrate
+from dspark_calibrate.artifacts import (
+    DEFAULT_LIMITS,
+    Finding,
+    Fingerprint,
+    ModelError,
+    ReadLimits,
+    Reason,
+    canonical_json,
+    is_sha256_hex,
+    sha256_hex,
+)
+from dspark_calibrate.errors import ConfigError, ProbeError
+from dspark_calibrate.runtime_plugin.engine import planner_inputs
+from dspark_calibrate.runtime_plugin.live import LiveContext, collect_live
+from dspark_calibrate.runtime_plugin.sentinel import SentinelPolicy, SentinelReport, run_sentinel
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from dspark_calibrate.artifacts import BundleReport, TrustRoot, VerifiedArtifact
+
+__all__ = [
+    "ADMISSION_SUMMARY_FIELDS",
+    "DEFAULT_MAX_ARTIFACT_AGE",
+    "STATIC_ENGINE_CONFIG",
+    "AdmissionDecision",
+    "AdmissionEconomics",
+    "AdmissionPolicy",
+    "GainStatus",
+    "GainVerdict",
+    "LiveSpec",
+    "MetricsCallback",
+    "admit",
+    "cross_member_findings",
+    "gain_test",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Refuse evidence issued longer ago than this (strict default). Step times drift with driver and
+#: firmware updates; a month is the longest we let a table stand without re-measurement, even when
+#: its signed expiry is later.
+DEFAULT_MAX_ARTIFACT_AGE = timedelta(days=30)
+#: Largest ``root.json`` read from disk, in bytes (the trust root parser's own cap).
+MAX_TRUST_ROOT_FILE_BYTES = 1 << 20
+#: The required bundle members by default: the gain test needs the admission artifact.
+_ALL_MEMBERS: tuple[str, ...] = ("admission", "calibration", "cost-table")
+
+#: Engine configuration of every inactive decision: static K, nothing else.
+STATIC_ENGINE_CONFIG: Mapping[str, Any] = MappingProxyType({"enable_confidence_scheduling": False})
+
+#: Keys the admission artifact's signed summary must carry (produced by ``build``, DESIGN §6).
+ADMISSION_SUMMARY_FIELDS: tuple[str, ...] = (
+    "predicted_gain",
+    "predicted_gain_ci_low",
+    "predicted_gain_ci_high",
+    "compact_step_share",
+    "policy_steps",
+    "compact_choices",
+    "gross_compact_value_ms_lower_bound",
+    "fixed_confidence_path_overhead_ms_upper_bound",
+    "safety_margin_ms",
+    "net_value_ms",
+    "admitted",
+    "minimum_predicted_gain",
+    "drain_guard",
+    "workload_identity_sha256",
+    "selector_replay_sha256",
+)
+
+#: What ``live=`` accepts: a collected context, a fingerprint, or ``collect_live`` keyword arguments.
+LiveSpec = LiveContext | Fingerprint | Mapping[str, Any] | None
+#: Receives the decision's JSON-ready log record once per admission.
+MetricsCallback = Callable[[Mapping[str, Any]], None]
+
+
+# ---------------------------------------------------------------------------------------------
+# Policy
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionPolicy:
+    """What admission demands. The defaults are strict.
+
+    Attributes:
+        allow_synthetic: accept evidence made from synthetic measurements (demos and tests only).
+        max_artifact_age: refuse artifacts and manifests issued longer ago than this (``None``: only
+            the signed expiry applies).
+        state_path: the rollback state file (highest accepted version per series); ``None``
+            disables rollback protection.
+        record_state: record accepted versions in the state (off: check only).
+        state_lock_timeout_s: how long recording waits for the state lock before ``STATE_LOCKED``.
+        required_members: bundle members that must be present (cost-table and calibration always).
+        unbound_fields: fingerprint fields deliberately not compared with the live deployment.
+        min_gain_lower_bound: the admission artifact's predicted-gain CI lower bound must exceed
+            this (relative gain; 0.0 = "proven positive"). ``None`` skips the gain test.
+        sentinel: re-measure cells live before activating; ``None`` = off.
+        rank_agreement: exchange decisions across ranks when torch.distributed is initialised.
+        limits: size limits for reading untrusted files.
+    """
+
+    allow_synthetic: bool = False
+    max_artifact_age: timedelta | None = DEFAULT_MAX_ARTIFACT_AGE
+    state_path: Path | None = None
+    record_state: bool = True
+    state_lock_timeout_s: float = 2.0
+    required_members: tuple[str, ...] = _ALL_MEMBERS
+    unbound_fields: frozenset[str] = frozenset()
+    min_gain_lower_bound: float | None = 0.0
+    sentinel: SentinelPolicy | None = None
+    rank_agreement: bool = True
+    limits: ReadLimits = DEFAULT_LIMITS
+
+    def __post_init__(self) -> None:
+        members = tuple(sorted(set(self.required_members)))
+        unknown = sorted(set(members) - set(_ALL_MEMBERS))
+        if unknown or not {"calibration", "cost-table"} <= set(members):
+            raise ConfigError(
+                f"required_members {list(self.required_members)}: must include cost-table and calibration "
+                f"and name only {list(_ALL_MEMBERS)} (unknown: {unknown})"
+            )
+        object.__setattr__(self, "required_members", members)
+        unbound = frozenset(self.unbound_fields)
+        bad = sorted(unbound - set(Fingerprint.field_names()))
+        if bad:
+            raise ConfigError(
+                f"unbound_fields {bad} are not fingerprint fields; choose from {Fingerprint.field_names()}"
+            )
+        object.__setattr__(self, "unbound_fields", unbound)
+        if self.state_path is not None:
+            object.__setattr__(self, "state_path", Path(self.state_path))
+        if self.max_artifact_age is not None and self.max_artifact_age <= timedelta(0):
+            raise ConfigError(f"max_artifact_age must be positive, got {self.max_artifact_age}")
+        if self.min_gain_lower_bound is not None and not math.isfinite(self.min_gain_lower_bound):
+            raise ConfigError(f"min_gain_lower_bound must be finite, got {self.min_gain_lower_bound!r}")
+        if not (math.isfinite(self.state_lock_timeout_s) and self.state_lock_timeout_s >= 0):
+            raise ConfigError(f"state_lock_timeout_s must be >= 0, got {self.state_lock_timeout_s!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (for logs and reports)."""
+        return {
+            "allow_synthetic": self.allow_synthetic,
+            "max_artifact_age_s": self.max_artifact_age.total_seconds() if self.max_artifact_age else None,
+            "state_path": str(self.state_path) if self.state_path else None,
+            "required_members": list(self.required_members),
+            "unbound_fields": sorted(self.unbound_fields),
+            "min_gain_lower_bound": self.min_gain_lower_bound,
+            "sentinel": None
+            if self.sentinel is None
+            else {
+                "backend": self.sentinel.backend,
+                "tolerance": self.sentinel.tolerance,
+                "samples": self.sentinel.samples,
+            },
+            "rank_agreement": self.rank_agreement,
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Economics (pure)
+# ---------------------------------------------------------------------------------------------
+
+
+def _number(summary: Mapping[str, Any], name: str, *, minimum: float | None = None) -> float:
+    value = summary[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ModelError(f"summary.{name} must be a finite number, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ModelError(f"summary.{name} must be >= {minimum}, got {value!r}")
+    return float(value)
+
+
+def _integer(summary: Mapping[str, Any], name: str, *, minimum: int) -> int:
+    value = summary[name]
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ModelError(f"summary.{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionEconomics:
+    """The admission artifact's signed workload economics (DESIGN §6 receipt fields).
+
+    Gains are relative (0.05 = 5 % more goodput than static K); amounts are ms summed over the
+    replayed workload.
+    """
+
+    predicted_gain: float
+    predicted_gain_ci_low: float
+    predicted_gain_ci_high: float
+    compact_step_share: float
+    policy_steps: int
+    compact_choices: int
+    gross_compact_value_ms_lower_bound: float
+    fixed_confidence_path_overhead_ms_upper_bound: float
+    safety_margin_ms: float
+    net_value_ms: float
+    admitted: bool
+    minimum_predicted_gain: float
+    drain_guard: Mapping[str, Any] | None
+    workload_identity_sha256: str
+    selector_replay_sha256: str
+
+    @classmethod
+    def from_summary(cls, summary: Mapping[str, Any]) -> AdmissionEconomics:
+        """Read and validate the signed summary (extra keys are ignored, never used).
+
+        Raises:
+            ModelError: a key is missing or holds an impossible value; the message names it.
+        """
+        missing = [k for k in ADMISSION_SUMMARY_FIELDS if k not in summary]
+        if missing:
+            raise ModelError(f"summary lacks {missing}; rebuild the bundle with `dspark-calibrate build`")
+        steps = _integer(summary, "policy_steps", minimum=1)
+        choices = _integer(summary, "compact_choices", minimum=0)
+        if choices > steps:
+            raise ModelError(f"summary.compact_choices {choices} exceeds policy_steps {steps}")
+        admitted = summary["admitted"]
+        if not isinstance(admitted, bool):
+            raise ModelError(f"summary.admitted must be a boolean, got {admitted!r}")
+        guard = summary["drain_guard"]
+        if guard is not None and not isinstance(guard, Mapping):
+            raise ModelError(f"summary.drain_guard must be an object or null, got {type(guard).__name__}")
+        for name in ("workload_identity_sha256", "selector_replay_sha256"):
+            if not is_sha256_hex(summary[name]):
+                raise ModelError(f"summary.{name} must be 64 lowercase hex characters, got {summary[name]!r}")
+        share = _number(summary, "compact_step_share", minimum=0.0)
+        if share > 1:
+            raise ModelError(f"summary.compact_step_share must be in [0, 1], got {share!r}")
+        econ = cls(
+            predicted_gain=_number(summary, "predicted_gain"),
+            predicted_gain_ci_low=_number(summary, "predicted_gain_ci_low"),
+            predicted_gain_ci_high=_number(summary, "predicted_gain_ci_high"),
+            compact_step_share=share,
+            policy_steps=steps,
+            compact_choices=choices,
+            gross_compact_value_ms_lower_bound=_number(
+                summary, "gross_compact_value_ms_lower_bound", minimum=0.0
+            ),
+            fixed_confidence_path_overhead_ms_upper_bound=_number(
+                summary, "fixed_confidence_path_overhead_ms_upper_bound", minimum=0.0
+            ),
+            safety_margin_ms=_number(summary, "safety_margin_ms", minimum=0.0),
+            net_value_ms=_number(summary, "net_value_ms"),
+            admitted=admitted,
+            minimum_predicted_gain=_number(summary, "minimum_predicted_gain", minimum=0.0),
+            drain_guard=None if guard is None else MappingProxyType(dict(guard)),
+            workload_identity_sha256=summary["workload_identity_sha256"],
+            selector_replay_sha256=summary["selector_replay_sha256"],
+        )
+        if not econ.predicted_gain_ci_low <= econ.predicted_gain_ci_high:
+            raise ModelError(
+                f"summary.predicted_gain_ci_low {econ.predicted_gain_ci_low} exceeds "
+                f"ci_high {econ.predicted_gain_ci_high}"
+            )
+        if econ.admitted != econ.receipt_rule():
+            raise ModelError(
+                f"summary.admitted is {econ.admitted} but the receipt rule (compact_choices > 0 and gross − "
+                f"policy_steps·overhead − margin > 0) gives {econ.receipt_rule()}"
+            )
+        return econ
+
+    def recomputed_net_ms(self) -> float:
+        """gross lower bound − policy_steps · overhead upper bound − safety margin (DESIGN §6)."""
+        return (
+            self.gross_compact_value_ms_lower_bound
+            - self.policy_steps * self.fixed_confidence_path_overhead_ms_upper_bound
+            - self.safety_margin_ms
+        )
+
+    def receipt_rule(self) -> bool:
+        """TensorRT-LLM's ``admitted`` rule, recomputed from the amounts."""
+        return self.compact_choices > 0 and self.recomputed_net_ms() > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "predicted_gain": self.predicted_gain,
+            "predicted_gain_ci": [self.predicted_gain_ci_low, self.predicted_gain_ci_high],
+            "compact_step_share": self.compact_step_share,
+            "policy_steps": self.policy_steps,
+            "compact_choices": self.compact_choices,
+            "net_value_ms": self.net_value_ms,
+            "admitted": self.admitted,
+        }
+
+
+class GainStatus(enum.StrEnum):
+    """Outcome of the gain test (STYLE rule 11)."""
+
+    ACCEPT = "ACCEPT"
+    REJECT = "REJECT"
+    UNDECIDED = "UNDECIDED"
+    UNKNOWN = "UNKNOWN"
+
+
+@dataclass(frozen=True, slots=True)
+class GainVerdict:
+    """The gain test's status and why."""
+
+    status: GainStatus
+    reason: str
+
+
+def gain_test(econ: AdmissionEconomics | None, minimum: float) -> GainVerdict:
+    """Is dynamic verification proven to pay on the recorded workload? Pure.
+
+    ACCEPT: the receipt rule holds, a drain guard is present and the CI lower bound exceeds
+    ``minimum``. REJECT: the receipt rule fails or the whole CI is at or below ``minimum``.
+    UNDECIDED: the CI straddles ``minimum`` (more workload would be needed). UNKNOWN: no economics.
+    Only ACCEPT activates; the caller decides nothing else.
+    """
+    if econ is None:
+        return GainVerdict(
+            GainStatus.UNKNOWN, "the bundle carries no admission artifact, so no gain is proven"
+        )
+    lo, hi = econ.predicted_gain_ci_low, econ.predicted_gain_ci_high
+    if not econ.receipt_rule():
+        return GainVerdict(
+            GainStatus.REJECT,
+            f"compact choices {econ.compact_choices} of {econ.policy_steps} steps, net value "
+            f"{econ.recomputed_net_ms():.4g} ms after overhead and margin; dynamic verification does not pay",
+        )
+    if econ.drain_guard is None:
+        return GainVerdict(
+            GainStatus.REJECT,
+            "no drain guard in the admission summary; the engine never picks a compact cell without one",
+        )
+    if hi <= minimum:
+        return GainVerdict(
+            GainStatus.REJECT, f"predicted gain CI [{lo:.4g}, {hi:.4g}] is at or below {minimum:.4g}"
+        )
+    if lo <= minimum:
+        return GainVerdict(
+            GainStatus.UNDECIDED,
+            f"predicted gain CI [{lo:.4g}, {hi:.4g}] straddles the minimum {minimum:.4g}; "
+            "replay a longer workload to narrow it",
+        )
+    return GainVerdict(
+        GainStatus.ACCEPT, f"predicted gain {econ.predicted_gain:.4g}, CI [{lo:.4g}, {hi:.4g}]"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Cross-member checks (pure)
+# ---------------------------------------------------------------------------------------------
+
+
+def _cells(table: pa.Table) -> set[tuple[int, int]]:
+    g = table.column("graph_batch_size").to_pylist()
+    v = table.column("verifier_budget").to_pylist()
+    return {(int(a), int(b)) for a, b in zip(g, v, strict=True)}
+
+
+def sts_temperatures(calibration: pa.Table) -> tuple[float | None, ...]:
+    """The calibration's temperatures in position order (``None`` where a position has none)."""
+    positions = calibration.column("position").to_pylist()
+    temps = calibration.column("temperature").to_pylist()
+    return tuple(t for _, t in sorted(zip(positions, temps, strict=True)))
+
+
+def cross_member_findings(
+    cost_table: VerifiedArtifact, calibration: VerifiedArtifact, admission: VerifiedArtifact | None
+) -> list[Finding]:
+    """Checks across verified members that no single artifact's pipeline can make. Pure.
+
+    Same K and same fingerprint are already enforced by the bundle pipeline (every member carries
+    the manifest's fingerprint, content rules tie positions and cells to its K).
+    """
+    out: list[Finding] = []
+    cells = _cells(cost_table.table)
+    compact = {c for c in cells if c[1] != 0}
+    if admission is not None:
+        extra = sorted(_cells(admission.table) - cells)
+        if extra:
+            out.append(
+                Finding(
+                    Reason.CROSS_MEMBER_MISMATCH,
+                    f"{admission.path}: replayed cells {extra} are not in the cost table "
+                    f"{cost_table.path.name}; the members come from different builds, rebuild the bundle",
+                    field="admission.cells",
+                    expected=sorted(cells),
+                    actual=extra,
+                )
+            )
+    temps = sts_temperatures(calibration.table)
+    bad = [i + 1 for i, t in enumerate(temps) if t is None or not math.isfinite(t) or t <= 0]
+    if bad:
+        out.append(
+            Finding(
+                Reason.CONTENT_INVALID,
+                f"{calibration.path}: positions {bad} have no finite positive STS temperature; the engine "
+                "applies sequential temperature scaling, refit with --method sts",
+                field="calibration.temperature",
+            )
+        )
+    if not compact:
+        out.append(
+            Finding(
+                Reason.GAIN_NOT_PROVEN,
+                f"{cost_table.path}: the cost table has only native cells; nothing to activate",
+                field="cost_table.cells",
+            )
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The decision
+# ---------------------------------------------------------------------------------------------
+
+
+def _plain(obj: Any) -> Any:
+    """Read-only containers → JSON-ready ones."""
+    if isinstance(obj, Mapping):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (tuple, list)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+def _frozen(obj: Any) -> Any:
+    """JSON-like containers → read-only ones."""
+    if isinstance(obj, Mapping):
+        return MappingProxyType({k: _frozen(v) for k, v in obj.items()})
+    if isinstance(obj, (list, tuple)):
+        return tuple(_frozen(v) for v in obj)
+    return obj
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionDecision:
+    """What the engine should run, and why.
+
+    Attributes:
+        active: dynamic verification may be enabled; False means static K.
+        reason: the first reason (``Reason.OK`` when active).
+        reason_code: the reason with its field, e.g. ``FINGERPRINT_MISMATCH:gpu``.
+        message: one human line naming the file, the field and the fix.
+        findings: every finding of the failing step, in pipeline order.
+        cost_table, calibration, admission: the verified members (read-only), when they verified.
+        economics: the admission artifact's economics, when parsed.
+        engine_config: engine-neutral fields to hand the engine (:data:`STATIC_ENGINE_CONFIG` when
+            inactive); adapters such as ``trtllm.decoding_fields`` translate them.
+        timings_ms: per-check wall time in ms (``total`` included).
+        bundle_path: the bundle directory or manifest given.
+        bundle_sha256: SHA-256 of the manifest file's bytes (``bundle.dsse.json``), when readable.
+        bundle_version: the verified manifest's version.
+        trust_root_version, trust_root_sha256: the trust root used.
+        live_fingerprint: the live fingerprint bound against.
+        sentinel: the sentinel's report, when it ran.
+        decided_at: the ``now`` of the decision.
+        bundle_report: the full verification report (for exporters; not part of equality).
+    """
+
+    active: bool
+    reason: Reason
+    reason_code: str
+    message: str
+    findings: tuple[Finding, ...] = ()
+    cost_table: VerifiedArtifact | None = None
+    calibration: VerifiedArtifact | None = None
+    admission: VerifiedArtifact | None = None
+    economics: AdmissionEconomics | None = None
+    engine_config: Mapping[str, Any] = field(default_factory=lambda: STATIC_ENGINE_CONFIG)
+    timings_ms: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    bundle_path: Path | None = None
+    bundle_sha256: str | None = None
+    bundle_version: int | None = None
+    trust_root_version: int | None = None
+    trust_root_sha256: str | None = None
+    live_fingerprint: Fingerprint | None = None
+    sentinel: SentinelReport | None = None
+    decided_at: datetime | None = None
+    bundle_report: BundleReport | None = field(default=None, repr=False, compare=False)
+
+    def __bool__(self) -> bool:
+        return self.active
+
+    @property
+    def members(self) -> Mapping[str, VerifiedArtifact]:
+        """The verified members by kind."""
+        out = {
+            k: a
+            for k, a in (
+                ("cost-table", self.cost_table),
+                ("calibration", self.calibration),
+                ("admission", self.admission),
+            )
+            if a is not None
+        }
+        return MappingProxyType(out)
+
+    def agreement_digest(self) -> str:
+        """SHA-256 of what the engine will do: active or not, its configuration, the bundle when active.
+
+        Ranks compare this (``ranks.agree``); inactive decisions digest equal whatever their reason.
+        """
+        body = {
+            "active": self.active,
+            "engine_config": _plain(self.engine_config),
+            "bundle_sha256": self.bundle_sha256 if self.active else None,
+        }
+        return sha256_hex(canonical_json(body))
+
+    def fallback(self, finding: Finding) -> AdmissionDecision:
+        """This decision made inactive for ``finding`` (members kept for diagnostics)."""
+        return replace(
+            self,
+            active=False,
+            reason=finding.reason,
+            reason_code=finding.code,
+            message=finding.message,
+            findings=(finding,),
+            engine_config=STATIC_ENGINE_CONFIG,
+        )
+
+    def with_timing(self, name: str, seconds: float) -> AdmissionDecision:
+        """A copy with one more timing entry (ms)."""
+        timings = dict(self.timings_ms)
+        timings[name] = round(seconds * 1e3, 4)
+        return replace(self, timings_ms=MappingProxyType(timings))
+
+    def log_record(self) -> dict[str, Any]:
+        """The structured fields of the decision's log line and metrics callback (JSON-ready)."""
+        return {
+            "event": "dspark.admission",
+            "active": self.active,
+            "reason_code": self.reason_code,
+            "message": self.message,
+            "bundle": str(self.bundle_path) if self.bundle_path is not None else None,
+            "bundle_sha256": self.bundle_sha256,
+            "bundle_version": self.bundle_version,
+            "member_versions": {k: a.version for k, a in sorted(self.members.items())},
+            "member_sha256": {k: a.logical_sha256 for k, a in sorted(self.members.items())},
+            "trust_root_version": self.trust_root_version,
+            "trust_root_sha256": self.trust_root_sha256,
+            "tool_version": dspark_calibrate.__version__,
+            "timings_ms": {k: v for k, v in self.timings_ms.items() if "." not in k},
+            "sentinel_cost_ms": round(self.sentinel.cost_s * 1e3, 3) if self.sentinel is not None else None,
+            "decided_at": self.decided_at.isoformat() if self.decided_at is not None else None,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (for ``--json`` and reports)."""
+        return {
+            **self.log_record(),
+            "timings_ms": dict(self.timings_ms),
+            "findings": [f.to_dict() for f in self.findings],
+            "engine_config": _plain(self.engine_config),
+            "economics": self.economics.to_dict() if self.economics is not None else None,
+            "live_fingerprint": self.live_fingerprint.to_dict()
+            if self.live_fingerprint is not None
+            else None,
+            "sentinel": self.sentinel.to_dict() if self.sentinel is not None else None,
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# admit
+# ---------------------------------------------------------------------------------------------
+
+
+class _Run:
+    """Bookkeeping of one admission: timings and what is known so far (for every outcome)."""
+
+    def __init__(self, bundle: Any, now: datetime | None) -> None:
+        self.started = time.perf_counter()
+        self._lap = self.started
+        self.stage = "start"
+        self.timings: dict[str, float] = {}
+        self.info: dict[str, Any] = {"decided_at": now}
+        if isinstance(bundle, (str, Path)):
+            self.info["bundle_path"] = Path(bundle)
+
+    def enter(self, stage: str) -> None:
+        """Start timing a check."""
+        self.stage = stage
+        self._lap = time.perf_counter()
+
+    def done(self) -> None:
+        """Stop timing the current check."""
+        self.timings[self.stage] = round((time.perf_counter() - self._lap) * 1e3, 4)
+
+    def timings_ms(self) -> Mapping[str, float]:
+        """The timings so far, with ``total``."""
+        out = dict(self.timings)
+        out["total"] = round((time.perf_counter() - self.started) * 1e3, 4)
+        return MappingProxyType(out)
+
+    def inactive(self, findings: Sequence[Finding], **extra: Any) -> AdmissionDecision:
+        """An inactive decision for ``findings`` with everything known so far."""
+        self.info.update(extra)
+        first = findings[0]
+        return AdmissionDecision(
+            active=False,
+            reason=first.reason,
+            reason_code=first.code,
+            message=first.message,
+            findings=tuple(findings),
+            timings_ms=self.timings_ms(),
+            **self.info,
+        )
+
+
+def _read_bounded(path: Path, limit: int) -> bytes:
+    """Up to ``limit + 1`` bytes of a regular file (a FIFO or device is refused, never waited on).
+
+    Raises:
+        OSError: missing, unreadable, or not a regular file.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        chunks: list[bytes] = []
+        remaining = limit + 1
+        while remaining > 0:
+            chunk = os.read(fd, remaining)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _load_root(trust_root: Any, now: datetime) -> tuple[TrustRoot | None, Finding | None]:
+    """Step (1): a path is read and verified; a loaded root is checked for expiry."""
+    from dspark_calibrate.artifacts import TrustRoot, TrustRootError, load_trust_root
+
+    if isinstance(trust_root, TrustRoot):
+        if trust_root.is_expired(now):
+            return None, Finding(
+                Reason.TRUST_ROOT_EXPIRED,
+                f"trust root v{trust_root.version} expired at {trust_root.expires.isoformat()}; "
+                "rotate it with `dspark-calibrate trust rotate`",
+                field="expires",
+            )
+        return trust_root, None
+    if not isinstance(trust_root, (str, Path)):
+        raise TypeError(f"trust_root must be a path or a TrustRoot, got {type(trust_root).__name__}")
+    path = Path(trust_root)
+    try:
+        data = _read_bounded(path, MAX_TRUST_ROOT_FILE_BYTES)
+    except OSError as exc:
+        return None, Finding(
+            Reason.TRUST_ROOT_INVALID,
+            f"{path}: cannot read the trust root ({exc.strerror or exc}); pass the pinned root.json",
+            field="trust_root",
+        )
+    if len(data) > MAX_TRUST_ROOT_FILE_BYTES:
+        return None, Finding(
+            Reason.TRUST_ROOT_INVALID,
+            f"{path}: larger than {MAX_TRUST_ROOT_FILE_BYTES} bytes; not a trust root",
+        )
+    try:
+        return load_trust_root(data, now=now), None
+    except TrustRootError as exc:
+        return None, Finding(exc.reason, f"{path}: {exc}", field="trust_root")
+
+
+def _resolve_live(live: LiveSpec) -> LiveContext:
+    """Step (2): the live context as given, or collected (explicit arguments win over probes)."""
+    if isinstance(live, LiveContext):
+        return live
+    if isinstance(live, Fingerprint):
+        return LiveContext(
+            fingerprint=live, sources=MappingProxyType({n: "argument" for n in live.field_names()})
+        )
+    if live is None:
+        return collect_live()
+    if isinstance(live, Mapping):
+        return collect_live(**dict(live))
+    raise TypeError(
+        f"live must be a LiveContext, a Fingerprint or collect_live arguments, got {type(live).__name__}"
+    )
+
+
+def _manifest_bytes(bundle: Path, limits: ReadLimits) -> bytes | None:
+    """The bundle manifest's bytes for its digest, or None (verification reports why)."""
+    from dspark_calibrate.artifacts import BUNDLE_MANIFEST
+
+    manifest = bundle / BUNDLE_MANIFEST if bundle.is_dir() else bundle
+    try:
+        data = _read_bounded(manifest, limits.max_envelope_bytes)
+    except OSError:
+        return None
+    return data if len(data) <= limits.max_envelope_bytes else None
+
+
+def _special_files(bundle: Path) -> list[Finding]:
+    """Entries of the bundle directory that are not regular files (FIFOs, devices, sockets).
+
+    Reading one could block the serving start forever, so they are refused before the pipeline
+    opens anything; what the files contain is the pipeline's business.
+    """
+    directory = bundle if bundle.is_dir() else bundle.parent
+    out: list[Finding] = []
+    try:
+        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+    except OSError:
+        return out  # the pipeline reports a missing or unreadable bundle
+    for entry in entries:
+        try:
+            mode = os.stat(entry.path).st_mode
+        except OSError:
+            continue  # a dangling link: the pipeline reports it if the manifest names it
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            out.append(
+                Finding(
+                    Reason.IO_ERROR,
+                    f"{entry.path}: not a regular file (a FIFO, device or socket); a bundle holds only files",
+                    field=entry.name,
+                )
+            )
+    return out
+
+
+def _engine_config(
+    cost_table: VerifiedArtifact,
+    calibration: VerifiedArtifact,
+    econ: AdmissionEconomics | None,
+    bundle_sha256: str | None,
+) -> Mapping[str, Any]:
+    config: Mapping[str, Any] = _frozen(
+        {
+            "enable_confidence_scheduling": True,
+            "max_draft_len": cost_table.fingerprint.max_draft_len,
+            "sts_temperatures": list(sts_temperatures(calibration.table)),
+            "cells": [list(c) for c in sorted(_cells(cost_table.table))],
+            "minimum_predicted_gain": econ.minimum_predicted_gain if econ is not None else None,
+            "bundle_sha256": bundle_sha256,
+        }
+    )
+    return config
+
+
+def _decide(
+    bundle: Path | str, trust_root: Any, live: LiveSpec, policy: AdmissionPolicy, now: datetime, run: _Run
+) -> AdmissionDecision:
+    """Steps (1)–(6); returns the local decision (rank agreement comes after)."""
+    from dspark_calibrate.artifacts import Expectation, RollbackState, verify_bundle
+
+    if now.tzinfo is None:
+        raise TypeError("now must be timezone-aware")
+    bundle_path = Path(bundle)
+    # (1) trust root
+    run.enter("trust_root")
+    root, finding = _load_root(trust_root, now)
+    run.done()
+    if finding is not None or root is None:
+        assert finding is not None
+        return run.inactive([finding])
+    run.info.update(trust_root_version=root.version, trust_root_sha256=root.digest())
+    # (2) live deployment
+    run.enter("live")
+    try:
+        ctx = _resolve_live(live)
+    except (ProbeError, ConfigError) as exc:
+        run.done()
+        return run.inactive(
+            [
+                Finding(
+                    Reason.LIVE_PROBE_FAILED, f"live fingerprint: {exc}; pass the engine arguments explicitly"
+                )
+            ]
+        )
+    run.done()
+    run.info["live_fingerprint"] = ctx.fingerprint
+    # (3) the bundle through the artifacts pipeline; accepted versions are recorded in the state
+    run.enter("bundle")
+    special = _special_files(bundle_path)
+    if special:
+        run.done()
+        return run.inactive(special)
+    manifest = _manifest_bytes(bundle_path, policy.limits)
+    run.info["bundle_sha256"] = sha256_hex(manifest) if manifest is not None else None
+    state = (
+        RollbackState(policy.state_path, lock_timeout_s=policy.state_lock_timeout_s)
+        if policy.state_path is not None
+        else None
+    )
+    expected = Expectation(
+        fingerprint=ctx.fingerprint,
+        unbound_fields=policy.unbound_fields,
+        allow_synthetic=policy.allow_synthetic,
+        max_age=policy.max_artifact_age,
+    )
+    report = verify_bundle(
+        bundle_path,
+        root,
+        now=now,
+        expected=expected,
+        state=state,
+        record=state is not None and policy.record_state,
+        required=policy.required_members,
+        limits=policy.limits,
+    )
+    run.done()
+    for kind, member in sorted(report.members.items()):
+        for step, seconds in member.timings:
+            run.timings[f"bundle.{kind}.{step}"] = round(seconds * 1e3, 4)
+    cost_table, calibration, adm = (report.artifact(k) for k in ("cost-table", "calibration", "admission"))
+    run.info.update(
+        bundle_report=report,
+        bundle_version=report.version,
+        cost_table=cost_table,
+        calibration=calibration,
+        admission=adm,
+    )
+    if not report.ok:
+        return run.inactive(report.findings)
+    assert cost_table is not None and calibration is not None
+    if manifest is None or _manifest_bytes(bundle_path, policy.limits) != manifest:
+        return run.inactive(
+            [
+                Finding(
+                    Reason.BUNDLE_INVALID,
+                    f"{bundle_path}: the bundle manifest changed while it was being admitted; retry once the "
+                    "deployment is finished",
+                    field="manifest",
+                )
+            ]
+        )
+    # (4) cross-member checks
+    run.enter("members")
+    cross = cross_member_findings(cost_table, calibration, adm)
+    run.done()
+    if cross:
+        return run.inactive(cross)
+    # (5) economics: the signed summary, then the gain test
+    run.enter("economics")
+    econ: AdmissionEconomics | None = None
+    if adm is not None:
+        try:
+            econ = AdmissionEconomics.from_summary(adm.summary)
+        except ModelError as exc:
+            run.done()
+            return run.inactive(
+                [Finding(Reason.CONTENT_INVALID, f"{adm.path}: {exc}", field="admission.summary")]
+            )
+        run.info["economics"] = econ
+    if policy.min_gain_lower_bound is not None:
+        verdict = gain_test(econ, policy.min_gain_lower_bound)
+        if verdict.status is not GainStatus.ACCEPT:
+            run.done()
+            return run.inactive(
+                [
+                    Finding(
+                        Reason.GAIN_NOT_PROVEN,
+                        f"{adm.path if adm is not None else bundle_path}: gain test {verdict.status.value}: "
+                        f"{verdict.reason}",
+                        field="predicted_gain_ci_low",
+                        expected=f"> {policy.min_gain_lower_bound}",
+                        actual=econ.predicted_gain_ci_low if econ is not None else None,
+                    )
+                ]
+            )
+    run.done()
+    # (5b) the reference selector must accept these members, so that an active decision always
+    # yields a working DynamicVerifier (and the drain guard prices a measured native cell)
+    run.enter("planner")
+    k = cost_table.fingerprint.max_draft_len
+    assert k is not None  # content rules refuse a cost table without K
+    try:
+        planner_inputs(cost_table.table, calibration.table, k, econ)
+    except ConfigError as exc:
+        run.done()
+        return run.inactive(
+            [
+                Finding(
+                    Reason.CONTENT_INVALID,
+                    f"{bundle_path}: the selector refuses the members: {exc}",
+                    field="planner",
+                )
+            ]
+        )
+    run.done()
+    # (6) sentinel: re-measure a few cells on this host
+    if policy.sentinel is not None:
+        run.enter("sentinel")
+        sentinel = run_sentinel(cost_table.table, k, policy.sentinel)
+        run.done()
+        run.info["sentinel"] = sentinel
+        if not sentinel.ok:
+            return run.inactive(sentinel.findings)
+    return AdmissionDecision(
+        active=True,
+        reason=Reason.OK,
+        reason_code=Reason.OK.value,
+        message=f"{bundle_path}: admitted bundle v{report.version}; dynamic verification enabled",
+        engine_config=_engine_config(cost_table, calibration, econ, run.info.get("bundle_sha256")),
+        timings_ms=run.timings_ms(),
+        **run.info,
+    )
+
+
+def _internal_error(exc: Exception, run: _Run) -> AdmissionDecision:
+    detail = repr(exc)
+    if len(detail) > 500:
+        detail = detail[:497] + "..."
+    finding = Finding(
+        Reason.INTERNAL_ERROR,
+        f"admission failed during {run.stage}: {detail}; running static K (please report this)",
+        field=run.stage,
+    )
+    return run.inactive([finding])
+
+
+def _log(decision: AdmissionDecision, exc: BaseException | None) -> None:
+    record = decision.log_record()
+    if exc is not None:
+        level = logging.ERROR
+    elif decision.active:
+        level = logging.INFO
+    else:
+        level = logging.WARNING
+    logger.log(
+        level,
+        "dspark admission %s",
+        json.dumps(record, sort_keys=True, default=str),
+        exc_info=exc,
+        extra={"dspark_admission": record},
+    )
+
+
+def admit(
+    bundle: Path | str,
+    trust_root: Path | str | TrustRoot,
+    *,
+    live: LiveSpec = None,
+    policy: AdmissionPolicy | None = None,
+    now: datetime | None = None,
+    metrics_callback: MetricsCallback | None = None,
+) -> AdmissionDecision:
+    """Decide whether this process may enable dynamic verification with ``bundle``. Never raises.
+
+    Args:
+        bundle: the bundle directory (or its ``bundle.dsse.json``).
+        trust_root: the pinned ``root.json`` path, or an already loaded ``TrustRoot``.
+        live: the live deployment: a ``LiveContext``, a ``Fingerprint``, keyword arguments for
+            ``collect_live`` (engine arguments such as ``max_draft_len``,
+            ``rank_local_graph_batch_sizes`` and ``topology`` win over probes), or ``None`` to probe.
+        policy: what to demand (strict by default).
+        now: the current time (timezone-aware); read from the clock when not given.
+        metrics_callback: called once with the decision's log record, after rank agreement. If it
+            raises, this rank falls back to static K (keep it non-raising on multi-rank engines).
+
+    Returns:
+        The decision. Inactive decisions carry the static engine configuration and the reason.
+    """
+    run = _Run(bundle, now)
+    decision: AdmissionDecision | None = None
+    failure: BaseException | None = None
+    # Three phases behind one boundary: deciding, agreeing across ranks (every rank reaches the
+    # collective even when its own decision failed) and reporting.
+    for phase in ("decide", "agree", "report"):
+        try:
+            if phase == "decide":
+                policy = policy if policy is not None else AdmissionPolicy()
+                when = now if now is not None else datetime.now(UTC)
+                run.info["decided_at"] = when
+                decision = _decide(bundle, trust_root, live, policy, when, run)
+            elif phase == "agree":
+                assert decision is not None
+                if policy is not None and policy.rank_agreement:
+                    from dspark_calibrate.runtime_plugin.ranks import agree
+
+                    run.enter("rank_agreement")
+                    started = time.perf_counter()
+                    decision = agree(decision).with_timing("rank_agreement", time.perf_counter() - started)
+            elif metrics_callback is not None:
+                assert decision is not None
+                run.stage = "metrics_callback"
+                metrics_callback(MappingProxyType(decision.log_record()))
+        except Exception as exc:  # the package's one fail-closed boundary (STYLE rule 13)
+            failure = exc
+            decision = _internal_error(exc, run)
+    assert decision is not None
+    decision = decision.with_timing("total", time.perf_counter() - run.started)
+    _log(decision, failure)
+    return decision

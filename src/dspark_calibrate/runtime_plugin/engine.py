@@ -1,0 +1,179 @@
+"""Generic engine adapter: the reference selector and allocator, bound to an admitted deployment.
+
+For engines without an in-tree DSpark planner. A :class:`DynamicVerifier` can only be built from
+an *active* admission decision, so every selection it makes rests on verified, bound evidence:
+the signed cost table (exact cells, no interpolation), the signed calibration and the admission
+artifact's drain guard and gain threshold. The selection rule itself is ``planner``'s (DESIGN §6).
+
+Performs no I/O; numpy only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from dspark_calibrate.errors import ConfigError
+from dspark_calibrate.runtime_plugin.planner import (
+    DEFAULT_MIN_VERIFY_LEN,
+    DEFAULT_MINIMUM_PREDICTED_GAIN,
+    Calibration,
+    CostTable,
+    DrainGuard,
+    Plan,
+    Selection,
+    StepRows,
+    allocate,
+    plan,
+    select,
+)
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from dspark_calibrate.runtime_plugin.admission import AdmissionDecision, AdmissionEconomics
+
+__all__ = ["DRAIN_GUARD_FIELDS", "DynamicVerifier", "planner_inputs"]
+
+#: The drain-guard fields the selector reads (the summary also carries their source digest).
+DRAIN_GUARD_FIELDS: tuple[str, ...] = (
+    "loss_multiplier",
+    "mean_output_tokens_per_request_iteration",
+    "minimum_group_value_ms",
+    "tail_graph_batch_size",
+)
+
+
+def planner_inputs(
+    cost_table: pa.Table,
+    calibration: pa.Table,
+    max_draft_len: int,
+    economics: AdmissionEconomics | None,
+    *,
+    calibration_use: str = "sts",
+) -> tuple[CostTable, Calibration]:
+    """The selector's cost table and calibration from verified member tables. Pure.
+
+    Args:
+        cost_table: the verified ``cost-table`` rows.
+        calibration: the verified ``calibration`` rows.
+        max_draft_len: K.
+        economics: the admission economics (gain threshold and drain guard); without them the
+            selector never picks a compact cell.
+        calibration_use: ``sts`` applies the per-position temperatures (what TensorRT-LLM
+            applies); ``native`` each position's fitted map.
+
+    Raises:
+        ConfigError: the members do not form a valid selector input (e.g. a drain guard whose
+            tail G has no measured native cell).
+    """
+    cells = {
+        (int(g), int(v)): float(t)
+        for g, v, t in zip(
+            cost_table.column("graph_batch_size").to_pylist(),
+            cost_table.column("verifier_budget").to_pylist(),
+            cost_table.column("step_time_ms").to_pylist(),
+            strict=True,
+        )
+    }
+    guard: DrainGuard | None = None
+    gain = DEFAULT_MINIMUM_PREDICTED_GAIN
+    if economics is not None:
+        gain = economics.minimum_predicted_gain
+        if economics.drain_guard is not None:
+            raw: Mapping[str, Any] = economics.drain_guard
+            missing = [f for f in DRAIN_GUARD_FIELDS if f not in raw]
+            if missing:
+                raise ConfigError(f"admission summary.drain_guard lacks {missing}")
+            guard = DrainGuard.from_dict({f: raw[f] for f in DRAIN_GUARD_FIELDS})
+    table = CostTable.from_cells(max_draft_len, cells, minimum_predicted_gain=gain, drain_guard=guard)
+    calib = Calibration.from_rows(calibration.to_pylist(), use=calibration_use)
+    if calib.k != max_draft_len:
+        raise ConfigError(f"calibration covers K={calib.k} positions, the cost table K={max_draft_len}")
+    return table, calib
+
+
+class DynamicVerifier:
+    """The reference selector and allocator for one admitted deployment.
+
+    Build with :meth:`from_decision`. Thread-safe: it holds only immutable inputs.
+    """
+
+    __slots__ = ("_calibration", "_digest", "_min_verify_len", "_table")
+
+    def __init__(
+        self, table: CostTable, calibration: Calibration, *, digest: str, min_verify_len: int
+    ) -> None:
+        self._table = table
+        self._calibration = calibration
+        self._digest = digest
+        self._min_verify_len = min_verify_len
+
+    @classmethod
+    def from_decision(
+        cls,
+        decision: AdmissionDecision,
+        *,
+        min_verify_len: int = DEFAULT_MIN_VERIFY_LEN,
+        calibration_use: str = "sts",
+    ) -> DynamicVerifier:
+        """Bind the selector to an active decision's verified members.
+
+        Raises:
+            RuntimeError: the decision is inactive (run static K instead) or lacks its members.
+            ConfigError: the members do not form a valid selector input.
+        """
+        if not decision.active:
+            raise RuntimeError(
+                f"admission is inactive ({decision.reason_code}); run static K, a DynamicVerifier needs an "
+                "active decision"
+            )
+        cost, calib = decision.cost_table, decision.calibration
+        if cost is None or calib is None or cost.fingerprint.max_draft_len is None:
+            raise RuntimeError("an active decision must carry its verified cost table and calibration")
+        k = cost.fingerprint.max_draft_len
+        if not 1 <= min_verify_len <= k:
+            raise ConfigError(f"min_verify_len must be in [1, K={k}], got {min_verify_len}")
+        table, calibration = planner_inputs(
+            cost.table, calib.table, k, decision.economics, calibration_use=calibration_use
+        )
+        return cls(table, calibration, digest=decision.agreement_digest(), min_verify_len=min_verify_len)
+
+    @property
+    def cost_table(self) -> CostTable:
+        """The selector's cost table (verified cells, gain threshold, drain guard)."""
+        return self._table
+
+    @property
+    def calibration(self) -> Calibration:
+        """The confidence calibration applied to the logits."""
+        return self._calibration
+
+    @property
+    def max_draft_len(self) -> int:
+        """K."""
+        return self._table.max_draft_len
+
+    @property
+    def decision_digest(self) -> str:
+        """The admission decision's agreement digest this verifier was built from."""
+        return self._digest
+
+    def select(self, rows: StepRows) -> Selection:
+        """Choose one step's cell (``planner.select``)."""
+        return select(self._table, self._calibration, rows, min_verify_len=self._min_verify_len)
+
+    def allocate(self, rows: StepRows, graph_batch_size: int, verifier_budget: int) -> Plan:
+        """Spread a given cell's budget over the rows (``planner.allocate``)."""
+        return allocate(
+            self._table,
+            self._calibration,
+            rows,
+            graph_batch_size=graph_batch_size,
+            verifier_budget=verifier_budget,
+            min_verify_len=self._min_verify_len,
+        )
+
+    def plan(self, rows: StepRows) -> Plan:
+        """Select and allocate one step (``planner.plan``)."""
+        return plan(self._table, self._calibration, rows, min_verify_len=self._min_verify_len)

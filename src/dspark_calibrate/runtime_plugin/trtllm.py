@@ -1,0 +1,392 @@
+"""TensorRT-LLM adapter: ``DSparkDecodingConfig`` field values from an admission decision (DESIGN §6).
+
+An active decision becomes ``enable_confidence_scheduling: true`` plus the paths of the exported
+deployment files (STS, SPS table, live fingerprint, admission receipt) and the receipt's file-byte
+SHA-256. The files are exported from the *verified* bundle report (never re-read from the bundle)
+by ``artifacts.export_trtllm`` into ``<private dir>/trtllm/``, where the private directory is 0700
+so nobody else can swap the files between export and the engine reading them. An inactive
+decision, or an export that fails, becomes the static-K configuration with every confidence field
+cleared; a failure here never blocks serving.
+
+Everything is plain dicts and YAML; ``tensorrt_llm`` classes are used only by
+:func:`to_decoding_config`, and only when the package is importable. This module creates the
+export directory and writes the options file; the export itself is ``artifacts.export_trtllm``.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import importlib.util
+import os
+import stat
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from dspark_calibrate.artifacts import (
+    TRTLLM_FINGERPRINT_FIELDS,
+    Finding,
+    JsonError,
+    Reason,
+    atomic_write_bytes,
+    is_sha256_hex,
+    loads_strict,
+    sha256_hex,
+)
+from dspark_calibrate.errors import ConfigError, DsparkError
+
+if TYPE_CHECKING:
+    from dspark_calibrate.runtime_plugin.admission import AdmissionDecision
+
+__all__ = [
+    "CONFIDENCE_FIELDS",
+    "DECODING_TYPE",
+    "EXPORTED_FILES",
+    "PACKAGE_DIR",
+    "Exporter",
+    "TrtllmOptions",
+    "decoding_fields",
+    "dump_options_yaml",
+    "llm_api_options",
+    "load_options_yaml",
+    "static_decoding_fields",
+    "static_options",
+    "to_decoding_config",
+    "write_options_yaml",
+]
+
+#: ``DSparkDecodingConfig`` fields that carry confidence scheduling (cleared for static K).
+CONFIDENCE_FIELDS: tuple[str, ...] = (
+    "confidence_sts_path",
+    "confidence_sps_table_path",
+    "confidence_sps_live_fingerprint_path",
+    "confidence_admission_receipt_path",
+    "confidence_admission_receipt_sha256",
+)
+#: Path fields and the file ``export_trtllm`` writes for each.
+EXPORTED_FILES: Mapping[str, str] = MappingProxyType(
+    {
+        "confidence_sts_path": "sts.json",
+        "confidence_sps_table_path": "sps_table.json",
+        "confidence_sps_live_fingerprint_path": "live_fingerprint.json",
+        "confidence_admission_receipt_path": "admission_receipt.json",
+    }
+)
+#: The key of the speculative-decoding section in ``extra_llm_api_options.yaml``.
+SPECULATIVE_CONFIG_KEY = "speculative_config"
+#: ``decoding_type`` of DSpark's speculative config (static K is DSpark with full verification).
+DECODING_TYPE = "DSpark"
+#: The package directory created inside the private export directory.
+PACKAGE_DIR = "trtllm"
+#: Largest exported file read back for pinning, in bytes (an SPS table of 32 cells is ~10 KiB).
+MAX_EXPORTED_FILE_BYTES = 1 << 20
+
+#: ``export(bundle_report, out_dir, *, selector_identity, live_fingerprint, overwrite)``: creates
+#: ``out_dir`` holding the deployment files (``artifacts.export_trtllm``'s signature).
+Exporter = Callable[..., Any]
+
+
+def static_decoding_fields() -> dict[str, Any]:
+    """The static-K ``DSparkDecodingConfig`` field values: scheduling off, every confidence field None."""
+    return {"enable_confidence_scheduling": False, **dict.fromkeys(CONFIDENCE_FIELDS)}
+
+
+@dataclass(frozen=True, slots=True)
+class TrtllmOptions:
+    """The ``DSparkDecodingConfig`` field values for one decision.
+
+    Attributes:
+        active: confidence scheduling is enabled.
+        reason_code: ``OK``, the decision's reason, or ``EXPORT_FAILED:...``.
+        message: one human line.
+        fields: ``enable_confidence_scheduling`` and the five confidence fields (None when cleared).
+        max_draft_len: K of the deployment when known (the bundle's when active, else the live one).
+        export_dir: the package directory the files were written to (active only).
+        files: the exported files by field name (active only).
+    """
+
+    active: bool
+    reason_code: str
+    message: str
+    fields: Mapping[str, Any]
+    max_draft_len: int | None = None
+    export_dir: Path | None = None
+    files: Mapping[str, Path] = field(default_factory=lambda: MappingProxyType({}))
+
+    def llm_api_options(self, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """These fields merged into an ``extra_llm_api_options`` mapping (see :func:`llm_api_options`).
+
+        Raises:
+            ConfigError: ``base`` configures another speculative decoding type.
+        """
+        return llm_api_options(self.fields, base, max_draft_len=self.max_draft_len)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "active": self.active,
+            "reason_code": self.reason_code,
+            "message": self.message,
+            "fields": dict(self.fields),
+            "max_draft_len": self.max_draft_len,
+            "export_dir": str(self.export_dir) if self.export_dir is not None else None,
+            "files": {k: str(v) for k, v in self.files.items()},
+        }
+
+
+def static_options(reason_code: str, message: str, max_draft_len: int | None = None) -> TrtllmOptions:
+    """Static-K options carrying why."""
+    return TrtllmOptions(
+        active=False,
+        reason_code=reason_code,
+        message=message,
+        fields=MappingProxyType(static_decoding_fields()),
+        max_draft_len=max_draft_len,
+    )
+
+
+def _export_failed(message: str, field_name: str, max_draft_len: int | None) -> TrtllmOptions:
+    finding = Finding(Reason.EXPORT_FAILED, message, field=field_name)
+    return static_options(finding.code, message, max_draft_len)
+
+
+def _decision_k(decision: AdmissionDecision) -> int | None:
+    """K of the decision: the verified cost table's, else the live deployment's."""
+    k: int | None = None
+    if decision.cost_table is not None:
+        k = decision.cost_table.fingerprint.max_draft_len
+    if k is None and decision.live_fingerprint is not None:
+        k = decision.live_fingerprint.max_draft_len
+    return k
+
+
+def _private_dir(out_dir: Path | None) -> Path:
+    """A directory only this user can read, write or enter.
+
+    ``None``: a fresh ``mkdtemp`` directory (0700). A missing path is created 0700; an existing one
+    must be a real directory (not a symlink) owned by this user with no group or other access.
+
+    Raises:
+        ConfigError: an existing path that is not a private directory.
+        OSError: it cannot be created.
+    """
+    if out_dir is None:
+        return Path(tempfile.mkdtemp(prefix="dspark-trtllm-"))
+    out_dir = Path(out_dir)
+    try:
+        out_dir.mkdir(mode=0o700, parents=True)
+        os.chmod(out_dir, 0o700)  # mkdir's mode is narrowed by the umask, never widened; make it exact
+    except FileExistsError:
+        pass
+    info = os.lstat(out_dir)
+    if not stat.S_ISDIR(info.st_mode):
+        raise ConfigError(
+            f"{out_dir}: the export directory is not a directory (or is a symlink); give a new path"
+        )
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise ConfigError(
+            f"{out_dir}: export directory is not private (mode {stat.S_IMODE(info.st_mode):o}, owner "
+            f"{info.st_uid}); use a new path or chmod 700 it"
+        )
+    return out_dir
+
+
+def _default_exporter() -> Exporter:
+    from dspark_calibrate.artifacts import export_trtllm
+
+    exporter: Exporter = export_trtllm
+    return exporter
+
+
+def _read_pinned(path: Path) -> bytes:
+    with open(path, "rb") as handle:
+        data = handle.read(MAX_EXPORTED_FILE_BYTES + 1)
+    if len(data) > MAX_EXPORTED_FILE_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_EXPORTED_FILE_BYTES} bytes")
+    return data
+
+
+def _check_receipt(receipt: bytes, digests: Mapping[str, str], where: Path) -> None:
+    """The receipt on disk must pin exactly the files on disk beside it (DESIGN §6 file-byte pins)."""
+    try:
+        doc = loads_strict(receipt, what=str(where))
+    except JsonError as exc:
+        raise ConfigError(str(exc)) from exc
+    body = doc.get("admission") if isinstance(doc, dict) else None
+    if not isinstance(body, dict):
+        raise ConfigError(f"{where}: no admission body")
+    pins = {
+        "sps_cost_table_sha256": digests["confidence_sps_table_path"],
+        "live_engine_fingerprint_sha256": digests["confidence_sps_live_fingerprint_path"],
+        "calibration_result_sha256": digests["confidence_sts_path"],
+    }
+    wrong = sorted(k for k, v in pins.items() if body.get(k) != v)
+    if wrong:
+        raise ConfigError(f"{where}: receipt fields {wrong} do not pin the files exported beside it")
+    if body.get("admitted") is not True:
+        raise ConfigError(f"{where}: the receipt says admitted={body.get('admitted')!r}")
+
+
+def decoding_fields(
+    decision: AdmissionDecision,
+    *,
+    selector_identity: str | None = None,
+    out_dir: Path | None = None,
+    exporter: Exporter | None = None,
+) -> TrtllmOptions:
+    """The ``DSparkDecodingConfig`` field values for a decision, exporting the deployment if active.
+
+    Args:
+        decision: the admission decision.
+        selector_identity: the engine's selector constant (64 lowercase hex), pinned in the receipt;
+            read it from the engine's source (``export trtllm --selector-identity`` documents where).
+        out_dir: the private directory to export into (created 0700 if missing; an existing one
+            must already be private); the package goes to ``out_dir/trtllm/``, replaced atomically
+            on every export. A fresh private temporary directory when None.
+        exporter: see :data:`Exporter` (default ``artifacts.export_trtllm``), injectable for tests.
+
+    Returns:
+        Active options with the exported paths and the receipt's SHA-256, or static options (with
+        ``EXPORT_FAILED`` when an active decision could not be exported). Failures of the export
+        (bad input, I/O) never raise.
+    """
+    k = _decision_k(decision)
+    if not decision.active:
+        return static_options(decision.reason_code, decision.message, k)
+    if decision.bundle_report is None:
+        return _export_failed(
+            "the decision carries no verified bundle report to export from", "bundle_report", k
+        )
+    if not is_sha256_hex(selector_identity):
+        return _export_failed(
+            f"selector identity {selector_identity!r} is not 64 lowercase hex; pass the engine's selector "
+            "constant (the receipt pins it, TensorRT-LLM refuses a receipt without it)",
+            "selector_identity",
+            k,
+        )
+    live = decision.live_fingerprint
+    # The exporter binds the ten engine fields once more when all of them were established live.
+    bind = live if live is not None and not live.missing(TRTLLM_FINGERPRINT_FIELDS) else None
+    try:
+        package = _private_dir(out_dir) / PACKAGE_DIR
+        export = exporter if exporter is not None else _default_exporter()
+        export(
+            decision.bundle_report,
+            package,
+            selector_identity=selector_identity,
+            live_fingerprint=bind,
+            overwrite=True,
+        )
+        files = {name: package / filename for name, filename in EXPORTED_FILES.items()}
+        # Pin what is on disk: that is what the engine will read.
+        digests = {name: sha256_hex(_read_pinned(path)) for name, path in files.items()}
+        receipt_path = files["confidence_admission_receipt_path"]
+        _check_receipt(_read_pinned(receipt_path), digests, receipt_path)
+    except (DsparkError, OSError, ImportError) as exc:
+        return _export_failed(f"TensorRT-LLM export failed: {exc}", "export", k)
+    fields = {
+        "enable_confidence_scheduling": True,
+        **{name: str(path) for name, path in files.items()},
+        "confidence_admission_receipt_sha256": digests["confidence_admission_receipt_path"],
+    }
+    return TrtllmOptions(
+        active=True,
+        reason_code=Reason.OK.value,
+        message=f"confidence scheduling enabled with the deployment files in {package}",
+        fields=MappingProxyType(fields),
+        max_draft_len=k,
+        export_dir=package,
+        files=MappingProxyType(files),
+    )
+
+
+def llm_api_options(
+    fields: Mapping[str, Any], base: Mapping[str, Any] | None = None, *, max_draft_len: int | None = None
+) -> dict[str, Any]:
+    """Merge decoding fields into an ``extra_llm_api_options`` mapping.
+
+    The fields go into ``speculative_config`` (created if absent; other keys of ``base`` are kept),
+    with ``decoding_type: DSpark`` when absent: static K is still DSpark, verifying all K tokens.
+    ``max_draft_len`` is set when known: the verified K when scheduling is enabled (the receipt
+    pins it), otherwise only where ``base`` has none. Confidence fields that are None are
+    *removed*, so the engine's defaults (off) apply and a stale path from ``base`` never survives a
+    fallback.
+
+    Raises:
+        ConfigError: ``base`` configures another speculative decoding type.
+    """
+    options = copy.deepcopy(dict(base or {}))
+    section = dict(options.get(SPECULATIVE_CONFIG_KEY) or {})
+    kind = section.setdefault("decoding_type", DECODING_TYPE)
+    if kind != DECODING_TYPE:
+        raise ConfigError(
+            f"base options configure speculative decoding_type {kind!r}; "
+            "DSpark options cannot be merged into it"
+        )
+    enabled = bool(fields.get("enable_confidence_scheduling", False))
+    if max_draft_len is not None:
+        if enabled:
+            section["max_draft_len"] = max_draft_len
+        else:
+            section.setdefault("max_draft_len", max_draft_len)
+    for name in CONFIDENCE_FIELDS:
+        section.pop(name, None)
+    section["enable_confidence_scheduling"] = enabled
+    for name in CONFIDENCE_FIELDS:
+        value = fields.get(name)
+        if value is not None:
+            section[name] = value
+    options[SPECULATIVE_CONFIG_KEY] = section
+    return options
+
+
+def dump_options_yaml(options: Mapping[str, Any]) -> str:
+    """YAML text of an options mapping (safe dumper, sorted keys, block style)."""
+    text: str = yaml.safe_dump(dict(options), sort_keys=True, default_flow_style=False, allow_unicode=False)
+    return text
+
+
+def load_options_yaml(text: str) -> dict[str, Any]:
+    """Parse options YAML (safe loader).
+
+    Raises:
+        ConfigError: not YAML, or not a mapping at the top.
+    """
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"options are not valid YAML ({exc})") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"options YAML must be a mapping at the top, got {type(data).__name__}")
+    return data
+
+
+def write_options_yaml(path: Path, options: Mapping[str, Any]) -> Path:
+    """Write options YAML atomically (0644: the engine may run as another user)."""
+    atomic_write_bytes(path, dump_options_yaml(options).encode("utf-8"), mode=0o644)
+    return path
+
+
+def to_decoding_config(fields: Mapping[str, Any], **extra: Any) -> Any | None:
+    """A ``tensorrt_llm`` ``DSparkDecodingConfig`` from the fields, or None when not importable.
+
+    Args:
+        fields: from :func:`decoding_fields` (None-valued confidence fields are left unset).
+        extra: other constructor arguments (e.g. ``max_draft_len``).
+    """
+    if importlib.util.find_spec("tensorrt_llm") is None:
+        return None
+    module = importlib.import_module("tensorrt_llm.llmapi")
+    config_class = getattr(module, "DSparkDecodingConfig", None)
+    if config_class is None:
+        return None
+    kwargs = {k: v for k, v in fields.items() if v is not None}
+    return config_class(**kwargs, **extra)

@@ -1,0 +1,635 @@
+"""The admission hook: every bad input or fault ends inactive, with its reason code, never raising.
+
+The fault table has one row per case of issue 6's "Bad input and faults" list (plus rows for the
+checks admission adds); each row spoils a copy of one valid, signed bundle (or the trust root, the
+live fingerprint, the state, the policy) and asserts: inactive, the reason code, nothing raised,
+the static engine configuration, and a time far inside the target.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import shutil
+import sys
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from filelock import FileLock
+
+from dspark_calibrate.artifacts import BUNDLE_MANIFEST, Reason, load_trust_root
+from dspark_calibrate.errors import ProbeError
+from dspark_calibrate.runtime_plugin.admission import (
+    STATIC_ENGINE_CONFIG,
+    AdmissionDecision,
+    AdmissionEconomics,
+    AdmissionPolicy,
+    GainStatus,
+    admit,
+    gain_test,
+)
+from dspark_calibrate.runtime_plugin.live import GpuInfo, collect_live
+from dspark_calibrate.runtime_plugin.sentinel import SentinelPolicy
+from dspark_calibrate.runtime_plugin.trtllm import decoding_fields, static_decoding_fields
+from tests.factories import NOW, calibration_rows, cost_rows, make_fingerprint, make_provenance
+from tests.runtime_plugin.bundles import LATER, admission_rows, admission_summary, make_bundle
+from tests.signing import make_root, make_signers
+
+FAKE = "tests.runtime_plugin.fake_backends"
+#: Far above the 100 ms median target, far below a hang: catches a fault that blocks.
+FAULT_TIME_LIMIT_MS = 2_000
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, ...]:
+    return make_signers(tmp_path_factory.mktemp("keys"), 1)
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory, keys: tuple[Any, ...]) -> Path:
+    return make_bundle(tmp_path_factory.mktemp("pristine") / "bundle", keys)
+
+
+@dataclass
+class Ctx:
+    """One row's sandbox: a private copy of the valid bundle, its root, a state path."""
+
+    tmp: Path
+    bundle: Path
+    root_path: Path
+    keys: tuple[Any, ...]
+    monkeypatch: pytest.MonkeyPatch
+    keep: list[Any]
+
+    @property
+    def state(self) -> Path:
+        return self.tmp / "state" / "rollback.json"
+
+    def policy(self, **overrides: Any) -> AdmissionPolicy:
+        return AdmissionPolicy(state_path=self.state, **overrides)
+
+    def other_bundle(self, name: str, **kwargs: Any) -> Path:
+        return make_bundle(self.tmp / name, self.keys, **kwargs)
+
+
+@pytest.fixture
+def ctx(tmp_path: Path, pristine: Path, keys: tuple[Any, ...], monkeypatch: pytest.MonkeyPatch) -> Ctx:
+    bundle = tmp_path / "bundle"
+    shutil.copytree(pristine, bundle)
+    root_path = tmp_path / "root.json"
+    root_path.write_bytes(make_root(keys).to_bytes())
+    return Ctx(tmp_path, bundle, root_path, keys, monkeypatch, [])
+
+
+def run_admit(c: Ctx, **overrides: Any) -> AdmissionDecision:
+    kwargs: dict[str, Any] = {
+        "bundle": c.bundle,
+        "trust_root": c.root_path,
+        "live": make_fingerprint(),
+        "policy": c.policy(),
+        "now": LATER,
+    }
+    kwargs.update(overrides)
+    bundle, root = kwargs.pop("bundle"), kwargs.pop("trust_root")
+    return admit(bundle, root, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fault injections: each returns admit() overrides after spoiling the sandbox.
+# ---------------------------------------------------------------------------------------------
+
+
+def _copy_member(src: Path, dst: Path, name: str) -> None:
+    shutil.copy(src / name, dst / name)
+    shutil.copy(src / f"{name}.dsse.json", dst / f"{name}.dsse.json")
+
+
+def bundle_missing(c: Ctx) -> dict[str, Any]:
+    return {"bundle": c.tmp / "no-such-bundle"}
+
+
+def member_missing(c: Ctx) -> dict[str, Any]:
+    (c.bundle / "cost-table.parquet").unlink()
+    return {}
+
+
+def member_unreadable(c: Ctx) -> dict[str, Any]:
+    # A directory where the file should be: unreadable for every user, root included.
+    path = c.bundle / "calibration.parquet"
+    path.unlink()
+    path.mkdir()
+    return {}
+
+
+def member_corrupt(c: Ctx) -> dict[str, Any]:
+    (c.bundle / "cost-table.parquet").write_bytes(os.urandom(4096))
+    return {}
+
+
+def member_truncated(c: Ctx) -> dict[str, Any]:
+    path = c.bundle / "cost-table.parquet"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return {}
+
+
+def fifo_in_bundle(name: str) -> Callable[[Ctx], dict[str, Any]]:
+    def inject(c: Ctx) -> dict[str, Any]:
+        (c.bundle / name).unlink()
+        os.mkfifo(c.bundle / name)  # reading it must not block admission
+        return {}
+
+    return inject
+
+
+def manifest_truncated(c: Ctx) -> dict[str, Any]:
+    path = c.bundle / BUNDLE_MANIFEST
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return {}
+
+
+def root_missing(c: Ctx) -> dict[str, Any]:
+    return {"trust_root": c.tmp / "no-root.json"}
+
+
+def root_is_a_fifo(c: Ctx) -> dict[str, Any]:
+    c.root_path.unlink()
+    os.mkfifo(c.root_path)  # reading it must not block admission
+    return {}
+
+
+def root_corrupt(c: Ctx) -> dict[str, Any]:
+    c.root_path.write_bytes(b'{"signed": ')
+    return {}
+
+
+def wrong_root(c: Ctx) -> dict[str, Any]:
+    other = make_signers(c.tmp / "other-keys", 1, prefix="other")
+    c.root_path.write_bytes(make_root(other).to_bytes())
+    return {}
+
+
+def root_expired_file(c: Ctx) -> dict[str, Any]:
+    c.root_path.write_bytes(make_root(c.keys, expires=NOW + timedelta(minutes=30)).to_bytes())
+    return {}
+
+
+def root_expired_loaded(c: Ctx) -> dict[str, Any]:
+    root = load_trust_root(make_root(c.keys, expires=NOW + timedelta(minutes=30)).to_bytes(), now=NOW)
+    return {"trust_root": root}
+
+
+def artifact_expired(c: Ctx) -> dict[str, Any]:
+    return {"now": NOW + timedelta(days=31)}
+
+
+def artifact_too_old(c: Ctx) -> dict[str, Any]:
+    return {"policy": c.policy(max_artifact_age=timedelta(minutes=30))}
+
+
+def rollback(c: Ctx) -> dict[str, Any]:
+    newer = c.other_bundle("v2", version=2)
+    assert run_admit(c, bundle=newer).active
+    return {}
+
+
+def state_locked(c: Ctx) -> dict[str, Any]:
+    c.state.parent.mkdir(parents=True)
+    lock = FileLock(f"{c.state}.lock")
+    lock.acquire()
+    c.keep.append(lock)  # held until the row ends
+    return {"policy": c.policy(state_lock_timeout_s=0.05)}
+
+
+def state_unwritable(c: Ctx) -> dict[str, Any]:
+    # The lock file's name is taken by a directory: the state cannot be updated.
+    c.state.parent.mkdir(parents=True)
+    Path(f"{c.state}.lock").mkdir()
+    return {}
+
+
+def disk_full(c: Ctx) -> dict[str, Any]:
+    def no_space(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    # Delayed allocation reports ENOSPC at fsync; the state write must fail closed there.
+    c.monkeypatch.setattr(os, "fsync", no_space)
+    return {}
+
+
+def state_corrupt(c: Ctx) -> dict[str, Any]:
+    c.state.parent.mkdir(parents=True)
+    c.state.write_bytes(b"\x00not json")
+    return {}
+
+
+class _ProbeFailing:
+    def gpus(self) -> tuple[tuple[GpuInfo, ...] | None, str]:
+        raise ProbeError("NVML: driver/library version mismatch")
+
+    def getenv(self, name: str) -> str | None:
+        return None
+
+    def git(self, source_dir: Path) -> tuple[str | None, str | None, str]:
+        return None, None, "no git"
+
+    def package_version(self, name: str) -> str | None:
+        return None
+
+
+class _Crashing(_ProbeFailing):
+    def gpus(self) -> tuple[tuple[GpuInfo, ...] | None, str]:
+        raise RuntimeError("segfault in the vendor library")
+
+
+def live_probe_raises(c: Ctx) -> dict[str, Any]:
+    return {"live": {"max_draft_len": 5, "env": _ProbeFailing()}}
+
+
+def live_probe_crashes(c: Ctx) -> dict[str, Any]:
+    return {"live": {"max_draft_len": 5, "env": _Crashing()}}
+
+
+def live(**changes: Any) -> Callable[[Ctx], dict[str, Any]]:
+    def inject(c: Ctx) -> dict[str, Any]:
+        return {"live": make_fingerprint(**changes)}
+
+    return inject
+
+
+def member_swapped(c: Ctx) -> dict[str, Any]:
+    other = c.other_bundle("other", scale=1.1)  # same deployment, other measurements
+    _copy_member(other, c.bundle, "cost-table.parquet")
+    return {}
+
+
+def member_from(**changes: Any) -> Callable[[Ctx], dict[str, Any]]:
+    def inject(c: Ctx) -> dict[str, Any]:
+        other = c.other_bundle("other", fingerprint=make_fingerprint(**changes))
+        _copy_member(other, c.bundle, "calibration.parquet")
+        return {}
+
+    return inject
+
+
+def rebuilt(**kwargs: Any) -> Callable[[Ctx], dict[str, Any]]:
+    def inject(c: Ctx) -> dict[str, Any]:
+        shutil.rmtree(c.bundle)
+        make_bundle(c.bundle, c.keys, **kwargs)
+        return {}
+
+    return inject
+
+
+def summary(**changes: Any) -> Callable[[Ctx], dict[str, Any]]:
+    return rebuilt(summary=admission_summary(**changes))
+
+
+def without_summary_key(key: str) -> Callable[[Ctx], dict[str, Any]]:
+    body = admission_summary()
+    del body[key]
+    return rebuilt(summary=body)
+
+
+def sentinel(backend: str, **options: Any) -> Callable[[Ctx], dict[str, Any]]:
+    def inject(c: Ctx) -> dict[str, Any]:
+        return {"policy": c.policy(sentinel=SentinelPolicy(backend=backend, backend_options=options))}
+
+    return inject
+
+
+def callback_raises(c: Ctx) -> dict[str, Any]:
+    def broken(record: Mapping[str, Any]) -> None:
+        raise ValueError("metrics sink is down")
+
+    return {"metrics_callback": broken}
+
+
+def collective_fails(c: Ctx) -> dict[str, Any]:
+    # A process group whose all-gather times out (the real gloo path is in test_ranks.py).
+    dist = types.ModuleType("torch.distributed")
+    dist.is_available = lambda: True  # type: ignore[attr-defined]
+    dist.is_initialized = lambda: True  # type: ignore[attr-defined]
+    dist.get_rank = lambda group=None: 0  # type: ignore[attr-defined]
+    dist.get_world_size = lambda group=None: 2  # type: ignore[attr-defined]
+
+    def all_gather_object(out: list[Any], obj: Any, group: Any = None) -> None:
+        raise RuntimeError("gloo: connection to rank 1 timed out")
+
+    dist.all_gather_object = all_gather_object  # type: ignore[attr-defined]
+    torch = types.ModuleType("torch")
+    torch.distributed = dist  # type: ignore[attr-defined]
+    c.monkeypatch.setitem(sys.modules, "torch", torch)
+    c.monkeypatch.setitem(sys.modules, "torch.distributed", dist)
+    return {}
+
+
+def not_a_path(c: Ctx) -> dict[str, Any]:
+    return {"bundle": 12345}
+
+
+GAIN_NOT_PROVEN = "GAIN_NOT_PROVEN:predicted_gain_ci_low"
+NOT_ADMITTED = {"gross_compact_value_ms_lower_bound": 120.0, "net_value_ms": -30.0, "admitted": False}
+calibration_without_temperature = [
+    {**r, "temperature": None, "method": "platt", "params": [1.0, 0.0]} if r["position"] == 3 else r
+    for r in calibration_rows()
+]
+only_native = [r for r in cost_rows() if r["verifier_budget"] == 0]
+foreign_cells = [
+    *admission_rows(),
+    {
+        "graph_batch_size": 8,
+        "verifier_budget": 24,
+        "chosen_steps": 1,
+        "value_ms": 0.1,
+        "value_ms_lower_bound": 0.0,
+    },
+]
+
+FAULTS: list[tuple[str, Callable[[Ctx], dict[str, Any]], str]] = [
+    # missing, unreadable, corrupt or truncated files
+    ("bundle-missing", bundle_missing, "BUNDLE_MEMBER_MISSING:manifest"),
+    ("member-missing", member_missing, "IO_ERROR"),
+    ("member-unreadable", member_unreadable, "IO_ERROR"),
+    ("member-corrupt", member_corrupt, "NOT_PARQUET"),
+    ("member-truncated", member_truncated, "NOT_PARQUET"),
+    ("manifest-truncated", manifest_truncated, "ENVELOPE_INVALID"),
+    ("manifest-is-a-fifo", fifo_in_bundle(BUNDLE_MANIFEST), f"IO_ERROR:{BUNDLE_MANIFEST}"),
+    ("member-is-a-fifo", fifo_in_bundle("calibration.parquet"), "IO_ERROR:calibration.parquet"),
+    ("trust-root-missing", root_missing, "TRUST_ROOT_INVALID:trust_root"),
+    ("trust-root-corrupt", root_corrupt, "TRUST_ROOT_INVALID:trust_root"),
+    ("trust-root-is-a-fifo", root_is_a_fifo, "TRUST_ROOT_INVALID:trust_root"),
+    # wrong or expired trust root, expired artifact, rollback
+    ("wrong-trust-root", wrong_root, "SIGNATURE_THRESHOLD"),
+    ("trust-root-expired-file", root_expired_file, "TRUST_ROOT_EXPIRED:trust_root"),
+    ("trust-root-expired-loaded", root_expired_loaded, "TRUST_ROOT_EXPIRED:expires"),
+    ("artifact-expired", artifact_expired, "EXPIRED:expires_at"),
+    ("artifact-older-than-policy", artifact_too_old, "EXPIRED:issued_at"),
+    ("rollback", rollback, "ROLLBACK:version"),
+    # rollback state locked, unwritable, disk full, corrupt
+    ("state-locked", state_locked, "STATE_LOCKED"),
+    ("state-unwritable", state_unwritable, "STATE_UNWRITABLE"),
+    ("state-disk-full", disk_full, "STATE_UNWRITABLE"),
+    ("state-corrupt", state_corrupt, "STATE_CORRUPT"),
+    # live collector raising
+    ("live-collector-raises", live_probe_raises, "LIVE_PROBE_FAILED"),
+    ("live-collector-crashes", live_probe_crashes, "INTERNAL_ERROR:live"),
+    # mismatch per field (the first differing field, in binding-field order, is the reason code)
+    ("mismatch-gpu", live(gpu="B300"), "FINGERPRINT_MISMATCH:gpu"),
+    ("mismatch-gpu-snapshot", live(gpu_snapshot_sha256="9" * 64), "FINGERPRINT_MISMATCH:gpu_snapshot_sha256"),
+    (
+        "mismatch-gpu-count",
+        live(gpu_count=2, global_graph_batch_sizes=(16, 32, 64)),
+        "FINGERPRINT_MISMATCH:gpu_count",
+    ),
+    ("mismatch-topology", live(topology="DEP8"), "FINGERPRINT_MISMATCH:topology"),
+    (
+        "mismatch-ladder",
+        live(rank_local_graph_batch_sizes=(8, 16), global_graph_batch_sizes=(8, 16)),
+        "FINGERPRINT_MISMATCH:rank_local_graph_batch_sizes",
+    ),
+    ("mismatch-k", live(max_draft_len=4), "FINGERPRINT_MISMATCH:max_draft_len"),
+    ("mismatch-source-head", live(source_head="0badc0de"), "FINGERPRINT_MISMATCH:source_head"),
+    ("mismatch-source-diff", live(source_diff_sha256="0" * 64), "FINGERPRINT_MISMATCH:source_diff_sha256"),
+    (
+        "mismatch-runtime",
+        live(runtime_snapshot="tensorrt_llm=1.4.0;torch=2.11.0"),
+        "FINGERPRINT_MISMATCH:runtime_snapshot",
+    ),
+    ("mismatch-model", live(model_config_sha256="1" * 64), "FINGERPRINT_MISMATCH:model_config_sha256"),
+    ("mismatch-kv-dtype", live(kv_dtype="fp8"), "FINGERPRINT_MISMATCH:kv_dtype"),
+    ("live-field-not-established", live(runtime_snapshot=None), "FINGERPRINT_MISSING:runtime_snapshot"),
+    # a member swapped for one from another bundle
+    ("member-swapped", member_swapped, "BUNDLE_MEMBER_MISMATCH:cost-table"),
+    ("member-from-other-deployment", member_from(gpu="H100"), "FINGERPRINT_MISMATCH:gpu"),
+    ("member-from-other-conditions", member_from(context_len=4096), "CROSS_MEMBER_MISMATCH:context_len"),
+    (
+        "admission-member-absent",
+        rebuilt(members=("cost-table", "calibration")),
+        "BUNDLE_MEMBER_MISSING:admission",
+    ),
+    (
+        "admission-cells-not-in-cost-table",
+        rebuilt(admission=foreign_cells),
+        "CROSS_MEMBER_MISMATCH:admission.cells",
+    ),
+    (
+        "calibration-without-sts",
+        rebuilt(calibration=calibration_without_temperature),
+        "CONTENT_INVALID:calibration.temperature",
+    ),
+    # synthetic evidence
+    (
+        "synthetic",
+        rebuilt(provenance=make_provenance(synthetic=True, backend="synthetic")),
+        "SYNTHETIC_REFUSED:provenance.synthetic",
+    ),
+    # gain lower bound <= 0, and the other ways the economics fail
+    ("gain-ci-low-zero", summary(predicted_gain_ci_low=0.0), GAIN_NOT_PROVEN),
+    (
+        "gain-negative",
+        summary(predicted_gain=-0.03, predicted_gain_ci_low=-0.05, predicted_gain_ci_high=-0.01),
+        GAIN_NOT_PROVEN,
+    ),
+    ("not-admitted", summary(**NOT_ADMITTED), GAIN_NOT_PROVEN),
+    ("no-drain-guard", summary(drain_guard=None), GAIN_NOT_PROVEN),
+    ("only-native-cells", rebuilt(costs=only_native, admission=[]), "GAIN_NOT_PROVEN:cost_table.cells"),
+    ("summary-incomplete", without_summary_key("policy_steps"), "CONTENT_INVALID:admission.summary"),
+    (
+        "summary-inconsistent",
+        summary(**{**NOT_ADMITTED, "admitted": True}),
+        "CONTENT_INVALID:admission.summary",
+    ),
+    (
+        "drain-guard-tail-unmeasured",
+        summary(drain_guard={**admission_summary()["drain_guard"], "tail_graph_batch_size": 12}),
+        "CONTENT_INVALID:planner",
+    ),
+    # the sentinel failing, a backend import error
+    ("sentinel-fails", sentinel(f"{FAKE}:ScaledBackend", scale=1.3), "SENTINEL_FAILED:G32V0"),
+    ("sentinel-measurement-error", sentinel(f"{FAKE}:FailingBackend"), "SENTINEL_FAILED"),
+    (
+        "sentinel-synthetic-backend",
+        sentinel(f"{FAKE}:ScaledBackend", synthetic=True),
+        "SYNTHETIC_REFUSED:backend",
+    ),
+    ("backend-import-error", sentinel("no_such_package.backends:Backend"), "BACKEND_IMPORT_ERROR:backend"),
+    ("backend-not-a-backend", sentinel(f"{FAKE}:table_time_ms"), "BACKEND_IMPORT_ERROR:backend"),
+    # anything unexpected
+    ("metrics-callback-raises", callback_raises, "INTERNAL_ERROR:metrics_callback"),
+    ("rank-collective-fails", collective_fails, "INTERNAL_ERROR:rank_agreement"),
+    ("bundle-not-a-path", not_a_path, "INTERNAL_ERROR:start"),
+]
+
+
+@pytest.mark.parametrize(("name", "inject", "code"), FAULTS, ids=[f[0] for f in FAULTS])
+def test_fault_fails_closed(ctx: Ctx, name: str, inject: Callable[[Ctx], dict[str, Any]], code: str) -> None:
+    overrides = inject(ctx)
+    decision = run_admit(ctx, **overrides)  # admit never raises: no pytest.raises anywhere here
+    assert decision.active is False
+    assert not decision
+    assert decision.reason_code == code, decision.message
+    assert decision.reason is not Reason.OK
+    assert decision.message
+    assert decision.engine_config == STATIC_ENGINE_CONFIG
+    assert dict(decoding_fields(decision).fields) == static_decoding_fields()
+    assert decision.timings_ms["total"] < FAULT_TIME_LIMIT_MS
+
+
+def test_two_defects_report_the_earlier_step(ctx: Ctx) -> None:
+    artifact_expired(ctx)
+    decision = run_admit(ctx, live=make_fingerprint(gpu="B300"), now=NOW + timedelta(days=31))
+    assert decision.reason_code == "EXPIRED:expires_at"  # freshness (6) before binding (7)
+
+
+def test_every_mismatching_field_is_reported(ctx: Ctx) -> None:
+    decision = run_admit(ctx, live=make_fingerprint(gpu="B300", topology="DEP8", max_draft_len=4))
+    assert decision.reason is Reason.FINGERPRINT_MISMATCH
+    assert {f.field for f in decision.findings} == {"gpu", "max_draft_len", "topology"}
+
+
+def test_happy_path_activates(ctx: Ctx) -> None:
+    records: list[Mapping[str, Any]] = []
+    decision = run_admit(ctx, metrics_callback=records.append)
+    assert decision.active, decision.message
+    assert decision.reason is Reason.OK and decision.reason_code == "OK"
+    assert set(decision.members) == {"admission", "calibration", "cost-table"}
+    assert decision.economics is not None and decision.economics.predicted_gain_ci_low == 0.08
+    config = decision.engine_config
+    assert config["enable_confidence_scheduling"] is True
+    assert config["max_draft_len"] == 5
+    assert config["sts_temperatures"] == (1.1, 1.2, 1.3, 1.4, 1.5)
+    assert (32, 128) in config["cells"] and (8, 0) in config["cells"]
+    assert config["bundle_sha256"] == decision.bundle_sha256
+    assert decision.bundle_version == 1
+    assert {"trust_root", "live", "bundle", "members", "economics", "planner", "total"} <= set(
+        decision.timings_ms
+    )
+    assert [r["reason_code"] for r in records] == ["OK"]
+    # accepted versions are recorded: manifest and the three members
+    state = json.loads(ctx.state.read_text())
+    assert sorted(v for v in state["series"].values()) == [1, 1, 1, 1]
+    # read-only members
+    with pytest.raises(TypeError):
+        config["enable_confidence_scheduling"] = False  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        decision.active = False  # type: ignore[misc]
+
+
+def test_live_arguments_are_collected(ctx: Ctx) -> None:
+    class Host(_ProbeFailing):
+        def gpus(self) -> tuple[tuple[GpuInfo, ...] | None, str]:
+            return None, "no GPU in CI"
+
+    fp = make_fingerprint()
+    explicit = {
+        "max_draft_len": fp.max_draft_len,
+        "rank_local_graph_batch_sizes": fp.rank_local_graph_batch_sizes,
+        "topology": fp.topology,
+        "gpu": fp.gpu,
+        "gpu_count": fp.gpu_count,
+        "source_head": fp.source_head,
+        "source_diff_sha256": fp.source_diff_sha256,
+        "runtime_snapshot": fp.runtime_snapshot,
+        "overrides": {
+            "gpu_snapshot_sha256": fp.gpu_snapshot_sha256,
+            "model_config_sha256": fp.model_config_sha256,
+            "kv_dtype": fp.kv_dtype,
+        },
+        "env": Host(),
+    }
+    assert run_admit(ctx, live=explicit).active
+    assert run_admit(ctx, live=collect_live(**explicit)).active
+
+
+def test_same_version_readmitted_after_restart(ctx: Ctx) -> None:
+    assert run_admit(ctx).active
+    assert run_admit(ctx).active  # an equal version is not a rollback
+
+
+def test_gain_test_statuses() -> None:
+    econ = AdmissionEconomics.from_summary(admission_summary())
+    assert gain_test(econ, 0.0).status is GainStatus.ACCEPT
+    assert gain_test(econ, 0.1).status is GainStatus.UNDECIDED
+    assert gain_test(econ, 0.2).status is GainStatus.REJECT
+    assert gain_test(None, 0.0).status is GainStatus.UNKNOWN
+
+
+def test_gain_test_can_be_disabled(ctx: Ctx) -> None:
+    summary(predicted_gain_ci_low=-0.01)(ctx)
+    assert not run_admit(ctx).active
+    assert run_admit(ctx, policy=ctx.policy(min_gain_lower_bound=None)).active
+
+
+def test_sentinel_passes_and_reports_cost(ctx: Ctx) -> None:
+    decision = run_admit(
+        ctx,
+        policy=ctx.policy(
+            sentinel=SentinelPolicy(backend=f"{FAKE}:ScaledBackend", backend_options={"scale": 1.02})
+        ),
+    )
+    assert decision.active, decision.message
+    assert decision.sentinel is not None and decision.sentinel.ok
+    assert [(c.cell.graph_batch_size, c.cell.verifier_budget) for c in decision.sentinel.checks] == [
+        (32, 0),
+        (32, 64),
+    ]
+    assert decision.sentinel.cost_s >= 0
+    assert "sentinel" in decision.timings_ms
+    assert decision.log_record()["sentinel_cost_ms"] is not None
+
+
+def test_one_log_line_per_decision(ctx: Ctx, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="dspark_calibrate")
+    run_admit(ctx)
+    run_admit(ctx, live=make_fingerprint(gpu="B300"))
+    callback_raises(ctx)
+    run_admit(ctx, **callback_raises(ctx))
+    records = [r for r in caplog.records if r.name.startswith("dspark_calibrate.runtime_plugin.admission")]
+    assert [r.levelno for r in records] == [logging.INFO, logging.WARNING, logging.ERROR]
+    payloads = [json.loads(r.getMessage().split(" ", 2)[2]) for r in records]
+    assert [p["reason_code"] for p in payloads] == [
+        "OK",
+        "FINGERPRINT_MISMATCH:gpu",
+        "INTERNAL_ERROR:metrics_callback",
+    ]
+    for p in payloads:
+        assert {
+            "bundle_sha256",
+            "bundle_version",
+            "member_versions",
+            "trust_root_version",
+            "tool_version",
+            "timings_ms",
+        } <= set(p)
+    assert records[2].exc_info is not None  # the exception is logged once, with its traceback
+
+
+def test_policy_validates_itself() -> None:
+    from dspark_calibrate.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        AdmissionPolicy(required_members=("cost-table",))
+    with pytest.raises(ConfigError):
+        AdmissionPolicy(unbound_fields=frozenset({"not_a_field"}))
+    with pytest.raises(ConfigError):
+        AdmissionPolicy(max_artifact_age=timedelta(0))
+    with pytest.raises(ConfigError):
+        SentinelPolicy(backend="x:y", tolerance=1.5)
+    assert AdmissionPolicy().allow_synthetic is False
+    assert AdmissionPolicy().required_members == ("admission", "calibration", "cost-table")
+
+
+def test_decision_round_trips_to_json(ctx: Ctx) -> None:
+    decision = run_admit(ctx)
+    data = json.loads(json.dumps(decision.to_dict()))
+    assert data["active"] is True and data["engine_config"]["max_draft_len"] == 5
+    assert data["economics"]["predicted_gain_ci"] == [0.08, 0.16]

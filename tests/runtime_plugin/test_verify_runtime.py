@@ -1,0 +1,178 @@
+"""``dspark-verify --emit-trtllm-options`` / ``--fail-open-to-static``: the launcher's runtime form."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from dspark_calibrate.artifacts._export_trtllm import TRTLLM_FILES, export_trtllm
+from dspark_calibrate.cli.verify import verify_app
+from dspark_calibrate.runtime_plugin import trtllm
+from dspark_calibrate.runtime_plugin.trtllm import CONFIDENCE_FIELDS, load_options_yaml
+from tests.factories import make_fingerprint
+from tests.runtime_plugin.bundles import make_bundle
+from tests.runtime_plugin.test_trtllm import SELECTOR
+from tests.signing import make_root, make_signers
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("cli")
+    keys = make_signers(tmp / "keys", 1)
+    issued = datetime.now(UTC) - timedelta(minutes=1)  # the CLI reads the real clock
+    bundle = make_bundle(tmp / "bundle", keys, issued_at=issued)
+    root = tmp / "root.json"
+    root.write_bytes(make_root(keys, expires=issued + timedelta(days=365)).to_bytes())
+    live = tmp / "live.json"
+    live.write_text(json.dumps(make_fingerprint().to_dict()))
+    other = tmp / "other-live.json"
+    other.write_text(json.dumps(make_fingerprint(gpu="B300").to_dict()))
+    return {"bundle": bundle, "root": root, "live": live, "other": other}
+
+
+@pytest.fixture(autouse=True)
+def exporter(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The real exporter, reached through its module until artifacts lists it among its public names.
+    monkeypatch.setattr(trtllm, "_default_exporter", lambda: export_trtllm)
+
+
+def invoke(d: dict[str, Path], *extra: str, live: str = "live") -> Any:
+    args = [str(d["bundle"]), "--trust-root", str(d["root"]), "--expect-fingerprint", str(d[live]), *extra]
+    return runner.invoke(verify_app, args)
+
+
+def test_admitted_writes_active_options(deployment: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "opts.yaml"
+    result = invoke(deployment, "--emit-trtllm-options", str(out), "--selector-identity", SELECTOR, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["active"] is True and report["decision"]["reason_code"] == "OK"
+    section = load_options_yaml(out.read_text())["speculative_config"]
+    assert section["enable_confidence_scheduling"] is True
+    files = tmp_path / "opts-files" / trtllm.PACKAGE_DIR
+    assert Path(section["confidence_sps_table_path"]) == files / "sps_table.json"
+    assert sorted(p.name for p in files.iterdir()) == sorted(TRTLLM_FILES)
+
+
+@pytest.mark.parametrize(("fail_open", "code"), [(False, 1), (True, 0)])
+def test_rejection_writes_static_options(
+    deployment: dict[str, Path], tmp_path: Path, fail_open: bool, code: int
+) -> None:
+    out = tmp_path / "opts.yaml"
+    flags = ["--fail-open-to-static"] if fail_open else []
+    result = invoke(
+        deployment, "--emit-trtllm-options", str(out), "--selector-identity", SELECTOR, *flags, live="other"
+    )
+    assert result.exit_code == code, result.output
+    assert "FINGERPRINT_MISMATCH:gpu" in result.output
+    section = load_options_yaml(out.read_text())["speculative_config"]
+    assert section == {"decoding_type": "DSpark", "max_draft_len": 5, "enable_confidence_scheduling": False}
+
+
+def test_missing_bundle_fails_open(deployment: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "opts.yaml"
+    args = [
+        str(tmp_path / "nope"),
+        "--trust-root",
+        str(deployment["root"]),
+        "--emit-trtllm-options",
+        str(out),
+        "--fail-open-to-static",
+    ]
+    result = runner.invoke(verify_app, args)
+    assert result.exit_code == 0, result.output
+    assert load_options_yaml(out.read_text())["speculative_config"]["enable_confidence_scheduling"] is False
+
+
+def test_export_failure_is_a_rejection(deployment: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "opts.yaml"
+    result = invoke(deployment, "--emit-trtllm-options", str(out))  # no --selector-identity
+    assert result.exit_code == 1
+    assert "EXPORT_FAILED:selector_identity" in result.output
+    assert load_options_yaml(out.read_text())["speculative_config"]["enable_confidence_scheduling"] is False
+
+
+@pytest.mark.parametrize(("fail_open", "code"), [(False, 2), (True, 0)])
+def test_bad_live_option(deployment: dict[str, Path], tmp_path: Path, fail_open: bool, code: int) -> None:
+    out = tmp_path / "opts.yaml"
+    args = [
+        str(deployment["bundle"]),
+        "--trust-root",
+        str(deployment["root"]),
+        "--live-ladder",
+        "8,x",
+        "--emit-trtllm-options",
+        str(out),
+        *(["--fail-open-to-static"] if fail_open else []),
+    ]
+    result = runner.invoke(verify_app, args)
+    assert result.exit_code == code, result.output
+    assert out.exists() is fail_open
+
+
+def test_unwritable_output_is_an_io_error(deployment: dict[str, Path], tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = invoke(
+        deployment,
+        "--emit-trtllm-options",
+        str(blocker / "opts.yaml"),
+        "--fail-open-to-static",
+        "--selector-identity",
+        SELECTOR,
+        "--trtllm-dir",
+        str(tmp_path / "files"),
+    )
+    assert result.exit_code == 2
+
+
+def test_base_options_are_merged(deployment: dict[str, Path], tmp_path: Path) -> None:
+    base = tmp_path / "base.yaml"
+    base.write_text(
+        "max_batch_size: 64\nspeculative_config:\n  decoding_type: DSpark\n  max_draft_len: 5\n"
+        "  confidence_sts_path: /stale/sts.json\n"
+    )
+    out = tmp_path / "opts.yaml"
+    result = invoke(
+        deployment,
+        "--emit-trtllm-options",
+        str(out),
+        "--base-options",
+        str(base),
+        "--fail-open-to-static",
+        live="other",
+    )
+    assert result.exit_code == 0
+    merged = load_options_yaml(out.read_text())
+    assert merged["max_batch_size"] == 64
+    assert merged["speculative_config"] == {
+        "decoding_type": "DSpark",
+        "max_draft_len": 5,
+        "enable_confidence_scheduling": False,
+    }
+    assert not any(f in merged["speculative_config"] for f in CONFIDENCE_FIELDS)
+
+
+def test_runtime_form_takes_one_bundle(deployment: dict[str, Path], tmp_path: Path) -> None:
+    args = [
+        str(deployment["bundle"]),
+        str(deployment["bundle"]),
+        "--trust-root",
+        str(deployment["root"]),
+        "--emit-trtllm-options",
+        str(tmp_path / "o.yaml"),
+    ]
+    assert runner.invoke(verify_app, args).exit_code == 2
+
+
+def test_plain_verify_is_unchanged(deployment: dict[str, Path]) -> None:
+    result = invoke(deployment)
+    assert result.exit_code == 0, result.output
+    assert "VALID" in result.output
