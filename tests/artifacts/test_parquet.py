@@ -105,3 +105,20 @@ def test_file_size_cap(tmp_path: Path) -> None:
     path = _write(tmp_path)
     with pytest.raises(ArtifactReadError, match="limit"):
         read_artifact(path, ReadLimits(max_file_bytes=100))
+
+
+def test_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    import os
+
+    fifo = tmp_path / "fifo.parquet"
+    os.mkfifo(fifo)
+    with pytest.raises(ArtifactReadError) as info:
+        read_artifact(fifo)
+    assert info.value.reason is Reason.IO_ERROR
+
+
+def test_directory_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "dir.parquet").mkdir()
+    with pytest.raises(ArtifactReadError) as info:
+        read_artifact(tmp_path / "dir.parquet")
+    assert info.value.reason is Reason.IO_ERROR

@@ -28,7 +28,7 @@ from dspark_calibrate.artifacts._envelope import (
     sign_envelope,
 )
 from dspark_calibrate.artifacts._models import Fingerprint, ModelError, is_sha256_hex
-from dspark_calibrate.artifacts._parquet import DEFAULT_LIMITS, ReadLimits
+from dspark_calibrate.artifacts._parquet import DEFAULT_LIMITS, ReadLimits, _TooLarge, read_regular_file
 from dspark_calibrate.artifacts._reasons import Finding, Reason
 from dspark_calibrate.artifacts._sign import format_time, parse_time, series_of
 from dspark_calibrate.artifacts._state import RollbackState, StateError
@@ -232,13 +232,14 @@ def verify_bundle(
     members: dict[str, VerificationReport] = {}
     try:
         try:
-            size = manifest.stat().st_size
-            if size > limits.max_envelope_bytes:
-                raise _Stop([Finding(Reason.ENVELOPE_TOO_LARGE, f"{manifest}: {size} bytes is above the limit")])
-            raw = manifest.read_bytes()
+            raw = read_regular_file(manifest, limits.max_envelope_bytes)
         except FileNotFoundError:
             raise _Stop(
                 [Finding(Reason.BUNDLE_MEMBER_MISSING, f"{manifest}: bundle manifest not found", field="manifest")]
+            ) from None
+        except _TooLarge as big:
+            raise _Stop(
+                [Finding(Reason.ENVELOPE_TOO_LARGE, f"{manifest}: {big.size} bytes is above the limit")]
             ) from None
         except OSError as exc:
             raise _Stop([Finding(Reason.IO_ERROR, f"{manifest}: cannot read ({exc.strerror or exc})")]) from None

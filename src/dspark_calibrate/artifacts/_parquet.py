@@ -9,6 +9,9 @@ signature verifies; this module only loads it.
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,6 +37,7 @@ __all__ = [
     "LoadedArtifact",
     "ReadLimits",
     "detached_envelope_path",
+    "read_regular_file",
     "encode_artifact",
     "footer_metadata",
     "read_artifact",
@@ -69,6 +73,45 @@ class ArtifactReadError(DsparkError):
     def __init__(self, reason: Reason, message: str) -> None:
         self.reason = reason
         super().__init__(message)
+
+
+class _TooLarge(Exception):
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
+def read_regular_file(path: Path, max_bytes: int) -> bytes:
+    """Read a regular file of at most ``max_bytes``, without ever blocking.
+
+    Opened non-blocking and checked with ``fstat`` on the open descriptor, so a FIFO, device or
+    directory put where an artifact should be is refused instead of hanging the reader, and the
+    size check and the read concern the same file.
+
+    Raises:
+        OSError: unreadable, or not a regular file (``EINVAL``).
+        _TooLarge: larger than ``max_bytes``.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        if info.st_size > max_bytes:
+            raise _TooLarge(info.st_size)
+        chunks = []
+        remaining = info.st_size + 1  # one byte more detects growth while reading
+        while remaining > 0:
+            chunk = os.read(fd, min(remaining, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) > max_bytes:
+            raise _TooLarge(len(data))
+        return data
+    finally:
+        os.close(fd)
 
 
 def detached_envelope_path(path: Path) -> Path:
@@ -218,14 +261,14 @@ def read_artifact(path: Path | str, limits: ReadLimits = DEFAULT_LIMITS) -> Load
     """
     path = Path(path)
     try:
-        size = path.stat().st_size
-        if size > limits.max_file_bytes:
-            raise ArtifactReadError(
-                Reason.NOT_PARQUET, f"{path}: {size} bytes is above the {limits.max_file_bytes}-byte artifact limit"
-            )
-        data = path.read_bytes()
+        data = read_regular_file(path, limits.max_file_bytes)
+    except _TooLarge as big:
+        raise ArtifactReadError(
+            Reason.NOT_PARQUET, f"{path}: {big.size} bytes is above the {limits.max_file_bytes}-byte artifact limit"
+        ) from None
     except OSError as exc:
         raise ArtifactReadError(Reason.IO_ERROR, f"{path}: cannot read ({exc.strerror or exc})") from exc
+    size = len(data)
     _check_footer(data, path, limits)
     try:
         pf = pq.ParquetFile(pa.BufferReader(data))
@@ -261,13 +304,13 @@ def read_artifact(path: Path | str, limits: ReadLimits = DEFAULT_LIMITS) -> Load
     detached = None
     dpath = detached_envelope_path(path)
     try:
-        if dpath.exists():
-            if dpath.stat().st_size > limits.max_envelope_bytes:
-                raise ArtifactReadError(
-                    Reason.ENVELOPE_TOO_LARGE,
-                    f"{dpath}: {dpath.stat().st_size} bytes, above the {limits.max_envelope_bytes}-byte limit",
-                )
-            detached = dpath.read_bytes()
+        detached = read_regular_file(dpath, limits.max_envelope_bytes)
+    except FileNotFoundError:
+        detached = None
+    except _TooLarge as big:
+        raise ArtifactReadError(
+            Reason.ENVELOPE_TOO_LARGE, f"{dpath}: {big.size} bytes, above the {limits.max_envelope_bytes}-byte limit"
+        ) from None
     except OSError as exc:
         raise ArtifactReadError(Reason.IO_ERROR, f"{dpath}: cannot read ({exc.strerror or exc})") from exc
     return LoadedArtifact(
