@@ -81,6 +81,15 @@ _LAZY: dict[str, str] = {
     "write_bundle": "_bundle",
     "verify_bundle": "_bundle",
     "BUNDLE_MANIFEST": "_bundle",
+    # TensorRT-LLM deployment package (DESIGN §6)
+    "export_trtllm": "_export_trtllm",
+    "render_trtllm": "_export_trtllm",
+    "validate_trtllm": "_export_trtllm",
+    "TrtllmInputs": "_export_trtllm",
+    "TrtllmExport": "_export_trtllm",
+    "ExportRejected": "_export_trtllm",
+    "TRTLLM_FILES": "_export_trtllm",
+    "ADMISSION_BODY_FIELDS": "_export_trtllm",
 }
 
 __all__ = [

@@ -15,6 +15,7 @@ Example:
     >>> result.summary_table().column("step_time_ms")  # doctest: +SKIP
 """
 
+from dspark_calibrate.calibrate.build import BuildOptions, BuildResult, build_bundle, load_build_inputs
 from dspark_calibrate.calibrate.confidence import Calibration, Method, PositionMap, parse_sts_document, sts_document
 from dspark_calibrate.calibrate.fit import (
     DriftTolerances,
@@ -35,6 +36,7 @@ from dspark_calibrate.calibrate.ladder import (
     parse_ladder,
     plan_cells,
 )
+from dspark_calibrate.calibrate.select_cells import CellSelection, select_cells
 from dspark_calibrate.calibrate.stats import (
     CellSamples,
     CellSummary,
@@ -47,6 +49,7 @@ from dspark_calibrate.calibrate.stats import (
     summarize,
 )
 from dspark_calibrate.calibrate.metrics import MetricsReport, evaluate_predictions
+from dspark_calibrate.calibrate.replay import BootstrapSettings, ReplayReport, replay
 from dspark_calibrate.calibrate.report import (
     Report,
     ReportThresholds,
@@ -67,11 +70,16 @@ from dspark_calibrate.calibrate.sweep import (
 )
 from dspark_calibrate.calibrate.synth_traces import SynthSpec, synth_traces, write_synth_traces
 from dspark_calibrate.calibrate.traces import TraceSet, read_traces
+from dspark_calibrate.calibrate.workload import Workload, read_workload, synthesize_workload, write_workload
 
 __all__ = [
+    "BootstrapSettings",
+    "BuildOptions",
+    "BuildResult",
     "Calibration",
     "CellKind",
     "CellSamples",
+    "CellSelection",
     "CellSpec",
     "CellSummary",
     "Decision",
@@ -81,6 +89,7 @@ __all__ = [
     "Method",
     "MetricsReport",
     "PositionMap",
+    "ReplayReport",
     "Report",
     "ReportThresholds",
     "Status",
@@ -92,6 +101,8 @@ __all__ = [
     "SynthSpec",
     "Thresholds",
     "TraceSet",
+    "Workload",
+    "build_bundle",
     "build_report",
     "candidate_budgets",
     "collect_evidence",
@@ -100,23 +111,29 @@ __all__ = [
     "execute",
     "fit_traces",
     "legal_compact_budgets",
+    "load_build_inputs",
     "median_interval",
     "parse_budgets",
     "parse_ladder",
     "parse_sts_document",
     "plan_cells",
     "read_traces",
+    "read_workload",
     "render_html",
     "render_markdown",
+    "replay",
     "run_evaluate",
     "run_fit",
     "run_sweep",
     "sample_interval",
+    "select_cells",
     "sts_document",
     "summarize",
     "synth_traces",
+    "synthesize_workload",
     "write_fit_outputs",
     "write_report",
     "write_sweep",
     "write_synth_traces",
+    "write_workload",
 ]

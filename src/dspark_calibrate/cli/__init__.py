@@ -13,7 +13,18 @@ import typer
 __all__ = ["build_calibrate_app", "calibrate_main", "verify_main"]
 
 #: Command modules of ``dspark-calibrate``, each with ``register(app)``.
-COMMAND_MODULES: tuple[str, ...] = ("keys", "trust", "sign", "sweep", "fit", "build", "export", "report", "demo")
+COMMAND_MODULES: tuple[str, ...] = (
+    "keys",
+    "trust",
+    "sign",
+    "sweep",
+    "fit",
+    "workload",
+    "build",
+    "export",
+    "report",
+    "demo",
+)
 
 
 def build_calibrate_app() -> typer.Typer:

@@ -28,6 +28,16 @@ from dspark_calibrate.runtime_plugin.live import (
     SystemEnvironment,
     collect_live,
 )
+from dspark_calibrate.runtime_plugin.planner import (
+    Calibration,
+    CostTable,
+    DrainGuard,
+    Plan,
+    StepRows,
+    allocate,
+    plan,
+    select,
+)
 from dspark_calibrate.runtime_plugin.ranks import agree
 from dspark_calibrate.runtime_plugin.sentinel import SentinelPolicy, SentinelReport
 from dspark_calibrate.runtime_plugin.trtllm import (
@@ -42,20 +52,28 @@ __all__ = [
     "AdmissionDecision",
     "AdmissionEconomics",
     "AdmissionPolicy",
+    "Calibration",
+    "CostTable",
+    "DrainGuard",
     "DynamicVerifier",
     "GainStatus",
     "GainVerdict",
     "GpuInfo",
     "LiveContext",
     "LiveEnvironment",
+    "Plan",
     "SentinelPolicy",
     "SentinelReport",
+    "StepRows",
     "SystemEnvironment",
     "TrtllmOptions",
     "admit",
     "agree",
+    "allocate",
     "collect_live",
     "decoding_fields",
     "llm_api_options",
+    "plan",
+    "select",
     "static_decoding_fields",
 ]

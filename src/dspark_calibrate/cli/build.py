@@ -1,0 +1,225 @@
+"""``dspark-calibrate build``: select cells, replay the workload, sign and verify a bundle.
+
+Exit codes: 0 a verified bundle whose receipt admits, 1 the evidence says no (a flat table, cells
+that never change a decision, or a bundle written but not admitted), 2 usage or I/O errors.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.table import Table
+
+from dspark_calibrate.cli._common import (
+    EXIT_OK,
+    EXIT_REJECTED,
+    JsonFlag,
+    TrustRootOption,
+    err_console,
+    exit_with,
+    fail_usage,
+    out_console,
+    parse_expiry,
+    print_json,
+    utcnow,
+)
+from dspark_calibrate.errors import DsparkError
+
+if TYPE_CHECKING:
+    from dspark_calibrate.calibrate.build import BuildResult
+
+__all__ = ["register", "render_build"]
+
+
+def render_build(result: BuildResult) -> None:
+    """Print the build summary as rich tables."""
+    s = result.summary
+    r = result.report
+    table = Table(title=f"bundle {result.out_dir}", show_header=False, title_justify="left")
+    table.add_column("", style="bold")
+    table.add_column("")
+    table.add_row("verified", "yes" if result.bundle.ok else f"NO ({result.bundle.code})")
+    table.add_row("cells", ", ".join(f"{g}/{v}" for g, v in result.selection.cells))
+    table.add_row(
+        "predicted gain",
+        f"{s['predicted_gain']:+.2%}  (95% CI {s['predicted_gain_ci_low']:+.2%} .. "
+        f"{s['predicted_gain_ci_high']:+.2%};"
+        f" pessimistic {r.pessimistic_gain:+.2%})",
+    )
+    table.add_row(
+        "goodput (tok/ms)",
+        f"static {s['static_goodput_tok_per_ms']:.4g} -> dynamic {s['dynamic_goodput_tok_per_ms']:.4g}",
+    )
+    table.add_row(
+        "compact steps", f"{s['compact_choices']} of {s['policy_steps']} ({s['compact_step_share']:.1%})"
+    )
+    table.add_row("gross value (lower bound)", f"{s['gross_compact_value_ms_lower_bound']:.4g} ms")
+    table.add_row(
+        "overhead",
+        f"{s['fixed_confidence_path_overhead_ms_upper_bound']:.4g} ms/step ({r.economics.overhead_source})",
+    )
+    table.add_row("safety margin", f"{s['safety_margin_ms']:.4g} ms ({r.economics.safety_margin_source})")
+    table.add_row("net value", f"{s['net_value_ms']:.4g} ms")
+    table.add_row(
+        "admitted", "[green]yes[/]" if s["admitted"] else "[red]no[/] (TensorRT-LLM would run static K)"
+    )
+    dg = s["drain_guard"]
+    table.add_row(
+        "drain guard",
+        f"tail G={dg['tail_graph_batch_size']}, "
+        f"{dg['mean_output_tokens_per_request_iteration']:.3g} tok/req/iter, "
+        f"loss x{dg['loss_multiplier']:.3g}, min value {dg['minimum_group_value_ms']:.3g} ms",
+    )
+    table.add_row("decision", f"{r.decision.status.value} ({r.decision.reason}): {r.decision.detail}")
+    table.add_row(
+        "workload", f"{s['workload_identity_sha256'][:16]}… approximate={s['workload_approximate']}"
+    )
+    out_console.print(table)
+    buckets = Table(title="per graph batch size", title_justify="left")
+    for col in ("G", "steps", "gain", "95% CI", "compact share"):
+        buckets.add_column(col, justify="right")
+    for b in s["per_bucket"]:
+        buckets.add_row(
+            str(b["graph_batch_size"]),
+            str(b["steps"]),
+            f"{b['predicted_gain']:+.2%}",
+            f"{b['ci_low']:+.2%} .. {b['ci_high']:+.2%}",
+            f"{b['compact_share']:.1%}",
+        )
+    out_console.print(buckets)
+    cells = Table(title="deployed compact cells", title_justify="left")
+    for col in ("G", "V", "steps", "value ms", "lower bound ms"):
+        cells.add_column(col, justify="right")
+    for c in r.per_cell:
+        if c["verifier_budget"]:
+            cells.add_row(
+                *(str(c[k]) for k in ("graph_batch_size", "verifier_budget", "chosen_steps")),
+                f"{c['value_ms']:.4g}",
+                f"{c['value_ms_lower_bound']:.4g}",
+            )
+    out_console.print(cells)
+    for note in result.notes:
+        out_console.print(f"note: {note}")
+
+
+def build(
+    sweep: Annotated[
+        list[Path], typer.Option("--sweep", help="Unsigned sweep summary (repeat to merge sweeps).")
+    ],
+    calibration: Annotated[
+        Path, typer.Option("--calibration", help="Unsigned calibration table from `fit`.")
+    ],
+    workload: Annotated[
+        Path, typer.Option("--workload", help="Workload trace (see `dspark-calibrate workload`).")
+    ],
+    key: Annotated[list[Path], typer.Option("--key", help="Private signing key (repeat for a threshold).")],
+    trust_root: TrustRootOption,
+    out: Annotated[Path, typer.Option("--out", help="Bundle directory to create.")],
+    version: Annotated[int, typer.Option("--version", help="Version of the artifacts in their series.")],
+    expires: Annotated[
+        str, typer.Option("--expires", help="Expiry: a duration (30d) or an ISO time.")
+    ] = "30d",
+    min_gain: Annotated[
+        float, typer.Option("--min-gain", help="Runtime minimum predicted gain (0.01 = 1%).")
+    ] = 0.01,
+    min_verify_len: Annotated[int, typer.Option("--min-verify-len", help="The engine's verify floor.")] = 1,
+    overhead_ms: Annotated[
+        float | None,
+        typer.Option("--overhead-ms", help="Measured upper bound of the confidence-path overhead per step."),
+    ] = None,
+    safety_margin_ms: Annotated[
+        float | None, typer.Option("--safety-margin-ms", help="Receipt safety margin.")
+    ] = None,
+    min_group_value_ms: Annotated[
+        float, typer.Option("--min-group-value-ms", help="Drain guard: value a compact step must exceed.")
+    ] = 0.0,
+    loss_multiplier: Annotated[
+        float | None,
+        typer.Option("--loss-multiplier", help="Drain guard loss multiplier (default: estimated)."),
+    ] = None,
+    resamples: Annotated[int, typer.Option("--resamples", help="Bootstrap resamples.")] = 1000,
+    block_steps: Annotated[
+        int | None, typer.Option("--block-steps", help="Bootstrap block length in steps.")
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Bootstrap seed.")] = 0,
+    calibration_use: Annotated[
+        str,
+        typer.Option(
+            "--calibration-use", help="sts (what TensorRT-LLM applies) or native (the fitted maps)."
+        ),
+    ] = "sts",
+    allow_synthetic: Annotated[
+        bool, typer.Option("--allow-synthetic", help="Accept synthetic inputs (demos and tests only).")
+    ] = False,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write report/*.png.")] = True,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --out directory.")] = False,
+    passphrase_env: Annotated[
+        str | None,
+        typer.Option("--passphrase-env", help="Environment variable holding the keys' passphrase."),
+    ] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Build a signed bundle (cost-table, calibration, admission + manifest) and verify it."""
+    from dspark_calibrate.calibrate.build import BuildOptions, build_bundle, load_build_inputs
+    from dspark_calibrate.calibrate.replay import BootstrapSettings
+    from dspark_calibrate.calibrate.select_cells import SelectionRefused
+    from dspark_calibrate.cli.trust import load_root_or_exit, signers_from_keys
+
+    root = load_root_or_exit(trust_root)
+    now = utcnow()
+    try:
+        options = BuildOptions(
+            version=version,
+            issued_at=now,
+            expires_at=parse_expiry(expires, now=now),
+            minimum_predicted_gain=min_gain,
+            min_verify_len=min_verify_len,
+            overhead_ms=overhead_ms,
+            safety_margin_ms=safety_margin_ms,
+            minimum_group_value_ms=min_group_value_ms,
+            loss_multiplier=loss_multiplier,
+            bootstrap=BootstrapSettings(resamples=resamples, block_steps=block_steps, seed=seed),
+            calibration_use=calibration_use,
+            allow_synthetic=allow_synthetic,
+            plots=plots,
+            force=force,
+            command=tuple(shlex.quote(a) for a in sys.argv),
+        )
+        signers = signers_from_keys(key, passphrase_env)
+        inputs = load_build_inputs(sweep, calibration, workload)
+        result = build_bundle(inputs, out, signers=signers, trust_root=root, options=options)
+    except SelectionRefused as exc:
+        if json_out:
+            print_json(
+                {
+                    "valid": False,
+                    "code": exc.decision.reason,
+                    "status": exc.decision.status.value,
+                    "message": str(exc),
+                }
+            )
+        err_console.print(f"[bold red]REJECTED[/] {exc}")
+        exit_with(EXIT_REJECTED)
+    except (DsparkError, OSError) as exc:
+        fail_usage(str(exc))
+    if json_out:
+        print_json(result.to_dict())
+    else:
+        render_build(result)
+    if not result.summary["admitted"]:
+        err_console.print(
+            f"[bold red]NOT ADMITTED[/] {out}: net value {result.summary['net_value_ms']:.4g} ms <= 0 "
+            "or no compact "
+            "choice; the bundle is written but TensorRT-LLM would run static K"
+        )
+        exit_with(EXIT_REJECTED)
+    exit_with(EXIT_OK)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``build`` to the app."""
+    app.command("build")(build)

@@ -1,0 +1,91 @@
+"""``dspark-calibrate workload synth|import-trtllm``: make workload traces for ``build``.
+
+Exit codes: 0 written, 2 usage or I/O errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from dspark_calibrate.cli._common import EXIT_OK, JsonFlag, exit_with, fail_usage, out_console, print_json
+from dspark_calibrate.errors import DsparkError
+
+__all__ = ["register", "workload_app"]
+
+workload_app = typer.Typer(
+    help="Create workload traces (recorded serving steps) for build.", no_args_is_help=True
+)
+
+
+def _report(path: Path, describe: Mapping[str, Any], json_out: bool) -> None:
+    if json_out:
+        print_json({"path": str(path), **describe})
+        return
+    out_console.print(
+        f"wrote {path}: {describe['steps']} steps, {describe['rows']} rows, K={describe['k']}, "
+        f"{describe['num_ranks']} rank(s), approximate={describe['approximate']}, "
+        f"synthetic={describe['synthetic']}"
+    )
+    for note in describe.get("notes") or []:
+        out_console.print(f"note: {note}")
+
+
+@workload_app.command("synth")
+def synth(
+    out: Annotated[Path, typer.Option("--out", help="Parquet file to write.")],
+    k: Annotated[int, typer.Option("--k", help="Draft length K.")] = 5,
+    steps: Annotated[int, typer.Option("--steps", help="Decode steps.")] = 4000,
+    ranks: Annotated[int, typer.Option("--ranks", help="Attention-DP ranks.")] = 1,
+    max_rows: Annotated[int, typer.Option("--max-rows", help="Most rows per rank in a step.")] = 32,
+    seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
+    temperatures: Annotated[
+        str | None,
+        typer.Option("--temperatures", help="STS temperatures of the synthetic head, e.g. 1.3,1.4,1.5."),
+    ] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Generate a synthetic workload (marked synthetic: build needs --allow-synthetic)."""
+    from dspark_calibrate.calibrate.workload import synthesize_workload, write_workload
+
+    try:
+        temps = [float(t) for t in temperatures.split(",")] if temperatures else None
+    except ValueError:
+        fail_usage(f"--temperatures {temperatures!r} must be comma-separated numbers")
+    try:
+        w = synthesize_workload(
+            k=k, steps=steps, ranks=ranks, max_rows=max_rows, seed=seed, temperatures=temps
+        )
+        write_workload(out, w)
+    except DsparkError as exc:
+        fail_usage(str(exc))
+    _report(out, w.describe(), json_out)
+    exit_with(EXIT_OK)
+
+
+@workload_app.command("import-trtllm")
+def import_trtllm(
+    shards: Annotated[
+        list[Path], typer.Argument(help="TensorRT-LLM confidence-trace shards (<stem>.rank<r>.pt).")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="Parquet file to write.")],
+    json_out: JsonFlag = False,
+) -> None:
+    """Convert TensorRT-LLM recorder shards into a workload (approximate when step ids are absent)."""
+    from dspark_calibrate.calibrate.workload import read_recorder_shards, write_workload
+
+    try:
+        w = read_recorder_shards(shards)
+        write_workload(out, w)
+    except DsparkError as exc:
+        fail_usage(str(exc))
+    _report(out, w.describe(), json_out)
+    exit_with(EXIT_OK)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``workload`` group to the app."""
+    app.add_typer(workload_app, name="workload")

@@ -1,0 +1,1279 @@
+"""Reference selector and allocator of DSpark confidence-guided dynamic verification (DESIGN §6).
+
+Given the exact measured cost table T(G, V), a confidence calibration and one decode step's rows
+(per rank: real rows with their K confidence logits), this module decides what TensorRT-LLM's
+exact-SPS policy decides:
+
+1. the common graph batch size G: the smallest captured G that holds every rank's real rows;
+2. per rank, the survivals S_j = prod_{i<=j} p_i of every row, the native yield
+   ``n + sum S`` and, for every measured compact V of G that the rank's geometry can carry, the
+   compact yield ``n + sum of the floor survivals + the top-`extra` remaining survivals``;
+3. per cell, the aggregate score ``yield / T(G, V)``, the margin test against native and the
+   iteration drain guard; native wins ties, cells below the margin, and every step when the table
+   has no drain guard;
+4. the allocation of the chosen V: every (request, position) above the floor is ranked by survival
+   with the value-independent tie-break (position, then request), so each request receives a
+   prefix, and the rank's total is padded exactly to V.
+
+Pure numpy: no torch, no ``dspark_calibrate.calibrate``, no file or clock access. ``replay`` in
+``dspark_calibrate.calibrate`` reuses :func:`cell_geometry`, :func:`choose_cells` and
+:func:`sorted_prefix_sums`, so the offline replay and this reference cannot drift apart.
+
+Semantic choices (also in ``docs/build.md``): sums are sequential float64 sums in canonical row
+order (TensorRT-LLM sums float32 survivals in float64 and ships per-rank yields as scaled
+integers; the two agree except when a score lies within ~1e-6 of a threshold); "request" order
+for the tie-break is the canonical order of request keys on the rank, so the plan does not depend
+on the order rows are passed in.
+
+Example:
+    >>> import numpy as np
+    >>> table = CostTable.from_cells(
+    ...     2, {(2, 0): 10.0, (2, 4): 6.0},
+    ...     drain_guard=DrainGuard(1.0, 2.0, 0.0, 2))
+    >>> rows = StepRows.single_rank(np.array([[4.0, -4.0], [4.0, -4.0]]))
+    >>> p = plan(table, Calibration.identity(2), rows)
+    >>> (p.graph_batch_size, p.verifier_budget, p.windows.tolist())
+    (2, 4, [1, 1])
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import itertools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from dspark_calibrate.errors import ConfigError
+
+__all__ = [
+    "CALIBRATION_METHODS",
+    "DEFAULT_MINIMUM_PREDICTED_GAIN",
+    "DEFAULT_MIN_VERIFY_LEN",
+    "MAX_COMPACT_CELLS_PER_G",
+    "MAX_COMPACT_CELLS_TOTAL",
+    "NATIVE_BUDGET",
+    "Calibration",
+    "CellChoice",
+    "CellEvaluation",
+    "CostTable",
+    "DrainGuard",
+    "Geometry",
+    "Plan",
+    "PositionMap",
+    "RankLayout",
+    "SelectReason",
+    "Selection",
+    "StepRows",
+    "allocate",
+    "cell_geometry",
+    "choose_cells",
+    "plan",
+    "select",
+    "sorted_prefix_sums",
+    "top_candidates",
+]
+
+#: The verifier budget that names the native (static full-K) cell (DESIGN §2).
+NATIVE_BUDGET = 0
+#: Engine limits on deployed compact cells (TensorRT-LLM's exact SPS table refuses more).
+MAX_COMPACT_CELLS_PER_G = 4
+MAX_COMPACT_CELLS_TOTAL = 32
+#: The consumer's typical minimum predicted gain of a compact cell over native (1%).
+DEFAULT_MINIMUM_PREDICTED_GAIN = 0.01
+#: Every request verifies at least this many draft positions (the engine's default floor).
+DEFAULT_MIN_VERIFY_LEN = 1
+#: Calibration maps understood here (the ``method`` column of a ``calibration`` table).
+CALIBRATION_METHODS: tuple[str, ...] = ("sts", "platt", "beta", "isotonic", "identity")
+
+
+def _exact_int(value: object, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    out = int(value)
+    if out < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {out}")
+    return out
+
+
+def _finite(value: object, name: str, *, positive: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | np.floating | np.integer):
+        raise ConfigError(f"{name} must be a number, got {value!r}")
+    out = float(value)
+    if not math.isfinite(out) or (out <= 0.0 if positive else out < 0.0):
+        raise ConfigError(f"{name} must be finite and {'> 0' if positive else '>= 0'}, got {value!r}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Cost table and drain guard
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DrainGuard:
+    """Workload-matched inputs of the iteration drain guard (TensorRT-LLM ``iteration_drain_guard``).
+
+    A compact cell must satisfy, strictly::
+
+        T(G,0) - T(G,V) - loss_multiplier * max_rank((Y_native - Y_V) / n_real)
+            * T(tail_G, 0) / mean_output_tokens_per_request_iteration  >  minimum_group_value_ms
+
+    Attributes:
+        loss_multiplier: scales the expected yield loss (> 0).
+        mean_output_tokens_per_request_iteration: tokens a request emits per iteration (> 0).
+        minimum_group_value_ms: the group value a compact choice must exceed (>= 0, ms).
+        tail_graph_batch_size: the G whose native step prices a drain iteration.
+    """
+
+    loss_multiplier: float
+    mean_output_tokens_per_request_iteration: float
+    minimum_group_value_ms: float
+    tail_graph_batch_size: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self,
+            "loss_multiplier",
+            _finite(self.loss_multiplier, "drain_guard.loss_multiplier", positive=True),
+        )
+        object.__setattr__(
+            self,
+            "mean_output_tokens_per_request_iteration",
+            _finite(
+                self.mean_output_tokens_per_request_iteration,
+                "drain_guard.mean_output_tokens_per_request_iteration",
+                positive=True,
+            ),
+        )
+        object.__setattr__(
+            self,
+            "minimum_group_value_ms",
+            _finite(self.minimum_group_value_ms, "drain_guard.minimum_group_value_ms", positive=False),
+        )
+        object.__setattr__(
+            self,
+            "tail_graph_batch_size",
+            _exact_int(self.tail_graph_batch_size, "drain_guard.tail_graph_batch_size", 1),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (the four fields, in the consumer's spelling)."""
+        return {
+            "loss_multiplier": self.loss_multiplier,
+            "mean_output_tokens_per_request_iteration": self.mean_output_tokens_per_request_iteration,
+            "minimum_group_value_ms": self.minimum_group_value_ms,
+            "tail_graph_batch_size": self.tail_graph_batch_size,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DrainGuard:
+        """Build from the four-field dict, refusing unknown or missing fields.
+
+        Raises:
+            ConfigError: a field is missing, unknown or out of range.
+        """
+        want = {
+            "loss_multiplier",
+            "mean_output_tokens_per_request_iteration",
+            "minimum_group_value_ms",
+            "tail_graph_batch_size",
+        }
+        if not isinstance(data, Mapping) or set(data) != want:
+            have = sorted(data) if isinstance(data, Mapping) else type(data).__name__
+            raise ConfigError(f"drain_guard must have exactly the fields {sorted(want)}, got {have}")
+        return cls(**{k: data[k] for k in want})
+
+
+@dataclass(frozen=True, slots=True)
+class CostTable:
+    """Exact measured whole-step times per (G, V); V = 0 is the native cell of each G.
+
+    Mirrors TensorRT-LLM's exact SPS table: no interpolation on either axis, a native cell for
+    every G, positive budgets within G <= V <= G*(K+1), at most 4 compact cells (V < G*(K+1))
+    per G and 32 in all. Build one with :meth:`from_cells`.
+
+    Attributes:
+        max_draft_len: the physical draft length K.
+        graph_batch_sizes: the rank-local graph ladder, increasing.
+        budgets: per G, the measured V, increasing, first 0.
+        step_time_ms: per G, the times matching ``budgets``.
+        minimum_predicted_gain: a compact cell must beat native's score by this fraction.
+        drain_guard: the iteration drain guard; without it no compact cell is ever chosen.
+    """
+
+    max_draft_len: int
+    graph_batch_sizes: tuple[int, ...]
+    budgets: tuple[tuple[int, ...], ...]
+    step_time_ms: tuple[tuple[float, ...], ...]
+    minimum_predicted_gain: float = DEFAULT_MINIMUM_PREDICTED_GAIN
+    drain_guard: DrainGuard | None = None
+    _times: dict[tuple[int, int], float] = field(init=False, repr=False, compare=False, hash=False)
+    _compact: dict[int, tuple[int, ...]] = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        k = _exact_int(self.max_draft_len, "max_draft_len", 1)
+        if not self.graph_batch_sizes:
+            raise ConfigError("cost table has no graph batch size")
+        gs = tuple(_exact_int(g, "graph batch size", 1) for g in self.graph_batch_sizes)
+        if list(gs) != sorted(set(gs)):
+            raise ConfigError(f"graph batch sizes must be strictly increasing, got {list(gs)}")
+        if len(self.budgets) != len(gs) or len(self.step_time_ms) != len(gs):
+            raise ConfigError("cost table: budgets and step_time_ms need one entry per graph batch size")
+        times: dict[tuple[int, int], float] = {}
+        compact: dict[int, tuple[int, ...]] = {}
+        total = 0
+        for g, vs, ts in zip(gs, self.budgets, self.step_time_ms, strict=True):
+            vs = tuple(_exact_int(v, f"verifier budget of G={g}", 0) for v in vs)
+            if len(vs) != len(ts) or not vs:
+                raise ConfigError(f"cost table G={g}: {len(vs)} budgets but {len(ts)} times")
+            if vs[0] != NATIVE_BUDGET:
+                raise ConfigError(
+                    f"cost table G={g} has no native cell (V=0); every G needs its static fallback"
+                )
+            if any(b <= a for a, b in itertools.pairwise(vs)):
+                raise ConfigError(f"cost table G={g}: budgets {list(vs)} must be strictly increasing")
+            bad = [v for v in vs[1:] if not g <= v <= g * (k + 1)]
+            if bad:
+                raise ConfigError(f"cost table G={g}: budgets {bad} outside G <= V <= G*(K+1)={g * (k + 1)}")
+            production = tuple(v for v in vs[1:] if v < g * (k + 1))
+            if len(production) > MAX_COMPACT_CELLS_PER_G:
+                raise ConfigError(
+                    f"cost table G={g} has {len(production)} compact cells; the engine limit is "
+                    f"{MAX_COMPACT_CELLS_PER_G} per G"
+                )
+            total += len(production)
+            compact[g] = production
+            for v, t in zip(vs, ts, strict=True):
+                times[(g, v)] = _finite(t, f"step time of (G={g}, V={v})", positive=True)
+        if total > MAX_COMPACT_CELLS_TOTAL:
+            raise ConfigError(
+                f"cost table has {total} compact cells; the engine limit is {MAX_COMPACT_CELLS_TOTAL}"
+            )
+        gain = _finite(self.minimum_predicted_gain, "minimum_predicted_gain", positive=False)
+        if self.drain_guard is not None and self.drain_guard.tail_graph_batch_size not in gs:
+            raise ConfigError(
+                f"drain guard tail_graph_batch_size {self.drain_guard.tail_graph_batch_size} has no measured "
+                f"native cell; the ladder is {list(gs)}"
+            )
+        object.__setattr__(self, "max_draft_len", k)
+        object.__setattr__(self, "graph_batch_sizes", gs)
+        object.__setattr__(self, "budgets", tuple(tuple(int(v) for v in vs) for vs in self.budgets))
+        object.__setattr__(
+            self, "step_time_ms", tuple(tuple(float(t) for t in ts) for ts in self.step_time_ms)
+        )
+        object.__setattr__(self, "minimum_predicted_gain", gain)
+        object.__setattr__(self, "_times", times)
+        object.__setattr__(self, "_compact", compact)
+
+    @classmethod
+    def from_cells(
+        cls,
+        max_draft_len: int,
+        cells: Mapping[tuple[int, int], float],
+        *,
+        minimum_predicted_gain: float = DEFAULT_MINIMUM_PREDICTED_GAIN,
+        drain_guard: DrainGuard | None = None,
+    ) -> CostTable:
+        """Build a table from ``{(G, V): step_time_ms}``.
+
+        Raises:
+            ConfigError: any rule of the class docstring is broken.
+        """
+        per_g: dict[int, list[tuple[int, float]]] = {}
+        for (g, v), t in cells.items():
+            per_g.setdefault(int(g), []).append((int(v), float(t)))
+        gs = tuple(sorted(per_g))
+        rows = [sorted(per_g[g]) for g in gs]
+        return cls(
+            max_draft_len=max_draft_len,
+            graph_batch_sizes=gs,
+            budgets=tuple(tuple(v for v, _ in r) for r in rows),
+            step_time_ms=tuple(tuple(t for _, t in r) for r in rows),
+            minimum_predicted_gain=minimum_predicted_gain,
+            drain_guard=drain_guard,
+        )
+
+    def cells(self) -> dict[tuple[int, int], float]:
+        """Every measured cell, native included, as ``{(G, V): ms}``."""
+        return dict(self._times)
+
+    def time(self, graph_batch_size: int, verifier_budget: int) -> float:
+        """The measured T(G, V).
+
+        Raises:
+            ConfigError: the cell was not measured (no interpolation, ever).
+        """
+        try:
+            return self._times[(int(graph_batch_size), int(verifier_budget))]
+        except KeyError:
+            raise ConfigError(
+                f"no measurement for (G={graph_batch_size}, V={verifier_budget}); only exact cells are used"
+            ) from None
+
+    def compact_budgets(self, graph_batch_size: int) -> tuple[int, ...]:
+        """The production compact V of G (native and full-width controls excluded)."""
+        return self._compact.get(int(graph_batch_size), ())
+
+    def graph_batch_size_for(self, rows: int) -> int | None:
+        """The smallest captured G holding ``rows`` real rows (None when above the ladder)."""
+        for g in self.graph_batch_sizes:
+            if g >= rows:
+                return g
+        return None
+
+    def replace_policy(
+        self, *, minimum_predicted_gain: float | None = None, drain_guard: DrainGuard | None = None
+    ) -> CostTable:
+        """The same cells under another gain threshold and/or drain guard."""
+        return CostTable(
+            max_draft_len=self.max_draft_len,
+            graph_batch_sizes=self.graph_batch_sizes,
+            budgets=self.budgets,
+            step_time_ms=self.step_time_ms,
+            minimum_predicted_gain=(
+                self.minimum_predicted_gain if minimum_predicted_gain is None else minimum_predicted_gain
+            ),
+            drain_guard=self.drain_guard if drain_guard is None else drain_guard,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Calibration
+# ---------------------------------------------------------------------------------------------
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return _sigmoid_inplace(np.array(z, dtype=np.float64))
+
+
+def _sigmoid_inplace(out: np.ndarray) -> np.ndarray:
+    # 1 / (1 + exp(-z)), overwriting ``out``; exp overflows to inf for z < -709 and the result is
+    # then exactly 0.0, the correctly rounded value.
+    np.negative(out, out=out)
+    with np.errstate(over="ignore"):
+        np.exp(out, out=out)
+    out += 1.0
+    np.reciprocal(out, out=out)
+    return out
+
+
+def _log_sigmoid(z: np.ndarray) -> np.ndarray:
+    # log(sigmoid(z)) = -softplus(-z), computed without overflow.
+    out: np.ndarray = -np.logaddexp(0.0, -z)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class PositionMap:
+    """The calibration map of one draft position: raw confidence logit -> acceptance probability.
+
+    Methods and their ``params`` (the layout ``fit`` writes in the ``calibration`` table):
+
+    - ``sts``: ``[T]``; p = sigmoid(x / T) (TensorRT-LLM's runtime map).
+    - ``platt``: ``[a, b]``; p = sigmoid(a * x + b).
+    - ``beta``: ``[a, b, c]``; with s = sigmoid(x), p = sigmoid(a * ln s - b * ln(1 - s) + c).
+    - ``isotonic``: ``[x_1..x_m, y_1..y_m]``; piecewise-linear in x through the m knots, constant
+      outside them, y non-decreasing in [0, 1].
+    - ``identity``: ``[]``; p = sigmoid(x).
+    """
+
+    method: str
+    params: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        params = tuple(float(p) for p in self.params)
+        object.__setattr__(self, "params", params)
+        m = self.method
+        if m not in CALIBRATION_METHODS:
+            raise ConfigError(f"calibration method {m!r} is unknown; known: {', '.join(CALIBRATION_METHODS)}")
+        if not all(math.isfinite(p) for p in params):
+            raise ConfigError(f"calibration {m} params must be finite, got {list(params)}")
+        want = {"sts": 1, "platt": 2, "beta": 3, "identity": 0}
+        if m in want and len(params) != want[m]:
+            raise ConfigError(f"calibration {m} needs {want[m]} param(s), got {len(params)}")
+        if m == "sts" and params[0] <= 0:
+            raise ConfigError(f"STS temperature must be > 0, got {params[0]}")
+        if m == "isotonic":
+            if len(params) < 2 or len(params) % 2:
+                raise ConfigError("isotonic params must be [x_1..x_m, y_1..y_m] with m >= 1")
+            half = len(params) // 2
+            xs, ys = np.asarray(params[:half]), np.asarray(params[half:])
+            if np.any(np.diff(xs) <= 0) or np.any(np.diff(ys) < 0) or ys.min() < 0 or ys.max() > 1:
+                raise ConfigError("isotonic knots need increasing x and non-decreasing y in [0, 1]")
+
+    def apply(self, logits: np.ndarray) -> np.ndarray:
+        """Acceptance probabilities (float64) for an array of raw logits."""
+        x = np.asarray(logits, dtype=np.float64)
+        m, p = self.method, self.params
+        if m == "sts":
+            return _sigmoid(x / p[0])
+        if m == "platt":
+            return _sigmoid(p[0] * x + p[1])
+        if m == "beta":
+            z = p[0] * _log_sigmoid(x) - p[1] * _log_sigmoid(-x) + p[2]
+            return _sigmoid(z)
+        if m == "isotonic":
+            half = len(p) // 2
+            out: np.ndarray = np.interp(x, np.asarray(p[:half]), np.asarray(p[half:]))
+            return out
+        return _sigmoid(x)
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """Per-position maps for positions 1..K; survivals are their cumulative products."""
+
+    maps: tuple[PositionMap, ...]
+    _sts: np.ndarray | None = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if not self.maps:
+            raise ConfigError("calibration needs one map per draft position")
+        object.__setattr__(self, "maps", tuple(self.maps))
+        if all(m.method == "sts" for m in self.maps):
+            # (K, 1) temperatures: p = sigmoid(logit / T), the division TensorRT-LLM applies.
+            object.__setattr__(self, "_sts", np.array([[m.params[0]] for m in self.maps]))
+        else:
+            object.__setattr__(self, "_sts", None)
+
+    @property
+    def k(self) -> int:
+        """The number of positions (K)."""
+        return len(self.maps)
+
+    @classmethod
+    def sts(cls, temperatures: Sequence[float]) -> Calibration:
+        """STS with one temperature per position (what TensorRT-LLM applies)."""
+        return cls(tuple(PositionMap("sts", (float(t),)) for t in temperatures))
+
+    @classmethod
+    def identity(cls, k: int) -> Calibration:
+        """Plain sigmoid at every position."""
+        return cls(tuple(PositionMap("identity") for _ in range(k)))
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[Mapping[str, Any]], *, use: str = "native") -> Calibration:
+        """From ``calibration`` table rows (``position``, ``method``, ``temperature``, ``params``).
+
+        Args:
+            rows: one row per position 1..K.
+            use: ``native`` applies each position's fitted map; ``sts`` applies the ``temperature``
+                column (the STS fit, or the fit's best STS approximation), which is what
+                TensorRT-LLM's runtime applies.
+
+        Raises:
+            ConfigError: positions do not cover 1..K, or a map is invalid.
+        """
+        if use not in ("native", "sts"):
+            raise ConfigError(f"calibration use must be 'native' or 'sts', got {use!r}")
+        by_pos = {int(r["position"]): r for r in rows}
+        k = len(by_pos)
+        if sorted(by_pos) != list(range(1, k + 1)) or k == 0:
+            raise ConfigError(f"calibration positions {sorted(by_pos)} do not cover 1..K")
+        maps = []
+        for j in range(1, k + 1):
+            r = by_pos[j]
+            if use == "sts":
+                t = r.get("temperature")
+                if t is None and r.get("method") == "identity":
+                    t = 1.0
+                if t is None or not math.isfinite(float(t)):
+                    raise ConfigError(
+                        f"calibration position {j} ({r.get('method')}) has no STS temperature; re-run fit, "
+                        "which records the best STS approximation of every method"
+                    )
+                maps.append(PositionMap("sts", (float(t),)))
+            else:
+                maps.append(PositionMap(str(r["method"]), tuple(r.get("params") or ())))
+        return cls(tuple(maps))
+
+    def sts_temperatures(self) -> tuple[float, ...] | None:
+        """The temperatures when every position is STS, else None."""
+        if self._sts is None:
+            return None
+        return tuple(m.params[0] for m in self.maps)
+
+    def probabilities(self, logits: np.ndarray) -> np.ndarray:
+        """Acceptance probabilities (n, K) float64 from raw logits (n, K)."""
+        x = np.asarray(logits, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != self.k:
+            raise ConfigError(f"logits must have shape (rows, K={self.k}), got {x.shape}")
+        if self._sts is not None:
+            return _sigmoid_inplace(x / self._sts[:, 0])
+        return np.stack([m.apply(x[:, j]) for j, m in enumerate(self.maps)], axis=1)
+
+    def survival(self, logits: np.ndarray) -> np.ndarray:
+        """Survivals S_j = prod_{i<=j} p_i, shape (n, K), non-increasing along j."""
+        x = np.asarray(logits, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != self.k:
+            raise ConfigError(f"logits must have shape (rows, K={self.k}), got {x.shape}")
+        return self.survival_t(np.ascontiguousarray(x.T)).T
+
+    def survival_t(self, logits_t: np.ndarray) -> np.ndarray:
+        """Survivals in position-major layout: (K, n) logits in, (K, n) float64 survivals out.
+
+        The product is taken position by position (left to right), the order the engine uses.
+        """
+        x = np.asarray(logits_t, dtype=np.float64)
+        if x.ndim != 2 or x.shape[0] != self.k:
+            raise ConfigError(f"position-major logits must have shape (K={self.k}, rows), got {x.shape}")
+        if self._sts is not None:
+            out = _sigmoid_inplace(np.divide(x, self._sts, order="C"))
+        else:
+            out = np.stack([m.apply(x[j]) for j, m in enumerate(self.maps)], axis=0)
+        for j in range(1, self.k):
+            np.multiply(out[j - 1], out[j], out=out[j])
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Step rows
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class StepRows:
+    """The real rows of one decode step across ranks.
+
+    Attributes:
+        logits: (n, K) raw confidence logits.
+        rank: (n,) rank of each row, in [0, num_ranks).
+        request: (n,) request keys (ints or strings), unique per rank; they define the tie-break
+            order between requests.
+        num_ranks: ranks in the deployment (ranks without rows are idle this step).
+    """
+
+    logits: np.ndarray
+    rank: np.ndarray
+    request: np.ndarray
+    num_ranks: int = 1
+    order: np.ndarray = field(init=False, repr=False)
+    canonical: bool = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        logits = np.array(self.logits, dtype=np.float64)
+        if logits.ndim != 2 or logits.shape[1] < 1:
+            raise ConfigError(f"logits must be a (rows, K) array, got shape {logits.shape}")
+        n = logits.shape[0]
+        rank = np.array(self.rank, dtype=np.int64).reshape(-1)
+        request = np.array(self.request).reshape(-1)
+        if rank.shape[0] != n or request.shape[0] != n:
+            raise ConfigError(f"rank ({rank.shape[0]}) and request ({request.shape[0]}) need {n} entries")
+        nr = self.num_ranks
+        if isinstance(nr, bool) or not isinstance(nr, int | np.integer) or nr < 1:
+            raise ConfigError(f"num_ranks must be an integer >= 1, got {nr!r}")
+        nr = int(nr)
+        if n and (rank.any() if nr == 1 else (rank.min() < 0 or rank.max() >= nr)):
+            raise ConfigError(f"row ranks must lie in [0, {nr}), got [{rank.min()}, {rank.max()}]")
+        if not np.isfinite(logits.sum()) and not np.all(np.isfinite(logits)):
+            raise ConfigError("confidence logits must be finite")
+        one_rank = nr == 1 or n <= 1 or bool(np.all(rank[1:] == rank[:-1]))
+        later = request[1:] > request[:-1]
+        if n <= 1 or (bool(np.all(later)) if one_rank else bool(np.all((rank[1:] > rank[:-1]) | later))):
+            # Already canonical: sorted by rank, then strictly increasing (so unique) keys per rank.
+            order = np.arange(n)
+            canonical = True
+        else:
+            canonical = False
+            order = np.argsort(request, kind="stable") if one_rank else np.lexsort((request, rank))
+            r_s, q_s = rank[order], request[order]
+            if n > 1 and np.any((r_s[1:] == r_s[:-1]) & (q_s[1:] == q_s[:-1])):
+                raise ConfigError("a request appears twice on one rank in the same step")
+        for name, value in (("logits", logits), ("rank", rank), ("request", request), ("order", order)):
+            value.setflags(write=False)
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "num_ranks", nr)
+        object.__setattr__(self, "canonical", canonical)
+
+    @classmethod
+    def single_rank(cls, logits: np.ndarray, request: np.ndarray | Sequence[Any] | None = None) -> StepRows:
+        """Rows of a one-rank step; requests default to 0..n-1 in the given order."""
+        lg = np.asarray(logits, dtype=np.float64)
+        req = np.arange(lg.shape[0]) if request is None else np.asarray(request)
+        return cls(lg, np.zeros(lg.shape[0], dtype=np.int64), req, 1)
+
+    @property
+    def k(self) -> int:
+        """The draft length K of the logits."""
+        return int(self.logits.shape[1])
+
+    def __len__(self) -> int:
+        return int(self.logits.shape[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared pure pieces (used by calibrate.replay as well)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """How one rank carries V tokens in G rows.
+
+    Attributes:
+        pad_len: tokens of every pad row (real rows present), or the low dummy length q of an idle
+            rank; 0 when there are no pad rows.
+        pad_high_rows: idle rank only: rows of length q + 1 (V = G*q + r gives r of them).
+        real_tokens: tokens of the real rows together.
+        extra: real-row tokens above the floor n*(min_verify_len+1), spent by the allocation.
+    """
+
+    pad_len: int
+    pad_high_rows: int
+    real_tokens: int
+    extra: int
+
+
+def cell_geometry(
+    num_real: int, graph_batch_size: int, verifier_budget: int, *, min_verify_len: int, max_draft_len: int
+) -> Geometry | None:
+    """The rank geometry of cell (G, V) with ``num_real`` real rows, or None when infeasible.
+
+    Real rows take between min_verify_len+1 and K+1 tokens; all G-n pad rows share one length in
+    [1, K+1], the smallest that fits, so that the real rows get the most tokens. An idle rank
+    (n = 0) splits V over two dummy lengths: V = G*q + r with q >= 1 and q + (r > 0) <= K+1.
+    """
+    return _geometry(
+        int(num_real), int(graph_batch_size), int(verifier_budget), int(min_verify_len), int(max_draft_len)
+    )
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _geometry(n: int, g: int, v: int, min_verify_len: int, k: int) -> Geometry | None:
+    if g <= 0 or n < 0 or n > g:
+        return None
+    if n == 0:
+        q, r = divmod(v, g)
+        if q < 1 or q + (1 if r > 0 else 0) > k + 1:
+            return None
+        return Geometry(q, r, 0, 0)
+    num_pad = g - n
+    floor_tokens = n * (int(min_verify_len) + 1)
+    capacity = n * (k + 1)
+    if num_pad == 0:
+        if not floor_tokens <= v <= capacity:
+            return None
+        return Geometry(0, 0, v, v - floor_tokens)
+    pad_lo = max(1, -(-(v - capacity) // num_pad))
+    pad_hi = min(k + 1, (v - floor_tokens) // num_pad)
+    if pad_lo > pad_hi:
+        return None
+    real = v - num_pad * pad_lo
+    if not floor_tokens <= real <= capacity:
+        return None
+    return Geometry(pad_lo, 0, real, real - floor_tokens)
+
+
+def sorted_prefix_sums(candidates: np.ndarray) -> np.ndarray:
+    """Prefix sums of each group's candidate survivals, best first.
+
+    Args:
+        candidates: (m, L) survivals of each group's (request, position) pairs; entries < 0 are
+            padding and rank last.
+
+    Returns:
+        (m, L+1) float64: column e is the sequential sum of the e largest values. Equal values
+        are interchangeable in a sum, so the tie-break does not affect it.
+    """
+    return _ranked_prefix(np.asarray(candidates, dtype=np.float64))[1]
+
+
+def _ranked_prefix(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    ranked = np.sort(c, axis=1)  # ascending; the best are at the end
+    prefix = np.zeros((c.shape[0], c.shape[1] + 1), dtype=np.float64)
+    np.cumsum(ranked[:, ::-1], axis=1, out=prefix[:, 1:])
+    return ranked, prefix
+
+
+def top_candidates(
+    candidates: np.ndarray, extra: np.ndarray, *, ranked: np.ndarray | None = None
+) -> np.ndarray:
+    """Mask of each group's ``extra`` best candidates, ties broken by the lower index.
+
+    With candidates in position-major order (index = position * rows + request), the lower index
+    is the earlier position, then the earlier request: the engine's value-independent tie-break.
+    Because survivals do not increase along a request's positions, the mask of every request is a
+    prefix of its positions.
+
+    Args:
+        candidates: (m, L) survivals (padding < 0).
+        extra: (m,) how many to take per group (0..number of real candidates).
+        ranked: the candidates sorted ascending along axis 1, when already at hand.
+
+    Returns:
+        (m, L) bool.
+    """
+    c = np.asarray(candidates, dtype=np.float64)
+    m, length = c.shape
+    if m == 1 and ranked is not None:  # one group (a one-rank step): scalars, fewest array ops
+        e1 = int(np.asarray(extra).reshape(-1)[0])
+        if e1 <= 0:
+            return np.zeros((1, length), dtype=bool)
+        at_or_above: np.ndarray = c >= ranked[0, length - e1]
+        if int(np.count_nonzero(at_or_above)) == e1:
+            return at_or_above
+    e = np.asarray(extra, dtype=np.int64)
+    live = e > 0
+    if not live.all():
+        mask = np.zeros((m, length), dtype=bool)
+        if live.any():
+            mask[live] = top_candidates(c[live], e[live])
+        return mask
+    # Threshold = the e-th largest value; take everything at or above it when that is exactly e
+    # candidates (no tie crosses the cut), else everything above it plus the earliest ties.
+    srt = np.sort(c, axis=1) if ranked is None else ranked
+    threshold = srt[np.arange(m), length - e][:, None]
+    out: np.ndarray = c >= threshold
+    if np.array_equal(np.count_nonzero(out, axis=1), e):
+        return out
+    above = c > threshold
+    at = c == threshold
+    need = e - above.sum(axis=1)
+    out = above | (at & (np.cumsum(at, axis=1) <= need[:, None]))
+    return out
+
+
+class SelectReason(str, enum.Enum):  # noqa: UP042 - same enum style as artifacts.Reason
+    """Why a step ran the cell it ran (stable values, used in replay statistics)."""
+
+    COMPACT = "compact"
+    NO_ROWS = "no_rows"
+    NO_GRAPH = "no_graph"  # more rows than the largest captured G
+    NO_COMPACT_CELLS = "no_compact_cells"
+    NO_FEASIBLE_CELL = "no_feasible_cell"
+    BELOW_MARGIN = "below_margin"
+    NO_DRAIN_GUARD = "no_drain_guard"
+    DRAIN_GUARD = "drain_guard"
+
+
+#: Integer codes of :class:`SelectReason`, as returned by :func:`choose_cells`.
+REASON_CODES: tuple[SelectReason, ...] = tuple(SelectReason)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class CellChoice:
+    """Vectorised outcome of :func:`choose_cells` for S steps and C candidate columns.
+
+    Attributes:
+        column: (S,) chosen column, -1 for native.
+        reason: (S,) index into :data:`REASON_CODES`.
+        score: (S, C) yield / T(G, V) (-inf where infeasible).
+        native_score: (S,) native yield / T(G, 0).
+        passes_margin: (S, C).
+        group_value_ms: (S, C) the drain guard's group value (NaN without a guard or a margin pass).
+        passes_guard: (S, C).
+    """
+
+    column: np.ndarray
+    reason: np.ndarray
+    score: np.ndarray
+    native_score: np.ndarray
+    passes_margin: np.ndarray
+    group_value_ms: np.ndarray
+    passes_guard: np.ndarray
+
+
+def choose_cells(
+    *,
+    native_yield: np.ndarray,
+    native_ms: np.ndarray,
+    compact_yield: np.ndarray,
+    compact_ms: np.ndarray,
+    max_loss: np.ndarray,
+    feasible: np.ndarray,
+    budgets: np.ndarray,
+    minimum_predicted_gain: float,
+    drain_guard: DrainGuard | None,
+    tail_native_ms: float | None,
+) -> CellChoice:
+    """The exact-SPS selection rule over S steps (rows) and C candidate cells (columns).
+
+    A column passes the margin when its score beats native's strictly and by at least
+    ``minimum_predicted_gain``; without a drain guard nothing compact is chosen; with one, the
+    group value must exceed ``minimum_group_value_ms`` strictly; the winner maximises (group value,
+    score, V). Columns that are not cells of the step (padding) must be marked infeasible.
+    """
+    ny = np.asarray(native_yield, dtype=np.float64)
+    s_count = ny.shape[0]
+    cy = np.asarray(compact_yield, dtype=np.float64).reshape(s_count, -1)
+    feas = np.asarray(feasible, dtype=bool).reshape(s_count, -1)
+    cms = np.asarray(compact_ms, dtype=np.float64).reshape(s_count, -1)
+    c_count = cy.shape[1]
+    native_score = ny / np.asarray(native_ms, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        score = np.where(feas, cy / np.where(feas, cms, 1.0), -np.inf)
+    required = native_score * (1.0 + float(minimum_predicted_gain))
+    passes = feas & (score > native_score[:, None]) & (score >= required[:, None])
+    any_cell = np.zeros(s_count, dtype=bool) if c_count == 0 else np.ones(s_count, dtype=bool)
+    reason = np.full(s_count, REASON_CODES.index(SelectReason.BELOW_MARGIN), dtype=np.int8)
+    has_feasible = feas.any(axis=1)
+    reason[~has_feasible] = REASON_CODES.index(SelectReason.NO_FEASIBLE_CELL)
+    reason[~any_cell] = REASON_CODES.index(SelectReason.NO_COMPACT_CELLS)
+    column = np.full(s_count, -1, dtype=np.int64)
+    group_value = np.full((s_count, c_count), np.nan)
+    guard_ok = np.zeros((s_count, c_count), dtype=bool)
+    margin_any = passes.any(axis=1)
+    if drain_guard is None or tail_native_ms is None:
+        reason[margin_any] = REASON_CODES.index(SelectReason.NO_DRAIN_GUARD)
+        return CellChoice(column, reason, score, native_score, passes, group_value, guard_ok)
+    loss_ms = (
+        drain_guard.loss_multiplier
+        * np.asarray(max_loss, dtype=np.float64).reshape(s_count, -1)
+        * float(tail_native_ms)
+        / drain_guard.mean_output_tokens_per_request_iteration
+    )
+    gv = np.asarray(native_ms, dtype=np.float64)[:, None] - cms - loss_ms
+    group_value = np.where(passes, gv, np.nan)
+    guard_ok = passes & (gv > drain_guard.minimum_group_value_ms)
+    ok_any = guard_ok.any(axis=1)
+    reason[margin_any & ~ok_any] = REASON_CODES.index(SelectReason.DRAIN_GUARD)
+    if ok_any.any():
+        key1 = np.where(guard_ok, gv, -np.inf)
+        best1 = key1.max(axis=1, keepdims=True)
+        tie1 = guard_ok & (key1 == best1)
+        key2 = np.where(tie1, score, -np.inf)
+        best2 = key2.max(axis=1, keepdims=True)
+        tie2 = tie1 & (key2 == best2)
+        key3 = np.where(tie2, np.asarray(budgets, dtype=np.int64).reshape(s_count, -1), -1)
+        pick = key3.argmax(axis=1)
+        column = np.where(ok_any, pick, -1)
+        reason[ok_any] = REASON_CODES.index(SelectReason.COMPACT)
+    return CellChoice(column, reason, score, native_score, passes, group_value, guard_ok)
+
+
+# ---------------------------------------------------------------------------------------------
+# One step: select and allocate
+# ---------------------------------------------------------------------------------------------
+
+
+class CellEvaluation(NamedTuple):
+    """One compact cell of the step's G, as the selector saw it.
+
+    An immutable ``NamedTuple`` rather than a frozen dataclass: the selector builds several per
+    step on the serving path, and a tuple is several times cheaper to create.
+    """
+
+    verifier_budget: int
+    step_time_ms: float
+    feasible: bool
+    expected_yield: float
+    score: float
+    max_yield_loss_per_request: float
+    passes_margin: bool
+    group_value_ms: float | None
+    passes_drain_guard: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """The cell chosen for one step and why.
+
+    Attributes:
+        graph_batch_size: the common G (0 when no rank has a row or the rows exceed the ladder).
+        verifier_budget: the chosen V (0 = native).
+        reason: why.
+        native_yield: expected tokens of the native step.
+        native_score: native yield / T(G, 0) (0 when G is 0).
+        cells: the evaluation of every compact cell of G, in V order.
+    """
+
+    graph_batch_size: int
+    verifier_budget: int
+    reason: SelectReason
+    native_yield: float
+    native_score: float
+    cells: tuple[CellEvaluation, ...]
+
+    @property
+    def compact(self) -> bool:
+        """True when a compact cell was chosen."""
+        return self.verifier_budget != NATIVE_BUDGET
+
+
+class RankLayout(NamedTuple):
+    """The token layout of one rank under the chosen cell (a ``NamedTuple``, built per rank per step).
+
+    Attributes:
+        rank: the rank.
+        real_rows: rows carrying requests.
+        pad_rows: rows carrying padding (G - real_rows).
+        pad_len: tokens per pad row (idle rank: the low dummy length q).
+        pad_high_rows: idle rank: rows of length q + 1.
+        tokens: tokens the rank submits; V for a compact cell, G*(K+1) for native.
+    """
+
+    rank: int
+    real_rows: int
+    pad_rows: int
+    pad_len: int
+    pad_high_rows: int
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Plan:
+    """A step's selection plus its allocation.
+
+    Attributes:
+        selection: the chosen cell and its evaluation.
+        windows: (n,) verify length (draft positions checked, 1..K) of each input row, in the
+            order the rows were given.
+        ranks: one layout per rank (idle ranks included) when a graph runs, else empty.
+    """
+
+    selection: Selection
+    windows: np.ndarray
+    ranks: tuple[RankLayout, ...]
+
+    @property
+    def graph_batch_size(self) -> int:
+        """The chosen G."""
+        return self.selection.graph_batch_size
+
+    @property
+    def verifier_budget(self) -> int:
+        """The chosen V (0 = native)."""
+        return self.selection.verifier_budget
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Prepared:
+    """Per-rank survivals ranked once, shared by selection and allocation."""
+
+    graph_batch_size: int
+    active_ranks: np.ndarray  # ranks with rows, increasing
+    counts: np.ndarray  # rows per active rank
+    row_rank_index: np.ndarray  # canonical row -> index into active_ranks
+    row_local: np.ndarray  # canonical row -> index within its rank
+    base: np.ndarray  # per active rank: n + floor survivals
+    full: np.ndarray  # per active rank: the native yield
+    cand: np.ndarray  # (R, L) position-major candidate survivals, -1 padding
+    ranked: np.ndarray  # (R, L) the candidates sorted ascending
+    prefix: np.ndarray  # (R, L+1)
+    width: int  # request slots per position in the position-major layout
+
+
+_NO_INDEX = np.zeros(0, dtype=np.int64)
+
+
+def _prepare(table: CostTable, calibration: Calibration, rows: StepRows, min_verify_len: int) -> _Prepared:
+    k = table.max_draft_len
+    if calibration.k != k or rows.k != k:
+        raise ConfigError(f"K mismatch: cost table K={k}, calibration K={calibration.k}, logits K={rows.k}")
+    floor = int(min_verify_len)
+    if not 1 <= floor <= k:
+        raise ConfigError(f"min_verify_len must be in [1, K={k}], got {floor}")
+    order = rows.order
+    n = int(order.shape[0])
+    if n == 0:
+        e = np.zeros(0, dtype=np.int64)
+        z = np.zeros(0)
+        return _Prepared(0, e, e, e, e, z, z, np.zeros((0, 0)), np.zeros((0, 0)), np.zeros((0, 1)), 0)
+    ranks = rows.rank if rows.canonical else rows.rank[order]
+    ordered = rows.logits if rows.canonical else rows.logits[order]
+    surv = calibration.survival_t(ordered.T)  # (K, n), C-contiguous
+    cols = k - floor
+    if ranks[0] == ranks[-1]:  # one active rank (rows are sorted by rank)
+        counts = np.array([n], dtype=np.int64)
+        active = ranks[:1]
+        row_rank_index = row_local = _NO_INDEX  # the one-rank allocation does not need them
+        width = n
+        cand = surv[floor:].reshape(1, cols * n)
+        base_terms = surv[:floor].reshape(1, floor * n)
+    else:
+        starts = np.flatnonzero(np.concatenate(([True], ranks[1:] != ranks[:-1])))
+        counts = np.diff(np.append(starts, n))
+        active = ranks[starts]
+        r_count = int(active.shape[0])
+        row_rank_index = np.repeat(np.arange(r_count), counts)
+        row_local = np.arange(n) - starts[row_rank_index]
+        width = int(counts.max())
+        grid = np.full((r_count, cols, width), -1.0)
+        grid[row_rank_index, :, row_local] = surv[floor:].T
+        cand = grid.reshape(r_count, cols * width)
+        bgrid = np.zeros((r_count, floor, width))
+        bgrid[row_rank_index, :, row_local] = surv[:floor].T
+        base_terms = bgrid.reshape(r_count, floor * width)
+    # Sequential (cumsum) sums in position-major order: zero padding never changes a rounding,
+    # and replay sums in the same order.
+    base = counts.astype(np.float64) + np.cumsum(base_terms, axis=1)[:, -1]
+    ranked, prefix = _ranked_prefix(cand)
+    full = base + prefix[np.arange(counts.shape[0]), counts * cols]
+    g = table.graph_batch_size_for(int(counts.max()))
+    return _Prepared(
+        graph_batch_size=0 if g is None else g,
+        active_ranks=active,
+        counts=counts,
+        row_rank_index=row_rank_index,
+        row_local=row_local,
+        base=base,
+        full=full,
+        cand=cand,
+        ranked=ranked,
+        prefix=prefix,
+        width=width,
+    )
+
+
+def _seq_sum(values: Iterable[float]) -> float:
+    # Left-to-right float64 sum, the order np.cumsum uses in replay.
+    total = 0.0
+    for x in values:
+        total += x
+    return total
+
+
+def _choose_one(
+    *,
+    native_yield: float,
+    native_ms: float,
+    cells: Sequence[tuple[int, float, bool, float, float]],
+    minimum_predicted_gain: float,
+    drain_guard: DrainGuard | None,
+    tail_native_ms: float | None,
+) -> tuple[int, SelectReason, list[tuple[float, bool, float, bool]]]:
+    """Scalar twin of :func:`choose_cells` for one step (cells: V, T, feasible, yield, max loss).
+
+    Same operations in the same order, so both give bit-identical scores and group values.
+    """
+    native_score = native_yield / native_ms
+    required = native_score * (1.0 + float(minimum_predicted_gain))
+    out: list[tuple[float, bool, float, bool]] = []
+    for _, t, feasible, y, _ in cells:
+        score = y / t if feasible else -math.inf
+        out.append((score, feasible and score > native_score and score >= required, math.nan, False))
+    if not cells:
+        return -1, SelectReason.NO_COMPACT_CELLS, out
+    reason = SelectReason.BELOW_MARGIN if any(c[2] for c in cells) else SelectReason.NO_FEASIBLE_CELL
+    margin_any = any(o[1] for o in out)
+    if drain_guard is None or tail_native_ms is None:
+        return -1, (SelectReason.NO_DRAIN_GUARD if margin_any else reason), out
+    best, best_key = -1, (-math.inf, -math.inf, -1)
+    for i, (v, t, _, _, loss) in enumerate(cells):
+        score, passes = out[i][0], out[i][1]
+        if not passes:
+            continue
+        loss_ms = (
+            drain_guard.loss_multiplier
+            * loss
+            * float(tail_native_ms)
+            / drain_guard.mean_output_tokens_per_request_iteration
+        )
+        gv = native_ms - t - loss_ms
+        ok = gv > drain_guard.minimum_group_value_ms
+        out[i] = (score, passes, gv, ok)
+        if ok and (gv, score, v) > best_key:
+            best, best_key = i, (gv, score, v)
+    if best >= 0:
+        return best, SelectReason.COMPACT, out
+    return -1, (SelectReason.DRAIN_GUARD if margin_any else reason), out
+
+
+def _select_prepared(
+    table: CostTable, prep: _Prepared, rows: StepRows, min_verify_len: int
+) -> tuple[Selection, list[Geometry]]:
+    k = table.max_draft_len
+    if prep.counts.size == 0:
+        return Selection(0, NATIVE_BUDGET, SelectReason.NO_ROWS, 0.0, 0.0, ()), []
+    full = prep.full.tolist()
+    counts = prep.counts.tolist()
+    native_yield = _seq_sum(full)
+    g = prep.graph_batch_size
+    if g == 0:
+        return Selection(0, NATIVE_BUDGET, SelectReason.NO_GRAPH, native_yield, 0.0, ()), []
+    budgets = table.compact_budgets(g)
+    idle = rows.num_ranks > len(counts)
+    floor = int(min_verify_len)
+    geos: list[list[Geometry]] = []
+    feasible: list[bool] = []
+    for v in budgets:
+        geo = [_geometry(c, g, v, floor, k) for c in counts]
+        ok = all(x is not None for x in geo) and (not idle or _geometry(0, g, v, floor, k) is not None)
+        feasible.append(ok)
+        geos.append([x for x in geo if x is not None] if ok else [])
+    yields = [0.0] * len(budgets)
+    losses = [0.0] * len(budgets)
+    live = [i for i, ok in enumerate(feasible) if ok]
+    if live and len(counts) == 1:  # one rank: scalars (same arithmetic as the general path)
+        base0, full0, n0 = float(prep.base[0]), full[0], counts[0]
+        for i in live:
+            y = base0 + float(prep.prefix[0, geos[i][0].extra])
+            yields[i], losses[i] = y, (full0 - y) / n0
+    elif live:
+        extras = np.array([[x.extra for x in geos[i]] for i in live], dtype=np.int64)  # (cells, ranks)
+        per_rank = prep.base[None, :] + prep.prefix[np.arange(len(counts))[None, :], extras]
+        # Sequential sum over ranks (cumsum), the order replay uses.
+        for i, y, loss in zip(
+            live,
+            np.cumsum(per_rank, axis=1)[:, -1].tolist(),
+            ((prep.full[None, :] - per_rank) / prep.counts[None, :]).max(axis=1).tolist(),
+            strict=True,
+        ):
+            yields[i], losses[i] = y, loss
+    cells = [(v, table.time(g, v), feasible[i], yields[i], losses[i]) for i, v in enumerate(budgets)]
+    native_ms = table.time(g, NATIVE_BUDGET)
+    guard = table.drain_guard
+    tail = None if guard is None else table.time(guard.tail_graph_batch_size, NATIVE_BUDGET)
+    col, reason, evals = _choose_one(
+        native_yield=native_yield,
+        native_ms=native_ms,
+        cells=cells,
+        minimum_predicted_gain=table.minimum_predicted_gain,
+        drain_guard=guard,
+        tail_native_ms=tail,
+    )
+    evaluations = tuple(
+        CellEvaluation(v, t, ok, y, e[0], loss, e[1], None if math.isnan(e[2]) else e[2], e[3])
+        for (v, t, ok, y, loss), e in zip(cells, evals, strict=True)
+    )
+    selection = Selection(
+        graph_batch_size=g,
+        verifier_budget=NATIVE_BUDGET if col < 0 else budgets[col],
+        reason=reason,
+        native_yield=native_yield,
+        native_score=native_yield / native_ms,
+        cells=evaluations,
+    )
+    return selection, (geos[col] if col >= 0 else [])
+
+
+def _allocate_prepared(
+    table: CostTable,
+    prep: _Prepared,
+    rows: StepRows,
+    selection: Selection,
+    geometry: Sequence[Geometry],
+    min_verify_len: int,
+) -> Plan:
+    k = table.max_draft_len
+    n = len(rows)
+    g, v = selection.graph_batch_size, selection.verifier_budget
+    layouts: list[RankLayout] = []
+    if g == 0 or v == NATIVE_BUDGET:
+        windows = np.full(n, k, dtype=np.int64)
+    if g != 0 and v == NATIVE_BUDGET:
+        counts_by_rank = dict(zip(prep.active_ranks.tolist(), prep.counts.tolist(), strict=True))
+        for r in range(rows.num_ranks):
+            c = counts_by_rank.get(r, 0)
+            layouts.append(RankLayout(r, c, g - c, k + 1 if c < g else 0, 0, g * (k + 1)))
+    elif g != 0:
+        floor = int(min_verify_len)
+        r_count = int(prep.counts.shape[0])
+        extra = np.array([geo.extra for geo in geometry], dtype=np.int64)
+        chosen = top_candidates(prep.cand, extra, ranked=prep.ranked)
+        if r_count == 1:
+            canonical = np.add(chosen.reshape(k - floor, prep.width).sum(axis=0), floor, dtype=np.int64)
+            real_tokens = [int(canonical.sum()) + canonical.shape[0]]
+        else:
+            granted = chosen.reshape(r_count, k - floor, prep.width).sum(axis=1)
+            canonical = floor + granted[prep.row_rank_index, prep.row_local]
+            real_tokens = np.bincount(prep.row_rank_index, weights=canonical + 1, minlength=r_count).tolist()
+        if rows.canonical:
+            windows = canonical.astype(np.int64, copy=False)
+        else:
+            windows = np.empty(n, dtype=np.int64)
+            windows[rows.order] = canonical
+        if rows.num_ranks == 1:
+            c, geo = n, geometry[0]
+            windows.setflags(write=False)
+            layout = RankLayout(0, c, g - c, geo.pad_len, 0, int(real_tokens[0]) + (g - c) * geo.pad_len)
+            return Plan(selection, windows, (layout,))
+        index_of = {r: i for i, r in enumerate(prep.active_ranks.tolist())}
+        idle_geo = cell_geometry(0, g, v, min_verify_len=floor, max_draft_len=k)
+        for r in range(rows.num_ranks):
+            i = index_of.get(r)
+            if i is not None:
+                c = int(prep.counts[i])
+                geo = geometry[i]
+                tokens = int(real_tokens[i]) + (g - c) * geo.pad_len
+                layouts.append(RankLayout(r, c, g - c, geo.pad_len, 0, tokens))
+            else:
+                assert idle_geo is not None
+                tokens = g * idle_geo.pad_len + idle_geo.pad_high_rows
+                layouts.append(RankLayout(r, 0, g, idle_geo.pad_len, idle_geo.pad_high_rows, tokens))
+    windows.setflags(write=False)
+    return Plan(selection, windows, tuple(layouts))
+
+
+def select(
+    table: CostTable,
+    calibration: Calibration,
+    rows: StepRows,
+    *,
+    min_verify_len: int = DEFAULT_MIN_VERIFY_LEN,
+) -> Selection:
+    """Choose the cell of one step (see the module docstring for the rule).
+
+    Raises:
+        ConfigError: K differs between table, calibration and logits, or min_verify_len is out
+            of range.
+    """
+    prep = _prepare(table, calibration, rows, min_verify_len)
+    return _select_prepared(table, prep, rows, min_verify_len)[0]
+
+
+def allocate(
+    table: CostTable,
+    calibration: Calibration,
+    rows: StepRows,
+    *,
+    graph_batch_size: int,
+    verifier_budget: int,
+    min_verify_len: int = DEFAULT_MIN_VERIFY_LEN,
+) -> Plan:
+    """Allocate a given cell (G, V) over the step's rows.
+
+    Every (request, position) above the floor is ranked by survival, ties by (position, request);
+    the rank's ``extra`` best are granted, so each request verifies a prefix and the rank's tokens
+    (real rows + pad rows) equal V exactly. V = 0 gives every row the full K.
+
+    Raises:
+        ConfigError: the cell is not measured, G does not hold the rows, or some rank cannot
+            carry V.
+    """
+    prep = _prepare(table, calibration, rows, min_verify_len)
+    g, v = int(graph_batch_size), int(verifier_budget)
+    k = table.max_draft_len
+    table.time(g, v)
+    if prep.counts.size and int(prep.counts.max()) > g:
+        raise ConfigError(f"G={g} cannot hold {int(prep.counts.max())} rows on one rank")
+    geometry: list[Geometry] = []
+    if v != NATIVE_BUDGET:
+        if v not in table.compact_budgets(g):
+            raise ConfigError(f"(G={g}, V={v}) is not a compact cell of the table")
+        found = [
+            cell_geometry(int(c), g, v, min_verify_len=min_verify_len, max_draft_len=k) for c in prep.counts
+        ]
+        idle = rows.num_ranks - prep.counts.size
+        idle_ok = (
+            idle == 0 or cell_geometry(0, g, v, min_verify_len=min_verify_len, max_draft_len=k) is not None
+        )
+        geometry = [x for x in found if x is not None]
+        if len(geometry) != len(found) or not idle_ok:
+            raise ConfigError(
+                f"(G={g}, V={v}) cannot carry rows {prep.counts.tolist()} with floor {min_verify_len}"
+            )
+    selection = Selection(g, v, SelectReason.COMPACT if v else SelectReason.BELOW_MARGIN, 0.0, 0.0, ())
+    return _allocate_prepared(table, prep, rows, selection, geometry, min_verify_len)
+
+
+def plan(
+    table: CostTable,
+    calibration: Calibration,
+    rows: StepRows,
+    *,
+    min_verify_len: int = DEFAULT_MIN_VERIFY_LEN,
+) -> Plan:
+    """Select the step's cell and allocate it (one pass over the survivals).
+
+    Raises:
+        ConfigError: as :func:`select`.
+    """
+    prep = _prepare(table, calibration, rows, min_verify_len)
+    selection, geometry = _select_prepared(table, prep, rows, min_verify_len)
+    return _allocate_prepared(table, prep, rows, selection, geometry, min_verify_len)

@@ -1,0 +1,191 @@
+"""Factories for build/replay/export tests: sweep summaries, calibrations, workloads, keys.
+
+Real, valid objects (STYLE rule 19) that a test then changes in one way. The sweep factory follows a
+staircase cost model (whole-step time grows with ceil(tokens / tile)), so compact cells pay.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from dspark_calibrate.artifacts import Fingerprint, Provenance, sha256_hex, write_unsigned_artifact
+from dspark_calibrate.calibrate.build import BuildOptions
+from dspark_calibrate.calibrate.replay import BootstrapSettings
+from dspark_calibrate.calibrate.workload import Workload, synthesize_workload, write_workload
+from dspark_calibrate.schemas import arrow_schema
+from tests.factories import LADDER, NOW, K, make_fingerprint, make_provenance
+
+TEMPERATURES = (1.3, 1.4, 1.5, 1.6, 1.7)
+
+
+def staircase_ms(
+    g: int,
+    tokens: int,
+    *,
+    base: float = 4.0,
+    per_row: float = 0.02,
+    per_tile: float = 0.25,
+    tile: int = 16,
+    compact_overhead: float = 0.05,
+    native: bool = False,
+) -> float:
+    """The noise-free step time of the staircase model."""
+    t = base + per_row * g + per_tile * math.ceil(tokens / tile)
+    return t if native else t + compact_overhead
+
+
+def sweep_rows(
+    ladder: Sequence[int] = LADDER,
+    k: int = K,
+    *,
+    budgets: Mapping[int, Sequence[int]] | None = None,
+    flat: bool = False,
+    rel_ci: float = 0.004,
+) -> list[dict[str, Any]]:
+    """Rows of a ``sweep`` summary: native + compact candidates (incl. V=G and the control)."""
+    rows = []
+    for g in ladder:
+        vs = (
+            budgets[g]
+            if budgets is not None
+            else sorted({g, *range(g + g // 2, g * (k + 1), max(1, g // 2)), g * (k + 1)})
+        )
+        for v in [0, *vs]:
+            tokens = g * (k + 1) if v == 0 else v
+            t = staircase_ms(g, g * (k + 1), native=True) if flat else staircase_ms(g, tokens, native=v == 0)
+            rows.append(
+                {
+                    "graph_batch_size": g,
+                    "verifier_budget": v,
+                    "tokens": tokens,
+                    "step_time_ms": t,
+                    "ci_low_ms": t * (1 - rel_ci),
+                    "ci_high_ms": t * (1 + rel_ci),
+                    "p10_ms": t * (1 - 2 * rel_ci),
+                    "p90_ms": t * (1 + 2 * rel_ci),
+                    "iqr_ms": t * rel_ci,
+                    "samples": 64,
+                    "rounds": 8,
+                    "dropped_throttled": 0,
+                    "warmup_steps": 20,
+                    "replays_per_sample": 4,
+                    "stop_reason": "precision",
+                    "sm_clock_mhz_median": 1980.0,
+                    "temperature_c_max": 61.0,
+                    "power_w_median": 550.0,
+                    "source_result_sha256": sha256_hex(f"{g}:{v}".encode()),
+                }
+            )
+    return rows
+
+
+def write_sweep(
+    path: Path,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    fingerprint: Fingerprint | None = None,
+    provenance: Provenance | None = None,
+) -> Path:
+    table = pa.Table.from_pylist(list(rows), schema=arrow_schema("sweep"))
+    write_unsigned_artifact(
+        path,
+        table,
+        kind="sweep",
+        fingerprint=fingerprint or make_fingerprint(),
+        provenance=provenance or make_provenance(),
+        summary={"cells": table.num_rows},
+    )
+    return path
+
+
+def calibration_table(temperatures: Sequence[float] = TEMPERATURES, *, method: str = "sts") -> pa.Table:
+    rows = []
+    for j, t in enumerate(temperatures, start=1):
+        params = {"sts": [t], "platt": [1.0 / t, 0.0], "identity": []}[method]
+        rows.append(
+            {
+                "position": j,
+                "method": method,
+                "temperature": t,
+                "params": params,
+                "risk_set_size": 20_000 // j,
+                "holdout_risk_set_size": 5_000 // j,
+                "nll_before": 0.6,
+                "nll_after": 0.5,
+                "brier_before": 0.2,
+                "brier_after": 0.18,
+                "ece_before": 0.05 + 0.01 * j,
+                "ece_after": 0.01,
+            }
+        )
+    return pa.Table.from_pylist(rows, schema=arrow_schema("calibration"))
+
+
+def write_calibration(
+    path: Path,
+    *,
+    temperatures: Sequence[float] = TEMPERATURES,
+    method: str = "sts",
+    fingerprint: Fingerprint | None = None,
+    provenance: Provenance | None = None,
+) -> Path:
+    fp = fingerprint or Fingerprint(max_draft_len=len(temperatures), model_config_sha256="c" * 64)
+    write_unsigned_artifact(
+        path,
+        calibration_table(temperatures, method=method),
+        kind="calibration",
+        fingerprint=fp,
+        provenance=provenance or make_provenance(command=("dspark-calibrate", "fit")),
+    )
+    return path
+
+
+def small_workload(
+    *, steps: int = 1500, ranks: int = 1, max_rows: int = 32, seed: int = 3, k: int = K
+) -> Workload:
+    return synthesize_workload(
+        k=k, steps=steps, ranks=ranks, max_rows=max_rows, seed=seed, temperatures=TEMPERATURES[:k]
+    )
+
+
+@dataclass(frozen=True)
+class BuildFiles:
+    sweep: Path
+    calibration: Path
+    workload: Path
+
+
+def build_files(
+    tmp: Path, *, steps: int = 1500, synthetic_workload: bool = False, **sweep_kw: Any
+) -> BuildFiles:
+    """Sweep, calibration and workload files of one (non-synthetic) deployment."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    sweep = write_sweep(tmp / "sweep.parquet", sweep_rows(**sweep_kw))
+    cal = write_calibration(tmp / "calibration.parquet")
+    wl = small_workload(steps=steps)
+    if not synthetic_workload:
+        wl = Workload(
+            table=wl.table, k=wl.k, num_ranks=wl.num_ranks, notes=("test workload",), source="tests"
+        )
+    write_workload(tmp / "workload.parquet", wl, fingerprint=make_fingerprint())
+    return BuildFiles(sweep, cal, tmp / "workload.parquet")
+
+
+def build_options(**overrides: Any) -> BuildOptions:
+    base: dict[str, Any] = {
+        "version": 1,
+        "issued_at": NOW,
+        "expires_at": NOW + timedelta(days=30),
+        "bootstrap": BootstrapSettings(resamples=200, seed=1),
+        "plots": False,
+        "command": ("dspark-calibrate", "build"),
+    }
+    base.update(overrides)
+    return BuildOptions(**base)

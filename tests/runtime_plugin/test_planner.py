@@ -1,0 +1,465 @@
+"""Reference selector and allocator: geometry, selection rule, allocation, determinism (DESIGN §6)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dspark_calibrate.errors import ConfigError
+from dspark_calibrate.runtime_plugin.planner import (
+    REASON_CODES,
+    Calibration,
+    CostTable,
+    DrainGuard,
+    Geometry,
+    PositionMap,
+    SelectReason,
+    StepRows,
+    _choose_one,
+    allocate,
+    cell_geometry,
+    choose_cells,
+    plan,
+    select,
+    sorted_prefix_sums,
+    top_candidates,
+)
+
+K = 5
+GUARD = DrainGuard(1.0, 3.0, 0.0, 8)
+
+
+def staircase_table(*, guard: DrainGuard | None = GUARD, gain: float = 0.01) -> CostTable:
+    cells: dict[tuple[int, int], float] = {}
+    for g in (4, 8, 16):
+        cells[(g, 0)] = 4.0 + 0.25 * math.ceil(g * (K + 1) / 8)
+        for v in (2 * g, 3 * g, 4 * g, 5 * g):
+            cells[(g, v)] = 4.05 + 0.25 * math.ceil(v / 8)
+    return CostTable.from_cells(K, cells, minimum_predicted_gain=gain, drain_guard=guard)
+
+
+CAL = Calibration.sts([1.0, 1.1, 1.2, 1.3, 1.4])
+
+
+# --- geometry ---------------------------------------------------------------------------------
+
+GEOMETRY_CASES = [
+    # id, (n, G, V), floor, expected
+    ("full rank at the floor", (4, 4, 8), 1, Geometry(0, 0, 8, 0)),
+    ("full rank, extra tokens", (4, 4, 13), 1, Geometry(0, 0, 13, 5)),
+    ("full rank below the floor", (4, 4, 7), 1, None),
+    ("full rank above capacity", (4, 4, 25), 1, None),
+    ("V=G never carries a real row", (1, 4, 4), 1, None),
+    ("V=G on an idle rank", (0, 4, 4), 1, Geometry(1, 0, 0, 0)),
+    ("idle rank splits q and q+1", (0, 4, 10), 1, Geometry(2, 2, 0, 0)),
+    ("idle rank above two dummy lengths", (0, 4, 25), 1, None),
+    ("idle rank at full width", (0, 4, 24), 1, Geometry(6, 0, 0, 0)),
+    ("pads take the smallest length", (2, 4, 10), 1, Geometry(1, 0, 8, 4)),
+    ("pads forced longer by capacity", (1, 4, 12), 1, Geometry(2, 0, 6, 4)),
+    ("pads cannot shrink below 1", (3, 4, 6), 1, None),
+    ("higher floor", (2, 4, 10), 2, Geometry(1, 0, 8, 2)),
+    ("more rows than G", (5, 4, 20), 1, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "floor", "expected"), [c[1:] for c in GEOMETRY_CASES], ids=[c[0] for c in GEOMETRY_CASES]
+)
+def test_cell_geometry(args: tuple[int, int, int], floor: int, expected: Geometry | None) -> None:
+    n, g, v = args
+    assert cell_geometry(n, g, v, min_verify_len=floor, max_draft_len=K) == expected
+
+
+@given(
+    n=st.integers(0, 16),
+    g=st.sampled_from([4, 8, 16]),
+    v=st.integers(1, 16 * (K + 1)),
+    floor=st.integers(1, K),
+)
+@settings(max_examples=300, deadline=None)
+def test_geometry_always_sums_to_v(n: int, g: int, v: int, floor: int) -> None:
+    geo = cell_geometry(n, g, v, min_verify_len=floor, max_draft_len=K)
+    if geo is None:
+        return
+    if n == 0:
+        assert g * geo.pad_len + geo.pad_high_rows == v and 1 <= geo.pad_len <= K + 1
+        assert geo.pad_len + (geo.pad_high_rows > 0) <= K + 1
+    else:
+        assert geo.real_tokens + (g - n) * geo.pad_len == v
+        assert n * (floor + 1) <= geo.real_tokens <= n * (K + 1)
+        assert geo.extra == geo.real_tokens - n * (floor + 1) >= 0
+        assert (g == n and geo.pad_len == 0) or 1 <= geo.pad_len <= K + 1
+
+
+# --- the selection rule -----------------------------------------------------------------------
+
+RULE_CASES: list[tuple[str, dict[str, Any], int, SelectReason]] = [
+    ("native wins an exact tie", {"cy": [8.0], "ct": [8.0]}, -1, SelectReason.BELOW_MARGIN),
+    ("below the margin", {"cy": [8.0], "ct": [7.95]}, -1, SelectReason.BELOW_MARGIN),
+    ("at the margin", {"cy": [8.08], "ct": [8.0]}, 0, SelectReason.COMPACT),
+    ("no drain guard", {"cy": [9.0], "ct": [8.0], "guard": None}, -1, SelectReason.NO_DRAIN_GUARD),
+    ("drain guard blocks", {"cy": [9.0], "ct": [8.0], "loss": [50.0]}, -1, SelectReason.DRAIN_GUARD),
+    (
+        "guard value must exceed its minimum",
+        {"cy": [9.0], "ct": [8.0], "loss": [0.0], "min_value": 2.0},
+        -1,
+        SelectReason.DRAIN_GUARD,
+    ),
+    (
+        "infeasible cells are skipped",
+        {"cy": [9.0], "ct": [8.0], "feas": [False]},
+        -1,
+        SelectReason.NO_FEASIBLE_CELL,
+    ),
+    (
+        "no compact cells",
+        {"cy": [], "ct": [], "feas": [], "v": [], "loss": []},
+        -1,
+        SelectReason.NO_COMPACT_CELLS,
+    ),
+    (
+        "highest group value wins",
+        {"cy": [9.0, 8.5], "ct": [8.0, 7.0], "v": [20, 30]},
+        1,
+        SelectReason.COMPACT,
+    ),
+    (
+        "group value tie: higher score",
+        {"cy": [9.0, 9.5], "ct": [8.0, 8.0], "v": [20, 30], "loss": [0.0, 0.0]},
+        1,
+        SelectReason.COMPACT,
+    ),
+    (
+        "full tie: larger V",
+        {"cy": [9.0, 9.0], "ct": [8.0, 8.0], "v": [30, 20], "loss": [0.0, 0.0]},
+        0,
+        SelectReason.COMPACT,
+    ),
+]
+
+
+def _rule_inputs(case: dict[str, Any]) -> dict[str, Any]:
+    cy = case["cy"]
+    n = len(cy)
+    guard = case.get("guard", DrainGuard(1.0, 3.0, case.get("min_value", 0.0), 8))
+    return {
+        "native_yield": 10.0,
+        "native_ms": 10.0,
+        "compact_yield": cy,
+        "compact_ms": case["ct"],
+        "max_loss": case.get("loss", [0.1] * n),
+        "feasible": case.get("feas", [True] * n),
+        "budgets": case.get("v", [16 + i for i in range(n)]),
+        "guard": guard,
+    }
+
+
+@pytest.mark.parametrize(
+    ("case", "column", "reason"), [c[1:] for c in RULE_CASES], ids=[c[0] for c in RULE_CASES]
+)
+def test_selection_rule(case: dict[str, Any], column: int, reason: SelectReason) -> None:
+    x = _rule_inputs(case)
+    vec = choose_cells(
+        native_yield=np.array([x["native_yield"]]),
+        native_ms=np.array([x["native_ms"]]),
+        compact_yield=np.array([x["compact_yield"]], dtype=float).reshape(1, -1),
+        compact_ms=np.array([x["compact_ms"]], dtype=float).reshape(1, -1),
+        max_loss=np.array([x["max_loss"]], dtype=float).reshape(1, -1),
+        feasible=np.array([x["feasible"]], dtype=bool).reshape(1, -1),
+        budgets=np.array([x["budgets"]], dtype=np.int64).reshape(1, -1),
+        minimum_predicted_gain=0.01,
+        drain_guard=x["guard"],
+        tail_native_ms=6.0,
+    )
+    assert int(vec.column[0]) == column
+    assert REASON_CODES[int(vec.reason[0])] is reason
+    cells = list(
+        zip(x["budgets"], x["compact_ms"], x["feasible"], x["compact_yield"], x["max_loss"], strict=True)
+    )
+    col, why, _ = _choose_one(
+        native_yield=10.0,
+        native_ms=10.0,
+        cells=cells,
+        minimum_predicted_gain=0.01,
+        drain_guard=x["guard"],
+        tail_native_ms=6.0,
+    )
+    assert (col, why) == (column, reason)
+
+
+@given(
+    data=st.lists(
+        st.tuples(st.floats(0.5, 12), st.floats(5, 12), st.booleans(), st.floats(0, 3)),
+        min_size=0,
+        max_size=4,
+    ),
+    ny=st.floats(1, 12),
+    nt=st.floats(5, 12),
+    gain=st.sampled_from([0.0, 0.01, 0.05]),
+    guarded=st.booleans(),
+)
+@settings(max_examples=200, deadline=None)
+def test_scalar_and_vectorised_rules_agree(
+    data: list[tuple[float, float, bool, float]], ny: float, nt: float, gain: float, guarded: bool
+) -> None:
+    guard = DrainGuard(1.3, 2.5, 0.05, 8) if guarded else None
+    c = len(data)
+    cells = [(10 + i, t, f, y, loss) for i, (y, t, f, loss) in enumerate(data)]
+    col, why, evals = _choose_one(
+        native_yield=ny,
+        native_ms=nt,
+        cells=cells,
+        minimum_predicted_gain=gain,
+        drain_guard=guard,
+        tail_native_ms=6.0,
+    )
+    vec = choose_cells(
+        native_yield=np.array([ny]),
+        native_ms=np.array([nt]),
+        compact_yield=np.array([[d[0] for d in data]]).reshape(1, c),
+        compact_ms=np.array([[d[1] for d in data]]).reshape(1, c),
+        max_loss=np.array([[d[3] for d in data]]).reshape(1, c),
+        feasible=np.array([[d[2] for d in data]], dtype=bool).reshape(1, c),
+        budgets=np.array([[10 + i for i in range(c)]]).reshape(1, c),
+        minimum_predicted_gain=gain,
+        drain_guard=guard,
+        tail_native_ms=6.0,
+    )
+    assert int(vec.column[0]) == col
+    assert REASON_CODES[int(vec.reason[0])] is why
+    for i, (score, passes, gv, ok) in enumerate(evals):
+        assert vec.score[0, i] == score and bool(vec.passes_margin[0, i]) == passes
+        assert bool(vec.passes_guard[0, i]) == ok
+        assert (math.isnan(gv) and math.isnan(vec.group_value_ms[0, i])) or vec.group_value_ms[0, i] == gv
+
+
+# --- one step: select, allocate, plan ---------------------------------------------------------
+
+
+def _rows(n: int, *, ranks: int = 1, seed: int = 0, scale: float = 2.0) -> StepRows:
+    rng = np.random.default_rng(seed)
+    rank = np.sort(rng.integers(0, ranks, n)) if ranks > 1 else np.zeros(n, dtype=np.int64)
+    return StepRows(rng.normal(1.5, scale, (n, K)), rank, rng.permutation(10 * n)[:n], ranks)
+
+
+@pytest.mark.parametrize(("n", "ranks"), [(3, 1), (8, 1), (13, 1), (16, 1), (20, 4), (7, 3), (2, 4)])
+def test_plan_invariants(n: int, ranks: int) -> None:
+    table = staircase_table()
+    for seed in range(12):
+        rows = _rows(n, ranks=ranks, seed=seed)
+        p = plan(table, CAL, rows)
+        g, v = p.graph_batch_size, p.verifier_budget
+        assert g == table.graph_batch_size_for(max(np.bincount(rows.rank, minlength=ranks)))
+        assert len(p.ranks) == ranks and np.all((p.windows >= 1) & (p.windows <= K))
+        for lay in p.ranks:
+            assert lay.real_rows + lay.pad_rows == g
+            assert lay.tokens == (v if v else g * (K + 1)), lay
+            mine = p.windows[rows.rank == lay.rank]
+            if v and lay.real_rows:
+                assert int(np.sum(mine + 1)) + lay.pad_rows * lay.pad_len == v
+            if v and not lay.real_rows:
+                assert g * lay.pad_len + lay.pad_high_rows == v
+        if not v:
+            assert np.all(p.windows == K)
+
+
+def test_confident_rows_keep_native_doubtful_rows_go_compact() -> None:
+    table = staircase_table()
+    sure = plan(table, CAL, StepRows.single_rank(np.full((8, K), 12.0)))
+    assert sure.verifier_budget == 0 and sure.selection.reason is SelectReason.BELOW_MARGIN
+    doubtful = plan(table, CAL, StepRows.single_rank(np.full((8, K), -3.0)))
+    assert doubtful.verifier_budget == 16 and doubtful.selection.reason is SelectReason.COMPACT
+    assert np.all(doubtful.windows == 1)
+
+
+def test_without_drain_guard_never_compact() -> None:
+    sel = select(staircase_table(guard=None), CAL, StepRows.single_rank(np.full((8, K), -3.0)))
+    assert sel.verifier_budget == 0 and sel.reason is SelectReason.NO_DRAIN_GUARD
+    assert any(c.passes_margin for c in sel.cells)
+
+
+def test_drain_guard_blocks_a_lossy_cell() -> None:
+    strict = DrainGuard(
+        loss_multiplier=1000.0,
+        mean_output_tokens_per_request_iteration=1.0,
+        minimum_group_value_ms=0.0,
+        tail_graph_batch_size=16,
+    )
+    rows = StepRows.single_rank(np.full((8, K), 0.0))
+    assert select(staircase_table(), CAL, rows).verifier_budget != 0
+    sel = select(staircase_table(guard=strict), CAL, rows)
+    assert sel.verifier_budget == 0 and sel.reason is SelectReason.DRAIN_GUARD
+
+
+def test_empty_step_and_rows_above_the_ladder() -> None:
+    table = staircase_table()
+    assert select(table, CAL, StepRows.single_rank(np.zeros((0, K)))).reason is SelectReason.NO_ROWS
+    big = plan(table, CAL, StepRows.single_rank(np.zeros((17, K))))
+    assert big.selection.reason is SelectReason.NO_GRAPH and big.ranks == () and np.all(big.windows == K)
+
+
+def test_tie_break_is_position_then_request() -> None:
+    # Identical rows: at a given position every request ties; the earlier position, then the
+    # lower request key, wins. 4 rows on G=4, V=14: floor tokens 8, extra 6 = all four second
+    # positions (position 2) plus the first two third positions.
+    table = CostTable.from_cells(K, {(4, 0): 10.0, (4, 14): 5.0}, drain_guard=DrainGuard(1.0, 3.0, 0.0, 4))
+    logits = np.zeros((4, K))
+    p = allocate(
+        table, CAL, StepRows.single_rank(logits, request=[7, 3, 9, 5]), graph_batch_size=4, verifier_budget=14
+    )
+    # requests in key order 3, 5, 7, 9 -> windows 3, 3, 2, 2
+    assert dict(zip([7, 3, 9, 5], p.windows.tolist(), strict=True)) == {3: 3, 5: 3, 7: 2, 9: 2}
+
+
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_plan_is_invariant_under_input_order(ranks: int) -> None:
+    table = staircase_table()
+    for seed in range(10):
+        rows = _rows(12, ranks=ranks, seed=seed)
+        perm = np.random.default_rng(seed + 100).permutation(len(rows))
+        shuffled = StepRows(rows.logits[perm], rows.rank[perm], rows.request[perm], ranks)
+        a, b = plan(table, CAL, rows), plan(table, CAL, shuffled)
+        assert a.selection == b.selection and a.ranks == b.ranks
+        assert np.array_equal(a.windows[perm], b.windows)
+
+
+def test_every_request_gets_a_prefix_ranked_by_survival() -> None:
+    table = staircase_table()
+    rows = _rows(16, seed=5, scale=3.0)
+    p = allocate(table, CAL, rows, graph_batch_size=16, verifier_budget=48)
+    surv = CAL.survival(rows.logits)
+    # Brute force: rank every (request, position>1) by survival, ties by (position, request key).
+    cands = sorted(
+        ((-surv[i, j], j, rows.request[i], i) for i in range(len(rows)) for j in range(1, K)),
+    )
+    extra = 48 - 2 * 16
+    want = np.ones(len(rows), dtype=int)
+    for _, _, _, i in cands[:extra]:
+        want[i] += 1
+    assert p.windows.tolist() == want.tolist()
+
+
+def test_allocate_refuses_unmeasured_or_infeasible_cells() -> None:
+    table = staircase_table()
+    rows = StepRows.single_rank(np.zeros((8, K)))
+    with pytest.raises(ConfigError, match="no measurement"):
+        allocate(table, CAL, rows, graph_batch_size=8, verifier_budget=17)
+    narrow = CostTable.from_cells(K, {(4, 0): 5.0, (4, 6): 4.0})
+    with pytest.raises(ConfigError, match="cannot carry"):  # 4 rows need at least 8 tokens
+        allocate(narrow, CAL, StepRows.single_rank(np.zeros((4, K))), graph_batch_size=4, verifier_budget=6)
+    with pytest.raises(ConfigError, match="cannot hold"):
+        allocate(table, CAL, StepRows.single_rank(np.zeros((9, K))), graph_batch_size=8, verifier_budget=16)
+    native = allocate(table, CAL, rows, graph_batch_size=8, verifier_budget=0)
+    assert np.all(native.windows == K)
+
+
+def test_k_mismatch_is_refused() -> None:
+    with pytest.raises(ConfigError, match="K mismatch"):
+        select(staircase_table(), Calibration.identity(4), StepRows.single_rank(np.zeros((2, 4))))
+
+
+# --- top-k helpers ----------------------------------------------------------------------------
+
+
+@given(
+    values=st.lists(st.sampled_from([0.0, 0.1, 0.25, 0.5, 0.9, 1.0]), min_size=1, max_size=40),
+    data=st.data(),
+)
+@settings(max_examples=200, deadline=None)
+def test_top_candidates_matches_a_stable_sort(values: list[float], data: st.DataObject) -> None:
+    c = np.array([values])
+    e = data.draw(st.integers(0, len(values)))
+    mask = top_candidates(c, np.array([e]))
+    order = np.argsort(-c[0], kind="stable")[:e]
+    want = np.zeros(len(values), dtype=bool)
+    want[order] = True
+    assert mask[0].tolist() == want.tolist()
+    prefix = sorted_prefix_sums(c)[0]
+    assert prefix[e] == np.cumsum(c[0][np.argsort(-c[0], kind="stable")])[e - 1] if e else prefix[0] == 0.0
+
+
+# --- tables and calibrations -----------------------------------------------------------------
+
+TABLE_ERRORS = [
+    ("no native cell", {(4, 8): 5.0}, "no native cell"),
+    ("budget above full width", {(4, 0): 5.0, (4, 25): 4.0}, "outside"),
+    ("budget below G", {(4, 0): 5.0, (4, 3): 4.0}, "outside"),
+    ("five compact cells for one G", {(4, 0): 5.0, **{(4, v): 4.0 for v in (8, 9, 10, 11, 12)}}, "limit"),
+    ("non-positive time", {(4, 0): 5.0, (4, 8): 0.0}, "finite and > 0"),
+]
+
+
+@pytest.mark.parametrize(("cells", "match"), [c[1:] for c in TABLE_ERRORS], ids=[c[0] for c in TABLE_ERRORS])
+def test_cost_table_rules(cells: dict[tuple[int, int], float], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        CostTable.from_cells(K, cells)
+
+
+def test_cost_table_total_limit_and_guard_tail() -> None:
+    cells = {(g, 0): 5.0 for g in range(2, 20)}
+    cells.update({(g, v): 4.0 for g in range(2, 20) for v in (2 * g, 3 * g)})
+    with pytest.raises(ConfigError, match="limit is 32"):
+        CostTable.from_cells(K, cells)
+    with pytest.raises(ConfigError, match="tail_graph_batch_size"):
+        CostTable.from_cells(K, {(4, 0): 5.0}, drain_guard=DrainGuard(1.0, 1.0, 0.0, 8))
+    full = CostTable.from_cells(K, {(4, 0): 5.0, (4, 24): 5.1, (4, 8): 4.0})
+    assert full.compact_budgets(4) == (8,)  # the full-width control is not a production cell
+
+
+def test_calibration_maps() -> None:
+    x = np.linspace(-6, 6, 13)
+    sig = 1 / (1 + np.exp(-x))
+    assert np.allclose(PositionMap("sts", (2.0,)).apply(x), 1 / (1 + np.exp(-x / 2)))
+    assert np.allclose(PositionMap("platt", (0.5, 1.0)).apply(x), 1 / (1 + np.exp(-(0.5 * x + 1))))
+    assert np.allclose(PositionMap("beta", (1.0, 1.0, 0.0)).apply(x), sig)  # a=b=1, c=0 is the identity
+    assert np.allclose(PositionMap("identity").apply(x), sig)
+    iso = PositionMap("isotonic", (-1.0, 1.0, 0.2, 0.8)).apply(np.array([-5.0, 0.0, 5.0]))
+    assert iso.tolist() == pytest.approx([0.2, 0.5, 0.8])
+    for bad in (("sts", (0.0,)), ("platt", (1.0,)), ("isotonic", (1.0, 0.0, 0.5, 0.4)), ("magic", ())):
+        with pytest.raises(ConfigError):
+            PositionMap(*bad)
+    rows = [{"position": j, "method": "platt", "temperature": 1.5, "params": [0.7, 0.1]} for j in (1, 2)]
+    assert Calibration.from_rows(rows, use="sts").sts_temperatures() == (1.5, 1.5)
+    native = Calibration.from_rows(rows, use="native")
+    assert native.sts_temperatures() is None and native.maps[0].method == "platt"
+    surv = native.survival(np.random.default_rng(0).normal(size=(50, 2)))
+    assert np.all(np.diff(surv, axis=1) <= 0)
+    with pytest.raises(ConfigError, match="no STS temperature"):
+        Calibration.from_rows(
+            [{"position": 1, "method": "platt", "temperature": None, "params": [1, 0]}], use="sts"
+        )
+
+
+def test_step_rows_validation() -> None:
+    with pytest.raises(ConfigError, match="twice"):
+        StepRows(np.zeros((2, K)), [0, 0], [1, 1], 1)
+    with pytest.raises(ConfigError, match="ranks must lie"):
+        StepRows(np.zeros((1, K)), [2], [1], 2)
+    with pytest.raises(ConfigError, match="finite"):
+        StepRows.single_rank(np.full((1, K), np.nan))
+    src = np.zeros((2, K))
+    rows = StepRows.single_rank(src)
+    src[0, 0] = 5.0  # the rows hold their own copy
+    assert rows.logits[0, 0] == 0.0 and not rows.logits.flags.writeable
+
+
+def test_planner_imports_neither_torch_nor_calibrate() -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        import dspark_calibrate.runtime_plugin.planner
+        heavy = ("torch", "dspark_calibrate.calibrate", "scipy", "pyarrow")
+        print(",".join(m for m in heavy if m in sys.modules))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "torch" not in proc.stdout and "dspark_calibrate.calibrate" not in proc.stdout
