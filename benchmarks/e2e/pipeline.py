@@ -1,0 +1,622 @@
+"""The toolkit on this deployment: sweep, traces, workload, fit, keys, build, export, admit.
+
+Every stage calls the toolkit's library API (never re-implements it):
+
+- **sweep**: ``calibrate.execute`` with the ``module`` backend, whose factory
+  (:func:`serving.sweep_factory`) returns the engine's own serving step for a cell; the sweep's
+  base fingerprint is the live context collected for this deployment;
+- **traces**: draft rounds recorded under full verification (static K) written with
+  ``calibrate.traces.write_trace_parquet``;
+- **workload**: the recorded static steps of a concurrency level, ``calibrate.workload``;
+- **fit**: ``calibrate.fit.run_fit`` with STS (the runtime's map);
+- **keys**: an ephemeral Ed25519 key in a temporary directory and a one-key trust root;
+- **build** / **export**: ``calibrate.build`` (signed cost table, calibration, admission, bundle)
+  and the TensorRT-LLM export;
+- **admit**: ``runtime_plugin.admit`` on the signed bundle, then
+  ``runtime_plugin.engine.DynamicVerifier`` (the reference selector/allocator) as the serving
+  loop's dynamic :class:`serving.Policy`.
+
+The deployment fingerprint binds the exact model (config and checkpoint digests), the engine
+source (digest of ``model.py`` and ``serving.py``), the GPU, K and the graph ladder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from dspark_calibrate import __version__ as TOOL_VERSION
+from dspark_calibrate.artifacts import Fingerprint, canonical_json, sha256_hex
+from dspark_calibrate.runtime_plugin import LiveContext, collect_live
+from dspark_calibrate.runtime_plugin.planner import StepRows
+
+from . import serving
+from .model import Drafter, TargetLM
+from .serving import Engine, Plan, StepRecord
+
+__all__ = [
+    "ENGINE_SOURCE_FILES",
+    "PlannerPolicy",
+    "SweepSettings",
+    "TrustMaterial",
+    "admit_level",
+    "build_level",
+    "candidate_budgets",
+    "deployment_live",
+    "direct_policy",
+    "export_level",
+    "make_trust",
+    "measure_planner_overhead_ms",
+    "predicted_from_build",
+    "request_key",
+    "run_fit_stage",
+    "run_sweep_stage",
+    "selector_identity_sha256",
+    "write_trace_file",
+    "write_workload_file",
+]
+
+Log = Callable[[str], None]
+#: Files whose bytes define the "engine source" of this deployment.
+ENGINE_SOURCE_FILES: tuple[str, ...] = ("model.py", "serving.py")
+#: Import string of the sweep's module-backend factory.
+SWEEP_FACTORY = "benchmarks.e2e.serving:sweep_factory"
+
+
+def request_key(request: int) -> str:
+    """Request id as stored in traces and workloads: zero-padded so string order is numeric order
+    (the selector's tie-break order between requests)."""
+    return f"r{request:07d}"
+
+
+def _engine_source_sha256() -> str:
+    h = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for name in ENGINE_SOURCE_FILES:
+        data = (here / name).read_bytes()
+        h.update(name.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
+    return h.hexdigest()
+
+
+def _checkpoint_sha256(*modules: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for module in modules:
+        for name, tensor in sorted(module.state_dict().items()):
+            h.update(name.encode() + b"\0")
+            h.update(tensor.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def deployment_live(
+    engine: Engine, target: TargetLM, drafter: Drafter, *, attention_backend: str
+) -> tuple[LiveContext, dict[str, Any]]:
+    """Collect the live context of this deployment (explicit engine arguments win over probes).
+
+    Returns:
+        The live context and a JSON-ready description of what went into it.
+    """
+    cfg = engine.cfg
+    model_config = {
+        "target": asdict(target.cfg),
+        "drafter": asdict(drafter.cfg),
+        "engine": {
+            "k": cfg.k,
+            "ladder": list(cfg.ladder),
+            "max_len": cfg.max_len,
+            "gemm_chunk": cfg.gemm_chunk,
+        },
+        "dtype": str(next(target.parameters()).dtype),
+    }
+    source = _engine_source_sha256()
+    overrides: dict[str, Any] = {
+        "model_config_sha256": sha256_hex(canonical_json(model_config)),
+        "checkpoint_sha256": _checkpoint_sha256(target, drafter),
+        "attention_backend": attention_backend,
+        "kv_dtype": str(engine.cache_k.dtype).replace("torch.", ""),
+        "context_len": cfg.max_len,
+    }
+    gpu = None
+    if engine.device.type != "cuda":
+        gpu = "CPU"
+        overrides["gpu_snapshot_sha256"] = sha256_hex(f"cpu:{torch.get_num_threads()}".encode())
+    live = collect_live(
+        max_draft_len=cfg.k,
+        rank_local_graph_batch_sizes=list(cfg.ladder),
+        topology="TP1",
+        gpu=gpu,
+        gpu_count=1,
+        source_head=f"e2e-engine-{source[:16]}",
+        source_diff_sha256=source,
+        runtime_snapshot=f"torch=={torch.__version__}",
+        overrides=overrides,
+    )
+    return live, {"model_config": model_config, "live": live.to_dict()}
+
+
+# -- sweep ----------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class SweepSettings:
+    """How the sweep is run.
+
+    Attributes:
+        budgets: candidate compact V per G.
+        precision_rel: target CI half-width of each cell's median.
+        budget_s: total sweep budget (seconds of measurement).
+        max_seconds_per_cell: per-cell cap.
+        min_rounds: rounds per cell before it may stop.
+        warmup_steps: replays discarded on a cell's first visit.
+        n_boot: bootstrap resamples per interval.
+    """
+
+    budgets: dict[int, tuple[int, ...]]
+    precision_rel: float
+    budget_s: float
+    max_seconds_per_cell: float
+    min_rounds: int
+    warmup_steps: int
+    n_boot: int
+
+
+def candidate_budgets(
+    ladder: Sequence[int], k: int, multiples: Sequence[float]
+) -> dict[int, tuple[int, ...]]:
+    """Compact candidates ``round(m * G)`` per G, kept strictly inside (G, G·(K+1))."""
+    out: dict[int, tuple[int, ...]] = {}
+    for g in ladder:
+        vs = sorted({round(m * g) for m in multiples if g < round(m * g) < g * (k + 1)})
+        out[g] = tuple(vs)
+    return out
+
+
+def run_sweep_stage(
+    engine: Engine, live: LiveContext, out_dir: Path, settings: SweepSettings, *, seed: int, log: Log
+) -> tuple[Any, Any]:
+    """Sweep every native and candidate cell with the ``module`` backend on the engine's own step.
+
+    Returns:
+        The toolkit's ``(SweepResult, SweepOutput)``.
+    """
+    from dspark_calibrate.calibrate import SweepRequest, Thresholds, execute
+
+    cfg = engine.cfg
+    context = cfg.max_len // 2
+    serving.register_engine(engine, context)
+    cuda = engine.device.type == "cuda"
+    out = out_dir / "sweep.parquet"
+    journal = out.with_name(out.stem + ".journal.jsonl")
+    thresholds = Thresholds(
+        precision_rel=settings.precision_rel,
+        min_rounds=settings.min_rounds,
+        min_samples=2 * settings.min_rounds,
+        max_seconds_per_cell=settings.max_seconds_per_cell,
+        budget_s=settings.budget_s,
+        warmup_steps=settings.warmup_steps,
+        rewarm_steps=2,
+        replays_per_sample=4,
+        samples_per_visit=2,
+        n_boot=settings.n_boot,
+        # Serving runs under whatever power and thermal state the GPU is in; a table cleaned of
+        # throttled samples would price steps faster than the experiment can run them.
+        drop_throttled=False,
+    )
+    request = SweepRequest(
+        backend="module",
+        backend_options={
+            "factory": SWEEP_FACTORY,
+            "sync": "torch.cuda:synchronize" if cuda else None,
+            "telemetry_device": 0 if cuda else None,
+        },
+        k=cfg.k,
+        ladder=cfg.ladder,
+        out=out,
+        budgets=settings.budgets,
+        include_control=False,
+        resume=journal.exists() and not out.exists(),
+        thresholds=thresholds,
+        seed=seed,
+        fingerprint=live.fingerprint,
+        command=tuple(shlex.quote(a) for a in sys.argv),
+    )
+    state = {"rounds": -1}
+
+    def on_event(event: Any) -> None:
+        if event.kind == "round" and event.round != state["rounds"]:
+            state["rounds"] = event.round
+            eta = f", eta {event.eta_s:.0f}s" if event.eta_s is not None else ""
+            log(f"sweep round {event.round}: {event.cells_done}/{event.cells_total} cells done{eta}")
+
+    result, output = execute(request, on_event=on_event)
+    return result, output
+
+
+# -- traces and workloads -----------------------------------------------------------------------
+def write_trace_file(records: Sequence[StepRecord], path: Path, k: int, *, source: str) -> int:
+    """Write the recorded draft rounds as a trace Parquet file; returns the rounds written."""
+    from dspark_calibrate.calibrate.traces import TraceBatch, trace_footer, write_trace_parquet
+
+    batch = TraceBatch(
+        request_id=pa.array([request_key(r.request) for r in records], pa.string()),
+        round=np.array([r.round for r in records], dtype=np.int64),
+        logits=np.stack([r.confidence for r in records]).astype(np.float32),
+        accepted=np.array([r.accepted for r in records], dtype=np.int8),
+        verified=np.array([r.verified for r in records], dtype=np.int8),
+    )
+    footer = trace_footer(synthetic=False, generator={"source": source, "policy": "static-K"}, k=k)
+    return int(write_trace_parquet(path, [batch], footer=footer))
+
+
+def write_workload_file(
+    records: Sequence[StepRecord], path: Path, fingerprint: Fingerprint, *, source: str
+) -> Any:
+    """Write the recorded static steps as a ``workload`` artifact; returns the toolkit ``Workload``."""
+    from dspark_calibrate.calibrate.workload import workload_from_arrays, write_workload
+
+    workload = workload_from_arrays(
+        step=np.array([r.step for r in records], dtype=np.int64),
+        rank=np.zeros(len(records), dtype=np.int64),
+        request_id=[request_key(r.request) for r in records],
+        logits=np.stack([r.confidence for r in records]).astype(np.float32),
+        accepted=np.array([r.accepted for r in records], dtype=np.int64),
+        output_len=np.array([r.output_len for r in records], dtype=np.int64),
+        num_ranks=1,
+        notes=(f"recorded by benchmarks/e2e under static K (full verification): {source}",),
+        source=source,
+        fingerprint=fingerprint,
+    )
+    write_workload(path, workload, fingerprint=fingerprint)
+    return workload
+
+
+# -- fit ------------------------------------------------------------------------------------------
+def run_fit_stage(
+    trace_path: Path, out_dir: Path, fingerprint: Fingerprint, k: int, *, seed: int, force: bool = False
+) -> tuple[Any, Any]:
+    """STS fit of the confidence head on the recorded traces (held-out requests scored).
+
+    ``force`` lets the CPU smoke run fit below the toolkit's round floor.
+
+    Returns:
+        The toolkit's ``(FitResult, FitOutputs)``.
+    """
+    import importlib.util
+
+    from dspark_calibrate.calibrate.fit import FitOptions, run_fit
+
+    result, outputs, _ = run_fit(
+        [trace_path],
+        out_dir,
+        options=FitOptions(method="sts", holdout=0.2, seed=seed, bootstrap=200, force=force),
+        k=k,
+        fingerprint=fingerprint,
+        tool_version=TOOL_VERSION,
+        command=tuple(sys.argv),
+        plots=importlib.util.find_spec("matplotlib") is not None,
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+    return result, outputs
+
+
+# -- keys -----------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class TrustMaterial:
+    """An ephemeral signing key (in a temporary directory) and the trust root that trusts it."""
+
+    key_dir: Path
+    private_key: Path
+    public_key: Path
+    root_path: Path
+    keyid: str
+
+
+def make_trust(out_dir: Path, *, days: int = 7) -> TrustMaterial:
+    """Generate an ephemeral Ed25519 key and a one-key trust root (``out_dir/root.json``).
+
+    The private key lives in a fresh temporary directory (deleted by the caller after build);
+    only the public key and the root are written under ``out_dir``.
+    """
+    from dspark_calibrate.artifacts import (
+        atomic_write_bytes,
+        generate_keypair,
+        init_root,
+        load_signer,
+        public_key_of,
+    )
+
+    key_dir = Path(tempfile.mkdtemp(prefix="e2e-key-"))
+    pair = generate_keypair(key_dir, name="e2e-signing")
+    signer = load_signer(pair.private_path)
+    key = public_key_of(signer)
+    root = init_root(
+        root_signers=[signer],
+        root_keys=[key],
+        root_threshold=1,
+        artifact_keys=[key],
+        artifact_threshold=1,
+        expires=datetime.now(UTC) + timedelta(days=days),
+    )
+    root_path = out_dir / "root.json"
+    atomic_write_bytes(root_path, root.to_bytes())
+    public_copy = out_dir / "e2e-signing.pub.pem"
+    atomic_write_bytes(public_copy, pair.public_path.read_bytes())
+    return TrustMaterial(key_dir, pair.private_path, public_copy, root_path, pair.keyid)
+
+
+# -- the dynamic policy -----------------------------------------------------------------------------
+class PlannerPolicy:
+    """The serving loop's dynamic policy: the toolkit's reference selector/allocator, every step.
+
+    Rows are passed in slot order with their slot index as the request key (the tie-break order).
+
+    Args:
+        planner: anything with ``plan(StepRows) -> planner.Plan`` (``DynamicVerifier`` in the
+            experiment; tests may pass a verifier built from unsigned tables).
+        name: the policy's name in results.
+    """
+
+    def __init__(self, planner: Any, name: str = "dynamic") -> None:
+        self.planner = planner
+        self.name = name
+
+    def plan(self, confidence: np.ndarray) -> Plan:
+        """Select the cell and allocate the windows of one step."""
+        rows = StepRows.single_rank(confidence.astype(np.float64, copy=False))
+        p = self.planner.plan(rows)
+        return Plan(int(p.graph_batch_size), int(p.verifier_budget), np.asarray(p.windows, dtype=np.int64))
+
+
+def measure_planner_overhead_ms(
+    ladder: Sequence[int],
+    k: int,
+    table_ms: dict[tuple[int, int], float],
+    budgets: dict[int, tuple[int, ...]],
+    *,
+    calls: int = 200,
+    seed: int = 0,
+) -> float:
+    """Host time of one dynamic policy step (rows → ``StepRows`` → select + allocate) at the largest G.
+
+    Measured with the reference planner over the sweep's medians (four candidates per G, a
+    permissive drain guard so compact cells are evaluated) and random logits; returns the 90th
+    percentile in ms. ``build`` uses it as the fixed confidence-path overhead per policy step.
+    """
+    from dspark_calibrate.runtime_plugin.planner import Calibration, CostTable, DrainGuard
+
+    g_max = max(ladder)
+    cells = {(g, 0): table_ms[(g, 0)] for g in ladder if (g, 0) in table_ms}
+    if (g_max, 0) not in cells:
+        return math.nan  # the sweep did not measure the largest native cell: nothing to plan with
+    for g in ladder:
+        for v in budgets.get(g, ())[-4:]:
+            if (g, v) in table_ms:
+                cells[(g, v)] = table_ms[(g, v)]
+    table = CostTable.from_cells(k, cells, drain_guard=DrainGuard(1.0, 1.0, 0.0, g_max))
+    policy = PlannerPolicy(_Direct(table, Calibration.sts([1.0] * k)))
+    rng = np.random.default_rng(seed)
+    times = []
+    for _ in range(calls):
+        logits = rng.normal(1.0, 2.0, size=(g_max, k)).astype(np.float32)
+        t0 = time.perf_counter()
+        policy.plan(logits)
+        times.append(time.perf_counter() - t0)
+    return float(np.quantile(times, 0.9) * 1000.0)
+
+
+class _Direct:
+    """``plan`` over plain planner inputs (for overhead measurement and tests; not admitted)."""
+
+    def __init__(self, table: Any, calibration: Any) -> None:
+        self.table = table
+        self.calibration = calibration
+
+    def plan(self, rows: StepRows) -> Any:
+        from dspark_calibrate.runtime_plugin.planner import plan
+
+        return plan(self.table, self.calibration, rows)
+
+
+def direct_policy(table: Any, calibration: Any, name: str = "dynamic-unsigned") -> PlannerPolicy:
+    """A :class:`PlannerPolicy` over unsigned planner inputs (tests of the serving logic only)."""
+    return PlannerPolicy(_Direct(table, calibration), name=name)
+
+
+# -- build, export, admit -------------------------------------------------------------------------
+def build_level(
+    trust: TrustMaterial,
+    calibration: Path,
+    sweep: Path,
+    workload: Path,
+    out_dir: Path,
+    *,
+    version: int,
+    overhead_ms: float,
+    resamples: int,
+    seed: int,
+) -> dict[str, Any]:
+    """``build`` one signed bundle for one recorded workload; a refused build is an outcome, not an error.
+
+    Returns:
+        ``status`` (``built`` or ``refused``), the bundle path, the signed admission summary, the
+        cell selection and the replay report (JSON-ready).
+    """
+    import importlib.util
+
+    from dspark_calibrate.artifacts import load_signer, load_trust_root
+    from dspark_calibrate.calibrate.build import BuildOptions, build_bundle, load_build_inputs
+    from dspark_calibrate.calibrate.replay import BootstrapSettings
+    from dspark_calibrate.errors import ConfigError
+
+    now = datetime.now(UTC).replace(microsecond=0)
+    root = load_trust_root(trust.root_path.read_bytes(), now=now)
+    options = BuildOptions(
+        version=version,
+        issued_at=now,
+        expires_at=now + timedelta(days=7),
+        overhead_ms=overhead_ms if math.isfinite(overhead_ms) else None,
+        bootstrap=BootstrapSettings(resamples=resamples, seed=seed),
+        plots=importlib.util.find_spec("matplotlib") is not None,
+        force=True,
+        command=tuple(sys.argv),
+    )
+    try:
+        inputs = load_build_inputs([sweep], calibration, workload)
+        result = build_bundle(
+            inputs, out_dir, signers=[load_signer(trust.private_key)], trust_root=root, options=options
+        )
+    except ConfigError as exc:
+        return {"status": "refused", "reason": str(exc), "version": version}
+    full = result.to_dict()
+    return {
+        "status": "built",
+        "version": version,
+        "bundle": str(out_dir),
+        "valid": full.get("valid"),
+        "summary": full.get("summary"),
+        "selection": full.get("selection"),
+        "replay": {k: v for k, v in (full.get("replay") or {}).items() if k not in ("per_cell",)},
+        "notes": full.get("notes"),
+    }
+
+
+def predicted_from_build(outcome: dict[str, Any]) -> dict[str, Any]:
+    """The prediction a level is judged against, with its source.
+
+    A built bundle predicts its replayed gain and CI. A refused build deploys nothing, so the
+    runtime stays on static K and the predicted gain is exactly 0.
+    """
+    if outcome.get("status") == "built":
+        summary = outcome["summary"]
+        return {
+            "predicted_gain": float(summary["predicted_gain"]),
+            "predicted_ci": (
+                float(summary["predicted_gain_ci_low"]),
+                float(summary["predicted_gain_ci_high"]),
+            ),
+            "source": "build: replay of the recorded static workload with the deployed cells",
+        }
+    return {
+        "predicted_gain": 0.0,
+        "predicted_ci": (0.0, 0.0),
+        "source": f"build refused, static K: {outcome.get('reason', '')}",
+    }
+
+
+def selector_identity_sha256() -> str:
+    """This engine's selector identity: the SHA-256 of the reference planner's source bytes."""
+    import dspark_calibrate.runtime_plugin.planner as planner_module
+
+    return hashlib.sha256(Path(planner_module.__file__).read_bytes()).hexdigest()
+
+
+def export_level(bundle: Path, out_dir: Path, root_path: Path, live: LiveContext) -> dict[str, Any]:
+    """``export trtllm`` of a built bundle, bound to the live fingerprint (the bundle is verified first).
+
+    Uses the library's public ``artifacts.export_trtllm`` when this toolkit version exports it, and
+    the ``dspark-calibrate export trtllm`` command otherwise.
+
+    Returns:
+        ``status`` (``exported``, ``refused`` or ``failed``) and the exporter's report.
+    """
+    import dspark_calibrate.artifacts as artifacts
+
+    selector = selector_identity_sha256()
+    if "export_trtllm" in artifacts.__all__:
+        from dspark_calibrate.artifacts import Expectation, load_trust_root, verify_bundle
+        from dspark_calibrate.errors import DsparkError
+
+        now = datetime.now(UTC)
+        root = load_trust_root(root_path.read_bytes(), now=now)
+        report = verify_bundle(bundle, root, now=now, expected=Expectation(fingerprint=live.fingerprint))
+        if not report.ok:
+            return {"status": "refused", "reason": f"{report.code}: {report.message}"}
+        try:
+            exported = artifacts.export_trtllm(
+                report, out_dir, selector_identity=selector, live_fingerprint=live.fingerprint, overwrite=True
+            )
+        except DsparkError as exc:
+            return {"status": "refused", "reason": str(exc)}
+        return {"status": "exported", "via": "library", **exported.to_dict()}
+    live_path = out_dir.with_name(out_dir.name + ".live-fingerprint.json")
+    live_path.write_bytes(canonical_json(live.fingerprint.to_dict()))
+    cmd = [
+        sys.executable, "-m", "dspark_calibrate.cli", "export", "trtllm", str(bundle), "--out", str(out_dir),
+        "--trust-root", str(root_path), "--selector-identity", selector, "--live-fingerprint", str(live_path),
+        "--force", "--json",
+    ]  # fmt: skip
+    import dspark_calibrate
+
+    env = dict(os.environ)
+    package_root = str(Path(dspark_calibrate.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    try:
+        done = subprocess.run(cmd, capture_output=True, timeout=120, check=False, env=env)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"status": "failed", "reason": repr(exc), "command": shlex.join(cmd)}
+    try:
+        report_json = json.loads(done.stdout.decode() or "null")
+    except ValueError:
+        report_json = None
+    status = {0: "exported", 1: "refused"}.get(done.returncode, "failed")
+    return {
+        "status": status,
+        "via": "cli",
+        "exit_code": done.returncode,
+        "report": report_json,
+        "stderr": done.stderr.decode(errors="replace")[-2000:],
+        "command": shlex.join(cmd),
+    }
+
+
+def admit_level(
+    outcome: dict[str, Any],
+    root_path: Path,
+    live: LiveContext,
+    state_path: Path,
+    ladder: Sequence[int],
+    k: int,
+) -> tuple[serving.Policy, dict[str, Any]]:
+    """``admit`` the level's bundle; an active decision drives the reference selector/allocator.
+
+    Returns:
+        The dynamic policy (the static fallback when inactive) and a JSON-ready record.
+    """
+    from dspark_calibrate.runtime_plugin.admission import AdmissionPolicy, admit
+    from dspark_calibrate.runtime_plugin.engine import DynamicVerifier
+
+    if outcome.get("status") != "built":
+        record = {
+            "active": False,
+            "reason_code": "NO_BUNDLE",
+            "message": str(outcome.get("reason", "not built")),
+        }
+        return serving.StaticPolicy(ladder, k, name="static-fallback"), record
+    decision = admit(
+        Path(outcome["bundle"]), root_path, live=live, policy=AdmissionPolicy(state_path=state_path)
+    )
+    record = {
+        "active": decision.active,
+        "reason_code": decision.reason_code,
+        "message": decision.message,
+        "timings_ms": dict(decision.timings_ms),
+        "bundle_sha256": decision.bundle_sha256,
+        "bundle_version": decision.bundle_version,
+        "engine_config": {key: str(v) for key, v in decision.engine_config.items()},
+    }
+    if not decision.active:
+        return serving.StaticPolicy(ladder, k, name="static-fallback"), record
+    return PlannerPolicy(DynamicVerifier.from_decision(decision)), record

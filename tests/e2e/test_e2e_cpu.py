@@ -1,0 +1,196 @@
+"""CPU coverage of the end-to-end experiment (``benchmarks/e2e``): the serving mechanics the GPU run
+relies on, and the whole pipeline with ``--tiny``.
+
+- KV-cache rewind: greedy decoding with drafts, rejections and rewinds equals a no-cache reference
+  that recomputes the whole sequence for every token;
+- packed ragged verification: one packed step over rows with different windows gives each row the
+  logits and outcome it gets when verified alone;
+- dynamic verification driven by the toolkit's reference planner produces exactly the static-K
+  tokens while it really trims windows;
+- ``run.py --tiny``: training, engine, sweep (module backend), traces, workloads, fit, keys, build,
+  admit, the A/B experiment and the result file, in one process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from benchmarks.e2e import data, model, pipeline, run, serving
+
+from dspark_calibrate.runtime_plugin.planner import Calibration, CostTable, DrainGuard
+
+pytestmark = pytest.mark.slow
+
+K = 5
+LADDER = (2, 4, 8)
+PROMPT = 16
+MAX_NEW = 20
+#: Tokens per GEMM launch in these tests: small and not a divisor of most V, so padding is exercised.
+CHUNK = 4
+
+
+@dataclasses.dataclass
+class Pair:
+    target: model.TargetLM
+    drafter: model.Drafter
+    prompts: np.ndarray
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[Pair]:
+    """A briefly trained tiny target and drafter (structured enough for mixed acceptance)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(True)
+    torch.manual_seed(0)
+    preset = dataclasses.replace(
+        model.PRESETS["tiny"], target_steps=60, drafter_steps=60, rollout_prompts=32, rollout_new=24
+    )
+    corpus = data.load_corpus(preset.corpus_bytes)
+    held = np.frombuffer(b"".join(corpus.heldout[:5]), dtype=np.uint8)
+    cpu = torch.device("cpu")
+    target = model.TargetLM(preset.model)
+    model.train_target(target, corpus.train, held, preset, seed=0, device=cpu, log=lambda _: None)
+    target.eval()
+    drafter = model.Drafter(model.DrafterConfig(d_target=preset.model.d_model, d_draft=preset.d_draft, k=K))
+    rollout = torch.from_numpy(data.sample_prompts(corpus.heldout, preset.rollout_prompts, PROMPT, seed=1))
+    model.train_drafter(drafter, target, rollout, preset, seed=0, device=cpu, log=lambda _: None)
+    drafter.eval()
+    yield Pair(target, drafter, data.sample_prompts(corpus.heldout, 12, PROMPT, seed=2))
+    torch.set_num_threads(threads)
+
+
+def _engine(p: Pair) -> serving.Engine:
+    cfg = serving.EngineConfig(k=K, ladder=LADDER, max_len=64, gemm_chunk=CHUNK, use_graphs=False)
+    engine = serving.Engine(p.target, p.drafter, cfg, torch.device("cpu"))
+    cells = [(g, 0) for g in LADDER] + [(g, v) for g in LADDER for v in range(g + 1, g * (K + 1))]
+    engine.prepare_cells(cells)
+    return engine
+
+
+@torch.no_grad()
+def _no_cache_greedy(target: model.TargetLM, prompt: np.ndarray, n: int) -> np.ndarray:
+    seq = torch.from_numpy(prompt).clone()
+    out = []
+    for _ in range(n):
+        _, logits = target.forward_train(seq[None])
+        tok = logits[0, -1].argmax()
+        out.append(int(tok))
+        seq = torch.cat([seq, tok[None]])
+    return np.array(out)
+
+
+def test_kv_rewind_matches_no_cache_reference(pair: Pair) -> None:
+    engine = _engine(pair)
+    result = serving.serve(
+        engine,
+        pair.prompts,
+        concurrency=4,
+        max_new=MAX_NEW,
+        policy=serving.StaticPolicy(LADDER, K),
+        record=True,
+    )
+    rejected = sum(r.accepted < r.verified for r in result.records)
+    accepted = sum(r.accepted > 0 for r in result.records)
+    assert rejected > 0, "no draft was rejected, so no rewind happened"
+    assert accepted > 0, "no draft was accepted, so no multi-token step happened"
+    for i, prompt in enumerate(pair.prompts):
+        np.testing.assert_array_equal(result.outputs[i], _no_cache_greedy(pair.target, prompt, MAX_NEW))
+
+
+def _prefilled(engine: serving.Engine, prompts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    first = engine.prefill(np.arange(prompts.shape[0]), prompts)
+    slots = engine.cfg.slots
+    lengths = np.full(slots, PROMPT, dtype=np.int64)
+    anchors = np.zeros(slots, dtype=np.int64)
+    drafts = np.zeros((slots, K), dtype=np.int64)
+    anchors[: prompts.shape[0]] = first.bonus
+    drafts[: prompts.shape[0]] = first.drafts
+    return lengths, anchors, drafts
+
+
+def test_packed_ragged_verification_equals_per_request(pair: Pair) -> None:
+    prompts = pair.prompts[:6]
+    windows = np.array([0, 1, 3, 5, 2, 4], dtype=np.int64)
+    packed_engine = _engine(pair)
+    lengths, anchors, drafts = _prefilled(packed_engine, prompts)
+    g, pad_len = 8, 2
+    v = int((windows + 1).sum()) + (g - len(windows)) * pad_len
+    packed, logits = packed_engine.verify_logits(g, v, len(windows), windows, lengths, anchors, drafts)
+    starts = np.concatenate([[0], np.cumsum(windows + 1)[:-1]])
+    for i, w in enumerate(windows):
+        alone = _engine(pair)
+        l1, a1, d1 = _prefilled(alone, prompts[i : i + 1])
+        np.testing.assert_array_equal(a1[:1], anchors[i : i + 1])
+        single_v = int(w) + 1 + pad_len  # G=2: the request plus one pad row
+        one, one_logits = alone.verify_logits(2, single_v, 1, windows[i : i + 1], l1, a1, d1)
+        rows = logits[starts[i] : starts[i] + w + 1]
+        torch.testing.assert_close(rows, one_logits[: w + 1], rtol=0.0, atol=1e-5)
+        assert torch.equal(rows.argmax(-1), one_logits[: w + 1].argmax(-1))
+        assert int(packed.accepted[i]) == int(one.accepted[0]) <= w
+        assert int(packed.bonus[i]) == int(one.bonus[0])
+        np.testing.assert_array_equal(packed.drafts[i], one.drafts[0])
+
+
+def _sloped_planner() -> pipeline.PlannerPolicy:
+    # Compact cells far cheaper than native and a lenient drain guard: the planner trims often.
+    cells: dict[tuple[int, int], float] = {}
+    for g in LADDER:
+        cells[(g, 0)] = 1.0 + 1.0 * g * (K + 1)
+        for m in (2, 3, 4):
+            cells[(g, m * g)] = 1.0 + 0.1 * g * m
+    table = CostTable.from_cells(K, cells, drain_guard=DrainGuard(1.0, 100.0, 0.0, min(LADDER)))
+    return pipeline.direct_policy(table, Calibration.sts([1.0] * K))
+
+
+def test_planner_driven_dynamic_verification_keeps_greedy_output(pair: Pair) -> None:
+    engine = _engine(pair)
+    static = serving.serve(
+        engine, pair.prompts, concurrency=8, max_new=MAX_NEW, policy=serving.StaticPolicy(LADDER, K)
+    )
+    dynamic = serving.serve(engine, pair.prompts, concurrency=8, max_new=MAX_NEW, policy=_sloped_planner())
+    compact = sum(c for (_, v), c in dynamic.cells.items() if v != 0)
+    assert compact > 0, f"the planner never trimmed: {dict(dynamic.cells)}"
+    assert dynamic.verified_tokens < static.verified_tokens
+    np.testing.assert_array_equal(dynamic.outputs, static.outputs)
+    assert dynamic.decode_tokens == static.decode_tokens == pair.prompts.shape[0] * (MAX_NEW - 1)
+
+
+def test_tiny_pipeline_end_to_end(tmp_path: Path) -> None:
+    threads = torch.get_num_threads()
+    try:
+        assert run.main(["--tiny", "--out", str(tmp_path)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    result = json.loads((tmp_path / "e2e.json").read_text())
+    assert result["status"] == "done"
+    assert result["identical_outputs"] is True
+    for key in ("training", "gpu", "command", "commit", "verdict", "settings"):
+        assert key in result
+    assert set(result["training"]) == {"target", "drafter"}
+    assert len(result["levels"]) >= 3
+    for level in result["levels"].values():
+        for key in (
+            "static_tok_s",
+            "dynamic_tok_s",
+            "realised_gain",
+            "realised_ci",
+            "predicted_gain",
+            "predicted_ci",
+        ):
+            assert key in level, key
+        assert level["pairs"] >= 3
+        assert level["agreement"] in ("within_band", "miss", "undecided")
+        assert level["identical_outputs"] is True
+    for stage in ("train", "engine", "sweep", "traces", "workloads", "fit", "build", "admit", "experiment"):
+        assert stage in result["stages"], stage
+    toolkit = tmp_path / "toolkit"
+    for name in ("sweep.parquet", "traces.parquet", "root.json", "fit/calibration.parquet"):
+        assert (toolkit / name).exists(), name
+    assert (tmp_path / "e2e.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
