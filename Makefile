@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/dspark-calibrate demo --out $(DEMO)
-	$(BIN)/dspark-verify $(DEMO)/cost-table.parquet --trust-root $(DEMO)/trust-root.json --allow-synthetic
+	$(BIN)/dspark-verify $(DEMO)/cost-table.parquet $(DEMO)/bundle --trust-root $(DEMO)/trust-root.json --allow-synthetic
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q

@@ -200,13 +200,27 @@ def footer_metadata(
 def encode_artifact(
     table: pa.Table, metadata: Mapping[str, Any], *, compression: str = "zstd", row_group_size: int | None = None
 ) -> bytes:
-    """Encode a table and its footer document as Parquet bytes."""
-    meta = dict(table.schema.metadata or {})
-    meta[FOOTER_KEY] = canonical_json(metadata)
+    """Encode a table and its footer document as Parquet bytes.
+
+    The file carries nothing a reader ignores: no ARROW:schema (which would hold a second, unread
+    base64 copy of the footer), no min/max statistics, and CRC-32 page checksums that the reader
+    verifies. So a changed byte either changes what verification reads or fails to decode; our
+    column types all survive Parquet without the Arrow schema.
+    """
     sink = pa.BufferOutputStream()
-    pq.write_table(
-        table.replace_schema_metadata(meta), sink, compression=compression, row_group_size=row_group_size
+    writer = pq.ParquetWriter(
+        sink,
+        table.schema.remove_metadata(),
+        compression=compression,
+        store_schema=False,
+        write_statistics=False,
+        write_page_checksum=True,
     )
+    try:
+        writer.write_table(table.replace_schema_metadata(None), row_group_size=row_group_size)
+        writer.add_key_value_metadata({FOOTER_KEY: canonical_json(metadata)})
+    finally:
+        writer.close()
     return bytes(sink.getvalue().to_pybytes())
 
 
@@ -271,7 +285,7 @@ def read_artifact(path: Path | str, limits: ReadLimits = DEFAULT_LIMITS) -> Load
     size = len(data)
     _check_footer(data, path, limits)
     try:
-        pf = pq.ParquetFile(pa.BufferReader(data))
+        pf = pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True)
         # The Parquet footer's own key-value pairs; the base64 copy pyarrow keeps inside
         # ARROW:schema is never consulted, so there is exactly one place the key is read from.
         kv = pf.metadata.metadata or {}

@@ -1,0 +1,260 @@
+"""The built-in demo: every pipeline stage on CPU, on synthetic data, in well under a minute.
+
+synthetic sweep → synthetic traces → fit → synthetic workload → build (sign) → export trtllm →
+verify → admit → report. Everything is marked synthetic and signed with an ephemeral key written
+into the output directory, so ``dspark-verify`` accepts it only with ``--allow-synthetic``. The
+demo composes the library's own entry points; it adds no logic of its own beyond choosing inputs.
+Signing, verification and export are imported lazily (they need ``cryptography``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from dspark_calibrate import __version__
+from dspark_calibrate.artifacts import Fingerprint, Provenance, canonical_json, detached_envelope_path
+from dspark_calibrate.errors import ConfigError
+
+__all__ = ["DEMO_MARKER", "DEMO_SELECTOR_IDENTITY", "DemoResult", "demo_fingerprint", "run_demo"]
+
+#: File that marks a directory as demo output (so a re-run may replace it, and nothing else).
+DEMO_MARKER = ".dspark-demo"
+#: A stand-in for the engine's selector constant; a real export takes it from the engine's source.
+DEMO_SELECTOR_IDENTITY = hashlib.sha256(b"dspark-calibrate demo: not an engine selector identity").hexdigest()
+_K = 5
+_LADDER = (8, 16, 32)
+
+
+def demo_fingerprint() -> Fingerprint:
+    """The synthetic deployment the demo measures (all ten engine fields established)."""
+    return Fingerprint(
+        gpu="synthetic",
+        gpu_count=1,
+        gpu_snapshot_sha256=hashlib.sha256(b"synthetic").hexdigest(),
+        topology="TP1",
+        source_head="synthetic",
+        source_diff_sha256=hashlib.sha256(b"").hexdigest(),
+        runtime_snapshot=f"dspark-calibrate={__version__};backend=synthetic",
+        max_draft_len=_K,
+        rank_local_graph_batch_sizes=_LADDER,
+        global_graph_batch_sizes=_LADDER,
+        clock_policy="synthetic",
+    )
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    """Where the demo wrote its outputs, and what the runtime hook decided."""
+
+    out: Path
+    trust_root: Path
+    cost_table: Path
+    bundle: Path
+    trtllm: Path
+    report: Path
+    predicted_gain: float
+    predicted_gain_ci: tuple[float, float]
+    admission_active: bool
+    admission_reason: str
+    stages: tuple[tuple[str, float], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "out": str(self.out),
+            "trust_root": str(self.trust_root),
+            "cost_table": str(self.cost_table),
+            "bundle": str(self.bundle),
+            "trtllm": str(self.trtllm),
+            "report": str(self.report),
+            "predicted_gain": self.predicted_gain,
+            "predicted_gain_ci": list(self.predicted_gain_ci),
+            "admission": {"active": self.admission_active, "reason_code": self.admission_reason},
+            "stages_s": {name: round(s, 3) for name, s in self.stages},
+        }
+
+
+def _prepare(out: Path, force: bool) -> None:
+    if out.exists() and any(out.iterdir()):
+        if not (out / DEMO_MARKER).exists() and not force:
+            raise ConfigError(f"{out} is not empty and holds no earlier demo output; choose an empty --out")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / DEMO_MARKER).write_text("output of `dspark-calibrate demo`; safe to delete\n", encoding="utf-8")
+
+
+def run_demo(
+    out: Path,
+    *,
+    seed: int = 0,
+    force: bool = False,
+    now: datetime | None = None,
+    on_stage: Callable[[str], None] | None = None,
+) -> DemoResult:
+    """Run every stage into ``out`` (replacing an earlier demo there).
+
+    Raises:
+        ConfigError: ``out`` holds something that is not demo output, or a stage refused its input.
+    """
+    import time
+
+    from dspark_calibrate.artifacts import (
+        Expectation,
+        export_trtllm,
+        generate_keypair,
+        init_root,
+        load_signer,
+        public_key_of,
+        verify_bundle,
+    )
+    from dspark_calibrate.calibrate.build import BuildOptions, build_bundle, load_build_inputs
+    from dspark_calibrate.calibrate.fit import FitOptions, run_fit
+    from dspark_calibrate.calibrate.report import write_report
+    from dspark_calibrate.calibrate.stats import Thresholds
+    from dspark_calibrate.calibrate.sweep import SweepRequest, execute
+    from dspark_calibrate.calibrate.synth_traces import SynthSpec, write_synth_traces
+    from dspark_calibrate.calibrate.workload import synthesize_workload, write_workload
+    from dspark_calibrate.runtime_plugin import AdmissionPolicy, admit
+
+    now = now or datetime.now(UTC)
+    out = Path(out)
+    _prepare(out, force)
+    stages: list[tuple[str, float]] = []
+    current: list[tuple[str, float]] = []  # the stage under way and its start time
+
+    def stage(name: str) -> None:
+        t = time.perf_counter()
+        if current:
+            stages.append((current[0][0], t - current[0][1]))
+            current.clear()
+        if name != "done":
+            current.append((name, t))
+        if on_stage is not None:
+            on_stage(name)
+
+    inputs = out / "inputs"
+    inputs.mkdir()
+    fp = demo_fingerprint()
+    command = ("dspark-calibrate", "demo")
+
+    # Ephemeral signing key and trust root: the demo's only trust anchor.
+    stage("keys")
+    pair = generate_keypair(out / "keys", name="demo-signing-key")
+    signer = load_signer(pair.private_path)
+    key = public_key_of(signer)
+    root = init_root(
+        root_signers=[signer],
+        root_keys=[key],
+        root_threshold=1,
+        artifact_keys=[key],
+        artifact_threshold=1,
+        expires=now + timedelta(days=30),
+    )
+    trust_root = out / "trust-root.json"
+    trust_root.write_bytes(root.to_bytes())
+
+    stage("sweep")
+    _, sweep_out = execute(
+        SweepRequest(
+            backend="synthetic",
+            k=_K,
+            ladder=_LADDER,
+            out=inputs / "sweep.parquet",
+            thresholds=Thresholds.quick(precision_rel=0.005),
+            seed=seed,
+            fingerprint=fp,
+            clock_policy="synthetic",
+            plot=True,
+            command=command,
+        )
+    )
+    assert sweep_out is not None
+
+    stage("traces")
+    traces = inputs / "traces.parquet"
+    write_synth_traces(traces, SynthSpec(rounds=60_000, k=_K, seed=seed, censor_fraction=0.1))
+
+    stage("fit")
+    _, fit_out, _ = run_fit(
+        [traces],
+        out / "fit",
+        options=FitOptions(method="sts", seed=seed),
+        k=_K,
+        fingerprint=fp,
+        tool_version=__version__,
+        command=command,
+    )
+
+    stage("workload")
+    workload = inputs / "workload.parquet"
+    write_workload(
+        workload,
+        synthesize_workload(k=_K, steps=3000, seed=seed),
+        fingerprint=fp,
+        provenance=Provenance(tool_version=__version__, command=command, backend="synthetic", synthetic=True),
+    )
+
+    stage("build")
+    bundle = out / "bundle"
+    result = build_bundle(
+        load_build_inputs([sweep_out.summary_path], fit_out.calibration, workload),
+        bundle,
+        signers=[signer],
+        trust_root=root,
+        options=BuildOptions(
+            version=1,
+            issued_at=now,
+            expires_at=now + timedelta(days=7),
+            allow_synthetic=True,
+            command=command,
+        ),
+    )
+    # A top-level copy of the signed cost table, for a quick `dspark-verify DIR/cost-table.parquet`.
+    cost_table = out / "cost-table.parquet"
+    shutil.copyfile(bundle / "cost-table.parquet", cost_table)
+    shutil.copyfile(detached_envelope_path(bundle / "cost-table.parquet"), detached_envelope_path(cost_table))
+
+    stage("export")
+    expected = Expectation(allow_synthetic=True)
+    report = verify_bundle(bundle, root, now=now, expected=expected)
+    if not report.ok:  # pragma: no cover - build verified it a moment ago
+        raise ConfigError(f"demo bundle does not verify: {report.code}: {report.message}")
+    export_trtllm(report, out / "trtllm", selector_identity=DEMO_SELECTOR_IDENTITY)
+
+    stage("admit")
+    decision = admit(
+        bundle,
+        root,
+        live=fp,
+        policy=AdmissionPolicy(allow_synthetic=True, state_path=out / "admission-state.json"),
+        now=now,
+    )
+    (out / "admission.json").write_bytes(
+        canonical_json({"active": decision.active, "reason_code": decision.reason_code, "message": decision.message})
+    )
+
+    stage("report")
+    html = out / "report.html"
+    write_report([bundle], root, html, now=now, expected=expected)
+    stage("done")
+
+    summary = result.summary
+    return DemoResult(
+        out=out,
+        trust_root=trust_root,
+        cost_table=cost_table,
+        bundle=bundle,
+        trtllm=out / "trtllm",
+        report=html,
+        predicted_gain=float(summary["predicted_gain"]),
+        predicted_gain_ci=(float(summary["predicted_gain_ci_low"]), float(summary["predicted_gain_ci_high"])),
+        admission_active=decision.active,
+        admission_reason=decision.reason_code,
+        stages=tuple(stages),
+    )

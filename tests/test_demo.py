@@ -1,0 +1,68 @@
+"""The demo runs every stage and its output verifies; any edited copy is rejected."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dspark_calibrate.artifacts import detached_envelope_path
+from dspark_calibrate.calibrate.demo import DEMO_MARKER, run_demo
+from dspark_calibrate.cli import build_calibrate_app
+from dspark_calibrate.cli.verify import verify_app
+from dspark_calibrate.errors import ConfigError
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("demo") / "out"
+    r = runner.invoke(build_calibrate_app(), ["demo", "--out", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    result = json.loads(r.stdout)
+    assert result["admission"]["active"] is True
+    lo, hi = result["predicted_gain_ci"]
+    assert lo <= result["predicted_gain"] <= hi
+    return out
+
+
+def test_outputs_present(demo_dir: Path) -> None:
+    for rel in ("trust-root.json", "cost-table.parquet", "bundle/bundle.dsse.json", "trtllm/sps_table.json",
+                "trtllm/sts.json", "trtllm/admission_receipt.json", "trtllm/extra_llm_api_options.yaml",
+                "report.html", "fit/calibration.parquet"):
+        assert (demo_dir / rel).is_file(), rel
+    assert (demo_dir / "report.html").read_text().lstrip().lower().startswith("<!doctype html>")
+
+
+def test_demo_output_verifies(demo_dir: Path) -> None:
+    root = str(demo_dir / "trust-root.json")
+    r = runner.invoke(verify_app, [str(demo_dir / "cost-table.parquet"), str(demo_dir / "bundle"),
+                                   "--trust-root", root, "--allow-synthetic"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(verify_app, [str(demo_dir / "cost-table.parquet"), "--trust-root", root])
+    assert r.exit_code == 1 and "SYNTHETIC_REFUSED" in r.stderr
+
+
+@pytest.mark.parametrize("offset", [-300, -2000, 200, 5000])
+def test_edited_copy_is_rejected(demo_dir: Path, tmp_path: Path, offset: int) -> None:
+    copy = tmp_path / "cost-table.parquet"
+    data = bytearray((demo_dir / "cost-table.parquet").read_bytes())
+    data[offset] ^= 0x01
+    copy.write_bytes(bytes(data))
+    shutil.copyfile(detached_envelope_path(demo_dir / "cost-table.parquet"), detached_envelope_path(copy))
+    r = runner.invoke(verify_app, [str(copy), "--trust-root", str(demo_dir / "trust-root.json"),
+                                   "--allow-synthetic", "--json"])
+    assert r.exit_code == 1, r.output
+    assert json.loads(r.stdout)["reports"][0]["code"] != "OK"
+
+
+def test_refuses_foreign_directory(tmp_path: Path) -> None:
+    (tmp_path / "precious.txt").write_text("not demo output")
+    with pytest.raises(ConfigError, match="not empty"):
+        run_demo(tmp_path)
+    assert (tmp_path / "precious.txt").exists()
+    assert not (tmp_path / DEMO_MARKER).exists()
