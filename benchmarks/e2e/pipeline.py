@@ -447,6 +447,7 @@ def build_level(
     overhead_ms: float,
     resamples: int,
     seed: int,
+    safety_margin_ms: float | None = None,
 ) -> dict[str, Any]:
     """``build`` one signed bundle for one recorded workload; a refused build is an outcome, not an error.
 
@@ -468,6 +469,7 @@ def build_level(
         issued_at=now,
         expires_at=now + timedelta(days=7),
         overhead_ms=overhead_ms if math.isfinite(overhead_ms) else None,
+        safety_margin_ms=safety_margin_ms,
         bootstrap=BootstrapSettings(resamples=resamples, seed=seed),
         plots=importlib.util.find_spec("matplotlib") is not None,
         force=True,

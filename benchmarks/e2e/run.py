@@ -80,6 +80,7 @@ class Settings:
     build_resamples: int
     budget_s: float
     seed: int
+    ungated: bool = False
 
     @property
     def max_len(self) -> int:
@@ -169,6 +170,8 @@ def make_settings(args: argparse.Namespace) -> Settings:
             budget_s=540.0,
             seed=args.seed,
         )
+    if args.ungated:
+        base = replace(base, ungated=True)
     if args.levels:
         base = replace(base, levels=tuple(int(x) for x in args.levels.split(",")))
     if args.pairs:
@@ -572,6 +575,24 @@ def stage_toolkit(
                 resamples=s.build_resamples,
                 seed=s.seed,
             )
+            if s.ungated and outcome.get("status") == "built":
+                # The gated verdict (measured selector overhead, default safety margin) is kept;
+                # the bundle the experiment runs is rebuilt with both set to zero, so the dynamic
+                # arm tests the prediction itself where the economics would have refused it.
+                gated = {k: outcome.get(k) for k in ("status", "summary") if k in outcome}
+                outcome = pipeline.build_level(
+                    trust,
+                    tk / "fit" / "calibration.parquet",
+                    tk / "sweep.parquet",
+                    lv.workload_path,
+                    tk / f"bundle-c{lv.concurrency}",
+                    version=version,
+                    overhead_ms=0.0,
+                    safety_margin_ms=0.0,
+                    resamples=s.build_resamples,
+                    seed=s.seed,
+                )
+                outcome["gated_verdict"] = gated
             lv.build = outcome
             lv.predicted = pipeline.predicted_from_build(outcome)
             rec.log(
@@ -728,6 +749,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--target-steps", type=int, default=None, help="override the target's training steps")
     ap.add_argument("--no-graphs", action="store_true", help="eager steps on the GPU (no CUDA graphs)")
+    ap.add_argument(
+        "--ungated",
+        action="store_true",
+        help="diagnostic: also build each level with zero overhead and margin, so the dynamic arm runs "
+        "even where the signed economics refuse it; the gated verdict is kept in the result",
+    )
     ap.add_argument(
         "--checkpoint", type=Path, default=None, help="load trained weights from / save them to this file"
     )
