@@ -110,12 +110,18 @@ def test_tokens_and_goodput_by_hand() -> None:
     # row b (w=3): row a emits min(0, 1) + 1, row b min(5, 3) + 1
     assert ev.tokens.tolist() == [[1 + 4]]
     guard = DrainGuard(1.0, 3.5, 0.0, 4)
-    rep = replay(ev, drain_guard=guard, bootstrap=BOOT)
+    rep = replay(ev, drain_guard=guard, overhead_ms=0.0, bootstrap=BOOT)
     t0, t8 = grid.native(4).step_time_ms, grid.compact(4)[0].step_time_ms
     if rep.verifier_budget[0]:
         assert rep.predicted_gain == pytest.approx((5 / t8) / (7 / t0) - 1)
     else:
         assert rep.predicted_gain == 0.0
+    # The confidence path's cost is paid on every dynamic step and lowers the gain by hand, too.
+    paid = replay(ev, drain_guard=guard, overhead_ms=0.25, bootstrap=BOOT)
+    if paid.verifier_budget[0]:
+        assert paid.predicted_gain == pytest.approx((5 / (t8 + 0.25)) / (7 / t0) - 1)
+    else:
+        assert paid.predicted_gain == pytest.approx(t0 / (t0 + 0.25) - 1)
 
 
 def test_rows_above_the_ladder_are_skipped() -> None:
@@ -172,7 +178,9 @@ def test_value_sums_to_the_wall_time_saving(report: Any) -> None:
         float(compact_ms[i, list(ev.columns[i]).index(v)]) if v else float(native_ms[i])
         for i, v in enumerate(rep.verifier_budget.tolist())
     )
-    dyn_tokens = rep.dynamic_goodput_tok_per_ms * dyn_ms
+    # Goodput is net of the confidence path, paid on every dynamic step.
+    overhead = rep.economics.fixed_confidence_path_overhead_ms_upper_bound
+    dyn_tokens = rep.dynamic_goodput_tok_per_ms * (dyn_ms + overhead * len(rep.verifier_budget))
     # sum of (T0 - TV - lost * static ms/token) = time static K needs for the dynamic tokens - dynamic time
     saving = static_ms * dyn_tokens / float(ev.static_tokens.sum()) - dyn_ms
     assert sum(c["value_ms"] for c in rep.per_cell) == pytest.approx(saving)
@@ -222,9 +230,11 @@ def test_user_economics_and_deployed_subset(report: Any) -> None:
         user.economics.gross_compact_value_ms_lower_bound - user.policy_steps * 0.5 - 10.0
     )
     none = np.zeros_like(ev.feasible)
-    native_only = replay(ev, drain_guard=guard, allowed=none, bootstrap=BOOT)
+    native_only = replay(ev, drain_guard=guard, allowed=none, overhead_ms=0.0, bootstrap=BOOT)
     assert native_only.economics.compact_choices == 0 and not native_only.economics.admitted
     assert native_only.predicted_gain == 0.0
+    # With a confidence-path cost, running a policy that never trims is a loss.
+    assert replay(ev, drain_guard=guard, allowed=none, overhead_ms=0.5, bootstrap=BOOT).predicted_gain < 0
     choice = choose_steps(ev, minimum_predicted_gain=0.01, drain_guard=guard, allowed=none)
     assert {REASON_CODES[r] for r in choice.reason.tolist()} == {SelectReason.NO_COMPACT_CELLS}
 
