@@ -271,6 +271,188 @@ def test_plan_invariants(n: int, ranks: int) -> None:
             assert np.all(p.windows == K)
 
 
+# --- the optimised planner against a straightforward reference ---------------------------------
+
+
+def _seq(values: list[float]) -> float:
+    total = 0.0
+    for x in values:
+        total += x
+    return total
+
+
+def _reference_plan(
+    table: CostTable,
+    calibration: Calibration,
+    logits: np.ndarray,
+    rank: list[int],
+    request: list[int],
+    num_ranks: int,
+    floor: int,
+) -> tuple[int, int, SelectReason, float, list[tuple[float, float, bool]], list[int], list[tuple[int, ...]]]:
+    """DESIGN §6 written out literally: per-rank Python lists, an explicit sort, no memo, no views.
+
+    Returns (G, V, reason, native yield, per cell (yield, max loss, feasible), windows in input
+    order, per-rank layouts as tuples).
+    """
+    k = table.max_draft_len
+    surv = calibration.survival(logits)  # (n, K), the documented left-to-right products
+    by_rank: dict[int, list[int]] = {}
+    for i in sorted(range(len(rank)), key=lambda i: (rank[i], request[i])):
+        by_rank.setdefault(rank[i], []).append(i)
+    base: dict[int, float] = {}
+    ranking: dict[int, list[tuple[float, int, int]]] = {}  # (survival, position, row index)
+    for r, members in by_rank.items():
+        terms = [float(surv[i, j]) for j in range(floor) for i in members]  # position-major
+        base[r] = len(members) + _seq(terms)
+        cand = [(float(surv[i, j]), j, local) for j in range(floor, k) for local, i in enumerate(members)]
+        ranking[r] = sorted(cand, key=lambda t: (-t[0], t[1], t[2]))
+    full = {r: base[r] + _seq([c[0] for c in ranking[r]]) for r in by_rank}
+    native_yield = _seq([full[r] for r in sorted(by_rank)])
+    windows = [k] * len(rank)
+    if not by_rank:
+        return 0, 0, SelectReason.NO_ROWS, 0.0, [], windows, []
+    g = table.graph_batch_size_for(max(len(m) for m in by_rank.values()))
+    if g is None:
+        return 0, 0, SelectReason.NO_GRAPH, native_yield, [], windows, []
+    budgets = table.compact_budgets(g)
+    idle = num_ranks > len(by_rank)
+    cells: list[tuple[float, float, bool]] = []
+    geos: list[dict[int, Geometry]] = []
+    for v in budgets:
+        geo = {
+            r: cell_geometry(len(m), g, v, min_verify_len=floor, max_draft_len=k) for r, m in by_rank.items()
+        }
+        idle_geo = cell_geometry(0, g, v, min_verify_len=floor, max_draft_len=k)
+        if any(x is None for x in geo.values()) or (idle and idle_geo is None):
+            cells.append((0.0, 0.0, False))
+            geos.append({})
+            continue
+        fits = {r: x for r, x in geo.items() if x is not None}
+        per_rank = {r: base[r] + _seq([c[0] for c in ranking[r][: x.extra]]) for r, x in fits.items()}
+        loss = max((full[r] - per_rank[r]) / len(by_rank[r]) for r in by_rank)
+        cells.append((_seq([per_rank[r] for r in sorted(by_rank)]), loss, True))
+        geos.append(fits)
+    choice = choose_cells(
+        native_yield=np.array([native_yield]),
+        native_ms=np.array([table.time(g, 0)]),
+        compact_yield=np.array([[c[0] for c in cells]]).reshape(1, -1),
+        compact_ms=np.array([[table.time(g, v) for v in budgets]]).reshape(1, -1),
+        max_loss=np.array([[c[1] for c in cells]]).reshape(1, -1),
+        feasible=np.array([[c[2] for c in cells]], dtype=bool).reshape(1, -1),
+        budgets=np.array([list(budgets)]).reshape(1, -1),
+        minimum_predicted_gain=table.minimum_predicted_gain,
+        drain_guard=table.drain_guard,
+        tail_native_ms=(
+            None if table.drain_guard is None else table.time(table.drain_guard.tail_graph_batch_size, 0)
+        ),
+    )
+    col = int(choice.column[0])
+    reason = REASON_CODES[int(choice.reason[0])]
+    layouts: list[tuple[int, ...]] = []
+    if col < 0:
+        for r in range(num_ranks):
+            c = len(by_rank.get(r, []))
+            layouts.append((r, c, g - c, k + 1 if c < g else 0, 0, g * (k + 1)))
+        return g, 0, reason, native_yield, cells, windows, layouts
+    v = budgets[col]
+    for r, members in by_rank.items():
+        granted = [floor] * len(members)
+        for _, _, local in ranking[r][: geos[col][r].extra]:
+            granted[local] += 1
+        for local, i in enumerate(members):
+            windows[i] = granted[local]
+    idle_geo = cell_geometry(0, g, v, min_verify_len=floor, max_draft_len=k)
+    for r in range(num_ranks):
+        if r in by_rank:
+            c, x = len(by_rank[r]), geos[col][r]
+            tokens = sum(windows[i] + 1 for i in by_rank[r]) + (g - c) * x.pad_len
+            layouts.append((r, c, g - c, x.pad_len, 0, tokens))
+        else:
+            assert idle_geo is not None
+            layouts.append(
+                (
+                    r,
+                    0,
+                    g,
+                    idle_geo.pad_len,
+                    idle_geo.pad_high_rows,
+                    g * idle_geo.pad_len + idle_geo.pad_high_rows,
+                )
+            )
+    return g, v, reason, native_yield, cells, windows, layouts
+
+
+@given(
+    num_ranks=st.integers(1, 4),
+    rows=st.lists(
+        st.tuples(
+            st.integers(0, 3),
+            # A few repeated values make exact survival ties (the tie-break path) common.
+            st.lists(
+                st.one_of(st.sampled_from([-3.0, 0.0, 2.0, 40.0]), st.floats(-6, 8)), min_size=K, max_size=K
+            ),
+        ),
+        max_size=40,
+    ),
+    shuffle=st.randoms(use_true_random=False),
+    floor=st.integers(1, K),
+    gain=st.sampled_from([0.0, 0.01]),
+    cal_kind=st.sampled_from(["sts", "identity", "platt"]),
+)
+@settings(max_examples=300, deadline=None)
+def test_plan_matches_a_straightforward_reference(
+    num_ranks: int, rows: list[tuple[int, list[float]]], shuffle: Any, floor: int, gain: float, cal_kind: str
+) -> None:
+    """Bit-identical yields, scores, windows and layouts, whatever the fast paths take."""
+    table = staircase_table(gain=gain)
+    calibration = {
+        "sts": CAL,
+        "identity": Calibration.identity(K),
+        "platt": Calibration(tuple(PositionMap("platt", (0.8 + 0.1 * j, -0.2)) for j in range(K))),
+    }[cal_kind]
+    rank = [r % num_ranks for r, _ in rows]
+    request = list(range(len(rows)))
+    shuffle.shuffle(request)
+    logits = np.array([lg for _, lg in rows], dtype=np.float64).reshape(len(rows), K)
+    step = StepRows(logits, np.array(rank, dtype=np.int64), np.array(request, dtype=np.int64), num_ranks)
+    got = plan(table, calibration, step, min_verify_len=floor)
+    g, v, reason, native_yield, cells, windows, layouts = _reference_plan(
+        table, calibration, logits, rank, request, num_ranks, floor
+    )
+    sel = got.selection
+    assert (sel.graph_batch_size, sel.verifier_budget, sel.reason) == (g, v, reason)
+    assert sel.native_yield == native_yield
+    assert [(c.expected_yield, c.max_yield_loss_per_request, c.feasible) for c in sel.cells] == cells
+    assert got.windows.tolist() == windows
+    assert [tuple(lay) for lay in got.ranks] == layouts
+    assert select(table, calibration, step, min_verify_len=floor) == sel
+    if g:
+        alloc = allocate(
+            table, calibration, step, graph_batch_size=g, verifier_budget=v, min_verify_len=floor
+        )
+        assert alloc.windows.tolist() == windows and [tuple(lay) for lay in alloc.ranks] == layouts
+    # Rows passed in canonical order plan identically (the fast canonical path).
+    order = sorted(range(len(rows)), key=lambda i: (rank[i], request[i]))
+    again = plan(
+        table,
+        calibration,
+        StepRows(logits[order], np.array(rank)[order], np.array(request)[order], num_ranks),
+        min_verify_len=floor,
+    )
+    assert again.selection == sel and again.windows.tolist() == [windows[i] for i in order]
+
+
+def test_rows_with_a_rank_revisited_are_not_taken_as_canonical() -> None:
+    # Ranks [0, 1, 0] with increasing keys are not sorted by rank: rank 0 holds two rows.
+    logits = np.random.default_rng(1).normal(0, 2, (3, K))
+    a = plan(staircase_table(), CAL, StepRows(logits, np.array([0, 1, 0]), np.array([0, 1, 2]), 2))
+    b = plan(staircase_table(), CAL, StepRows(logits[[0, 2, 1]], np.array([0, 0, 1]), np.array([0, 2, 1]), 2))
+    assert [(lay.rank, lay.real_rows) for lay in a.ranks] == [(0, 2), (1, 1)]
+    assert a.ranks == b.ranks and a.selection == b.selection
+    assert a.windows.tolist() == b.windows[[0, 2, 1]].tolist()
+
+
 def test_confident_rows_keep_native_doubtful_rows_go_compact() -> None:
     table = staircase_table()
     sure = plan(table, CAL, StepRows.single_rank(np.full((8, K), 12.0)))

@@ -38,6 +38,7 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import enum
 import functools
 import itertools
@@ -214,6 +215,14 @@ class CostTable:
     drain_guard: DrainGuard | None = None
     _times: dict[tuple[int, int], float] = field(init=False, repr=False, compare=False, hash=False)
     _compact: dict[int, tuple[int, ...]] = field(init=False, repr=False, compare=False, hash=False)
+    # Serving-path data that depends on the table alone, computed once here so that a step does
+    # no per-call table work: per G, (compact budgets, their times, native time); the drain
+    # tail's native time; and a bounded memo of per-step-shape derived data (see _step_cells).
+    _per_g: dict[int, tuple[tuple[int, ...], tuple[float, ...], float]] = field(
+        init=False, repr=False, compare=False, hash=False
+    )
+    _tail_ms: float | None = field(init=False, repr=False, compare=False, hash=False)
+    _memo: dict[tuple[Any, ...], Any] = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         k = _exact_int(self.max_draft_len, "max_draft_len", 1)
@@ -269,6 +278,19 @@ class CostTable:
         object.__setattr__(self, "minimum_predicted_gain", gain)
         object.__setattr__(self, "_times", times)
         object.__setattr__(self, "_compact", compact)
+        object.__setattr__(
+            self,
+            "_per_g",
+            {
+                g: (compact[g], tuple(times[(g, v)] for v in compact[g]), times[(g, NATIVE_BUDGET)])
+                for g in gs
+            },
+        )
+        guard = self.drain_guard
+        object.__setattr__(
+            self, "_tail_ms", None if guard is None else times[(guard.tail_graph_batch_size, NATIVE_BUDGET)]
+        )
+        object.__setattr__(self, "_memo", {})
 
     @classmethod
     def from_cells(
@@ -321,10 +343,8 @@ class CostTable:
 
     def graph_batch_size_for(self, rows: int) -> int | None:
         """The smallest captured G holding ``rows`` real rows (None when above the ladder)."""
-        for g in self.graph_batch_sizes:
-            if g >= rows:
-                return g
-        return None
+        i = bisect.bisect_left(self.graph_batch_sizes, rows)
+        return self.graph_batch_sizes[i] if i < len(self.graph_batch_sizes) else None
 
     def replace_policy(
         self, *, minimum_predicted_gain: float | None = None, drain_guard: DrainGuard | None = None
@@ -430,6 +450,9 @@ class Calibration:
 
     maps: tuple[PositionMap, ...]
     _sts: np.ndarray | None = field(init=False, repr=False, compare=False, hash=False)
+    # (K, 1) of -T: x / (-T) is exactly -(x / T) (IEEE division is sign-symmetric), so the
+    # serving path folds sigmoid's negation into the division and saves one numpy call.
+    _neg_sts: np.ndarray | None = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if not self.maps:
@@ -437,9 +460,12 @@ class Calibration:
         object.__setattr__(self, "maps", tuple(self.maps))
         if all(m.method == "sts" for m in self.maps):
             # (K, 1) temperatures: p = sigmoid(logit / T), the division TensorRT-LLM applies.
-            object.__setattr__(self, "_sts", np.array([[m.params[0]] for m in self.maps]))
+            temperatures = np.array([[m.params[0]] for m in self.maps])
+            object.__setattr__(self, "_sts", temperatures)
+            object.__setattr__(self, "_neg_sts", -temperatures)
         else:
             object.__setattr__(self, "_sts", None)
+            object.__setattr__(self, "_neg_sts", None)
 
     @property
     def k(self) -> int:
@@ -568,18 +594,31 @@ class StepRows:
         if isinstance(nr, bool) or not isinstance(nr, int | np.integer) or nr < 1:
             raise ConfigError(f"num_ranks must be an integer >= 1, got {nr!r}")
         nr = int(nr)
-        if n and (rank.any() if nr == 1 else (rank.min() < 0 or rank.max() >= nr)):
-            raise ConfigError(f"row ranks must lie in [0, {nr}), got [{rank.min()}, {rank.max()}]")
-        if not np.isfinite(logits.sum()) and not np.all(np.isfinite(logits)):
-            raise ConfigError("confidence logits must be finite")
-        one_rank = nr == 1 or n <= 1 or bool(np.all(rank[1:] == rank[:-1]))
-        later = request[1:] > request[:-1]
-        if n <= 1 or (bool(np.all(later)) if one_rank else bool(np.all((rank[1:] > rank[:-1]) | later))):
-            # Already canonical: sorted by rank, then strictly increasing (so unique) keys per rank.
-            order = np.arange(n)
-            canonical = True
+        # Canonical = sorted by rank, then strictly increasing (so unique) keys per rank. The
+        # common serving case (ranks non-decreasing, keys increasing overall) is decided with two
+        # comparisons; the rank range check then needs only the first and last rank.
+        # (np.count_nonzero is used for all/any: it is several times cheaper per call.)
+        keys_increase = n <= 1 or np.count_nonzero(request[1:] > request[:-1]) == n - 1
+        if nr == 1:
+            if n and np.count_nonzero(rank):
+                raise ConfigError(f"row ranks must lie in [0, 1), got [{rank.min()}, {rank.max()}]")
+            canonical = keys_increase
         else:
-            canonical = False
+            ranks_sorted = n <= 1 or np.count_nonzero(rank[1:] >= rank[:-1]) == n - 1
+            if ranks_sorted and n and (rank.item(0) < 0 or rank.item(n - 1) >= nr):
+                raise ConfigError(f"row ranks must lie in [0, {nr}), got [{rank.min()}, {rank.max()}]")
+            if not ranks_sorted and (rank.min() < 0 or rank.max() >= nr):
+                raise ConfigError(f"row ranks must lie in [0, {nr}), got [{rank.min()}, {rank.max()}]")
+            # With sorted ranks, a key may only fail to increase where the rank changes.
+            canonical = ranks_sorted and (
+                keys_increase or bool(((rank[1:] > rank[:-1]) | (request[1:] > request[:-1])).all())
+            )
+        if not math.isfinite(np.add.reduce(logits, axis=None)) and not np.isfinite(logits).all():
+            raise ConfigError("confidence logits must be finite")
+        if canonical:
+            order = np.arange(n)
+        else:
+            one_rank = nr == 1 or bool((rank[1:] == rank[:-1]).all())
             order = np.argsort(request, kind="stable") if one_rank else np.lexsort((request, rank))
             r_s, q_s = rank[order], request[order]
             if n > 1 and np.any((r_s[1:] == r_s[:-1]) & (q_s[1:] == q_s[:-1])):
@@ -738,7 +777,7 @@ def top_candidates(
     return out
 
 
-class SelectReason(str, enum.Enum):  # noqa: UP042 - same enum style as artifacts.Reason
+class SelectReason(str, enum.Enum):
     """Why a step ran the cell it ran (stable values, used in replay statistics)."""
 
     COMPACT = "compact"
@@ -941,24 +980,48 @@ class Plan:
         return self.selection.verifier_budget
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class _Prepared:
-    """Per-rank survivals ranked once, shared by selection and allocation."""
+class _Prepared(NamedTuple):
+    """One step's survivals, grouped by rank and ranked once, shared by selection and allocation.
 
-    graph_batch_size: int
-    active_ranks: np.ndarray  # ranks with rows, increasing
-    counts: np.ndarray  # rows per active rank
-    row_rank_index: np.ndarray  # canonical row -> index into active_ranks
-    row_local: np.ndarray  # canonical row -> index within its rank
-    base: np.ndarray  # per active rank: n + floor survivals
-    full: np.ndarray  # per active rank: the native yield
-    cand: np.ndarray  # (R, L) position-major candidate survivals, -1 padding
-    ranked: np.ndarray  # (R, L) the candidates sorted ascending
-    prefix: np.ndarray  # (R, L+1)
-    width: int  # request slots per position in the position-major layout
+    A ``NamedTuple`` (not a dataclass): it is built on every step and tuples are cheap to create.
+    """
+
+    graph_batch_size: int  # the smallest captured G holding the busiest rank (0: none)
+    active: tuple[int, ...]  # ranks with rows, increasing
+    counts: tuple[int, ...]  # rows per active rank
+    base: list[float]  # per active rank: n + sequential sum of the floor survivals
+    cand: np.ndarray  # (R, cols, W) survivals above the floor, position-major per rank; -1 pads
+    ranked: np.ndarray  # (R, L) the candidates of each rank sorted ascending, L = cols * W
+    prefix: np.ndarray  # (R, L+1) column e: sequential sum of the rank's e largest candidates
+    row_rank_index: np.ndarray | None  # canonical row -> rank index (None: uniform layout)
+    row_local: np.ndarray | None  # canonical row -> slot within its rank (None: uniform layout)
 
 
-_NO_INDEX = np.zeros(0, dtype=np.int64)
+_EMPTY_F = np.zeros((0, 0, 0))
+_EMPTY_R = np.zeros((0, 0))
+_EMPTY_P = np.zeros((0, 1))
+#: Bound on a table's memo of per-step-shape data (distinct (G, floor, counts, idle) keys).
+_MEMO_LIMIT = 4096
+
+
+def _survivals(calibration: Calibration, rows: StepRows, k: int) -> np.ndarray:
+    """(K, n) C-contiguous survivals of the rows in canonical order (position-major).
+
+    The STS branch performs exactly :meth:`Calibration.survival_t`'s operations (the negation
+    is folded into the division by -T, which is bit-identical), with fewer numpy calls.
+    """
+    x = rows.logits if rows.canonical else rows.logits[rows.order]
+    neg = calibration._neg_sts
+    if neg is None:
+        return calibration.survival_t(x.T)
+    out: np.ndarray = np.divide(x.T, neg, order="C")  # -(x / T)
+    with np.errstate(over="ignore"):  # exp overflows to inf and the sigmoid is then exactly 0.0
+        np.exp(out, out=out)
+    out += 1.0
+    np.reciprocal(out, out=out)
+    for j in range(1, k):  # left-to-right products, the engine's order
+        np.multiply(out[j - 1], out[j], out=out[j])
+    return out
 
 
 def _prepare(table: CostTable, calibration: Calibration, rows: StepRows, min_verify_len: int) -> _Prepared:
@@ -968,56 +1031,107 @@ def _prepare(table: CostTable, calibration: Calibration, rows: StepRows, min_ver
     floor = int(min_verify_len)
     if not 1 <= floor <= k:
         raise ConfigError(f"min_verify_len must be in [1, K={k}], got {floor}")
-    order = rows.order
-    n = int(order.shape[0])
+    n = len(rows)
     if n == 0:
-        e = np.zeros(0, dtype=np.int64)
-        z = np.zeros(0)
-        return _Prepared(0, e, e, e, e, z, z, np.zeros((0, 0)), np.zeros((0, 0)), np.zeros((0, 1)), 0)
-    ranks = rows.rank if rows.canonical else rows.rank[order]
-    ordered = rows.logits if rows.canonical else rows.logits[order]
-    surv = calibration.survival_t(ordered.T)  # (K, n), C-contiguous
+        return _Prepared(0, (), (), [], _EMPTY_F, _EMPTY_R, _EMPTY_P, None, None)
+    surv = _survivals(calibration, rows, k)
     cols = k - floor
-    if ranks[0] == ranks[-1]:  # one active rank (rows are sorted by rank)
-        counts = np.array([n], dtype=np.int64)
-        active = ranks[:1]
-        row_rank_index = row_local = _NO_INDEX  # the one-rank allocation does not need them
-        width = n
-        cand = surv[floor:].reshape(1, cols * n)
-        base_terms = surv[:floor].reshape(1, floor * n)
+    if rows.num_ranks == 1:
+        active: tuple[int, ...] = (0,)
+        counts: tuple[int, ...] = (n,)
     else:
-        starts = np.flatnonzero(np.concatenate(([True], ranks[1:] != ranks[:-1])))
-        counts = np.diff(np.append(starts, n))
-        active = ranks[starts]
-        r_count = int(active.shape[0])
+        # Canonical rows are sorted by rank, so each active rank is one contiguous block.
+        ranks = rows.rank if rows.canonical else rows.rank[rows.order]
+        per_rank = np.bincount(ranks, minlength=rows.num_ranks).tolist()
+        active = tuple(r for r, c in enumerate(per_rank) if c)
+        counts = tuple(per_rank[r] for r in active)
+    r_count = len(counts)
+    width = max(counts)
+    if r_count * width == n:
+        # Uniform layout (every active rank has the same rows; always so for one rank): the
+        # per-rank position-major grid is a view of the survivals, no scatter and no padding.
+        by_rank = surv.reshape(k, r_count, width)
+        cand = by_rank[floor:].transpose(1, 0, 2)
+        base_terms = by_rank[0] if floor == 1 else by_rank[:floor].transpose(1, 0, 2).reshape(r_count, -1)
+        row_rank_index = row_local = None
+    else:
+        starts = np.cumsum((0, *counts[:-1]))
         row_rank_index = np.repeat(np.arange(r_count), counts)
         row_local = np.arange(n) - starts[row_rank_index]
-        width = int(counts.max())
         grid = np.full((r_count, cols, width), -1.0)
         grid[row_rank_index, :, row_local] = surv[floor:].T
-        cand = grid.reshape(r_count, cols * width)
+        cand = grid
         bgrid = np.zeros((r_count, floor, width))
         bgrid[row_rank_index, :, row_local] = surv[:floor].T
         base_terms = bgrid.reshape(r_count, floor * width)
-    # Sequential (cumsum) sums in position-major order: zero padding never changes a rounding,
-    # and replay sums in the same order.
-    base = counts.astype(np.float64) + np.cumsum(base_terms, axis=1)[:, -1]
-    ranked, prefix = _ranked_prefix(cand)
-    full = base + prefix[np.arange(counts.shape[0]), counts * cols]
-    g = table.graph_batch_size_for(int(counts.max()))
+    # Sequential (accumulate) sums in position-major order: zero padding never changes a
+    # rounding, and replay sums in the same order.
+    base_sums = np.add.accumulate(base_terms, axis=1)[:, -1].tolist()
+    base = [c + s for c, s in zip(counts, base_sums, strict=True)]
+    length = cols * width
+    grid_copy = np.empty((r_count, cols, width))
+    grid_copy[...] = cand
+    ranked = grid_copy.reshape(r_count, length)
+    ranked.sort(axis=1)  # ascending; the best are at the end
+    prefix = np.zeros((r_count, length + 1))
+    np.add.accumulate(ranked[:, ::-1], axis=1, out=prefix[:, 1:])
+    g = table.graph_batch_size_for(width)
     return _Prepared(
-        graph_batch_size=0 if g is None else g,
-        active_ranks=active,
-        counts=counts,
-        row_rank_index=row_rank_index,
-        row_local=row_local,
-        base=base,
-        full=full,
-        cand=cand,
-        ranked=ranked,
-        prefix=prefix,
-        width=width,
+        0 if g is None else g, active, counts, base, cand, ranked, prefix, row_rank_index, row_local
     )
+
+
+class _StepCells(NamedTuple):
+    """What the compact cells of one G look like for one shape of step (memoised per table)."""
+
+    budgets: tuple[int, ...]
+    times: tuple[float, ...]
+    native_ms: float
+    geometry: tuple[tuple[Geometry, ...] | None, ...]  # per cell: per active rank, None = infeasible
+    idle_geometry: tuple[Geometry | None, ...]  # per cell: an idle rank's geometry
+    gather: np.ndarray  # flat indices into prefix: R fulls, then R per feasible cell
+    extras: tuple[np.ndarray | None, ...]  # per cell: (R,) extra tokens per rank
+
+
+def _step_cells(table: CostTable, g: int, floor: int, counts: tuple[int, ...], idle: bool) -> _StepCells:
+    key = (g, floor, counts, idle)
+    memo = table._memo
+    hit: _StepCells | None = memo.get(key)
+    if hit is not None:
+        return hit
+    k = table.max_draft_len
+    budgets, times, native_ms = table._per_g[g]
+    cols = k - floor
+    stride = cols * max(counts) + 1 if counts else 1
+    gather = [r * stride + c * cols for r, c in enumerate(counts)]
+    geometry: list[tuple[Geometry, ...] | None] = []
+    idle_geometry: list[Geometry | None] = []
+    extras: list[np.ndarray | None] = []
+    for v in budgets:
+        geo = [_geometry(c, g, v, floor, k) for c in counts]
+        idle_geo = _geometry(0, g, v, floor, k)
+        idle_geometry.append(idle_geo)
+        if all(x is not None for x in geo) and (not idle or idle_geo is not None):
+            ok = tuple(x for x in geo if x is not None)
+            geometry.append(ok)
+            extras.append(np.array([x.extra for x in ok], dtype=np.int64))
+            gather.extend(r * stride + x.extra for r, x in enumerate(ok))
+        else:
+            geometry.append(None)
+            extras.append(None)
+    out = _StepCells(
+        budgets,
+        times,
+        native_ms,
+        tuple(geometry),
+        tuple(idle_geometry),
+        np.array(gather, dtype=np.int64),
+        tuple(extras),
+    )
+    if len(memo) >= _MEMO_LIMIT:
+        memo.clear()
+    memo[key] = out
+    return out
 
 
 def _seq_sum(values: Iterable[float]) -> float:
@@ -1076,56 +1190,56 @@ def _choose_one(
 
 def _select_prepared(
     table: CostTable, prep: _Prepared, rows: StepRows, min_verify_len: int
-) -> tuple[Selection, list[Geometry]]:
-    k = table.max_draft_len
-    if prep.counts.size == 0:
-        return Selection(0, NATIVE_BUDGET, SelectReason.NO_ROWS, 0.0, 0.0, ()), []
-    full = prep.full.tolist()
-    counts = prep.counts.tolist()
-    native_yield = _seq_sum(full)
+) -> tuple[Selection, _StepCells | None, int]:
+    """The step's selection, its memoised cells (None without a graph) and the chosen column."""
+    counts = prep.counts
+    if not counts:
+        return Selection(0, NATIVE_BUDGET, SelectReason.NO_ROWS, 0.0, 0.0, ()), None, -1
     g = prep.graph_batch_size
+    r_count = len(counts)
     if g == 0:
-        return Selection(0, NATIVE_BUDGET, SelectReason.NO_GRAPH, native_yield, 0.0, ()), []
-    budgets = table.compact_budgets(g)
-    idle = rows.num_ranks > len(counts)
-    floor = int(min_verify_len)
-    geos: list[list[Geometry]] = []
-    feasible: list[bool] = []
-    for v in budgets:
-        geo = [_geometry(c, g, v, floor, k) for c in counts]
-        ok = all(x is not None for x in geo) and (not idle or _geometry(0, g, v, floor, k) is not None)
-        feasible.append(ok)
-        geos.append([x for x in geo if x is not None] if ok else [])
-    yields = [0.0] * len(budgets)
-    losses = [0.0] * len(budgets)
-    live = [i for i, ok in enumerate(feasible) if ok]
-    if live and len(counts) == 1:  # one rank: scalars (same arithmetic as the general path)
-        base0, full0, n0 = float(prep.base[0]), full[0], counts[0]
-        for i in live:
-            y = base0 + float(prep.prefix[0, geos[i][0].extra])
-            yields[i], losses[i] = y, (full0 - y) / n0
-    elif live:
-        extras = np.array([[x.extra for x in geos[i]] for i in live], dtype=np.int64)  # (cells, ranks)
-        per_rank = prep.base[None, :] + prep.prefix[np.arange(len(counts))[None, :], extras]
-        # Sequential sum over ranks (cumsum), the order replay uses.
-        for i, y, loss in zip(
-            live,
-            np.cumsum(per_rank, axis=1)[:, -1].tolist(),
-            ((prep.full[None, :] - per_rank) / prep.counts[None, :]).max(axis=1).tolist(),
-            strict=True,
-        ):
-            yields[i], losses[i] = y, loss
-    cells = [(v, table.time(g, v), feasible[i], yields[i], losses[i]) for i, v in enumerate(budgets)]
-    native_ms = table.time(g, NATIVE_BUDGET)
-    guard = table.drain_guard
-    tail = None if guard is None else table.time(guard.tail_graph_batch_size, NATIVE_BUDGET)
+        # Above the ladder: only the native yield is reported (full of every rank, in rank order).
+        cols = table.max_draft_len - int(min_verify_len)
+        stride = prep.prefix.shape[1]
+        fulls = prep.prefix.take([r * stride + c * cols for r, c in enumerate(counts)]).tolist()
+        native_yield = _seq_sum(b + f for b, f in zip(prep.base, fulls, strict=True))
+        return Selection(0, NATIVE_BUDGET, SelectReason.NO_GRAPH, native_yield, 0.0, ()), None, -1
+    sc = _step_cells(table, g, int(min_verify_len), counts, rows.num_ranks > r_count)
+    # One gather and one tolist for every prefix value the rule needs; the rest is scalar
+    # float arithmetic in exactly the order of the vectorised replay.
+    vals = prep.prefix.take(sc.gather).tolist()
+    base = prep.base
+    full = [b + f for b, f in zip(base, vals[:r_count], strict=True)]
+    native_yield = _seq_sum(full)
+    cells: list[tuple[int, float, bool, float, float]] = []
+    at = r_count
+    for v, t, geo in zip(sc.budgets, sc.times, sc.geometry, strict=True):
+        if geo is None:
+            cells.append((v, t, False, 0.0, 0.0))
+            continue
+        if r_count == 1:
+            y = base[0] + vals[at]
+            loss = (full[0] - y) / counts[0]
+        else:
+            # Sequential sum over ranks (0.0 + x is exactly x) and the worst per-request loss,
+            # in one plain loop: cheaper than numpy for a handful of ranks, same arithmetic.
+            y, loss = 0.0, -math.inf
+            for b, p, f, c in zip(base, vals[at : at + r_count], full, counts, strict=True):
+                per_rank = b + p
+                y += per_rank
+                rank_loss = (f - per_rank) / c
+                if rank_loss > loss:
+                    loss = rank_loss
+        at += r_count
+        cells.append((v, t, True, y, loss))
+    native_ms = sc.native_ms
     col, reason, evals = _choose_one(
         native_yield=native_yield,
         native_ms=native_ms,
         cells=cells,
         minimum_predicted_gain=table.minimum_predicted_gain,
-        drain_guard=guard,
-        tail_native_ms=tail,
+        drain_guard=table.drain_guard,
+        tail_native_ms=table._tail_ms,
     )
     evaluations = tuple(
         CellEvaluation(v, t, ok, y, e[0], loss, e[1], None if math.isnan(e[2]) else e[2], e[3])
@@ -1133,13 +1247,57 @@ def _select_prepared(
     )
     selection = Selection(
         graph_batch_size=g,
-        verifier_budget=NATIVE_BUDGET if col < 0 else budgets[col],
+        verifier_budget=NATIVE_BUDGET if col < 0 else sc.budgets[col],
         reason=reason,
         native_yield=native_yield,
         native_score=native_yield / native_ms,
         cells=evaluations,
     )
-    return selection, (geos[col] if col >= 0 else [])
+    return selection, sc, col
+
+
+def _layouts(
+    table: CostTable,
+    prep: _Prepared,
+    num_ranks: int,
+    g: int,
+    v: int,
+    floor: int,
+    geometry: tuple[Geometry, ...],
+    idle_geometry: Geometry | None,
+) -> tuple[RankLayout, ...]:
+    """Every rank's layout under (G, V), memoised per table (it depends on the step's shape only).
+
+    A compact cell's real rows take exactly ``geometry.real_tokens`` (the allocation grants
+    exactly ``extra`` above the floor), so every rank submits V tokens.
+    """
+    # The geometry is a function of (G, V, floor, counts) and the table, so the floor stands in
+    # for it in the key (cheaper to hash than Geometry objects).
+    key = ("layout", g, v, floor, prep.active, prep.counts, num_ranks)
+    memo = table._memo
+    hit: tuple[RankLayout, ...] | None = memo.get(key)
+    if hit is not None:
+        return hit
+    k = table.max_draft_len
+    geos: Sequence[Geometry | None] = geometry or (None,) * len(prep.counts)
+    by_rank = dict(zip(prep.active, zip(prep.counts, geos, strict=True), strict=True))
+    layouts: list[RankLayout] = []
+    for r in range(num_ranks):
+        c, geo = by_rank.get(r, (0, None))
+        if v == NATIVE_BUDGET:
+            layouts.append(RankLayout(r, c, g - c, k + 1 if c < g else 0, 0, g * (k + 1)))
+        elif c:
+            assert geo is not None
+            layouts.append(RankLayout(r, c, g - c, geo.pad_len, 0, geo.real_tokens + (g - c) * geo.pad_len))
+        else:
+            assert idle_geometry is not None
+            q, high = idle_geometry.pad_len, idle_geometry.pad_high_rows
+            layouts.append(RankLayout(r, 0, g, q, high, g * q + high))
+    out = tuple(layouts)
+    if len(memo) >= _MEMO_LIMIT:
+        memo.clear()
+    memo[key] = out
+    return out
 
 
 def _allocate_prepared(
@@ -1147,57 +1305,63 @@ def _allocate_prepared(
     prep: _Prepared,
     rows: StepRows,
     selection: Selection,
-    geometry: Sequence[Geometry],
+    geometry: tuple[Geometry, ...],
+    idle_geometry: Geometry | None,
+    extras: np.ndarray | None,
     min_verify_len: int,
 ) -> Plan:
     k = table.max_draft_len
     n = len(rows)
     g, v = selection.graph_batch_size, selection.verifier_budget
-    layouts: list[RankLayout] = []
     if g == 0 or v == NATIVE_BUDGET:
         windows = np.full(n, k, dtype=np.int64)
-    if g != 0 and v == NATIVE_BUDGET:
-        counts_by_rank = dict(zip(prep.active_ranks.tolist(), prep.counts.tolist(), strict=True))
-        for r in range(rows.num_ranks):
-            c = counts_by_rank.get(r, 0)
-            layouts.append(RankLayout(r, c, g - c, k + 1 if c < g else 0, 0, g * (k + 1)))
-    elif g != 0:
-        floor = int(min_verify_len)
-        r_count = int(prep.counts.shape[0])
-        extra = np.array([geo.extra for geo in geometry], dtype=np.int64)
-        chosen = top_candidates(prep.cand, extra, ranked=prep.ranked)
-        if r_count == 1:
-            canonical = np.add(chosen.reshape(k - floor, prep.width).sum(axis=0), floor, dtype=np.int64)
-            real_tokens = [int(canonical.sum()) + canonical.shape[0]]
+        windows.setflags(write=False)
+        layouts = () if g == 0 else _layouts(table, prep, rows.num_ranks, g, v, 0, (), None)
+        return Plan(selection, windows, layouts)
+    floor = int(min_verify_len)
+    r_count = len(prep.counts)
+    if r_count:
+        assert extras is not None
+        ranked = prep.ranked
+        length = ranked.shape[1]
+        # Threshold = each rank's e-th largest candidate. When no tie crosses the cut (the
+        # next smaller candidate is strictly below it) "at or above the threshold" is exactly
+        # the e best, the mask the tie-break gives; else fall back to the exact tie-break.
+        exact = True
+        thresholds = []
+        for r, e in enumerate(extras.tolist()):
+            if e <= 0:
+                thresholds.append(math.inf)
+                continue
+            t = ranked.item(r, length - e)
+            thresholds.append(t)
+            if e < length and not ranked.item(r, length - e - 1) < t:
+                exact = False
+        cand = prep.cand
+        if exact:
+            # One rank: compare with the Python float (no threshold array to build).
+            cut = thresholds[0] if r_count == 1 else np.array(thresholds).reshape(r_count, 1, 1)
+            mask = cand >= cut
         else:
-            granted = chosen.reshape(r_count, k - floor, prep.width).sum(axis=1)
-            canonical = floor + granted[prep.row_rank_index, prep.row_local]
-            real_tokens = np.bincount(prep.row_rank_index, weights=canonical + 1, minlength=r_count).tolist()
+            flat = cand.reshape(r_count, length)
+            mask = top_candidates(flat, extras, ranked=ranked).reshape(cand.shape)
+        granted = np.add.reduce(mask, axis=1, dtype=np.int64)  # (R, W) positions above the floor
+        granted += floor
+        if prep.row_rank_index is None:
+            canonical = granted.reshape(n)
+        else:
+            canonical = granted[prep.row_rank_index, prep.row_local]
         if rows.canonical:
-            windows = canonical.astype(np.int64, copy=False)
+            windows = canonical
         else:
             windows = np.empty(n, dtype=np.int64)
             windows[rows.order] = canonical
-        if rows.num_ranks == 1:
-            c, geo = n, geometry[0]
-            windows.setflags(write=False)
-            layout = RankLayout(0, c, g - c, geo.pad_len, 0, int(real_tokens[0]) + (g - c) * geo.pad_len)
-            return Plan(selection, windows, (layout,))
-        index_of = {r: i for i, r in enumerate(prep.active_ranks.tolist())}
-        idle_geo = cell_geometry(0, g, v, min_verify_len=floor, max_draft_len=k)
-        for r in range(rows.num_ranks):
-            i = index_of.get(r)
-            if i is not None:
-                c = int(prep.counts[i])
-                geo = geometry[i]
-                tokens = int(real_tokens[i]) + (g - c) * geo.pad_len
-                layouts.append(RankLayout(r, c, g - c, geo.pad_len, 0, tokens))
-            else:
-                assert idle_geo is not None
-                tokens = g * idle_geo.pad_len + idle_geo.pad_high_rows
-                layouts.append(RankLayout(r, 0, g, idle_geo.pad_len, idle_geo.pad_high_rows, tokens))
+    else:
+        windows = np.zeros(0, dtype=np.int64)
     windows.setflags(write=False)
-    return Plan(selection, windows, tuple(layouts))
+    return Plan(
+        selection, windows, _layouts(table, prep, rows.num_ranks, g, v, floor, geometry, idle_geometry)
+    )
 
 
 def select(
@@ -1238,28 +1402,26 @@ def allocate(
     """
     prep = _prepare(table, calibration, rows, min_verify_len)
     g, v = int(graph_batch_size), int(verifier_budget)
-    k = table.max_draft_len
     table.time(g, v)
-    if prep.counts.size and int(prep.counts.max()) > g:
-        raise ConfigError(f"G={g} cannot hold {int(prep.counts.max())} rows on one rank")
-    geometry: list[Geometry] = []
+    if prep.counts and max(prep.counts) > g:
+        raise ConfigError(f"G={g} cannot hold {max(prep.counts)} rows on one rank")
+    geometry: tuple[Geometry, ...] = ()
+    idle_geometry: Geometry | None = None
+    extras: np.ndarray | None = None
     if v != NATIVE_BUDGET:
-        if v not in table.compact_budgets(g):
+        budgets = table.compact_budgets(g)
+        if v not in budgets:
             raise ConfigError(f"(G={g}, V={v}) is not a compact cell of the table")
-        found = [
-            cell_geometry(int(c), g, v, min_verify_len=min_verify_len, max_draft_len=k) for c in prep.counts
-        ]
-        idle = rows.num_ranks - prep.counts.size
-        idle_ok = (
-            idle == 0 or cell_geometry(0, g, v, min_verify_len=min_verify_len, max_draft_len=k) is not None
-        )
-        geometry = [x for x in found if x is not None]
-        if len(geometry) != len(found) or not idle_ok:
+        sc = _step_cells(table, g, int(min_verify_len), prep.counts, rows.num_ranks > len(prep.counts))
+        col = budgets.index(v)
+        found = sc.geometry[col]
+        if found is None:
             raise ConfigError(
-                f"(G={g}, V={v}) cannot carry rows {prep.counts.tolist()} with floor {min_verify_len}"
+                f"(G={g}, V={v}) cannot carry rows {list(prep.counts)} with floor {min_verify_len}"
             )
+        geometry, idle_geometry, extras = found, sc.idle_geometry[col], sc.extras[col]
     selection = Selection(g, v, SelectReason.COMPACT if v else SelectReason.BELOW_MARGIN, 0.0, 0.0, ())
-    return _allocate_prepared(table, prep, rows, selection, geometry, min_verify_len)
+    return _allocate_prepared(table, prep, rows, selection, geometry, idle_geometry, extras, min_verify_len)
 
 
 def plan(
@@ -1275,5 +1437,11 @@ def plan(
         ConfigError: as :func:`select`.
     """
     prep = _prepare(table, calibration, rows, min_verify_len)
-    selection, geometry = _select_prepared(table, prep, rows, min_verify_len)
-    return _allocate_prepared(table, prep, rows, selection, geometry, min_verify_len)
+    selection, sc, col = _select_prepared(table, prep, rows, min_verify_len)
+    if sc is None or col < 0:
+        return _allocate_prepared(table, prep, rows, selection, (), None, None, min_verify_len)
+    geometry = sc.geometry[col]
+    assert geometry is not None
+    return _allocate_prepared(
+        table, prep, rows, selection, geometry, sc.idle_geometry[col], sc.extras[col], min_verify_len
+    )
