@@ -38,7 +38,11 @@ def git_commit() -> str | None:
     """The repository's HEAD commit, or None outside a checkout."""
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, check=True, cwd=Path(__file__).parent, timeout=10
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            check=True,
+            cwd=Path(__file__).parent,
+            timeout=10,
         )
     except (OSError, subprocess.SubprocessError):
         return None

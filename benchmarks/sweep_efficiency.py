@@ -33,8 +33,7 @@ from typing import Any
 import numpy as np
 
 from dspark_calibrate.artifacts import read_artifact
-from dspark_calibrate.calibrate.ladder import parse_ladder
-from dspark_calibrate.calibrate.ladder import CellSpec
+from dspark_calibrate.calibrate.ladder import CellSpec, parse_ladder
 from dspark_calibrate.calibrate.stats import CellSamples, Thresholds, sample_interval, summarize
 from dspark_calibrate.calibrate.sweep import SweepRequest, execute, samples_path
 
@@ -195,7 +194,9 @@ def _naive_intervals(summary: Path) -> dict[tuple[int, int], tuple[float, float]
     return out
 
 
-def _recomputed_intervals(summary: Path, between_run_rel: float) -> dict[tuple[int, int], tuple[float, float]]:
+def _recomputed_intervals(
+    summary: Path, between_run_rel: float
+) -> dict[tuple[int, int], tuple[float, float]]:
     """Reproduction intervals recomputed from the kept raw samples with this code's statistics."""
     k = read_artifact(summary).fingerprint_untrusted().max_draft_len or 1
     rows = read_artifact(samples_path(summary)).table.to_pylist()
@@ -236,7 +237,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     # Coverage of job 2's medians by job 1's intervals recomputed from raw samples with the current
     # statistics (between-run term included); with a third job this is an out-of-sample check.
     recomputed = _recomputed_intervals(job1 / "adaptive.parquet", Thresholds().between_run_rel)
-    recomputed_cov = [recomputed[c][0] <= a2[c]["step_time_ms"] <= recomputed[c][1] for c in common if c in recomputed]
+    recomputed_cov = [
+        recomputed[c][0] <= a2[c]["step_time_ms"] <= recomputed[c][1] for c in common if c in recomputed
+    ]
     both = sorted(set(a1) & set(fx))
     diffs = {c: (fx[c]["step_time_ms"] - a1[c]["step_time_ms"]) / a1[c]["step_time_ms"] for c in both}
     # A fixed sweep cut short by its budget measured fewer cells; scale its cost to all cells so
@@ -282,8 +285,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
         both3 = sorted(set(a3) & set(a1) & set(a2))
         cov31 = [a3[c]["ci_low_ms"] <= a1[c]["step_time_ms"] <= a3[c]["ci_high_ms"] for c in both3]
         cov32 = [a3[c]["ci_low_ms"] <= a2[c]["step_time_ms"] <= a3[c]["ci_high_ms"] for c in both3]
-        cov13 = [recomputed[c][0] <= a3[c]["step_time_ms"] <= recomputed[c][1] for c in both3 if c in recomputed]
-        agree3 = [abs(a3[c]["step_time_ms"] - a1[c]["step_time_ms"]) / a1[c]["step_time_ms"] <= AGREE_REL for c in both3]
+        cov13 = [
+            recomputed[c][0] <= a3[c]["step_time_ms"] <= recomputed[c][1] for c in both3 if c in recomputed
+        ]
+        agree3 = [
+            abs(a3[c]["step_time_ms"] - a1[c]["step_time_ms"]) / a1[c]["step_time_ms"] <= AGREE_REL
+            for c in both3
+        ]
         result["job3"] = {
             "cells": len(both3),
             "gpu_seconds": meta_a3["gpu_seconds"],
@@ -296,7 +304,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
             "commit": meta_a3.get("commit"),
         }
         result["ci_coverage_out_of_sample"] = float(np.mean(cov31 + cov32))
-        result["meets"]["ci_coverage_out_of_sample"] = result["ci_coverage_out_of_sample"] >= TARGETS["ci_coverage"]
+        result["meets"]["ci_coverage_out_of_sample"] = (
+            result["ci_coverage_out_of_sample"] >= TARGETS["ci_coverage"]
+        )
     if args.tp:
         tp = json.loads((Path(args.tp) / "adaptive.json").read_text())
         result["tp2"] = {

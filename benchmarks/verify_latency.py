@@ -24,8 +24,9 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._common import write_result  # noqa: E402
-from dspark_calibrate.artifacts import (  # noqa: E402
+from benchmarks._common import write_result
+
+from dspark_calibrate.artifacts import (
     Expectation,
     Fingerprint,
     Provenance,
@@ -39,7 +40,7 @@ from dspark_calibrate.artifacts import (  # noqa: E402
     verify_path,
     write_unsigned_artifact,
 )
-from dspark_calibrate.schemas import arrow_schema  # noqa: E402
+from dspark_calibrate.schemas import arrow_schema
 
 RUNS = 41
 K = 5
@@ -51,18 +52,38 @@ def _cost_rows(ladder: list[int]) -> list[dict[str, object]]:
         for v in (0, 2 * g, 3 * g, 4 * g):
             t = 5.0 + 0.01 * (v or g * (K + 1))
             rows.append(
-                {"graph_batch_size": g, "verifier_budget": v, "step_time_ms": t, "ci_low_ms": t * 0.99,
-                 "ci_high_ms": t * 1.01, "p10_ms": t * 0.98, "p90_ms": t * 1.02, "samples": 50,
-                 "stop_reason": "precision", "source_result_sha256": f"{g:032x}{v:032x}"}
+                {
+                    "graph_batch_size": g,
+                    "verifier_budget": v,
+                    "step_time_ms": t,
+                    "ci_low_ms": t * 0.99,
+                    "ci_high_ms": t * 1.01,
+                    "p10_ms": t * 0.98,
+                    "p90_ms": t * 1.02,
+                    "samples": 50,
+                    "stop_reason": "precision",
+                    "source_result_sha256": f"{g:032x}{v:032x}",
+                }
             )
     return rows
 
 
 def _samples_rows(n: int) -> list[dict[str, object]]:
     return [
-        {"graph_batch_size": 8 * (1 + i % 8), "verifier_budget": 0, "round": i // 8, "rank": 0, "sample_index": i,
-         "step_time_ms": 5.0 + (i % 97) / 100, "replays": 8, "sm_clock_mhz": 1980.0, "temperature_c": 55.0,
-         "power_w": 600.0, "throttle_reasons": 0, "kept": True}
+        {
+            "graph_batch_size": 8 * (1 + i % 8),
+            "verifier_budget": 0,
+            "round": i // 8,
+            "rank": 0,
+            "sample_index": i,
+            "step_time_ms": 5.0 + (i % 97) / 100,
+            "replays": 8,
+            "sm_clock_mhz": 1980.0,
+            "temperature_c": 55.0,
+            "power_w": 600.0,
+            "throttle_reasons": 0,
+            "kept": True,
+        }
         for i in range(n)
     ]
 
@@ -82,13 +103,28 @@ def main() -> None:
     signer = load_signer(pair.private_path)
     key = public_key_of(signer)
     now = datetime.now(UTC)
-    root = init_root(root_signers=[signer], root_keys=[key], root_threshold=1, artifact_keys=[key],
-                     artifact_threshold=1, expires=now + timedelta(days=30))
+    root = init_root(
+        root_signers=[signer],
+        root_keys=[key],
+        root_threshold=1,
+        artifact_keys=[key],
+        artifact_threshold=1,
+        expires=now + timedelta(days=30),
+    )
     (tmp / "root.json").write_bytes(root.to_bytes())
     ladder = [8, 16, 32, 48, 64, 96, 128, 256]
-    fp = Fingerprint(gpu="H200", gpu_count=1, gpu_snapshot_sha256="a" * 64, topology="TP1", source_head="abc",
-                     source_diff_sha256="b" * 64, runtime_snapshot="bench", max_draft_len=K,
-                     rank_local_graph_batch_sizes=tuple(ladder), global_graph_batch_sizes=tuple(ladder))
+    fp = Fingerprint(
+        gpu="H200",
+        gpu_count=1,
+        gpu_snapshot_sha256="a" * 64,
+        topology="TP1",
+        source_head="abc",
+        source_diff_sha256="b" * 64,
+        runtime_snapshot="bench",
+        max_draft_len=K,
+        rank_local_graph_batch_sizes=tuple(ladder),
+        global_graph_batch_sizes=tuple(ladder),
+    )
     prov = Provenance(tool_version="bench", backend="synthetic", synthetic=True)
     cases = {
         "cost_table_32_cells": ("cost-table", _cost_rows(ladder)),
@@ -97,9 +133,16 @@ def main() -> None:
     results: dict[str, object] = {}
     for name, (kind, rows) in cases.items():
         path = tmp / f"{name}.parquet"
-        write_unsigned_artifact(path, pa.Table.from_pylist(rows, schema=arrow_schema(kind)), kind=kind,
-                                fingerprint=fp, provenance=prov)
-        sign_artifact(read_artifact(path), [signer], version=1, issued_at=now, expires_at=now + timedelta(days=1))
+        write_unsigned_artifact(
+            path,
+            pa.Table.from_pylist(rows, schema=arrow_schema(kind)),
+            kind=kind,
+            fingerprint=fp,
+            provenance=prov,
+        )
+        sign_artifact(
+            read_artifact(path), [signer], version=1, issued_at=now, expires_at=now + timedelta(days=1)
+        )
         expected = Expectation(kind=kind, fingerprint=fp, allow_synthetic=True)
         report = verify_path(path, root, now=now, expected=expected)
         assert report.ok, report.message
@@ -120,7 +163,13 @@ def main() -> None:
         }
     # Cold CLI start: a fresh process each time, as a launcher would run it.
     exe = Path(sys.executable).with_name("dspark-verify")
-    cmd = [str(exe), str(tmp / "cost_table_32_cells.parquet"), "--trust-root", str(tmp / "root.json"), "--allow-synthetic"]
+    cmd = [
+        str(exe),
+        str(tmp / "cost_table_32_cells.parquet"),
+        "--trust-root",
+        str(tmp / "root.json"),
+        "--allow-synthetic",
+    ]
     env = dict(os.environ)
     cold = []
     for _ in range(7):

@@ -7,6 +7,7 @@ so a negative case fails at the intended step rather than at the signature check
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -51,7 +52,11 @@ def make_signers(tmp: Path, n: int = 1, algorithm: str = "ed25519", prefix: str 
 
 
 def make_root(
-    signers: Sequence[Any], *, threshold: int = 1, expires: datetime | None = None, artifact_threshold: int | None = None
+    signers: Sequence[Any],
+    *,
+    threshold: int = 1,
+    expires: datetime | None = None,
+    artifact_threshold: int | None = None,
 ) -> TrustRoot:
     keys = [public_key_of(s) for s in signers]
     return init_root(
@@ -78,8 +83,14 @@ def sign_table(
     expires_at: datetime | None = None,
 ) -> Path:
     """Write an unsigned table and sign it (no schema conformance, so bad tables can be signed)."""
-    write_unsigned(path, kind, table, fingerprint=fingerprint or make_fingerprint(),
-                   provenance=provenance or make_provenance(), summary=summary)
+    write_unsigned(
+        path,
+        kind,
+        table,
+        fingerprint=fingerprint or make_fingerprint(),
+        provenance=provenance or make_provenance(),
+        summary=summary,
+    )
     loaded = read_artifact(path)
     # sign_artifact conforms the table to its kind; bad tables are signed through resign() instead.
     sign_artifact(
@@ -102,7 +113,9 @@ def statement_of(path: Path) -> dict[str, Any]:
     return json.loads(base64.b64decode(envelope_of(path)["payload"]))
 
 
-def put_envelope(path: Path, envelope: dict[str, Any] | None, *, detached: bool = True, table: pa.Table | None = None) -> None:
+def put_envelope(
+    path: Path, envelope: dict[str, Any] | None, *, detached: bool = True, table: pa.Table | None = None
+) -> None:
     """Replace the embedded (and detached) envelope, optionally with another table, keeping the footer."""
     loaded = read_artifact(path)
     meta = dict(loaded.metadata)
@@ -144,9 +157,7 @@ def resign(
         for key in ("kind", "schema_version", "fingerprint", "provenance", "summary"):
             if key in pred:
                 meta[key] = pred[key]
-        try:
+        with contextlib.suppress(KeyError, IndexError, TypeError):
             meta["logical_sha256"] = statement["subject"][0]["digest"]["sha256"]
-        except (KeyError, IndexError, TypeError):
-            pass
     path.write_bytes(encode_artifact(table if table is not None else loaded.table, meta))
     detached_envelope_path(path).write_bytes(canonical_json(env))

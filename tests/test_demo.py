@@ -31,17 +31,33 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_outputs_present(demo_dir: Path) -> None:
-    for rel in ("trust-root.json", "cost-table.parquet", "bundle/bundle.dsse.json", "trtllm/sps_table.json",
-                "trtllm/sts.json", "trtllm/admission_receipt.json", "trtllm/extra_llm_api_options.yaml",
-                "report.html", "fit/calibration.parquet"):
+    for rel in (
+        "trust-root.json",
+        "cost-table.parquet",
+        "bundle/bundle.dsse.json",
+        "trtllm/sps_table.json",
+        "trtllm/sts.json",
+        "trtllm/admission_receipt.json",
+        "trtllm/extra_llm_api_options.yaml",
+        "report.html",
+        "fit/calibration.parquet",
+    ):
         assert (demo_dir / rel).is_file(), rel
     assert (demo_dir / "report.html").read_text().lstrip().lower().startswith("<!doctype html>")
 
 
 def test_demo_output_verifies(demo_dir: Path) -> None:
     root = str(demo_dir / "trust-root.json")
-    r = runner.invoke(verify_app, [str(demo_dir / "cost-table.parquet"), str(demo_dir / "bundle"),
-                                   "--trust-root", root, "--allow-synthetic"])
+    r = runner.invoke(
+        verify_app,
+        [
+            str(demo_dir / "cost-table.parquet"),
+            str(demo_dir / "bundle"),
+            "--trust-root",
+            root,
+            "--allow-synthetic",
+        ],
+    )
     assert r.exit_code == 0, r.output
     r = runner.invoke(verify_app, [str(demo_dir / "cost-table.parquet"), "--trust-root", root])
     assert r.exit_code == 1 and "SYNTHETIC_REFUSED" in r.stderr
@@ -54,8 +70,10 @@ def test_edited_copy_is_rejected(demo_dir: Path, tmp_path: Path, offset: int) ->
     data[offset] ^= 0x01
     copy.write_bytes(bytes(data))
     shutil.copyfile(detached_envelope_path(demo_dir / "cost-table.parquet"), detached_envelope_path(copy))
-    r = runner.invoke(verify_app, [str(copy), "--trust-root", str(demo_dir / "trust-root.json"),
-                                   "--allow-synthetic", "--json"])
+    r = runner.invoke(
+        verify_app,
+        [str(copy), "--trust-root", str(demo_dir / "trust-root.json"), "--allow-synthetic", "--json"],
+    )
     assert r.exit_code == 1, r.output
     assert json.loads(r.stdout)["reports"][0]["code"] != "OK"
 

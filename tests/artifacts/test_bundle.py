@@ -34,12 +34,31 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, ...]:
 def make_bundle(tmp: Path, signers: Any, *, version: int = 1, fp: Any = None, scale: float = 1.0) -> Path:
     tmp.mkdir(parents=True, exist_ok=True)
     fp = fp or make_fingerprint()
-    rows = [{**r, "step_time_ms": r["step_time_ms"] * scale, "ci_low_ms": r["ci_low_ms"] * scale,
-             "ci_high_ms": r["ci_high_ms"] * scale} for r in cost_rows()]
-    ct = sign_table(tmp / "cost-table.parquet", "cost-table", make_table("cost-table", rows), signers,
-                    version=version, fingerprint=fp)
-    cal = sign_table(tmp / "calibration.parquet", "calibration", make_table("calibration", calibration_rows()),
-                     signers, version=version, fingerprint=fp)
+    rows = [
+        {
+            **r,
+            "step_time_ms": r["step_time_ms"] * scale,
+            "ci_low_ms": r["ci_low_ms"] * scale,
+            "ci_high_ms": r["ci_high_ms"] * scale,
+        }
+        for r in cost_rows()
+    ]
+    ct = sign_table(
+        tmp / "cost-table.parquet",
+        "cost-table",
+        make_table("cost-table", rows),
+        signers,
+        version=version,
+        fingerprint=fp,
+    )
+    cal = sign_table(
+        tmp / "calibration.parquet",
+        "calibration",
+        make_table("calibration", calibration_rows()),
+        signers,
+        version=version,
+        fingerprint=fp,
+    )
     root = make_root(signers)
     members = {
         "cost-table": require_valid(verify_path(ct, root, now=LATER)),
@@ -51,7 +70,9 @@ def make_bundle(tmp: Path, signers: Any, *, version: int = 1, fp: Any = None, sc
 
 def test_valid_bundle(tmp_path: Path, keys: Any) -> None:
     b = make_bundle(tmp_path / "b", keys[:1])
-    report = verify_bundle(b, make_root(keys[:1]), now=LATER, expected=Expectation(fingerprint=make_fingerprint()))
+    report = verify_bundle(
+        b, make_root(keys[:1]), now=LATER, expected=Expectation(fingerprint=make_fingerprint())
+    )
     assert report.ok, report.message
     assert set(report.members) == {"cost-table", "calibration"}
     assert report.artifact("cost-table") is not None
@@ -124,14 +145,31 @@ def test_rollback_of_whole_bundle(tmp_path: Path, keys: Any) -> None:
 
 def test_write_bundle_refuses_mismatched_members(tmp_path: Path, keys: Any) -> None:
     root = make_root(keys[:1])
-    ct = sign_table(tmp_path / "cost-table.parquet", "cost-table", make_table("cost-table", cost_rows()), keys[:1])
-    cal = sign_table(tmp_path / "calibration.parquet", "calibration", make_table("calibration", calibration_rows()),
-                     keys[:1], fingerprint=make_fingerprint(kv_dtype="fp8"))
-    members = {"cost-table": require_valid(verify_path(ct, root, now=LATER)),
-               "calibration": require_valid(verify_path(cal, root, now=LATER))}
+    ct = sign_table(
+        tmp_path / "cost-table.parquet", "cost-table", make_table("cost-table", cost_rows()), keys[:1]
+    )
+    cal = sign_table(
+        tmp_path / "calibration.parquet",
+        "calibration",
+        make_table("calibration", calibration_rows()),
+        keys[:1],
+        fingerprint=make_fingerprint(kv_dtype="fp8"),
+    )
+    members = {
+        "cost-table": require_valid(verify_path(ct, root, now=LATER)),
+        "calibration": require_valid(verify_path(cal, root, now=LATER)),
+    }
     with pytest.raises(ConfigError, match="kv_dtype"):
-        write_bundle(tmp_path, members, keys[:1], version=1, issued_at=NOW, expires_at=NOW + timedelta(days=1))
+        write_bundle(
+            tmp_path, members, keys[:1], version=1, issued_at=NOW, expires_at=NOW + timedelta(days=1)
+        )
     with pytest.raises(ConfigError, match="missing"):
-        write_bundle(tmp_path, {"cost-table": members["cost-table"]}, keys[:1], version=1, issued_at=NOW,
-                     expires_at=NOW + timedelta(days=1))
+        write_bundle(
+            tmp_path,
+            {"cost-table": members["cost-table"]},
+            keys[:1],
+            version=1,
+            issued_at=NOW,
+            expires_at=NOW + timedelta(days=1),
+        )
     assert not (tmp_path / BUNDLE_MANIFEST).exists()

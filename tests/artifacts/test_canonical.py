@@ -54,12 +54,15 @@ def test_strict_parser_refuses(name: str, text: str | bytes) -> None:
 
 
 def test_strict_parser_message_names_document() -> None:
-    with pytest.raises(JsonError, match="footer of x.parquet"):
+    with pytest.raises(JsonError, match=r"footer of x\.parquet"):
         loads_strict(b'{"a":1,"a":2}', what="footer of x.parquet")
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**63) | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63)
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=10),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
     max_leaves=20,

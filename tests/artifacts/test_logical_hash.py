@@ -16,7 +16,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dspark_calibrate.artifacts import LogicalHashError, canonical_table_bytes, logical_sha256, logical_sha256_keys
+from dspark_calibrate.artifacts import (
+    LogicalHashError,
+    canonical_table_bytes,
+    logical_sha256,
+    logical_sha256_keys,
+)
 from dspark_calibrate.artifacts._logical_hash import LOGICAL_HASH_DOMAIN, type_tag
 
 VECTORS = Path(__file__).parent.parent / "vectors" / "logical_hash"
@@ -100,7 +105,10 @@ def _vector_cases() -> dict[str, dict[str, Any]]:
                 ["stop_reason", "string", ["precision", "cap", "precision"]],
             ],
         },
-        "negative_zero_folded": {"keys": ["id"], "columns": [["id", "int64", [1, 2]], ["x", "float64", [-0.0, 0.0]]]},
+        "negative_zero_folded": {
+            "keys": ["id"],
+            "columns": [["id", "int64", [1, 2]], ["x", "float64", [-0.0, 0.0]]],
+        },
         "nulls_and_unicode": {
             "keys": ["id"],
             "columns": [
@@ -179,7 +187,9 @@ KEYS = ["graph_batch_size", "verifier_budget"]
 @pytest.mark.parametrize("compression", ["none", "snappy", "zstd", "gzip", "brotli"])
 @pytest.mark.parametrize("row_group_size", [1, 2, 1000])
 def test_reencoding_keeps_hash(compression: str, row_group_size: int) -> None:
-    again = _rewrite(BASE, compression=compression, row_group_size=row_group_size, use_dictionary=row_group_size == 2)
+    again = _rewrite(
+        BASE, compression=compression, row_group_size=row_group_size, use_dictionary=row_group_size == 2
+    )
     assert logical_sha256_keys(again, KEYS) == logical_sha256_keys(BASE, KEYS)
 
 
@@ -196,12 +206,25 @@ def test_large_types_coincide() -> None:
 SENSITIVE = [
     ("value", lambda t: t.set_column(2, "step_time_ms", pa.array([5.1, 4.7, 6.3, 5.2, 8.80001]))),
     ("row_removed", lambda t: t.slice(0, 4)),
-    ("row_added", lambda t: pa.concat_tables([t, t.slice(0, 1).set_column(1, "verifier_budget", pa.array([16], pa.int64()))])),
-    ("column_renamed", lambda t: t.rename_columns(["graph_batch_size", "verifier_budget", "step_ms", "stop_reason"])),
+    (
+        "row_added",
+        lambda t: pa.concat_tables(
+            [t, t.slice(0, 1).set_column(1, "verifier_budget", pa.array([16], pa.int64()))]
+        ),
+    ),
+    (
+        "column_renamed",
+        lambda t: t.rename_columns(["graph_batch_size", "verifier_budget", "step_ms", "stop_reason"]),
+    ),
     ("column_reordered", lambda t: t.select([0, 1, 3, 2])),
     ("column_retyped", lambda t: t.set_column(0, "graph_batch_size", t.column(0).cast(pa.int32()))),
     ("column_dropped", lambda t: t.drop_columns(["stop_reason"])),
-    ("string_changed", lambda t: t.set_column(3, "stop_reason", pa.array(["precision", "cap", "precision", "precision", "budgeT"]))),
+    (
+        "string_changed",
+        lambda t: t.set_column(
+            3, "stop_reason", pa.array(["precision", "cap", "precision", "precision", "budgeT"])
+        ),
+    ),
     ("null_inserted", lambda t: t.set_column(2, "step_time_ms", pa.array([5.1, None, 6.3, 5.2, 8.8]))),
 ]
 
@@ -291,7 +314,9 @@ def test_property_any_cell_change_detected(data: list[Any], draw: st.DataObject)
         }[col].filter(lambda v: not _same(v, old))
     )
     values[row] = new
-    changed = table.set_column(table.schema.get_field_index(col), col, pa.array(values, table.schema.field(col).type))
+    changed = table.set_column(
+        table.schema.get_field_index(col), col, pa.array(values, table.schema.field(col).type)
+    )
     assert logical_sha256_keys(changed, ["id"]) != logical_sha256_keys(table, ["id"])
 
 

@@ -38,7 +38,10 @@ BAD: list[tuple[str, dict[str, Any]]] = [
     ("snapshot_upper_hex", {"gpu_snapshot_sha256": "A" * 64}),
     ("snapshot_short", {"gpu_snapshot_sha256": "a" * 63}),
     ("k_zero", {"max_draft_len": 0}),
-    ("ladder_unsorted", {"rank_local_graph_batch_sizes": (16, 8, 32), "global_graph_batch_sizes": (16, 8, 32)}),
+    (
+        "ladder_unsorted",
+        {"rank_local_graph_batch_sizes": (16, 8, 32), "global_graph_batch_sizes": (16, 8, 32)},
+    ),
     ("ladder_duplicate", {"rank_local_graph_batch_sizes": (8, 8), "global_graph_batch_sizes": (8, 8)}),
     ("ladder_empty", {"rank_local_graph_batch_sizes": ()}),
     ("global_not_g_times_count", {"global_graph_batch_sizes": (8, 16, 64)}),

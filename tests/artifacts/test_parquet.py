@@ -8,7 +8,13 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from dspark_calibrate.artifacts import ArtifactReadError, Reason, ReadLimits, read_artifact, write_unsigned_artifact
+from dspark_calibrate.artifacts import (
+    ArtifactReadError,
+    ReadLimits,
+    Reason,
+    read_artifact,
+    write_unsigned_artifact,
+)
 from dspark_calibrate.errors import ConfigError
 from tests.factories import make_cost_table, make_fingerprint, make_provenance
 
@@ -16,7 +22,11 @@ from tests.factories import make_cost_table, make_fingerprint, make_provenance
 def _write(tmp_path: Path) -> Path:
     path = tmp_path / "cost.parquet"
     write_unsigned_artifact(
-        path, make_cost_table(), kind="cost-table", fingerprint=make_fingerprint(), provenance=make_provenance()
+        path,
+        make_cost_table(),
+        kind="cost-table",
+        fingerprint=make_fingerprint(),
+        provenance=make_provenance(),
     )
     return path
 
@@ -59,7 +69,11 @@ def test_write_refuses_nan(tmp_path: Path) -> None:
     t = t.set_column(2, "step_time_ms", pa.array([float("nan")] * t.num_rows))
     with pytest.raises(ConfigError, match="NaN"):
         write_unsigned_artifact(
-            tmp_path / "x.parquet", t, kind="cost-table", fingerprint=make_fingerprint(), provenance=make_provenance()
+            tmp_path / "x.parquet",
+            t,
+            kind="cost-table",
+            fingerprint=make_fingerprint(),
+            provenance=make_provenance(),
         )
 
 

@@ -31,7 +31,14 @@ from dspark_calibrate.artifacts import (
 from dspark_calibrate.artifacts._parquet import encode_artifact
 from dspark_calibrate.artifacts._trust import TrustRoot
 from dspark_calibrate.errors import ArtifactRejected
-from tests.factories import NOW, calibration_rows, cost_rows, make_cost_table, make_fingerprint, make_provenance, make_table
+from tests.factories import (
+    NOW,
+    calibration_rows,
+    cost_rows,
+    make_cost_table,
+    make_fingerprint,
+    make_table,
+)
 from tests.signing import envelope_of, make_root, make_signers, put_envelope, resign, sign_table
 
 
@@ -44,7 +51,9 @@ class Ctx:
     signers: tuple[Any, ...]
     root: TrustRoot
     now: Any = NOW + timedelta(hours=1)
-    expected: Expectation = field(default_factory=lambda: Expectation(kind="cost-table", fingerprint=make_fingerprint()))
+    expected: Expectation = field(
+        default_factory=lambda: Expectation(kind="cost-table", fingerprint=make_fingerprint())
+    )
     state: RollbackState | None = None
 
 
@@ -87,7 +96,9 @@ def _rewrite_table(ctx: Ctx, fn: Callable[[pa.Table], pa.Table]) -> None:
 def _set_cell(t: pa.Table, col: str, row: int, value: Any) -> pa.Table:
     values = t.column(col).to_pylist()
     values[row] = value
-    return t.set_column(t.schema.get_field_index(col), t.schema.field(col), pa.array(values, t.schema.field(col).type))
+    return t.set_column(
+        t.schema.get_field_index(col), t.schema.field(col), pa.array(values, t.schema.field(col).type)
+    )
 
 
 def _edit_footer(ctx: Ctx, fn: Callable[[dict[str, Any]], None]) -> None:
@@ -199,65 +210,279 @@ def _two_keys_root(ctx: Ctx, keys: tuple[Any, ...]) -> None:
 
 CASES: list[tuple[str, Callable[..., None], Reason, str | None]] = [
     # --- table content edited after signing (no re-sign) ---
-    ("cell_value", lambda c: _rewrite_table(c, lambda t: _set_cell(t, "step_time_ms", 0, 1.234)), Reason.LOGICAL_HASH_MISMATCH, None),
-    ("cell_string", lambda c: _rewrite_table(c, lambda t: _set_cell(t, "stop_reason", 2, "cap")), Reason.LOGICAL_HASH_MISMATCH, None),
+    (
+        "cell_value",
+        lambda c: _rewrite_table(c, lambda t: _set_cell(t, "step_time_ms", 0, 1.234)),
+        Reason.LOGICAL_HASH_MISMATCH,
+        None,
+    ),
+    (
+        "cell_string",
+        lambda c: _rewrite_table(c, lambda t: _set_cell(t, "stop_reason", 2, "cap")),
+        Reason.LOGICAL_HASH_MISMATCH,
+        None,
+    ),
     ("row_removed", lambda c: _rewrite_table(c, lambda t: t.slice(1)), Reason.LOGICAL_HASH_MISMATCH, None),
-    ("row_added", lambda c: _rewrite_table(c, lambda t: pa.concat_tables([t, _set_cell(t.slice(0, 1), "verifier_budget", 0, 40)])), Reason.LOGICAL_HASH_MISMATCH, None),
-    ("row_duplicated", lambda c: _rewrite_table(c, lambda t: pa.concat_tables([t, t.slice(0, 1)])), Reason.LOGICAL_HASH_MISMATCH, None),
-    ("column_renamed", lambda c: _rewrite_table(c, lambda t: t.rename_columns([n if n != "p10_ms" else "p11_ms" for n in t.column_names])), Reason.LOGICAL_HASH_MISMATCH, None),
-    ("column_reordered", lambda c: _rewrite_table(c, lambda t: t.select([1, 0, *range(2, t.num_columns)])), Reason.LOGICAL_HASH_MISMATCH, None),
-    ("column_retyped", lambda c: _rewrite_table(c, lambda t: t.set_column(7, "samples", t.column(7).cast(pa.int32()))), Reason.LOGICAL_HASH_MISMATCH, None),
-    ("column_dropped", lambda c: _rewrite_table(c, lambda t: t.drop_columns(["p90_ms"])), Reason.LOGICAL_HASH_MISMATCH, None),
-    ("nan_injected", lambda c: _rewrite_table(c, lambda t: _set_cell(t, "ci_high_ms", 1, float("nan"))), Reason.LOGICAL_HASH_MISMATCH, None),
+    (
+        "row_added",
+        lambda c: _rewrite_table(
+            c, lambda t: pa.concat_tables([t, _set_cell(t.slice(0, 1), "verifier_budget", 0, 40)])
+        ),
+        Reason.LOGICAL_HASH_MISMATCH,
+        None,
+    ),
+    (
+        "row_duplicated",
+        lambda c: _rewrite_table(c, lambda t: pa.concat_tables([t, t.slice(0, 1)])),
+        Reason.LOGICAL_HASH_MISMATCH,
+        None,
+    ),
+    (
+        "column_renamed",
+        lambda c: _rewrite_table(
+            c, lambda t: t.rename_columns([n if n != "p10_ms" else "p11_ms" for n in t.column_names])
+        ),
+        Reason.LOGICAL_HASH_MISMATCH,
+        None,
+    ),
+    (
+        "column_reordered",
+        lambda c: _rewrite_table(c, lambda t: t.select([1, 0, *range(2, t.num_columns)])),
+        Reason.LOGICAL_HASH_MISMATCH,
+        None,
+    ),
+    (
+        "column_retyped",
+        lambda c: _rewrite_table(c, lambda t: t.set_column(7, "samples", t.column(7).cast(pa.int32()))),
+        Reason.LOGICAL_HASH_MISMATCH,
+        None,
+    ),
+    (
+        "column_dropped",
+        lambda c: _rewrite_table(c, lambda t: t.drop_columns(["p90_ms"])),
+        Reason.LOGICAL_HASH_MISMATCH,
+        None,
+    ),
+    (
+        "nan_injected",
+        lambda c: _rewrite_table(c, lambda t: _set_cell(t, "ci_high_ms", 1, float("nan"))),
+        Reason.LOGICAL_HASH_MISMATCH,
+        None,
+    ),
     ("data_page_byte_flip", _flip_float_in_data_page, Reason.LOGICAL_HASH_MISMATCH, None),
     # --- footer metadata ---
-    ("metadata_fingerprint_edited", lambda c: _edit_footer(c, lambda m: m["fingerprint"].update(gpu="H100")), Reason.METADATA_MISMATCH, "fingerprint"),
-    ("metadata_summary_edited", lambda c: _edit_footer(c, lambda m: m.update(summary={"gain": 0.5})), Reason.METADATA_MISMATCH, "summary"),
-    ("metadata_duplicate_keys", lambda c: _raw_footer(c, b'{"format":"dspark-calibrate/artifact","kind":"cost-table","kind":"calibration"}'), Reason.METADATA_INVALID, None),
-    ("metadata_nan", lambda c: _raw_footer(c, b'{"format":"dspark-calibrate/artifact","x":NaN}'), Reason.METADATA_INVALID, None),
+    (
+        "metadata_fingerprint_edited",
+        lambda c: _edit_footer(c, lambda m: m["fingerprint"].update(gpu="H100")),
+        Reason.METADATA_MISMATCH,
+        "fingerprint",
+    ),
+    (
+        "metadata_summary_edited",
+        lambda c: _edit_footer(c, lambda m: m.update(summary={"gain": 0.5})),
+        Reason.METADATA_MISMATCH,
+        "summary",
+    ),
+    (
+        "metadata_duplicate_keys",
+        lambda c: _raw_footer(
+            c, b'{"format":"dspark-calibrate/artifact","kind":"cost-table","kind":"calibration"}'
+        ),
+        Reason.METADATA_INVALID,
+        None,
+    ),
+    (
+        "metadata_nan",
+        lambda c: _raw_footer(c, b'{"format":"dspark-calibrate/artifact","x":NaN}'),
+        Reason.METADATA_INVALID,
+        None,
+    ),
     ("metadata_not_json", lambda c: _raw_footer(c, b"\x00\x01garbage"), Reason.METADATA_INVALID, None),
-    ("footer_byte_flip", lambda c: _flip_byte_at(c, b"dspark-calibrate/artifact"), Reason.METADATA_INVALID, None),
+    (
+        "footer_byte_flip",
+        lambda c: _flip_byte_at(c, b"dspark-calibrate/artifact"),
+        Reason.METADATA_INVALID,
+        None,
+    ),
     ("magic_byte_flip", lambda c: _flip_byte_at(c, b"PAR1"), Reason.NOT_PARQUET, None),
     ("truncated", lambda c: c.path.write_bytes(c.path.read_bytes()[:-100]), Reason.NOT_PARQUET, None),
     # --- envelope and signatures ---
     ("unsigned", lambda c: put_envelope(c.path, None), Reason.ENVELOPE_MISSING, None),
-    ("envelope_conflict", lambda c: detached_envelope_path(c.path).write_bytes(_conflicting(c)), Reason.ENVELOPE_CONFLICT, None),
-    ("envelope_too_large", lambda c: (put_envelope(c.path, None), detached_envelope_path(c.path).write_bytes(b" " * (2 << 20))), Reason.ENVELOPE_TOO_LARGE, None),
-    ("envelope_not_json", lambda c: (put_envelope(c.path, None), detached_envelope_path(c.path).write_bytes(b"{not json")), Reason.ENVELOPE_INVALID, None),
-    ("envelope_extra_field", lambda c: _edit_envelope(c, lambda e: e.update(extra=1)), Reason.ENVELOPE_INVALID, None),
-    ("envelope_bad_base64", lambda c: _edit_envelope(c, lambda e: e.update(payload="!!!")), Reason.ENVELOPE_INVALID, None),
+    (
+        "envelope_conflict",
+        lambda c: detached_envelope_path(c.path).write_bytes(_conflicting(c)),
+        Reason.ENVELOPE_CONFLICT,
+        None,
+    ),
+    (
+        "envelope_too_large",
+        lambda c: (put_envelope(c.path, None), detached_envelope_path(c.path).write_bytes(b" " * (2 << 20))),
+        Reason.ENVELOPE_TOO_LARGE,
+        None,
+    ),
+    (
+        "envelope_not_json",
+        lambda c: (put_envelope(c.path, None), detached_envelope_path(c.path).write_bytes(b"{not json")),
+        Reason.ENVELOPE_INVALID,
+        None,
+    ),
+    (
+        "envelope_extra_field",
+        lambda c: _edit_envelope(c, lambda e: e.update(extra=1)),
+        Reason.ENVELOPE_INVALID,
+        None,
+    ),
+    (
+        "envelope_bad_base64",
+        lambda c: _edit_envelope(c, lambda e: e.update(payload="!!!")),
+        Reason.ENVELOPE_INVALID,
+        None,
+    ),
     ("signature_bytes", lambda c: _edit_envelope(c, _flip_sig), Reason.SIGNATURE_INVALID, None),
     ("envelope_payload", lambda c: _edit_envelope(c, _flip_payload), Reason.SIGNATURE_INVALID, None),
-    ("payload_type_unsigned_change", lambda c: _edit_envelope(c, lambda e: e.update(payloadType="application/vnd.in-toto+json")), Reason.SIGNATURE_INVALID, None),
-    ("signatures_removed", lambda c: _edit_envelope(c, lambda e: e.update(signatures=[])), Reason.SIGNATURE_MISSING, None),
-    ("keyid_unknown", lambda c: _edit_envelope(c, lambda e: e["signatures"][0].update(keyid="0" * 64)), Reason.SIGNATURE_THRESHOLD, None),
+    (
+        "payload_type_unsigned_change",
+        lambda c: _edit_envelope(c, lambda e: e.update(payloadType="application/vnd.in-toto+json")),
+        Reason.SIGNATURE_INVALID,
+        None,
+    ),
+    (
+        "signatures_removed",
+        lambda c: _edit_envelope(c, lambda e: e.update(signatures=[])),
+        Reason.SIGNATURE_MISSING,
+        None,
+    ),
+    (
+        "keyid_unknown",
+        lambda c: _edit_envelope(c, lambda e: e["signatures"][0].update(keyid="0" * 64)),
+        Reason.SIGNATURE_THRESHOLD,
+        None,
+    ),
     ("threshold_not_met", lambda c, k: _two_keys_root(c, k), Reason.SIGNATURE_THRESHOLD, None),
-    ("duplicate_keyid_counted_once", lambda c, k: (_two_keys_root(c, k), _edit_envelope(c, lambda e: e["signatures"].append(dict(e["signatures"][0])))), Reason.SIGNATURE_THRESHOLD, None),
-    ("wrong_trust_root", lambda c, k: setattr(c, "root", make_root(k[2:3])), Reason.SIGNATURE_THRESHOLD, None),
+    (
+        "duplicate_keyid_counted_once",
+        lambda c, k: (
+            _two_keys_root(c, k),
+            _edit_envelope(c, lambda e: e["signatures"].append(dict(e["signatures"][0]))),
+        ),
+        Reason.SIGNATURE_THRESHOLD,
+        None,
+    ),
+    (
+        "wrong_trust_root",
+        lambda c, k: setattr(c, "root", make_root(k[2:3])),
+        Reason.SIGNATURE_THRESHOLD,
+        None,
+    ),
     # --- signed statement (re-signed so only this defect remains) ---
-    ("payload_type_resigned", lambda c: resign(c.path, c.signers, payload_type="application/json"), Reason.PAYLOAD_TYPE_MISMATCH, "payloadType"),
+    (
+        "payload_type_resigned",
+        lambda c: resign(c.path, c.signers, payload_type="application/json"),
+        Reason.PAYLOAD_TYPE_MISMATCH,
+        "payloadType",
+    ),
     ("payload_not_json", lambda c: resign(c.path, c.signers, payload=b"[1,2"), Reason.PAYLOAD_INVALID, None),
-    ("statement_type", lambda c: resign(c.path, c.signers, lambda s: s.update(_type="https://in-toto.io/Statement/v0.1")), Reason.STATEMENT_TYPE_MISMATCH, "_type"),
-    ("predicate_type", lambda c: resign(c.path, c.signers, lambda s: s.update(predicateType="https://example.com/other")), Reason.PREDICATE_TYPE_MISMATCH, "predicateType"),
-    ("schema_version_unknown", lambda c: resign(c.path, c.signers, _pred(lambda p: p.update(schema_version=99))), Reason.SCHEMA_VERSION_UNSUPPORTED, "schema_version"),
-    ("kind_unknown", lambda c: resign(c.path, c.signers, _pred(lambda p: p.update(kind="cost-tables"))), Reason.KIND_MISMATCH, None),
-    ("predicate_extra_field", lambda c: resign(c.path, c.signers, _pred(lambda p: p.update(surprise=True))), Reason.PREDICATE_INVALID, None),
-    ("predicate_bad_version", lambda c: resign(c.path, c.signers, _pred(lambda p: p.update(version=0))), Reason.PREDICATE_INVALID, None),
-    ("predicate_series_forged", lambda c: resign(c.path, c.signers, _pred(lambda p: p.update(series="cost-table:" + "0" * 64))), Reason.PREDICATE_INVALID, "series"),
-    ("subject_two_entries", lambda c: resign(c.path, c.signers, lambda s: s["subject"].append(s["subject"][0])), Reason.SUBJECT_INVALID, None),
-    ("subject_digest", lambda c: resign(c.path, c.signers, lambda s: s["subject"][0]["digest"].update(sha256="0" * 64)), Reason.LOGICAL_HASH_MISMATCH, None),
+    (
+        "statement_type",
+        lambda c: resign(c.path, c.signers, lambda s: s.update(_type="https://in-toto.io/Statement/v0.1")),
+        Reason.STATEMENT_TYPE_MISMATCH,
+        "_type",
+    ),
+    (
+        "predicate_type",
+        lambda c: resign(c.path, c.signers, lambda s: s.update(predicateType="https://example.com/other")),
+        Reason.PREDICATE_TYPE_MISMATCH,
+        "predicateType",
+    ),
+    (
+        "schema_version_unknown",
+        lambda c: resign(c.path, c.signers, _pred(lambda p: p.update(schema_version=99))),
+        Reason.SCHEMA_VERSION_UNSUPPORTED,
+        "schema_version",
+    ),
+    (
+        "kind_unknown",
+        lambda c: resign(c.path, c.signers, _pred(lambda p: p.update(kind="cost-tables"))),
+        Reason.KIND_MISMATCH,
+        None,
+    ),
+    (
+        "predicate_extra_field",
+        lambda c: resign(c.path, c.signers, _pred(lambda p: p.update(surprise=True))),
+        Reason.PREDICATE_INVALID,
+        None,
+    ),
+    (
+        "predicate_bad_version",
+        lambda c: resign(c.path, c.signers, _pred(lambda p: p.update(version=0))),
+        Reason.PREDICATE_INVALID,
+        None,
+    ),
+    (
+        "predicate_series_forged",
+        lambda c: resign(c.path, c.signers, _pred(lambda p: p.update(series="cost-table:" + "0" * 64))),
+        Reason.PREDICATE_INVALID,
+        "series",
+    ),
+    (
+        "subject_two_entries",
+        lambda c: resign(c.path, c.signers, lambda s: s["subject"].append(s["subject"][0])),
+        Reason.SUBJECT_INVALID,
+        None,
+    ),
+    (
+        "subject_digest",
+        lambda c: resign(c.path, c.signers, lambda s: s["subject"][0]["digest"].update(sha256="0" * 64)),
+        Reason.LOGICAL_HASH_MISMATCH,
+        None,
+    ),
     # --- freshness ---
     ("expired", lambda c: setattr(c, "now", NOW + timedelta(days=31)), Reason.EXPIRED, "expires_at"),
-    ("expires_resigned", lambda c: resign(c.path, c.signers, _pred(lambda p: p.update(expires_at="2026-11-30T12:30:00Z"))), Reason.EXPIRED, "expires_at"),
-    ("issued_in_future", lambda c: setattr(c, "now", NOW - timedelta(hours=1)), Reason.NOT_YET_VALID, "issued_at"),
-    ("too_old_for_policy", lambda c: setattr(c, "expected", dataclasses.replace(c.expected, max_age=timedelta(minutes=30))), Reason.EXPIRED, "issued_at"),
+    (
+        "expires_resigned",
+        lambda c: resign(c.path, c.signers, _pred(lambda p: p.update(expires_at="2026-11-30T12:30:00Z"))),
+        Reason.EXPIRED,
+        "expires_at",
+    ),
+    (
+        "issued_in_future",
+        lambda c: setattr(c, "now", NOW - timedelta(hours=1)),
+        Reason.NOT_YET_VALID,
+        "issued_at",
+    ),
+    (
+        "too_old_for_policy",
+        lambda c: setattr(c, "expected", dataclasses.replace(c.expected, max_age=timedelta(minutes=30))),
+        Reason.EXPIRED,
+        "issued_at",
+    ),
     ("rollback", lambda c: _state_with(c, 2), Reason.ROLLBACK, None),
     # --- binding: one row per bound fingerprint field ---
-    *[(f"fingerprint_{name}", _fp_case(name), Reason.FINGERPRINT_MISMATCH if name not in ("checkpoint_sha256", "attention_backend", "moe_backend") else Reason.FINGERPRINT_MISSING, name) for name in BINDING_FIELDS],
+    *[
+        (
+            f"fingerprint_{name}",
+            _fp_case(name),
+            Reason.FINGERPRINT_MISMATCH
+            if name not in ("checkpoint_sha256", "attention_backend", "moe_backend")
+            else Reason.FINGERPRINT_MISSING,
+            name,
+        )
+        for name in BINDING_FIELDS
+    ],
     ("fingerprint_live_unestablished", lambda c: _expect_fp(c, gpu=None), Reason.FINGERPRINT_MISSING, "gpu"),
-    ("kind_expected_other", lambda c: setattr(c, "expected", dataclasses.replace(c.expected, kind="calibration")), Reason.KIND_MISMATCH, "kind"),
+    (
+        "kind_expected_other",
+        lambda c: setattr(c, "expected", dataclasses.replace(c.expected, kind="calibration")),
+        Reason.KIND_MISMATCH,
+        "kind",
+    ),
     # --- content (signed, but not acceptable) ---
-    ("synthetic_refused", lambda c: resign(c.path, c.signers, _pred(lambda p: p["provenance"].update(synthetic=True))), Reason.SYNTHETIC_REFUSED, "provenance.synthetic"),
+    (
+        "synthetic_refused",
+        lambda c: resign(c.path, c.signers, _pred(lambda p: p["provenance"].update(synthetic=True))),
+        Reason.SYNTHETIC_REFUSED,
+        "provenance.synthetic",
+    ),
 ]
 
 
@@ -279,21 +504,80 @@ def _content_case(rows_fn: Callable[[list[dict[str, Any]]], list[dict[str, Any]]
 
 
 CASES += [
-    ("native_cell_missing", _content_case(lambda r: [x for x in r if not (x["graph_batch_size"] == 16 and x["verifier_budget"] == 0)]), Reason.NATIVE_CELL_MISSING, "verifier_budget"),
-    ("illegal_compact_budget", _content_case(lambda r: [*r[:1], {**r[1], "verifier_budget": 8}, *r[2:]]), Reason.CONTENT_INVALID, "verifier_budget"),
-    ("budget_at_full_width", _content_case(lambda r: [*r[:1], {**r[1], "verifier_budget": 48}, *r[2:]]), Reason.CONTENT_INVALID, "verifier_budget"),
-    ("g_outside_ladder", _content_case(lambda r: [{**x, "graph_batch_size": 64} if x["graph_batch_size"] == 32 else x for x in r]), Reason.CONTENT_INVALID, "graph_batch_size"),
-    ("negative_time", _content_case(lambda r: [{**r[0], "step_time_ms": -1.0, "ci_low_ms": -1.1}, *r[1:]]), Reason.CONTENT_INVALID, "step_time_ms"),
-    ("ci_not_bracketing", _content_case(lambda r: [{**r[0], "ci_low_ms": r[0]["step_time_ms"] * 1.1}, *r[1:]]), Reason.CONTENT_INVALID, "ci_low_ms"),
+    (
+        "native_cell_missing",
+        _content_case(
+            lambda r: [x for x in r if not (x["graph_batch_size"] == 16 and x["verifier_budget"] == 0)]
+        ),
+        Reason.NATIVE_CELL_MISSING,
+        "verifier_budget",
+    ),
+    (
+        "illegal_compact_budget",
+        _content_case(lambda r: [*r[:1], {**r[1], "verifier_budget": 8}, *r[2:]]),
+        Reason.CONTENT_INVALID,
+        "verifier_budget",
+    ),
+    (
+        "budget_at_full_width",
+        _content_case(lambda r: [*r[:1], {**r[1], "verifier_budget": 48}, *r[2:]]),
+        Reason.CONTENT_INVALID,
+        "verifier_budget",
+    ),
+    (
+        "g_outside_ladder",
+        _content_case(
+            lambda r: [{**x, "graph_batch_size": 64} if x["graph_batch_size"] == 32 else x for x in r]
+        ),
+        Reason.CONTENT_INVALID,
+        "graph_batch_size",
+    ),
+    (
+        "negative_time",
+        _content_case(lambda r: [{**r[0], "step_time_ms": -1.0, "ci_low_ms": -1.1}, *r[1:]]),
+        Reason.CONTENT_INVALID,
+        "step_time_ms",
+    ),
+    (
+        "ci_not_bracketing",
+        _content_case(lambda r: [{**r[0], "ci_low_ms": r[0]["step_time_ms"] * 1.1}, *r[1:]]),
+        Reason.CONTENT_INVALID,
+        "ci_low_ms",
+    ),
     # --- two defects: the earlier step wins ---
-    ("two_defects_signature_and_expiry", lambda c: (_edit_envelope(c, _flip_sig), setattr(c, "now", NOW + timedelta(days=90))), Reason.SIGNATURE_INVALID, None),
-    ("two_defects_hash_and_binding", lambda c: (_rewrite_table(c, lambda t: t.slice(1)), _expect_fp(c, gpu="H100")), Reason.LOGICAL_HASH_MISMATCH, None),
-    ("two_defects_binding_and_synthetic", lambda c: (resign(c.path, c.signers, _pred(lambda p: p["provenance"].update(synthetic=True))), _expect_fp(c, topology="DEP8")), Reason.FINGERPRINT_MISMATCH, "topology"),
+    (
+        "two_defects_signature_and_expiry",
+        lambda c: (_edit_envelope(c, _flip_sig), setattr(c, "now", NOW + timedelta(days=90))),
+        Reason.SIGNATURE_INVALID,
+        None,
+    ),
+    (
+        "two_defects_hash_and_binding",
+        lambda c: (_rewrite_table(c, lambda t: t.slice(1)), _expect_fp(c, gpu="H100")),
+        Reason.LOGICAL_HASH_MISMATCH,
+        None,
+    ),
+    (
+        "two_defects_binding_and_synthetic",
+        lambda c: (
+            resign(c.path, c.signers, _pred(lambda p: p["provenance"].update(synthetic=True))),
+            _expect_fp(c, topology="DEP8"),
+        ),
+        Reason.FINGERPRINT_MISMATCH,
+        "topology",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("name", "mutate", "reason", "field_name"), CASES, ids=[c[0] for c in CASES])
-def test_tamper_matrix(ctx: Ctx, keys: tuple[Any, ...], name: str, mutate: Callable[..., None], reason: Reason, field_name: str | None) -> None:
+def test_tamper_matrix(
+    ctx: Ctx,
+    keys: tuple[Any, ...],
+    name: str,
+    mutate: Callable[..., None],
+    reason: Reason,
+    field_name: str | None,
+) -> None:
     if mutate.__code__.co_argcount == 2:
         mutate(ctx, keys)
     else:
@@ -355,8 +639,11 @@ def test_state_records_only_after_success(ctx: Ctx) -> None:
     state = RollbackState(ctx.tmp / "state.json")
     _expect_fp(ctx, gpu="H100")
     verify_path(ctx.path, ctx.root, now=ctx.now, expected=ctx.expected, state=state, record=True)
-    assert not (ctx.tmp / "state.json").exists() or state.highest(require_valid(
-        verify_path(ctx.path, ctx.root, now=ctx.now, state=None)).series) is None
+    assert (
+        not (ctx.tmp / "state.json").exists()
+        or state.highest(require_valid(verify_path(ctx.path, ctx.root, now=ctx.now, state=None)).series)
+        is None
+    )
     ok = verify_path(ctx.path, ctx.root, now=ctx.now, state=state, record=True)
     assert ok.ok and state.highest(ok.artifact.series) == 1
 
@@ -380,7 +667,9 @@ def test_reencoded_signed_table_still_verifies(ctx: Ctx, compression: str, row_g
     loaded = read_artifact(ctx.path)
     shuffled = loaded.table.take(pa.array(list(reversed(range(loaded.table.num_rows)))))
     ctx.path.write_bytes(
-        encode_artifact(shuffled, dict(loaded.metadata), compression=compression, row_group_size=row_group_size)
+        encode_artifact(
+            shuffled, dict(loaded.metadata), compression=compression, row_group_size=row_group_size
+        )
     )
     assert run(ctx).ok
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import math
-
 import json
+import math
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path

@@ -39,8 +39,13 @@ def setup(tmp_path: Path) -> dict[str, Path]:
     r = calib("trust", "init", "--key", keys / "signing-key.pem", "--out", root, "--expires", "30d")
     assert r.exit_code == 0, r.output
     table = tmp_path / "cost-table.parquet"
-    write_unsigned_artifact(table, make_cost_table(), kind="cost-table", fingerprint=make_fingerprint(),
-                            provenance=make_provenance())
+    write_unsigned_artifact(
+        table,
+        make_cost_table(),
+        kind="cost-table",
+        fingerprint=make_fingerprint(),
+        provenance=make_provenance(),
+    )
     r = calib("sign", table, "--key", keys / "signing-key.pem", "--version", "1", "--expires", "7d")
     assert r.exit_code == 0, r.output
     return {"keys": keys, "root": root, "table": table, "tmp": tmp_path}
@@ -58,11 +63,22 @@ def test_keygen_permissions_and_no_overwrite(tmp_path: Path) -> None:
 
 def test_keygen_ecdsa_and_passphrase(tmp_path: Path) -> None:
     env = {"KEYPASS": "correct horse"}
-    r = calib("keygen", "--out", tmp_path, "--algorithm", "ecdsa-p256", "--passphrase-env", "KEYPASS", env=env)
+    r = calib(
+        "keygen", "--out", tmp_path, "--algorithm", "ecdsa-p256", "--passphrase-env", "KEYPASS", env=env
+    )
     assert r.exit_code == 0, r.output
     assert b"ENCRYPTED" in (tmp_path / "signing-key.pem").read_bytes()
-    r = calib("trust", "init", "--key", tmp_path / "signing-key.pem", "--out", tmp_path / "root.json",
-              "--passphrase-env", "KEYPASS", env=env)
+    r = calib(
+        "trust",
+        "init",
+        "--key",
+        tmp_path / "signing-key.pem",
+        "--out",
+        tmp_path / "root.json",
+        "--passphrase-env",
+        "KEYPASS",
+        env=env,
+    )
     assert r.exit_code == 0, r.output
     r = calib("trust", "init", "--key", tmp_path / "signing-key.pem", "--out", tmp_path / "r2.json")
     assert r.exit_code == 2  # encrypted key without its passphrase
@@ -108,13 +124,27 @@ def test_verify_fingerprint_diff_printed(setup: dict[str, Path]) -> None:
     r = verify(setup["table"], "--trust-root", setup["root"], "--expect-fingerprint", fp, "--json")
     assert r.exit_code == 1
     report = json.loads(r.stdout)["reports"][0]
-    assert [f["code"] for f in report["findings"]] == ["FINGERPRINT_MISMATCH:gpu", "FINGERPRINT_MISMATCH:topology"]
+    assert [f["code"] for f in report["findings"]] == [
+        "FINGERPRINT_MISMATCH:gpu",
+        "FINGERPRINT_MISMATCH:topology",
+    ]
     assert "fingerprint differences" in r.stderr and "H100" in r.stderr
 
 
 def test_verify_live_binding_on_cpu_reports_missing(setup: dict[str, Path]) -> None:
-    r = verify(setup["table"], "--trust-root", setup["root"], "--live", "--live-k", "5", "--live-ladder", "8,16,32",
-               "--live-topology", "TP1", "--json")
+    r = verify(
+        setup["table"],
+        "--trust-root",
+        setup["root"],
+        "--live",
+        "--live-k",
+        "5",
+        "--live-ladder",
+        "8,16,32",
+        "--live-topology",
+        "TP1",
+        "--json",
+    )
     assert r.exit_code == 1
     report = json.loads(r.stdout)
     assert report["reports"][0]["reason"] in ("FINGERPRINT_MISSING", "FINGERPRINT_MISMATCH")
@@ -144,7 +174,10 @@ def test_verify_state_rollback(setup: dict[str, Path]) -> None:
     v1 = setup["tmp"] / "v1.parquet"
     shutil.copy(setup["table"], v1)
     shutil.copy(detached_envelope_path(setup["table"]), detached_envelope_path(v1))
-    assert calib("sign", setup["table"], "--key", setup["keys"] / "signing-key.pem", "--version", "2").exit_code == 0
+    assert (
+        calib("sign", setup["table"], "--key", setup["keys"] / "signing-key.pem", "--version", "2").exit_code
+        == 0
+    )
     assert verify(setup["table"], "--trust-root", setup["root"], "--state", state).exit_code == 0
     r = verify(v1, "--trust-root", setup["root"], "--state", state, "--json")
     assert r.exit_code == 1
@@ -153,8 +186,13 @@ def test_verify_state_rollback(setup: dict[str, Path]) -> None:
 
 def test_verify_synthetic_needs_flag(tmp_path: Path, setup: dict[str, Path]) -> None:
     table = tmp_path / "synthetic.parquet"
-    write_unsigned_artifact(table, make_cost_table(), kind="cost-table", fingerprint=make_fingerprint(),
-                            provenance=make_provenance(synthetic=True, backend="synthetic"))
+    write_unsigned_artifact(
+        table,
+        make_cost_table(),
+        kind="cost-table",
+        fingerprint=make_fingerprint(),
+        provenance=make_provenance(synthetic=True, backend="synthetic"),
+    )
     assert calib("sign", table, "--key", setup["keys"] / "signing-key.pem", "--version", "1").exit_code == 0
     r = verify(table, "--trust-root", setup["root"])
     assert r.exit_code == 1 and "SYNTHETIC_REFUSED" in r.stderr
@@ -181,8 +219,19 @@ def test_trust_show_and_rotate(setup: dict[str, Path], tmp_path: Path) -> None:
     assert r.exit_code == 0 and json.loads(r.stdout)["version"] == 1
     assert calib("keygen", "--out", tmp_path / "new", "--name", "k2").exit_code == 0
     new_root = tmp_path / "root-v2.json"
-    r = calib("trust", "rotate", "--root", setup["root"], "--key", setup["keys"] / "signing-key.pem",
-              "--add-root-key", tmp_path / "new" / "k2.pub.pem", "--out", new_root, "--json")
+    r = calib(
+        "trust",
+        "rotate",
+        "--root",
+        setup["root"],
+        "--key",
+        setup["keys"] / "signing-key.pem",
+        "--add-root-key",
+        tmp_path / "new" / "k2.pub.pem",
+        "--out",
+        new_root,
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["version"] == 2
 

@@ -17,7 +17,9 @@ from dspark_calibrate.runtime_plugin.live import (
     normalize_gpu_name,
 )
 
-H200 = GpuInfo(name="H200", memory_total_bytes=143771 << 20, driver_version="580.159.04", compute_capability="9.0")
+H200 = GpuInfo(
+    name="H200", memory_total_bytes=143771 << 20, driver_version="580.159.04", compute_capability="9.0"
+)
 
 
 @dataclass
@@ -45,13 +47,21 @@ class FakeEnvironment:
 
 
 def test_full_collection() -> None:
-    ctx = collect_live(max_draft_len=5, rank_local_graph_batch_sizes=[8, 16], topology="TP1",
-                       source_dir=Path("/src"), env=FakeEnvironment())
+    ctx = collect_live(
+        max_draft_len=5,
+        rank_local_graph_batch_sizes=[8, 16],
+        topology="TP1",
+        source_dir=Path("/src"),
+        env=FakeEnvironment(),
+    )
     fp = ctx.fingerprint
     assert fp.gpu == "H200" and fp.gpu_count == 1
     assert fp.global_graph_batch_sizes == (8, 16)
     assert fp.source_head == "0123abc" and fp.source_diff_sha256 == "d" * 64
-    assert fp.runtime_snapshot == "tensorrt_llm=1.3.0;torch=2.11.0;flashinfer-python=absent;deep_gemm=absent;triton=absent"
+    assert (
+        fp.runtime_snapshot
+        == "tensorrt_llm=1.3.0;torch=2.11.0;flashinfer-python=absent;deep_gemm=absent;triton=absent"
+    )
     assert ctx.sources["gpu"] == "fake-nvml"
     assert fp.trtllm_fields()  # all ten established
     assert "kv_dtype" in ctx.missing
@@ -76,7 +86,9 @@ def test_nothing_guessed_without_gpu() -> None:
     ctx = collect_live(env=FakeEnvironment(devices=None, head=None), source_dir=Path("/x"))
     fp = ctx.fingerprint
     assert fp.gpu is None and fp.gpu_snapshot_sha256 is None and fp.gpu_count is None
-    assert {"gpu", "gpu_snapshot_sha256", "gpu_count", "topology", "source_head", "max_draft_len"} <= set(ctx.missing)
+    assert {"gpu", "gpu_snapshot_sha256", "gpu_count", "topology", "source_head", "max_draft_len"} <= set(
+        ctx.missing
+    )
     assert "no GPU" in ctx.problems["gpu"]
 
 

@@ -178,11 +178,18 @@ def _manifest_predicate(
     subject, predicate = _statement_parts(statement, where, BUNDLE_PREDICATE_TYPE)
     if set(predicate) != _MANIFEST_FIELDS or predicate.get("schema_version") != 1:
         raise _Stop(
-            [Finding(Reason.BUNDLE_INVALID, f"{where}: manifest predicate fields {sorted(predicate)} are not v1")]
+            [
+                Finding(
+                    Reason.BUNDLE_INVALID,
+                    f"{where}: manifest predicate fields {sorted(predicate)} are not v1",
+                )
+            ]
         )
     members = predicate["members"]
     if not isinstance(members, dict) or not members or set(members) - set(BUNDLE_KINDS):
-        raise _Stop([Finding(Reason.BUNDLE_INVALID, f"{where}: members must be a subset of {list(BUNDLE_KINDS)}")])
+        raise _Stop(
+            [Finding(Reason.BUNDLE_INVALID, f"{where}: members must be a subset of {list(BUNDLE_KINDS)}")]
+        )
     for k, e in members.items():
         if (
             not isinstance(e, dict)
@@ -193,7 +200,9 @@ def _manifest_predicate(
             or not isinstance(e["version"], int)
         ):
             raise _Stop([Finding(Reason.BUNDLE_INVALID, f"{where}: member {k} entry is malformed", field=k)])
-    want_subject = [{"name": k, "digest": {"sha256": e["logical_sha256"]}} for k, e in sorted(members.items())]
+    want_subject = [
+        {"name": k, "digest": {"sha256": e["logical_sha256"]}} for k, e in sorted(members.items())
+    ]
     if subject != want_subject:
         raise _Stop([Finding(Reason.SUBJECT_INVALID, f"{where}: subjects do not list exactly the members")])
     try:
@@ -204,7 +213,9 @@ def _manifest_predicate(
     except (ModelError, ValueError, TypeError) as exc:
         raise _Stop([Finding(Reason.BUNDLE_INVALID, f"{where}: {exc}")]) from None
     if predicate["series"] != series_of("bundle", fp):
-        raise _Stop([Finding(Reason.BUNDLE_INVALID, f"{where}: series does not match the fingerprint", "series")])
+        raise _Stop(
+            [Finding(Reason.BUNDLE_INVALID, f"{where}: series does not match the fingerprint", "series")]
+        )
     return predicate, fp, issued, expires
 
 
@@ -235,14 +246,22 @@ def verify_bundle(
             raw = read_regular_file(manifest, limits.max_envelope_bytes)
         except FileNotFoundError:
             raise _Stop(
-                [Finding(Reason.BUNDLE_MEMBER_MISSING, f"{manifest}: bundle manifest not found", field="manifest")]
+                [
+                    Finding(
+                        Reason.BUNDLE_MEMBER_MISSING,
+                        f"{manifest}: bundle manifest not found",
+                        field="manifest",
+                    )
+                ]
             ) from None
         except _TooLarge as big:
             raise _Stop(
                 [Finding(Reason.ENVELOPE_TOO_LARGE, f"{manifest}: {big.size} bytes is above the limit")]
             ) from None
         except OSError as exc:
-            raise _Stop([Finding(Reason.IO_ERROR, f"{manifest}: cannot read ({exc.strerror or exc})")]) from None
+            raise _Stop(
+                [Finding(Reason.IO_ERROR, f"{manifest}: cannot read ({exc.strerror or exc})")]
+            ) from None
         try:
             env = parse_envelope(raw, max_bytes=limits.max_envelope_bytes)
         except EnvelopeError as exc:
@@ -262,7 +281,9 @@ def verify_bundle(
         if fresh:
             raise _Stop(fresh)
         if expected.fingerprint is not None:
-            binding, _ = check_binding(fp, expected.fingerprint, unbound=expected.unbound_fields, where=manifest)
+            binding, _ = check_binding(
+                fp, expected.fingerprint, unbound=expected.unbound_fields, where=manifest
+            )
             if binding:
                 raise _Stop(binding)
         entries: dict[str, Any] = predicate["members"]

@@ -37,7 +37,9 @@ def _schema(kind: str, table: pa.Table, where: str) -> list[Finding]:
     return [
         Finding(
             Reason.SCHEMA_MISMATCH,
-            f"{where}: {kind} table does not match schema: " + "; ".join(diffs[:4]) + "; rebuild with this tool",
+            f"{where}: {kind} table does not match schema: "
+            + "; ".join(diffs[:4])
+            + "; rebuild with this tool",
         )
     ]
 
@@ -45,7 +47,11 @@ def _schema(kind: str, table: pa.Table, where: str) -> list[Finding]:
 def _k(fp: Fingerprint, where: str) -> tuple[int | None, list[Finding]]:
     if fp.max_draft_len is None:
         return None, [
-            Finding(Reason.K_INCONSISTENT, f"{where}: fingerprint.max_draft_len (K) is not set", field="max_draft_len")
+            Finding(
+                Reason.K_INCONSISTENT,
+                f"{where}: fingerprint.max_draft_len (K) is not set",
+                field="max_draft_len",
+            )
         ]
     return fp.max_draft_len, []
 
@@ -119,11 +125,15 @@ def _cost_table(table: pa.Table, fp: Fingerprint, where: str) -> list[Finding]:
             )
         )
     if np.any(t <= 0) or np.any(lo <= 0):
-        out.append(Finding(Reason.CONTENT_INVALID, f"{where}: step times must be positive", field="step_time_ms"))
+        out.append(
+            Finding(Reason.CONTENT_INVALID, f"{where}: step times must be positive", field="step_time_ms")
+        )
     if np.any(lo > t) or np.any(t > hi):
         out.append(
             Finding(
-                Reason.CONTENT_INVALID, f"{where}: need ci_low_ms <= step_time_ms <= ci_high_ms", field="ci_low_ms"
+                Reason.CONTENT_INVALID,
+                f"{where}: need ci_low_ms <= step_time_ms <= ci_high_ms",
+                field="ci_low_ms",
             )
         )
     if np.any(table.column("samples").to_numpy() < 1):
@@ -149,7 +159,9 @@ def _calibration(table: pa.Table, fp: Fingerprint, where: str) -> list[Finding]:
     temps = table.column("temperature").to_numpy(zero_copy_only=False)
     finite = temps[~np.isnan(temps.astype(float))] if temps.size else temps
     if finite.size and np.any(finite <= 0):
-        out.append(Finding(Reason.CONTENT_INVALID, f"{where}: temperatures must be positive", field="temperature"))
+        out.append(
+            Finding(Reason.CONTENT_INVALID, f"{where}: temperatures must be positive", field="temperature")
+        )
     return out
 
 

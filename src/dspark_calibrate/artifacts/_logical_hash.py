@@ -21,8 +21,8 @@ from dspark_calibrate.schemas import key_columns
 
 __all__ = [
     "LOGICAL_HASH_DOMAIN",
-    "canonical_order",
     "LogicalHashError",
+    "canonical_order",
     "canonical_table_bytes",
     "logical_sha256",
     "logical_sha256_keys",
@@ -160,7 +160,8 @@ def _canonical_order(table: pa.Table, keys: Sequence[str]) -> pa.Table:
         for k in keys:
             col = ordered.column(k).combine_chunks()
             differs |= np.asarray(
-                pc.not_equal(col.slice(1), col.slice(0, len(col) - 1)).to_numpy(zero_copy_only=False), dtype=bool
+                pc.not_equal(col.slice(1), col.slice(0, len(col) - 1)).to_numpy(zero_copy_only=False),
+                dtype=bool,
             )
     if not differs.all():
         row = int(np.flatnonzero(~differs)[0]) + 1

@@ -156,7 +156,7 @@ class Fingerprint:
         unknown = sorted(set(data) - set(cls.field_names()))
         if unknown:
             raise ModelError(f"fingerprint has unknown field(s) {unknown}")
-        kwargs = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items()}
+        kwargs: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items()}
         try:
             return cls(**kwargs)
         except TypeError as exc:  # wrong value types reaching comparisons
@@ -216,8 +216,9 @@ class Provenance:
     def __post_init__(self) -> None:
         if not isinstance(self.tool_version, str) or not self.tool_version:
             raise ModelError("provenance.tool_version must be a non-empty string")
-        if isinstance(self.command, list):
-            object.__setattr__(self, "command", tuple(self.command))
+        command: object = self.command  # JSON may hand us a list despite the annotation
+        if isinstance(command, list):
+            object.__setattr__(self, "command", tuple(command))
         if not all(isinstance(c, str) for c in self.command):
             raise ModelError("provenance.command must be a list of strings")
         if not isinstance(self.synthetic, bool):

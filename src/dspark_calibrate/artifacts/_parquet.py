@@ -37,10 +37,10 @@ __all__ = [
     "LoadedArtifact",
     "ReadLimits",
     "detached_envelope_path",
-    "read_regular_file",
     "encode_artifact",
     "footer_metadata",
     "read_artifact",
+    "read_regular_file",
     "write_unsigned_artifact",
 ]
 
@@ -198,7 +198,11 @@ def footer_metadata(
 
 
 def encode_artifact(
-    table: pa.Table, metadata: Mapping[str, Any], *, compression: str = "zstd", row_group_size: int | None = None
+    table: pa.Table,
+    metadata: Mapping[str, Any],
+    *,
+    compression: str = "zstd",
+    row_group_size: int | None = None,
 ) -> bytes:
     """Encode a table and its footer document as Parquet bytes.
 
@@ -255,7 +259,9 @@ def write_unsigned_artifact(
 
 def _check_footer(data: bytes, path: Path, limits: ReadLimits) -> None:
     if len(data) < 12 or data[:4] != _MAGIC or data[-4:] != _MAGIC:
-        raise ArtifactReadError(Reason.NOT_PARQUET, f"{path}: not a Parquet file (magic bytes missing or truncated)")
+        raise ArtifactReadError(
+            Reason.NOT_PARQUET, f"{path}: not a Parquet file (magic bytes missing or truncated)"
+        )
     (footer_len,) = struct.unpack("<I", data[-8:-4])
     if footer_len > limits.max_footer_bytes:
         raise ArtifactReadError(
@@ -263,7 +269,9 @@ def _check_footer(data: bytes, path: Path, limits: ReadLimits) -> None:
             f"{path}: Parquet footer is {footer_len} bytes, above the {limits.max_footer_bytes}-byte limit",
         )
     if footer_len + 12 > len(data):
-        raise ArtifactReadError(Reason.NOT_PARQUET, f"{path}: Parquet footer length exceeds the file (truncated?)")
+        raise ArtifactReadError(
+            Reason.NOT_PARQUET, f"{path}: Parquet footer length exceeds the file (truncated?)"
+        )
 
 
 def read_artifact(path: Path | str, limits: ReadLimits = DEFAULT_LIMITS) -> LoadedArtifact:
@@ -278,7 +286,8 @@ def read_artifact(path: Path | str, limits: ReadLimits = DEFAULT_LIMITS) -> Load
         data = read_regular_file(path, limits.max_file_bytes)
     except _TooLarge as big:
         raise ArtifactReadError(
-            Reason.NOT_PARQUET, f"{path}: {big.size} bytes is above the {limits.max_file_bytes}-byte artifact limit"
+            Reason.NOT_PARQUET,
+            f"{path}: {big.size} bytes is above the {limits.max_file_bytes}-byte artifact limit",
         ) from None
     except OSError as exc:
         raise ArtifactReadError(Reason.IO_ERROR, f"{path}: cannot read ({exc.strerror or exc})") from exc
@@ -314,7 +323,9 @@ def read_artifact(path: Path | str, limits: ReadLimits = DEFAULT_LIMITS) -> Load
         )
     envelope = metadata.get("envelope")
     if envelope is not None and not isinstance(envelope, dict):
-        raise ArtifactReadError(Reason.METADATA_INVALID, f"{path}: footer 'envelope' must be an object or null")
+        raise ArtifactReadError(
+            Reason.METADATA_INVALID, f"{path}: footer 'envelope' must be an object or null"
+        )
     detached = None
     dpath = detached_envelope_path(path)
     try:
@@ -323,10 +334,16 @@ def read_artifact(path: Path | str, limits: ReadLimits = DEFAULT_LIMITS) -> Load
         detached = None
     except _TooLarge as big:
         raise ArtifactReadError(
-            Reason.ENVELOPE_TOO_LARGE, f"{dpath}: {big.size} bytes, above the {limits.max_envelope_bytes}-byte limit"
+            Reason.ENVELOPE_TOO_LARGE,
+            f"{dpath}: {big.size} bytes, above the {limits.max_envelope_bytes}-byte limit",
         ) from None
     except OSError as exc:
         raise ArtifactReadError(Reason.IO_ERROR, f"{dpath}: cannot read ({exc.strerror or exc})") from exc
     return LoadedArtifact(
-        path=path, table=table, metadata=metadata, envelope=envelope, detached_envelope=detached, file_bytes=size
+        path=path,
+        table=table,
+        metadata=metadata,
+        envelope=envelope,
+        detached_envelope=detached,
+        file_bytes=size,
     )

@@ -10,7 +10,6 @@ verification refuses (fail closed) until the artifact is signed again.
 from __future__ import annotations
 
 import re
-
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -167,7 +166,12 @@ def sign_artifact(
     statement = make_statement(kind, digest, PREDICATE_TYPE, predicate)
     envelope = sign_envelope(canonical_json(statement), signers)
     metadata = footer_metadata(
-        kind=kind, table=table, fingerprint=fingerprint, provenance=provenance, summary=summary, envelope=envelope
+        kind=kind,
+        table=table,
+        fingerprint=fingerprint,
+        provenance=provenance,
+        summary=summary,
+        envelope=envelope,
     )
     detached = detached_envelope_path(path)
     atomic_write_bytes(detached, canonical_json(envelope))

@@ -85,7 +85,17 @@ BINDING_FIELDS: tuple[str, ...] = (
 CLOCK_SKEW = timedelta(minutes=5)
 
 _PREDICATE_FIELDS = frozenset(
-    {"kind", "schema_version", "series", "version", "issued_at", "expires_at", "fingerprint", "provenance", "summary"}
+    {
+        "kind",
+        "schema_version",
+        "series",
+        "version",
+        "issued_at",
+        "expires_at",
+        "fingerprint",
+        "provenance",
+        "summary",
+    }
 )
 _STATEMENT_FIELDS = frozenset({"_type", "subject", "predicateType", "predicate"})
 
@@ -237,7 +247,9 @@ def _step1_envelope(loaded: LoadedArtifact, limits: ReadLimits) -> ParsedEnvelop
             ]
         )
     try:
-        env = parse_envelope(embedded if embedded is not None else detached or b"", max_bytes=limits.max_envelope_bytes)
+        env = parse_envelope(
+            embedded if embedded is not None else detached or b"", max_bytes=limits.max_envelope_bytes
+        )
         # The detached copy is normally the canonical JSON of the embedded one; only a copy that
         # differs in bytes needs parsing to tell a harmless re-encoding from a conflict.
         if embedded is not None and detached is not None and detached != canonical_json(embedded):
@@ -270,7 +282,12 @@ def check_envelope(
     # (2) signature over DSSE PAE by >= threshold unique trusted keys
     result = verify_signatures(env, trust_root.artifact_keys, trust_root.artifact_threshold)
     if result.findings:
-        raise _Stop([Finding(f.reason, f"{where}: {f.message}", f.field, f.expected, f.actual) for f in result.findings])
+        raise _Stop(
+            [
+                Finding(f.reason, f"{where}: {f.message}", f.field, f.expected, f.actual)
+                for f in result.findings
+            ]
+        )
     # (3) payloadType, then parse *those* bytes (the signed ones) and nothing else
     if env.payload_type != PAYLOAD_TYPE:
         raise _Stop(
@@ -323,7 +340,9 @@ def _statement_parts(
         )
     subject, predicate = statement["subject"], statement["predicate"]
     if not isinstance(subject, list) or not isinstance(predicate, dict):
-        raise _Stop([Finding(Reason.PREDICATE_INVALID, f"{where}: subject must be a list and predicate an object")])
+        raise _Stop(
+            [Finding(Reason.PREDICATE_INVALID, f"{where}: subject must be a list and predicate an object")]
+        )
     return subject, predicate
 
 
@@ -362,9 +381,16 @@ def _step4_predicate(
         )
     # A known schema_version rejects unknown fields: no decision may rest on fields we do not read.
     if set(predicate) != _PREDICATE_FIELDS:
-        extra, missing = sorted(set(predicate) - _PREDICATE_FIELDS), sorted(_PREDICATE_FIELDS - set(predicate))
+        extra, missing = (
+            sorted(set(predicate) - _PREDICATE_FIELDS),
+            sorted(_PREDICATE_FIELDS - set(predicate)),
+        )
         raise _Stop(
-            [Finding(Reason.PREDICATE_INVALID, f"{where}: predicate fields: extra {extra}, missing {missing}")]
+            [
+                Finding(
+                    Reason.PREDICATE_INVALID, f"{where}: predicate fields: extra {extra}, missing {missing}"
+                )
+            ]
         )
     if (
         len(subject) != 1
@@ -398,7 +424,13 @@ def _step4_predicate(
         raise _Stop([Finding(Reason.PREDICATE_INVALID, f"{where}: {exc}")]) from None
     if predicate["series"] != series_of(kind, fp):
         raise _Stop(
-            [Finding(Reason.PREDICATE_INVALID, f"{where}: series does not match kind + fingerprint digest", "series")]
+            [
+                Finding(
+                    Reason.PREDICATE_INVALID,
+                    f"{where}: series does not match kind + fingerprint digest",
+                    "series",
+                )
+            ]
         )
     return kind, predicate, fp, prov, digest, issued, expires
 
@@ -408,7 +440,11 @@ def _step5_hash(table: pa.Table, kind: str, digest: str, where: Path) -> None:
         actual = logical_sha256(table, kind)
     except LogicalHashError as exc:
         raise _Stop(
-            [Finding(Reason.LOGICAL_HASH_MISMATCH, f"{where}: table cannot be hashed ({exc}); it was altered")]
+            [
+                Finding(
+                    Reason.LOGICAL_HASH_MISMATCH, f"{where}: table cannot be hashed ({exc}); it was altered"
+                )
+            ]
         ) from None
     if actual != digest:
         raise _Stop(
@@ -424,7 +460,9 @@ def _step5_hash(table: pa.Table, kind: str, digest: str, where: Path) -> None:
         )
 
 
-def _step5_footer_consistent(loaded: LoadedArtifact, predicate: Mapping[str, Any], digest: str, where: Path) -> None:
+def _step5_footer_consistent(
+    loaded: LoadedArtifact, predicate: Mapping[str, Any], digest: str, where: Path
+) -> None:
     """The untrusted footer copy must say what the signed predicate says.
 
     Verification never *reads* the footer copy, but tools outside this pipeline (pandas users,
@@ -497,12 +535,24 @@ def check_freshness(
         except StateError as exc:
             return [Finding(exc.reason, f"{where}: {exc}")]
         if finding is not None:
-            out.append(Finding(finding.reason, f"{where}: {finding.message}", finding.field, finding.expected, finding.actual))
+            out.append(
+                Finding(
+                    finding.reason,
+                    f"{where}: {finding.message}",
+                    finding.field,
+                    finding.expected,
+                    finding.actual,
+                )
+            )
     return out
 
 
 def check_binding(
-    signed: Fingerprint, expected: Fingerprint, *, unbound: frozenset[str] = frozenset(), where: Path | str = ""
+    signed: Fingerprint,
+    expected: Fingerprint,
+    *,
+    unbound: frozenset[str] = frozenset(),
+    where: Path | str = "",
 ) -> tuple[list[Finding], tuple[str, ...]]:
     """Step (7): compare the signed fingerprint with the expected/live one, field by field.
 
@@ -632,7 +682,9 @@ def verify_artifact(
         lap("freshness")
         # (7) binding: fingerprint vs expected/live, field by field (all differing fields reported)
         if expected.fingerprint is not None:
-            binding, skipped = check_binding(fp, expected.fingerprint, unbound=expected.unbound_fields, where=where)
+            binding, skipped = check_binding(
+                fp, expected.fingerprint, unbound=expected.unbound_fields, where=where
+            )
             if binding:
                 raise _Stop(binding)
         lap("binding")
@@ -650,7 +702,9 @@ def verify_artifact(
                 raise _Stop([Finding(exc.reason, f"{where}: {exc}")]) from None
             lap("record")
     except _Stop as stop:
-        return VerificationReport(path=where, findings=stop.findings, timings=tuple(timings), skipped_fields=skipped)
+        return VerificationReport(
+            path=where, findings=stop.findings, timings=tuple(timings), skipped_fields=skipped
+        )
     artifact = VerifiedArtifact(
         path=where,
         kind=kind,
@@ -686,4 +740,6 @@ def verify_path(
         loaded = read_artifact(path, limits)
     except ArtifactReadError as exc:
         return VerificationReport(path=Path(path), findings=(Finding(exc.reason, str(exc)),))
-    return verify_artifact(loaded, trust_root, now=now, expected=expected, state=state, record=record, limits=limits)
+    return verify_artifact(
+        loaded, trust_root, now=now, expected=expected, state=state, record=record, limits=limits
+    )

@@ -16,7 +16,13 @@ Example:
 """
 
 from dspark_calibrate.calibrate.build import BuildOptions, BuildResult, build_bundle, load_build_inputs
-from dspark_calibrate.calibrate.confidence import Calibration, Method, PositionMap, parse_sts_document, sts_document
+from dspark_calibrate.calibrate.confidence import (
+    Calibration,
+    Method,
+    PositionMap,
+    parse_sts_document,
+    sts_document,
+)
 from dspark_calibrate.calibrate.fit import (
     DriftTolerances,
     FitOptions,
@@ -36,6 +42,17 @@ from dspark_calibrate.calibrate.ladder import (
     parse_ladder,
     plan_cells,
 )
+from dspark_calibrate.calibrate.metrics import MetricsReport, evaluate_predictions
+from dspark_calibrate.calibrate.replay import BootstrapSettings, ReplayReport, replay
+from dspark_calibrate.calibrate.report import (
+    Report,
+    ReportThresholds,
+    build_report,
+    collect_evidence,
+    render_html,
+    render_markdown,
+    write_report,
+)
 from dspark_calibrate.calibrate.select_cells import CellSelection, select_cells
 from dspark_calibrate.calibrate.stats import (
     CellSamples,
@@ -47,17 +64,6 @@ from dspark_calibrate.calibrate.stats import (
     median_interval,
     sample_interval,
     summarize,
-)
-from dspark_calibrate.calibrate.metrics import MetricsReport, evaluate_predictions
-from dspark_calibrate.calibrate.replay import BootstrapSettings, ReplayReport, replay
-from dspark_calibrate.calibrate.report import (
-    Report,
-    ReportThresholds,
-    build_report,
-    collect_evidence,
-    render_html,
-    render_markdown,
-    write_report,
 )
 from dspark_calibrate.calibrate.sweep import (
     SweepConfig,

@@ -415,8 +415,11 @@ def _undeployed(inputs: BuildInputs, cells: Sequence[tuple[int, int]]) -> list[d
     keep = set(cells)
     return [
         {n: r[n] for n in ("graph_batch_size", "verifier_budget", "step_time_ms", "ci_low_ms", "ci_high_ms")}
-        for r in sorted(inputs.sweep_rows, key=lambda r: (int(r["graph_batch_size"]), int(r["verifier_budget"])))
-        if int(r["verifier_budget"]) != 0 and (int(r["graph_batch_size"]), int(r["verifier_budget"])) not in keep
+        for r in sorted(
+            inputs.sweep_rows, key=lambda r: (int(r["graph_batch_size"]), int(r["verifier_budget"]))
+        )
+        if int(r["verifier_budget"]) != 0
+        and (int(r["graph_batch_size"]), int(r["verifier_budget"])) not in keep
     ]
 
 

@@ -236,7 +236,9 @@ def run_demo(
         now=now,
     )
     (out / "admission.json").write_bytes(
-        canonical_json({"active": decision.active, "reason_code": decision.reason_code, "message": decision.message})
+        canonical_json(
+            {"active": decision.active, "reason_code": decision.reason_code, "message": decision.message}
+        )
     )
 
     stage("report")

@@ -8,16 +8,28 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from dspark_calibrate.cli._common import EXIT_OK, JsonFlag, err_console, exit_with, fail_usage, out_console, print_json
+from dspark_calibrate.cli._common import (
+    EXIT_OK,
+    JsonFlag,
+    err_console,
+    exit_with,
+    fail_usage,
+    out_console,
+    print_json,
+)
 from dspark_calibrate.errors import DsparkError
 
 __all__ = ["register"]
 
 
 def demo(
-    out: Annotated[Path, typer.Option("--out", help="Output directory (replaced if it holds an earlier demo).")],
+    out: Annotated[
+        Path, typer.Option("--out", help="Output directory (replaced if it holds an earlier demo).")
+    ],
     seed: Annotated[int, typer.Option("--seed", help="Seed of every synthetic input.")] = 0,
-    force: Annotated[bool, typer.Option("--force", help="Replace a non-empty directory that is not a demo.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace a non-empty directory that is not a demo.")
+    ] = False,
     json_out: JsonFlag = False,
 ) -> None:
     """Run sweep → traces → fit → workload → build → export → verify → admit → report on synthetic data."""
@@ -40,7 +52,10 @@ def demo(
         ("TensorRT-LLM files", str(result.trtllm)),
         ("release report", str(result.report)),
         ("predicted gain", f"{result.predicted_gain:+.2%} (95% CI {lo:+.2%} .. {hi:+.2%})"),
-        ("runtime admission", f"{'active' if result.admission_active else 'static K'} ({result.admission_reason})"),
+        (
+            "runtime admission",
+            f"{'active' if result.admission_active else 'static K'} ({result.admission_reason})",
+        ),
         ("stage times", ", ".join(f"{n} {s:.1f}s" for n, s in result.stages)),
     ]
     for name, value in rows:

@@ -8,18 +8,33 @@ from typing import Annotated
 
 import typer
 
-from dspark_calibrate.cli._common import EXIT_OK, JsonFlag, err_console, exit_with, fail_usage, out_console, print_json
+from dspark_calibrate.cli._common import (
+    EXIT_OK,
+    JsonFlag,
+    err_console,
+    exit_with,
+    fail_usage,
+    out_console,
+    print_json,
+)
 from dspark_calibrate.errors import ConfigError
 
 __all__ = ["register"]
 
 
 def keygen(
-    out: Annotated[Path, typer.Option("--out", help="Directory for signing-key.pem (0600) and signing-key.pub.pem.")],
-    algorithm: Annotated[str, typer.Option("--algorithm", help="ed25519 (default) or ecdsa-p256.")] = "ed25519",
+    out: Annotated[
+        Path, typer.Option("--out", help="Directory for signing-key.pem (0600) and signing-key.pub.pem.")
+    ],
+    algorithm: Annotated[
+        str, typer.Option("--algorithm", help="ed25519 (default) or ecdsa-p256.")
+    ] = "ed25519",
     passphrase_env: Annotated[
         str | None,
-        typer.Option("--passphrase-env", help="Encrypt the private key with the passphrase in this environment variable."),
+        typer.Option(
+            "--passphrase-env",
+            help="Encrypt the private key with the passphrase in this environment variable.",
+        ),
     ] = None,
     name: Annotated[str, typer.Option("--name", help="File name stem.")] = "signing-key",
     json_out: JsonFlag = False,
@@ -37,13 +52,17 @@ def keygen(
         passphrase = value.encode()
     try:
         out.mkdir(parents=True, exist_ok=True)
-        pair = generate_keypair(out, algorithm=algorithm, passphrase=passphrase, name=name)  # type: ignore[arg-type]  # validated above
+        pair = generate_keypair(out, algorithm=algorithm, passphrase=passphrase, name=name)
     except (ConfigError, OSError) as exc:
         fail_usage(str(exc))
     if json_out:
         print_json(
-            {"private_key": str(pair.private_path), "public_key": str(pair.public_path), "keyid": pair.keyid,
-             "algorithm": pair.algorithm}
+            {
+                "private_key": str(pair.private_path),
+                "public_key": str(pair.public_path),
+                "keyid": pair.keyid,
+                "algorithm": pair.algorithm,
+            }
         )
     else:
         out_console.print(f"private key  {pair.private_path} (0600)")

@@ -7,7 +7,16 @@ from typing import Annotated
 
 import typer
 
-from dspark_calibrate.cli._common import EXIT_OK, JsonFlag, exit_with, fail_usage, out_console, parse_expiry, print_json, utcnow
+from dspark_calibrate.cli._common import (
+    EXIT_OK,
+    JsonFlag,
+    exit_with,
+    fail_usage,
+    out_console,
+    parse_expiry,
+    print_json,
+    utcnow,
+)
 from dspark_calibrate.cli.trust import signers_from_keys
 from dspark_calibrate.errors import DsparkError
 
@@ -15,13 +24,19 @@ __all__ = ["register"]
 
 
 def sign(
-    table: Annotated[Path, typer.Argument(help="An unsigned (or previously signed) Parquet table of a known kind.")],
+    table: Annotated[
+        Path, typer.Argument(help="An unsigned (or previously signed) Parquet table of a known kind.")
+    ],
     key: Annotated[list[Path], typer.Option("--key", help="Private key file (repeat to add signatures).")],
     version: Annotated[int, typer.Option("--version", help="Version in the artifact's series (monotonic).")],
     expires: Annotated[str, typer.Option("--expires", help="Expiry: a duration (30d) or ISO time.")] = "30d",
-    kind: Annotated[str | None, typer.Option("--kind", help="Sign as this kind (default: the footer's).")] = None,
+    kind: Annotated[
+        str | None, typer.Option("--kind", help="Sign as this kind (default: the footer's).")
+    ] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Write here instead of in place.")] = None,
-    passphrase_env: Annotated[str | None, typer.Option("--passphrase-env", help="Passphrase variable.")] = None,
+    passphrase_env: Annotated[
+        str | None, typer.Option("--passphrase-env", help="Passphrase variable.")
+    ] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Sign TABLE: embed a DSSE envelope in the footer and write TABLE.dsse.json beside it."""
@@ -53,7 +68,9 @@ def sign(
     if json_out:
         print_json(result)
     else:
-        out_console.print(f"signed {signed.kind} v{signed.version} → {signed.path} (+ {signed.detached_path.name})")
+        out_console.print(
+            f"signed {signed.kind} v{signed.version} → {signed.path} (+ {signed.detached_path.name})"
+        )
         out_console.print(f"logical sha256 {signed.logical_sha256}")
     exit_with(EXIT_OK)
 

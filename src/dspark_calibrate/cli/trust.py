@@ -107,13 +107,17 @@ def _describe(root: TrustRoot, path: Path, json_out: bool) -> None:
 def init(
     key: KeyOption,
     out: Annotated[Path, typer.Option("--out", help="Where to write root.json.")],
-    expires: Annotated[str, typer.Option("--expires", help="Root expiry: a duration (365d) or ISO time.")] = "365d",
+    expires: Annotated[
+        str, typer.Option("--expires", help="Root expiry: a duration (365d) or ISO time.")
+    ] = "365d",
     threshold: Annotated[int, typer.Option("--threshold", help="Root signatures needed for rotation.")] = 1,
     artifact_key: Annotated[
         list[Path] | None,
         typer.Option("--artifact-key", help="Public key allowed to sign artifacts (default: the root keys)."),
     ] = None,
-    artifact_threshold: Annotated[int, typer.Option("--artifact-threshold", help="Signatures needed on artifacts.")] = 1,
+    artifact_threshold: Annotated[
+        int, typer.Option("--artifact-threshold", help="Signatures needed on artifacts.")
+    ] = 1,
     passphrase_env: PassEnv = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing root file.")] = False,
     json_out: JsonFlag = False,
@@ -149,16 +153,24 @@ def rotate(
     key: KeyOption,
     out: Annotated[Path, typer.Option("--out", help="Where to write the new root (version + 1).")],
     expires: Annotated[str, typer.Option("--expires", help="New expiry: duration or ISO time.")] = "365d",
-    add_root_key: Annotated[list[Path] | None, typer.Option("--add-root-key", help="Public key to add to root.")] = None,
-    remove_root_key: Annotated[list[str] | None, typer.Option("--remove-root-key", help="Keyid to remove from root.")] = None,
-    root_threshold: Annotated[int | None, typer.Option("--root-threshold", help="New root threshold.")] = None,
+    add_root_key: Annotated[
+        list[Path] | None, typer.Option("--add-root-key", help="Public key to add to root.")
+    ] = None,
+    remove_root_key: Annotated[
+        list[str] | None, typer.Option("--remove-root-key", help="Keyid to remove from root.")
+    ] = None,
+    root_threshold: Annotated[
+        int | None, typer.Option("--root-threshold", help="New root threshold.")
+    ] = None,
     add_artifact_key: Annotated[
         list[Path] | None, typer.Option("--add-artifact-key", help="Public key to add to artifact signers.")
     ] = None,
     remove_artifact_key: Annotated[
         list[str] | None, typer.Option("--remove-artifact-key", help="Keyid to remove from artifact signers.")
     ] = None,
-    artifact_threshold: Annotated[int | None, typer.Option("--artifact-threshold", help="New artifact threshold.")] = None,
+    artifact_threshold: Annotated[
+        int | None, typer.Option("--artifact-threshold", help="New artifact threshold.")
+    ] = None,
     passphrase_env: PassEnv = None,
     json_out: JsonFlag = False,
 ) -> None:

@@ -80,7 +80,9 @@ class LiveOptions:
 
         return collect_live(
             max_draft_len=self.k,
-            rank_local_graph_batch_sizes=parse_ladder(self.ladder, option="--live-ladder") if self.ladder else None,
+            rank_local_graph_batch_sizes=parse_ladder(self.ladder, option="--live-ladder")
+            if self.ladder
+            else None,
             topology=self.topology,
             gpu=self.gpu,
             gpu_count=self.gpu_count,
@@ -126,35 +128,57 @@ def _diff_table(findings: list[Finding]) -> Table | None:
 
 @verify_app.command()
 def main(
-    artifacts: Annotated[list[Path], typer.Argument(help="Signed Parquet artifacts and/or bundle directories.")],
+    artifacts: Annotated[
+        list[Path], typer.Argument(help="Signed Parquet artifacts and/or bundle directories.")
+    ],
     trust_root: TrustRootOption,
     expect_fingerprint: Annotated[
-        Path | None, typer.Option("--expect-fingerprint", help="Fingerprint JSON the artifact must be bound to.")
+        Path | None,
+        typer.Option("--expect-fingerprint", help="Fingerprint JSON the artifact must be bound to."),
     ] = None,
-    live: Annotated[bool, typer.Option("--live", help="Bind to this host's live deployment (see --live-*).")] = False,
+    live: Annotated[
+        bool, typer.Option("--live", help="Bind to this host's live deployment (see --live-*).")
+    ] = False,
     live_k: Annotated[int | None, typer.Option("--live-k", help="The engine's K (max draft length).")] = None,
-    live_ladder: Annotated[str | None, typer.Option("--live-ladder", help="The engine's rank-local graph ladder.")] = None,
+    live_ladder: Annotated[
+        str | None, typer.Option("--live-ladder", help="The engine's rank-local graph ladder.")
+    ] = None,
     live_topology: Annotated[str | None, typer.Option("--live-topology", help="e.g. DEP8, TP1.")] = None,
     live_gpu: Annotated[str | None, typer.Option("--live-gpu", help="GPU name, if not probed.")] = None,
-    live_gpu_count: Annotated[int | None, typer.Option("--live-gpu-count", help="GPUs in the deployment.")] = None,
-    live_source_dir: Annotated[Path | None, typer.Option("--live-source-dir", help="Engine source checkout.")] = None,
-    live_source_head: Annotated[str | None, typer.Option("--live-source-head", help="Engine source commit.")] = None,
+    live_gpu_count: Annotated[
+        int | None, typer.Option("--live-gpu-count", help="GPUs in the deployment.")
+    ] = None,
+    live_source_dir: Annotated[
+        Path | None, typer.Option("--live-source-dir", help="Engine source checkout.")
+    ] = None,
+    live_source_head: Annotated[
+        str | None, typer.Option("--live-source-head", help="Engine source commit.")
+    ] = None,
     live_source_diff: Annotated[
-        str | None, typer.Option("--live-source-diff-sha256", help="SHA-256 of the engine's uncommitted diff.")
+        str | None,
+        typer.Option("--live-source-diff-sha256", help="SHA-256 of the engine's uncommitted diff."),
     ] = None,
     live_runtime_snapshot: Annotated[
         str | None, typer.Option("--live-runtime-snapshot", help="Runtime snapshot string.")
     ] = None,
-    live_model_config: Annotated[Path | None, typer.Option("--live-model-config", help="Model config.json.")] = None,
+    live_model_config: Annotated[
+        Path | None, typer.Option("--live-model-config", help="Model config.json.")
+    ] = None,
     unbind: Annotated[
         list[str] | None, typer.Option("--unbind", help="Fingerprint field not to compare (repeatable).")
     ] = None,
-    state: Annotated[Path | None, typer.Option("--state", help="Rollback state file (highest accepted versions).")] = None,
-    record: Annotated[bool, typer.Option("--record/--no-record", help="Record accepted versions in --state.")] = True,
+    state: Annotated[
+        Path | None, typer.Option("--state", help="Rollback state file (highest accepted versions).")
+    ] = None,
+    record: Annotated[
+        bool, typer.Option("--record/--no-record", help="Record accepted versions in --state.")
+    ] = True,
     allow_synthetic: Annotated[
         bool, typer.Option("--allow-synthetic", help="Accept synthetic evidence (demos and tests only).")
     ] = False,
-    max_age_days: Annotated[float | None, typer.Option("--max-age-days", help="Refuse artifacts older than this.")] = None,
+    max_age_days: Annotated[
+        float | None, typer.Option("--max-age-days", help="Refuse artifacts older than this.")
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every finding.")] = False,
     json_out: JsonFlag = False,
     emit_trtllm_options: EmitTrtllmOption = None,
@@ -194,7 +218,14 @@ def main(
             verbose=verbose,
             json_out=json_out,
         )
-    from dspark_calibrate.artifacts import BINDING_FIELDS, Expectation, Reason, RollbackState, verify_bundle, verify_path
+    from dspark_calibrate.artifacts import (
+        BINDING_FIELDS,
+        Expectation,
+        Reason,
+        RollbackState,
+        verify_bundle,
+        verify_path,
+    )
     from dspark_calibrate.cli.trust import load_root_or_exit
 
     if expect_fingerprint is not None and live:
@@ -236,7 +267,9 @@ def main(
     reports = []
     for path in artifacts:
         if path.is_dir():
-            reports.append(verify_bundle(path, root, now=now, expected=expected, state=rollback, record=record))
+            reports.append(
+                verify_bundle(path, root, now=now, expected=expected, state=rollback, record=record)
+            )
         else:
             reports.append(verify_path(path, root, now=now, expected=expected, state=rollback, record=record))
     io_error = any(r.reason is Reason.IO_ERROR for r in reports)

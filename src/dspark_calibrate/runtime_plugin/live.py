@@ -38,7 +38,13 @@ __all__ = [
 ]
 
 #: Packages whose versions make up ``runtime_snapshot`` when it is not given explicitly.
-DEFAULT_RUNTIME_PACKAGES: tuple[str, ...] = ("tensorrt_llm", "torch", "flashinfer-python", "deep_gemm", "triton")
+DEFAULT_RUNTIME_PACKAGES: tuple[str, ...] = (
+    "tensorrt_llm",
+    "torch",
+    "flashinfer-python",
+    "deep_gemm",
+    "triton",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +131,11 @@ class SystemEnvironment:
             out = []
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
             indices = list(range(pynvml.nvmlDeviceGetCount()))
-            if visible is not None and visible.strip() and all(p.strip().isdigit() for p in visible.split(",")):
+            if (
+                visible is not None
+                and visible.strip()
+                and all(p.strip().isdigit() for p in visible.split(","))
+            ):
                 indices = [int(p) for p in visible.split(",") if int(p) in indices]
             for i in indices:
                 h = pynvml.nvmlDeviceGetHandleByIndex(i)
@@ -179,11 +189,21 @@ class SystemEnvironment:
     def git(self, source_dir: Path) -> tuple[str | None, str | None, str]:
         """HEAD commit and SHA-256 of ``git diff HEAD --binary`` (uncommitted changes) of a tree."""
         try:
-            head = subprocess.run(
-                ["git", "-C", str(source_dir), "rev-parse", "HEAD"], capture_output=True, check=True, timeout=30
-            ).stdout.decode().strip()
+            head = (
+                subprocess.run(
+                    ["git", "-C", str(source_dir), "rev-parse", "HEAD"],
+                    capture_output=True,
+                    check=True,
+                    timeout=30,
+                )
+                .stdout.decode()
+                .strip()
+            )
             diff = subprocess.run(
-                ["git", "-C", str(source_dir), "diff", "HEAD", "--binary"], capture_output=True, check=True, timeout=60
+                ["git", "-C", str(source_dir), "diff", "HEAD", "--binary"],
+                capture_output=True,
+                check=True,
+                timeout=60,
             ).stdout
         except (OSError, subprocess.SubprocessError) as exc:
             return None, None, f"git failed in {source_dir}: {exc}"
@@ -287,7 +307,11 @@ def collect_live(
             sources[name] = source
 
     put("max_draft_len", max_draft_len, "argument")
-    put("rank_local_graph_batch_sizes", tuple(rank_local_graph_batch_sizes) if rank_local_graph_batch_sizes else None, "argument")
+    put(
+        "rank_local_graph_batch_sizes",
+        tuple(rank_local_graph_batch_sizes) if rank_local_graph_batch_sizes else None,
+        "argument",
+    )
     put("topology", topology, "argument")
     put("gpu", gpu, "argument")
     put("gpu_count", gpu_count, "argument")

@@ -247,7 +247,9 @@ def conform_table(kind: str, table: pa.Table) -> pa.Table:
             detail.append(f"extra {extra}")
         if not missing and not extra:
             detail.append(f"order is {have}, expected {want}")
-        raise SchemaMismatch(f"{kind} table columns do not match schema v{spec.version}: " + "; ".join(detail))
+        raise SchemaMismatch(
+            f"{kind} table columns do not match schema v{spec.version}: " + "; ".join(detail)
+        )
     columns = []
     for field in spec.schema:
         col = table.column(field.name)
@@ -259,6 +261,8 @@ def conform_table(kind: str, table: pa.Table) -> pa.Table:
                     f"{kind}.{field.name} has type {col.type}, expected {field.type}"
                 ) from exc
         if not field.nullable and col.null_count:
-            raise SchemaMismatch(f"{kind}.{field.name} has {col.null_count} null value(s); nulls are not allowed")
+            raise SchemaMismatch(
+                f"{kind}.{field.name} has {col.null_count} null value(s); nulls are not allowed"
+            )
         columns.append(col)
     return pa.Table.from_arrays(columns, schema=spec.schema)
