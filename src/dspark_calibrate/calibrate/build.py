@@ -68,7 +68,14 @@ from dspark_calibrate.runtime_plugin.planner import (
     DEFAULT_MINIMUM_PREDICTED_GAIN,
     Calibration,
 )
-from dspark_calibrate.schemas import SchemaMismatch, arrow_schema, conform_table
+from dspark_calibrate.schemas import (
+    ADMISSION_SUMMARY_KEYS,
+    DRAIN_GUARD_SUMMARY_KEYS,
+    PER_BUCKET_KEYS,
+    SchemaMismatch,
+    arrow_schema,
+    conform_table,
+)
 
 if TYPE_CHECKING:
     from securesystemslib.signer import Signer
@@ -94,44 +101,6 @@ BUNDLE_FILES: Mapping[str, str] = {
     "calibration": "calibration.parquet",
     "admission": "admission.parquet",
 }
-#: The exact keys of the admission artifact's signed summary (read by the runtime hook).
-ADMISSION_SUMMARY_KEYS: tuple[str, ...] = (
-    "predicted_gain",
-    "predicted_gain_ci_low",
-    "predicted_gain_ci_high",
-    "static_goodput_tok_per_ms",
-    "dynamic_goodput_tok_per_ms",
-    "compact_step_share",
-    "policy_steps",
-    "compact_choices",
-    "gross_compact_value_ms_lower_bound",
-    "fixed_confidence_path_overhead_ms_upper_bound",
-    "safety_margin_ms",
-    "net_value_ms",
-    "admitted",
-    "minimum_predicted_gain",
-    "drain_guard",
-    "workload_identity_sha256",
-    "selector_replay_sha256",
-    "workload_approximate",
-    "per_bucket",
-)
-#: Keys of ``summary["drain_guard"]``.
-DRAIN_GUARD_SUMMARY_KEYS: tuple[str, ...] = (
-    "loss_multiplier",
-    "mean_output_tokens_per_request_iteration",
-    "minimum_group_value_ms",
-    "tail_graph_batch_size",
-)
-#: Keys of every ``summary["per_bucket"]`` entry.
-PER_BUCKET_KEYS: tuple[str, ...] = (
-    "graph_batch_size",
-    "steps",
-    "predicted_gain",
-    "ci_low",
-    "ci_high",
-    "compact_share",
-)
 
 
 @dataclass(frozen=True, slots=True)

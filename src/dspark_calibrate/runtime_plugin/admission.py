@@ -63,6 +63,7 @@ from dspark_calibrate.errors import ConfigError, ProbeError
 from dspark_calibrate.runtime_plugin.engine import planner_inputs
 from dspark_calibrate.runtime_plugin.live import LiveContext, collect_live
 from dspark_calibrate.runtime_plugin.sentinel import SentinelPolicy, SentinelReport, run_sentinel
+from dspark_calibrate.schemas import ADMISSION_SUMMARY_KEYS
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -99,23 +100,12 @@ _ALL_MEMBERS: tuple[str, ...] = ("admission", "calibration", "cost-table")
 #: Engine configuration of every inactive decision: static K, nothing else.
 STATIC_ENGINE_CONFIG: Mapping[str, Any] = MappingProxyType({"enable_confidence_scheduling": False})
 
-#: Keys the admission artifact's signed summary must carry (produced by ``build``, DESIGN §6).
-ADMISSION_SUMMARY_FIELDS: tuple[str, ...] = (
-    "predicted_gain",
-    "predicted_gain_ci_low",
-    "predicted_gain_ci_high",
-    "compact_step_share",
-    "policy_steps",
-    "compact_choices",
-    "gross_compact_value_ms_lower_bound",
-    "fixed_confidence_path_overhead_ms_upper_bound",
-    "safety_margin_ms",
-    "net_value_ms",
-    "admitted",
-    "minimum_predicted_gain",
-    "drain_guard",
-    "workload_identity_sha256",
-    "selector_replay_sha256",
+#: The keys of the admission artifact's signed summary (``schemas.ADMISSION_SUMMARY_KEYS``) that
+#: the hook reads and therefore requires; the goodputs and per-bucket detail are for reports.
+ADMISSION_SUMMARY_FIELDS: tuple[str, ...] = tuple(
+    k
+    for k in ADMISSION_SUMMARY_KEYS
+    if k not in ("static_goodput_tok_per_ms", "dynamic_goodput_tok_per_ms", "workload_approximate", "per_bucket")
 )
 
 #: What ``live=`` accepts: a collected context, a fingerprint, or ``collect_live`` keyword arguments.

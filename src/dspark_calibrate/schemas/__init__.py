@@ -19,11 +19,20 @@ from dspark_calibrate.schemas._arrow import (
     key_columns,
     table_spec,
 )
-from dspark_calibrate.schemas._json import json_schema, logical_hash_spec
+from dspark_calibrate.schemas._json import (
+    ADMISSION_SUMMARY_KEYS,
+    DRAIN_GUARD_SUMMARY_KEYS,
+    PER_BUCKET_KEYS,
+    json_schema,
+    logical_hash_spec,
+)
 
 __all__ = [
+    "ADMISSION_SUMMARY_KEYS",
     "ARTIFACT_KINDS",
+    "DRAIN_GUARD_SUMMARY_KEYS",
     "KINDS",
+    "PER_BUCKET_KEYS",
     "SCHEMA_VERSION",
     "SchemaMismatch",
     "TableSpec",
