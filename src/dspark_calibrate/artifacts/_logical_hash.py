@@ -71,10 +71,17 @@ def _text(s: str) -> bytes:
     return _u64(len(raw)) + raw
 
 
-def _validity(arr: pa.Array) -> np.ndarray:
+_ONES = np.ones(0, dtype=np.uint8)
+
+
+def _validity(arr: pa.Array) -> memoryview:
+    global _ONES
+    n = len(arr)
     if arr.null_count == 0:
-        return np.ones(len(arr), dtype=np.uint8)
-    return np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=np.uint8)
+        if _ONES.size < n:  # one shared buffer of 0x01 bytes, grown on demand, never written
+            _ONES = np.ones(max(n, 2 * _ONES.size), dtype=np.uint8)
+        return memoryview(_ONES)[:n]
+    return memoryview(np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=np.uint8))
 
 
 def _null_fill(tag: str) -> object:
@@ -85,10 +92,14 @@ def _null_fill(tag: str) -> object:
     return 0.0 if tag.startswith("float") else 0
 
 
-def _encode(arr: pa.Array, path: str) -> Iterator[bytes]:
-    """Yield the canonical bytes of one column (or list child) in row order."""
+def _encode(arr: pa.Array, path: str) -> Iterator[bytes | memoryview]:
+    """Yield the canonical bytes of one column (or list child) in row order.
+
+    Chunks are buffers (memoryviews of numpy or Arrow memory) fed straight to the hash, so a
+    column that is already int64 or non-negative-zero float64 is hashed without a copy.
+    """
     tag = type_tag(arr.type)
-    yield _validity(arr).tobytes()
+    yield _validity(arr)
     if pa.types.is_large_string(arr.type):
         arr = arr.cast(pa.string())
     elif pa.types.is_large_list(arr.type):
@@ -100,28 +111,32 @@ def _encode(arr: pa.Array, path: str) -> Iterator[bytes]:
         values = arr.to_numpy(zero_copy_only=False)
         if tag == "uint64" and values.size and int(values.max()) > np.iinfo(np.int64).max:
             raise LogicalHashError(f"column {path}: uint64 value exceeds the int64 range")
-        yield values.astype("<i8", copy=False).tobytes()
+        yield memoryview(np.ascontiguousarray(values.astype("<i8", copy=False)))
     elif tag.startswith("float"):
-        values = arr.to_numpy(zero_copy_only=False).astype("<f8")
-        if not np.all(np.isfinite(values)):
-            bad = int(np.flatnonzero(~np.isfinite(values))[0])
+        values = np.ascontiguousarray(arr.to_numpy(zero_copy_only=False).astype("<f8", copy=False))
+        finite = np.isfinite(values)
+        if not finite.all():
+            bad = int(np.flatnonzero(~finite)[0])
             raise LogicalHashError(
                 f"column {path}: row {bad} holds {values[bad]!r}; NaN and Infinity are not allowed"
             )
-        values[values == 0.0] = 0.0  # fold -0.0 into +0.0
-        yield values.tobytes()
+        negative_zero = (values == 0.0) & np.signbit(values)
+        if negative_zero.any():
+            values = values.copy()  # never write into Arrow's buffer
+            values[negative_zero] = 0.0  # fold -0.0 into +0.0
+        yield memoryview(values)
     elif tag == "bool":
-        yield np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.uint8).tobytes()
+        yield memoryview(np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.uint8))
     elif tag == "string":
         n = len(arr)
         offsets = np.frombuffer(arr.buffers()[1], dtype="<i4")[arr.offset : arr.offset + n + 1]
         data = arr.buffers()[2]
-        yield np.diff(offsets).astype("<u8").tobytes()
+        yield memoryview(np.diff(offsets).astype("<u8"))
         if n and data is not None:
-            yield memoryview(data)[int(offsets[0]) : int(offsets[-1])].tobytes()
+            yield memoryview(data)[int(offsets[0]) : int(offsets[-1])]
     else:  # list<...>
         lengths = pc.list_value_length(arr).fill_null(0).to_numpy(zero_copy_only=False)
-        yield lengths.astype("<u8").tobytes()
+        yield memoryview(lengths.astype("<u8"))
         yield from _encode(pc.list_flatten(arr), path + "[]")
 
 
@@ -179,7 +194,7 @@ def canonical_order(table: pa.Table, kind: str) -> pa.Table:
     return _canonical_order(table, key_columns(kind))
 
 
-def _chunks(table: pa.Table, keys: Sequence[str]) -> Iterator[bytes]:
+def _chunks(table: pa.Table, keys: Sequence[str]) -> Iterator[bytes | memoryview]:
     ordered = _canonical_order(table, keys)
     yield LOGICAL_HASH_DOMAIN
     yield _u64(ordered.num_columns)
