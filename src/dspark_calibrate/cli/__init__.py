@@ -28,7 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
 
 
 def build_calibrate_app() -> typer.Typer:
-    """Assemble the ``dspark-calibrate`` Typer app from the command modules that exist."""
+    """Assemble the ``dspark-calibrate`` Typer app from its command modules."""
     app = typer.Typer(
         name="dspark-calibrate",
         help="Measure, calibrate, sign and export DSpark dynamic-verification evidence.",
@@ -37,13 +37,7 @@ def build_calibrate_app() -> typer.Typer:
         no_args_is_help=True,
     )
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{name}":
-                raise
-            continue
-        module.register(app)
+        importlib.import_module(f"{__name__}.{name}").register(app)
     return app
 
 
