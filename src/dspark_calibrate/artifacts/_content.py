@@ -6,6 +6,7 @@ loaded table. Each rule returns findings; an empty list means the content is acc
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -71,34 +72,36 @@ def _cost_table(table: pa.Table, fp: Fingerprint, where: str) -> list[Finding]:
     out += f
     if k is None:
         return out
-    g = table.column("graph_batch_size").to_numpy()
-    v = table.column("verifier_budget").to_numpy()
+    # A deployed table has at most 32 rows: plain Python over lists beats numpy call overhead.
+    gl: list[int] = table.column("graph_batch_size").to_pylist()
+    vl: list[int] = table.column("verifier_budget").to_pylist()
     t = table.column("step_time_ms").to_numpy()
     lo = table.column("ci_low_ms").to_numpy()
     hi = table.column("ci_high_ms").to_numpy()
     ladder = fp.rank_local_graph_batch_sizes or ()
-    in_ladder = np.isin(g, np.asarray(ladder, dtype=np.int64))
-    for i in np.flatnonzero(~in_ladder).tolist():
-        out.append(
-            Finding(
-                Reason.CONTENT_INVALID,
-                f"{where}: cell (G={g[i]}, V={v[i]}) has G outside the graph ladder {list(ladder)}",
-                field="graph_batch_size",
+    rungs = set(ladder)
+    for gi, vi in zip(gl, vl, strict=True):
+        if gi not in rungs:
+            out.append(
+                Finding(
+                    Reason.CONTENT_INVALID,
+                    f"{where}: cell (G={gi}, V={vi}) has G outside the graph ladder {list(ladder)}",
+                    field="graph_batch_size",
+                )
             )
-        )
-    # V = G is legal but can never carry a real row (DESIGN §6), so it is never deployed.
-    bad_budget = in_ladder & (v != 0) & ~((g < v) & (v < g * (k + 1)))
-    for i in np.flatnonzero(bad_budget).tolist():
-        out.append(
-            Finding(
-                Reason.CONTENT_INVALID,
-                f"{where}: cell (G={g[i]}, V={v[i]}) is not a deployable compact budget; "
-                f"need G < V < G*(K+1)={g[i] * (k + 1)}",
-                field="verifier_budget",
+        elif vi != 0 and not (gi < vi < gi * (k + 1)):
+            # V = G is legal but can never carry a real row (DESIGN §6), so it is never deployed.
+            out.append(
+                Finding(
+                    Reason.CONTENT_INVALID,
+                    f"{where}: cell (G={gi}, V={vi}) is not a deployable compact budget; "
+                    f"need G < V < G*(K+1)={gi * (k + 1)}",
+                    field="verifier_budget",
+                )
             )
-        )
+    natives = {gi for gi, vi in zip(gl, vl, strict=True) if vi == 0}
     for gi in ladder:
-        if not np.any((g == gi) & (v == 0)):
+        if gi not in natives:
             out.append(
                 Finding(
                     Reason.NATIVE_CELL_MISSING,
@@ -107,8 +110,7 @@ def _cost_table(table: pa.Table, fp: Fingerprint, where: str) -> list[Finding]:
                     expected=0,
                 )
             )
-    compact = v != 0
-    per_g = {int(x): int(np.sum(compact & (g == x))) for x in np.unique(g)}
+    per_g = Counter(gi for gi, vi in zip(gl, vl, strict=True) if vi != 0)
     over = {x: n for x, n in per_g.items() if n > MAX_COMPACT_PER_G}
     if over:
         out.append(

@@ -140,6 +140,11 @@ def _encode(arr: pa.Array, path: str) -> Iterator[bytes | memoryview]:
         yield from _encode(pc.list_flatten(arr), path + "[]")
 
 
+def _array(column: pa.ChunkedArray) -> pa.Array:
+    # Tables read from one row group have one chunk; combining it would copy for nothing.
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
 def _canonical_order(table: pa.Table, keys: Sequence[str]) -> pa.Table:
     missing = [k for k in keys if k not in table.column_names]
     if missing:
@@ -155,7 +160,7 @@ def _canonical_order(table: pa.Table, keys: Sequence[str]) -> pa.Table:
         # Integer keys (every artifact kind). Our writers store rows in canonical order, so first
         # check in one vectorised pass whether each row is strictly after the previous one; only
         # otherwise sort (numpy's stable lexsort) and reorder.
-        cols = [table.column(k).to_numpy() for k in keys]
+        cols = [_array(table.column(k)).to_numpy(zero_copy_only=False) for k in keys]
         after = np.zeros(table.num_rows - 1, dtype=bool)
         tied = np.ones(table.num_rows - 1, dtype=bool)
         for c in cols:
@@ -203,7 +208,7 @@ def _chunks(table: pa.Table, keys: Sequence[str]) -> Iterator[bytes | memoryview
         yield _text(type_tag(field.type))
     yield _u64(ordered.num_rows)
     for field, column in zip(ordered.schema, ordered.columns, strict=True):
-        yield from _encode(column.combine_chunks(), field.name)
+        yield from _encode(_array(column), field.name)
 
 
 def canonical_table_bytes(table: pa.Table, keys: Sequence[str]) -> bytes:

@@ -7,6 +7,7 @@ Performs no I/O. Every model validates itself in ``__post_init__`` and round-tri
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -180,7 +181,7 @@ class Fingerprint:
 
     def digest(self) -> str:
         """SHA-256 of the canonical JSON of every field (defines the artifact series)."""
-        return sha256_hex(canonical_json(self.to_dict()))
+        return _fingerprint_digest(self)
 
     def diff(self, other: Fingerprint, names: Sequence[str] | None = None) -> list[tuple[str, Any, Any]]:
         """Fields (sorted) where ``self`` and ``other`` differ, as ``(name, self, other)``."""
@@ -194,6 +195,12 @@ class Fingerprint:
     def replace(self, **changes: Any) -> Fingerprint:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
+
+
+@functools.lru_cache(maxsize=128)
+def _fingerprint_digest(fp: Fingerprint) -> str:
+    # Fingerprints are frozen and hashable; verification recomputes the series digest per artifact.
+    return sha256_hex(canonical_json(fp.to_dict()))
 
 
 @dataclass(frozen=True, slots=True)
