@@ -4,6 +4,7 @@
 #   bash benchmarks/gpu_sweep_job.sh job1        # 1 x H200: adaptive + fixed sweeps, same cells, same job
 #   bash benchmarks/gpu_sweep_job.sh job2        # 1 x H200, a separate job: a second adaptive sweep
 #   bash benchmarks/gpu_sweep_job.sh job3        # 1 x H200, a third job: out-of-sample check of the intervals
+#   bash benchmarks/gpu_sweep_job.sh job4        # 1 x H200, a fourth job (another machine start)
 #   bash benchmarks/gpu_sweep_job.sh tp2         # 2 x H200: 2-rank torchrun sweep, tensor-parallel model
 #   bash benchmarks/gpu_sweep_job.sh compare DIR1 DIR2 [DIR_TP [DIR3]]   # CPU: write sweep_efficiency.json
 #   bash benchmarks/gpu_sweep_job.sh smoke       # CPU: the same pipeline on the tiny config, in seconds
@@ -36,10 +37,11 @@ case "${1:-}" in
     timeout 470 "$PY" benchmarks/sweep_efficiency.py run --tag job2 --protocols adaptive --seed 2 \
       "${MODEL[@]}" --out-dir "$OUT/job2" 2>&1 | tee "$OUT/job2/log.txt"
     ;;
-  job3)
-    log_env job3
-    timeout 470 "$PY" benchmarks/sweep_efficiency.py run --tag job3 --protocols adaptive --seed 3 \
-      "${MODEL[@]}" --out-dir "$OUT/job3" 2>&1 | tee "$OUT/job3/log.txt"
+  job3|job4)
+    log_env "$1"
+    seed=${1#job}
+    timeout 470 "$PY" benchmarks/sweep_efficiency.py run --tag "$1" --protocols adaptive --seed "$seed" \
+      "${MODEL[@]}" --out-dir "$OUT/$1" 2>&1 | tee "$OUT/$1/log.txt"
     ;;
   tp2)
     log_env tp2
@@ -59,7 +61,7 @@ case "${1:-}" in
     "$PY" benchmarks/sweep_efficiency.py compare --job1 "$OUT/s1" --job2 "$OUT/s2" --out "$OUT/sweep_efficiency.json"
     ;;
   *)
-    echo "usage: OUT=dir bash benchmarks/gpu_sweep_job.sh {job1|job2|job3|tp2|compare DIR1 DIR2 [DIR_TP [DIR3]]|smoke}" >&2
+    echo "usage: OUT=dir bash benchmarks/gpu_sweep_job.sh {job1|job2|job3|job4|tp2|compare DIR1 DIR2 [DIR_TP [DIR3]]|smoke}" >&2
     exit 2
     ;;
 esac
