@@ -6,7 +6,7 @@
 #   bash benchmarks/gpu_sweep_job.sh job3        # 1 x H200, a third job: out-of-sample check of the intervals
 #   bash benchmarks/gpu_sweep_job.sh job4        # 1 x H200, a fourth job (another machine start)
 #   bash benchmarks/gpu_sweep_job.sh tp2         # 2 x H200: 2-rank torchrun sweep, tensor-parallel model
-#   bash benchmarks/gpu_sweep_job.sh compare DIR1 DIR2 [DIR_TP [DIR3]]   # CPU: write sweep_efficiency.json
+#   bash benchmarks/gpu_sweep_job.sh compare DIR1 DIR2 [DIR_TP [DIR3 [DIR4]]]   # CPU: write sweep_efficiency.json
 #   bash benchmarks/gpu_sweep_job.sh smoke       # CPU: the same pipeline on the tiny config, in seconds
 #
 # Each GPU job stays under 8 minutes: sweep budgets are capped (150 s adaptive, 230 s fixed) and the
@@ -50,7 +50,7 @@ case "${1:-}" in
       "${MODEL[@]}" --out-dir "$OUT/tp2" 2>&1 | tee "$OUT/tp2/log.txt"
     ;;
   compare)
-    "$PY" benchmarks/sweep_efficiency.py compare --job1 "$2" --job2 "$3" ${4:+--tp "$4"} ${5:+--job3 "$5"} \
+    "$PY" benchmarks/sweep_efficiency.py compare --job1 "$2" --job2 "$3" ${4:+--tp "$4"} ${5:+--job3 "$5"} ${6:+--job3 "$6"} \
       --out "$OUT/sweep_efficiency.json"
     ;;
   smoke)
@@ -61,7 +61,7 @@ case "${1:-}" in
     "$PY" benchmarks/sweep_efficiency.py compare --job1 "$OUT/s1" --job2 "$OUT/s2" --out "$OUT/sweep_efficiency.json"
     ;;
   *)
-    echo "usage: OUT=dir bash benchmarks/gpu_sweep_job.sh {job1|job2|job3|job4|tp2|compare DIR1 DIR2 [DIR_TP [DIR3]]|smoke}" >&2
+    echo "usage: OUT=dir bash benchmarks/gpu_sweep_job.sh {job1|job2|job3|job4|tp2|compare DIR1 DIR2 [DIR_TP [DIR3 [DIR4]]]|smoke}" >&2
     exit 2
     ;;
 esac
