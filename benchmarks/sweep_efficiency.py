@@ -305,9 +305,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
             if other == name:
                 continue
             both_ = sorted(set(cells) & set(ocells))
-            cov = [cells[c]["ci_low_ms"] <= ocells[c]["step_time_ms"] <= cells[c]["ci_high_ms"] for c in both_]
+            cov = [
+                cells[c]["ci_low_ms"] <= ocells[c]["step_time_ms"] <= cells[c]["ci_high_ms"] for c in both_
+            ]
             agree_ = [
-                abs(cells[c]["step_time_ms"] - ocells[c]["step_time_ms"]) / ocells[c]["step_time_ms"] <= AGREE_REL
+                abs(cells[c]["step_time_ms"] - ocells[c]["step_time_ms"]) / ocells[c]["step_time_ms"]
+                <= AGREE_REL
                 for c in both_
             ]
             entry[f"ci_coverage_of_{other}_medians"] = float(np.mean(cov))
@@ -317,7 +320,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         result["later_jobs"].append(entry)
     if out_of_sample:
         result["ci_coverage_out_of_sample"] = float(np.mean(out_of_sample))
-        result["meets"]["ci_coverage_out_of_sample"] = result["ci_coverage_out_of_sample"] >= TARGETS["ci_coverage"]
+        result["meets"]["ci_coverage_out_of_sample"] = (
+            result["ci_coverage_out_of_sample"] >= TARGETS["ci_coverage"]
+        )
     if args.tp:
         tp = json.loads((Path(args.tp) / "adaptive.json").read_text())
         result["tp2"] = {
@@ -375,7 +380,10 @@ def main(argv: list[str] | None = None) -> int:
     cmp_.add_argument("--job2", required=True)
     cmp_.add_argument("--tp", default=None)
     cmp_.add_argument(
-        "--job3", action="append", default=None, help="a later adaptive job (repeatable), e.g. on another machine"
+        "--job3",
+        action="append",
+        default=None,
+        help="a later adaptive job (repeatable), e.g. on another machine",
     )
     cmp_.add_argument(
         "--out", default=str(Path(__file__).resolve().parent / "results" / "sweep_efficiency.json")

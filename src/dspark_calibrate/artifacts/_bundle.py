@@ -29,7 +29,7 @@ from dspark_calibrate.artifacts._envelope import (
 )
 from dspark_calibrate.artifacts._models import Fingerprint, ModelError, is_sha256_hex
 from dspark_calibrate.artifacts._parquet import DEFAULT_LIMITS, ReadLimits, _TooLarge, read_regular_file
-from dspark_calibrate.artifacts._reasons import Finding, Reason
+from dspark_calibrate.artifacts._reasons import Finding, FindingsOutcome, Reason
 from dspark_calibrate.artifacts._sign import format_time, parse_time, series_of
 from dspark_calibrate.artifacts._state import RollbackState, StateError
 from dspark_calibrate.artifacts._trust import TrustRoot
@@ -65,7 +65,7 @@ _MANIFEST_FIELDS = frozenset(
 
 
 @dataclass(frozen=True)
-class BundleReport:
+class BundleReport(FindingsOutcome):
     """The outcome of ``verify_bundle``: manifest findings first, then the members' reports."""
 
     path: Path
@@ -74,24 +74,6 @@ class BundleReport:
     version: int | None = None
     fingerprint: Fingerprint | None = None
     manifest_keyids: tuple[str, ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        """True when the manifest and every member verified."""
-        return not self.findings
-
-    def __bool__(self) -> bool:
-        return self.ok
-
-    @property
-    def reason(self) -> Reason:
-        """The first reason, or OK."""
-        return self.findings[0].reason if self.findings else Reason.OK
-
-    @property
-    def code(self) -> str:
-        """The first finding's code, or OK."""
-        return self.findings[0].code if self.findings else Reason.OK.value
 
     @property
     def message(self) -> str:

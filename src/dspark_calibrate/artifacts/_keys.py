@@ -16,7 +16,6 @@ and :func:`signer_from_uri`; the helpers below them are pure. Messages never con
 from __future__ import annotations
 
 import functools
-
 import os
 import re
 import stat
@@ -191,7 +190,9 @@ def key_identity(key: Key) -> bytes:
 
 @functools.lru_cache(maxsize=256)
 def _identity_of(keytype: str, public: str, keyid: str) -> bytes:
-    probe = SSlibKey(keyid, keytype, "ed25519" if keytype == "ed25519" else "ecdsa-sha2-nistp256", {"public": public})
+    probe = SSlibKey(
+        keyid, keytype, "ed25519" if keytype == "ed25519" else "ecdsa-sha2-nistp256", {"public": public}
+    )
     return _crypto_public_key(probe).public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
 
 

@@ -80,8 +80,8 @@ def _validity(arr: pa.Array) -> memoryview:
     if arr.null_count == 0:
         if _ONES.size < n:  # one shared buffer of 0x01 bytes, grown on demand, never written
             _ONES = np.ones(max(n, 2 * _ONES.size), dtype=np.uint8)
-        return memoryview(_ONES)[:n]
-    return memoryview(np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=np.uint8))
+        return _ONES.data[:n]
+    return np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=np.uint8).data
 
 
 def _null_fill(tag: str) -> object:
@@ -111,7 +111,7 @@ def _encode(arr: pa.Array, path: str) -> Iterator[bytes | memoryview]:
         values = arr.to_numpy(zero_copy_only=False)
         if tag == "uint64" and values.size and int(values.max()) > np.iinfo(np.int64).max:
             raise LogicalHashError(f"column {path}: uint64 value exceeds the int64 range")
-        yield memoryview(np.ascontiguousarray(values.astype("<i8", copy=False)))
+        yield np.ascontiguousarray(values.astype("<i8", copy=False)).data
     elif tag.startswith("float"):
         values = np.ascontiguousarray(arr.to_numpy(zero_copy_only=False).astype("<f8", copy=False))
         finite = np.isfinite(values)
@@ -124,19 +124,19 @@ def _encode(arr: pa.Array, path: str) -> Iterator[bytes | memoryview]:
         if negative_zero.any():
             values = values.copy()  # never write into Arrow's buffer
             values[negative_zero] = 0.0  # fold -0.0 into +0.0
-        yield memoryview(values)
+        yield values.data
     elif tag == "bool":
-        yield memoryview(np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.uint8))
+        yield np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.uint8).data
     elif tag == "string":
         n = len(arr)
         offsets = np.frombuffer(arr.buffers()[1], dtype="<i4")[arr.offset : arr.offset + n + 1]
         data = arr.buffers()[2]
-        yield memoryview(np.diff(offsets).astype("<u8"))
+        yield np.diff(offsets).astype("<u8").data
         if n and data is not None:
             yield memoryview(data)[int(offsets[0]) : int(offsets[-1])]
     else:  # list<...>
         lengths = pc.list_value_length(arr).fill_null(0).to_numpy(zero_copy_only=False)
-        yield memoryview(lengths.astype("<u8"))
+        yield lengths.astype("<u8").data
         yield from _encode(pc.list_flatten(arr), path + "[]")
 
 

@@ -10,7 +10,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Finding", "Reason"]
+__all__ = ["Finding", "FindingsOutcome", "Reason"]
 
 
 class Reason(str, enum.Enum):
@@ -112,3 +112,31 @@ class Finding:
             "expected": self.expected,
             "actual": self.actual,
         }
+
+
+class FindingsOutcome:
+    """Shared surface of reports that hold ``findings`` in pipeline order (artifact and bundle).
+
+    Subclasses are dataclasses with a ``findings: tuple[Finding, ...]`` field; the first finding is
+    the earliest failing step and names the outcome.
+    """
+
+    findings: tuple[Finding, ...]
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing was found."""
+        return not self.findings
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    @property
+    def reason(self) -> Reason:
+        """The first (earliest-step) reason, or ``Reason.OK``."""
+        return self.findings[0].reason if self.findings else Reason.OK
+
+    @property
+    def code(self) -> str:
+        """The first finding's code (``REASON:field``), or ``OK``."""
+        return self.findings[0].code if self.findings else Reason.OK.value

@@ -48,7 +48,7 @@ from dspark_calibrate.artifacts._parquet import (
     ReadLimits,
     read_artifact,
 )
-from dspark_calibrate.artifacts._reasons import Finding, Reason
+from dspark_calibrate.artifacts._reasons import Finding, FindingsOutcome, Reason
 from dspark_calibrate.artifacts._sign import parse_time, series_of
 from dspark_calibrate.artifacts._state import RollbackState, StateError
 from dspark_calibrate.artifacts._trust import TrustRoot
@@ -142,7 +142,7 @@ class VerifiedArtifact:
 
 
 @dataclass(frozen=True)
-class VerificationReport:
+class VerificationReport(FindingsOutcome):
     """The outcome of ``verify_artifact``: findings in pipeline order, and the artifact if valid."""
 
     path: Path | None
@@ -156,19 +156,6 @@ class VerificationReport:
     def ok(self) -> bool:
         """True when there is no finding and the artifact is available."""
         return not self.findings and self.artifact is not None
-
-    def __bool__(self) -> bool:
-        return self.ok
-
-    @property
-    def reason(self) -> Reason:
-        """The first (earliest-step) reason, or ``Reason.OK``."""
-        return self.findings[0].reason if self.findings else Reason.OK
-
-    @property
-    def code(self) -> str:
-        """The first finding's code (``REASON:field``), or ``OK``."""
-        return self.findings[0].code if self.findings else Reason.OK.value
 
     @property
     def message(self) -> str:

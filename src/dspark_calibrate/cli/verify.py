@@ -188,23 +188,24 @@ def main(
     base_options: BaseOptionsOption = None,
 ) -> None:
     """Verify ARTIFACTS; exit 0 if all are valid, 1 if any is rejected, 2 on usage or I/O errors."""
+    live_options = LiveOptions(
+        k=live_k,
+        ladder=live_ladder,
+        topology=live_topology,
+        gpu=live_gpu,
+        gpu_count=live_gpu_count,
+        source_dir=live_source_dir,
+        source_head=live_source_head,
+        source_diff=live_source_diff,
+        runtime_snapshot=live_runtime_snapshot,
+        model_config=live_model_config,
+    )
     if runtime_requested(emit_trtllm_options, fail_open_to_static):
         run_runtime(
             artifacts=artifacts,
             trust_root=trust_root,
             expect_fingerprint=expect_fingerprint,
-            live_options=LiveOptions(
-                k=live_k,
-                ladder=live_ladder,
-                topology=live_topology,
-                gpu=live_gpu,
-                gpu_count=live_gpu_count,
-                source_dir=live_source_dir,
-                source_head=live_source_head,
-                source_diff=live_source_diff,
-                runtime_snapshot=live_runtime_snapshot,
-                model_config=live_model_config,
-            ),
+            live_options=live_options,
             unbind=unbind,
             state=state,
             record=record,
@@ -240,18 +241,7 @@ def main(
         if expect_fingerprint is not None:
             fingerprint = expected_fingerprint(expect_fingerprint)
         elif live:
-            ctx = LiveOptions(
-                k=live_k,
-                ladder=live_ladder,
-                topology=live_topology,
-                gpu=live_gpu,
-                gpu_count=live_gpu_count,
-                source_dir=live_source_dir,
-                source_head=live_source_head,
-                source_diff=live_source_diff,
-                runtime_snapshot=live_runtime_snapshot,
-                model_config=live_model_config,
-            ).collect()
+            ctx = live_options.collect()
             fingerprint = ctx.fingerprint
             live_info = ctx.to_dict()
         rollback = RollbackState(state) if state is not None else None

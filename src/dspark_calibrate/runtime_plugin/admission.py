@@ -105,7 +105,8 @@ STATIC_ENGINE_CONFIG: Mapping[str, Any] = MappingProxyType({"enable_confidence_s
 ADMISSION_SUMMARY_FIELDS: tuple[str, ...] = tuple(
     k
     for k in ADMISSION_SUMMARY_KEYS
-    if k not in ("static_goodput_tok_per_ms", "dynamic_goodput_tok_per_ms", "workload_approximate", "per_bucket")
+    if k
+    not in ("static_goodput_tok_per_ms", "dynamic_goodput_tok_per_ms", "workload_approximate", "per_bucket")
 )
 
 #: What ``live=`` accepts: a collected context, a fingerprint, or ``collect_live`` keyword arguments.
