@@ -327,3 +327,15 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, float) and isinstance(b, float):
         return a == b
     return type(a) is type(b) and a == b
+
+
+def test_concurrent_hashing_of_different_sizes_agrees() -> None:
+    """Threads hashing tables of growing sizes share the validity buffer without corrupting it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tables = [pa.table({"id": pa.array(range(n), pa.int64())}) for n in (10, 5_000, 200, 50_000, 1)]
+    expected = [logical_sha256_keys(t, ["id"]) for t in tables]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        for _ in range(5):
+            got = list(pool.map(lambda t: logical_sha256_keys(t, ["id"]), tables * 4))
+            assert got == expected * 4

@@ -78,9 +78,15 @@ def _validity(arr: pa.Array) -> memoryview:
     global _ONES
     n = len(arr)
     if arr.null_count == 0:
-        if _ONES.size < n:  # one shared buffer of 0x01 bytes, grown on demand, never written
-            _ONES = np.ones(max(n, 2 * _ONES.size), dtype=np.uint8)
-        return _ONES.data[:n]
+        # One shared read-only buffer of 0x01 bytes, grown on demand. Work on a local reference:
+        # another thread may swap the global meanwhile, and the slice must come from a buffer
+        # known to hold n bytes.
+        ones = _ONES
+        if ones.size < n:
+            ones = np.ones(max(n, 2 * ones.size), dtype=np.uint8)
+            ones.flags.writeable = False
+            _ONES = ones
+        return ones.data[:n]
     return np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=np.uint8).data
 
 
