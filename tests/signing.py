@@ -161,3 +161,52 @@ def resign(
             meta["logical_sha256"] = statement["subject"][0]["digest"]["sha256"]
     path.write_bytes(encode_artifact(table if table is not None else loaded.table, meta))
     detached_envelope_path(path).write_bytes(canonical_json(env))
+
+
+#: File names of bundle members (as ``build`` writes them).
+MEMBER_FILES: dict[str, str] = {
+    "cost-table": "cost-table.parquet",
+    "calibration": "calibration.parquet",
+    "admission": "admission.parquet",
+}
+
+
+def sign_bundle(
+    directory: Path,
+    tables: dict[str, tuple[pa.Table, dict[str, Any] | None]],
+    signers: Sequence[Any],
+    *,
+    version: int,
+    fingerprint: Fingerprint,
+    provenance: Provenance | None,
+    issued_at: datetime,
+    expires_at: datetime,
+    manifest: bool = True,
+) -> Path:
+    """Sign each member table, verify it, and (optionally) write the bundle manifest over them."""
+    from dspark_calibrate.artifacts import Expectation, require_valid, verify_path, write_bundle
+
+    root = make_root(signers)
+    synthetic = bool(provenance is not None and provenance.synthetic)
+    verified = {}
+    for kind, (table, summary) in tables.items():
+        path = sign_table(
+            directory / MEMBER_FILES[kind],
+            kind,
+            table,
+            signers,
+            version=version,
+            fingerprint=fingerprint,
+            provenance=provenance,
+            summary=summary,
+            issued_at=issued_at,
+            expires_at=expires_at,
+        )
+        verified[kind] = require_valid(
+            verify_path(path, root, now=issued_at, expected=Expectation(allow_synthetic=synthetic))
+        )
+    if manifest:
+        write_bundle(
+            directory, verified, list(signers), version=version, issued_at=issued_at, expires_at=expires_at
+        )
+    return directory

@@ -28,9 +28,6 @@ from dspark_calibrate.artifacts import (
     Fingerprint,
     Provenance,
     Reason,
-    require_valid,
-    verify_path,
-    write_bundle,
 )
 from dspark_calibrate.calibrate.report import (
     REPORT_SECTIONS,
@@ -45,14 +42,9 @@ from dspark_calibrate.calibrate.report import (
 )
 from dspark_calibrate.errors import ConfigError
 from tests.factories import NOW, K, calibration_rows, make_fingerprint, make_provenance, make_table
-from tests.signing import make_root, make_signers, sign_table
+from tests.signing import MEMBER_FILES, make_root, make_signers, sign_bundle
 
 LATER = NOW + timedelta(hours=1)
-MEMBER_FILES: Mapping[str, str] = {
-    "cost-table": "cost-table.parquet",
-    "calibration": "calibration.parquet",
-    "admission": "admission.parquet",
-}
 
 # ---------------------------------------------------------------------------------------------
 # Factories
@@ -283,28 +275,17 @@ def make_report_bundle(
             dict(admission_summary if admission_summary is not None else report_admission_summary()),
         ),
     }
-    root = make_root(signers)
-    verified = {}
-    for kind in members:
-        table, summary = tables[kind]
-        path = sign_table(
-            directory / MEMBER_FILES[kind],
-            kind,
-            table,
-            signers,
-            version=version,
-            fingerprint=fp,
-            provenance=prov,
-            summary=summary,
-            issued_at=issued_at,
-            expires_at=expires,
-        )
-        verified[kind] = require_valid(
-            verify_path(path, root, now=issued_at, expected=Expectation(allow_synthetic=prov.synthetic))
-        )
-    if manifest:
-        write_bundle(directory, verified, signers, version=version, issued_at=issued_at, expires_at=expires)
-    return directory
+    return sign_bundle(
+        directory,
+        {kind: tables[kind] for kind in members},
+        signers,
+        version=version,
+        fingerprint=fp,
+        provenance=prov,
+        issued_at=issued_at,
+        expires_at=expires,
+        manifest=manifest,
+    )
 
 
 class Page(HTMLParser):

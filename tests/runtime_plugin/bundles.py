@@ -12,26 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from dspark_calibrate.artifacts import (
-    Expectation,
     Fingerprint,
     Provenance,
-    require_valid,
-    verify_path,
-    write_bundle,
 )
 from tests.factories import LADDER, NOW, K, calibration_rows, cost_rows, make_fingerprint, make_table
-from tests.signing import make_root, sign_table
+from tests.signing import MEMBER_FILES, sign_bundle
 
 __all__ = ["LATER", "MEMBER_FILES", "K", "admission_rows", "admission_summary", "make_bundle"]
 
 #: The admission clock of these tests: an hour after the artifacts were issued.
 LATER = NOW + timedelta(hours=1)
-
-MEMBER_FILES: Mapping[str, str] = {
-    "cost-table": "cost-table.parquet",
-    "calibration": "calibration.parquet",
-    "admission": "admission.parquet",
-}
 
 
 def admission_summary(**overrides: Any) -> dict[str, Any]:
@@ -116,25 +106,13 @@ def make_bundle(
             dict(summary if summary is not None else admission_summary()),
         ),
     }
-    root = make_root(signers)
-    verified = {}
-    for kind in members:
-        table, member_summary = tables[kind]
-        path = sign_table(
-            directory / MEMBER_FILES[kind],
-            kind,
-            table,
-            signers,
-            version=version,
-            fingerprint=fp,
-            provenance=provenance,
-            summary=member_summary,
-            issued_at=issued_at,
-            expires_at=expires,
-        )
-        synthetic = bool(provenance is not None and provenance.synthetic)
-        verified[kind] = require_valid(
-            verify_path(path, root, now=issued_at, expected=Expectation(allow_synthetic=synthetic))
-        )
-    write_bundle(directory, verified, signers, version=version, issued_at=issued_at, expires_at=expires)
-    return directory
+    return sign_bundle(
+        directory,
+        {kind: tables[kind] for kind in members},
+        signers,
+        version=version,
+        fingerprint=fp,
+        provenance=provenance,
+        issued_at=issued_at,
+        expires_at=expires,
+    )
