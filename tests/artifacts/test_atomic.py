@@ -233,3 +233,22 @@ def test_module_imports_without_cryptography() -> None:
         "assert 'cryptography' not in {k for k, v in sys.modules.items() if v is not None}\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_publish_directory_replaces_whole(tmp_path: Path) -> None:
+    from dspark_calibrate.artifacts import publish_directory
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    staged = tmp_path / ".out.staged"
+    staged.mkdir()
+    (staged / "new.txt").write_text("new")
+    publish_directory(staged, out)
+    assert sorted(p.name for p in out.iterdir()) == ["new.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging or backup left
+    # A first publish, with nothing to replace.
+    fresh = tmp_path / ".fresh.staged"
+    fresh.mkdir()
+    publish_directory(fresh, tmp_path / "fresh")
+    assert (tmp_path / "fresh").is_dir() and not fresh.exists()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from dspark_calibrate.artifacts._atomic import atomic_write_bytes
+from dspark_calibrate.artifacts._atomic import atomic_write_bytes, publish_directory
 from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict, sha256_hex
 from dspark_calibrate.artifacts._logical_hash import (
     LogicalHashError,
@@ -115,6 +115,7 @@ __all__ = [
     "logical_sha256_keys",
     "read_artifact",
     "sha256_hex",
+    "publish_directory",
     "write_unsigned_artifact",
     *sorted(_LAZY),
 ]

@@ -11,9 +11,10 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import shutil
 from pathlib import Path
 
-__all__ = ["atomic_write_bytes"]
+__all__ = ["atomic_write_bytes", "publish_directory"]
 
 # Errors from os.link() that mean "this filesystem has no hard links" (FAT, some FUSE and network
 # mounts), as opposed to "the target exists" or a real I/O fault.
@@ -149,3 +150,28 @@ def atomic_write_bytes(
         # After os.replace the temporary name is gone; in every other case it is still ours.
         if not (published and overwrite):
             tmp.unlink(missing_ok=True)
+
+
+def publish_directory(staged: Path, out: Path) -> None:
+    """Replace ``out`` with the fully written directory ``staged`` (same parent directory).
+
+    A previous ``out`` is first moved aside, then ``staged`` is renamed into place and the old one
+    removed, so readers see either the old or the new directory, never a mix; on failure the old
+    one is put back.
+
+    Raises:
+        OSError: a rename failed (``staged`` is left for the caller to remove).
+    """
+    backup = None
+    if out.exists():
+        backup = out.parent / f".{out.name}.old-{secrets.token_hex(6)}"
+        os.replace(out, backup)
+    try:
+        os.replace(staged, out)
+    except OSError:
+        if backup is not None:
+            os.replace(backup, out)
+        raise
+    _fsync_dir(out.parent)
+    if backup is not None:
+        shutil.rmtree(backup, ignore_errors=True)

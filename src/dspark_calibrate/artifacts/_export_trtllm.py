@@ -26,7 +26,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 import re
 import secrets
 import shutil
@@ -898,7 +897,7 @@ def export_trtllm(
         ConfigError: unverified bundle, bad selector identity, existing directory, I/O failure.
         ExportRejected: the rendered package breaks a consumer rule (nothing is written).
     """
-    from dspark_calibrate.artifacts._atomic import atomic_write_bytes
+    from dspark_calibrate.artifacts._atomic import atomic_write_bytes, publish_directory
 
     out = Path(out_dir)
     inputs = TrtllmInputs.from_bundle(bundle_report)
@@ -920,14 +919,8 @@ def export_trtllm(
         tmp.mkdir(parents=True)
         for name in TRTLLM_FILES:
             write(tmp / name, rendered.files[name])
-        backup = None
-        if out.exists():
-            backup = out.parent / f".{out.name}.old-{secrets.token_hex(6)}"
-            os.replace(out, backup)
-        os.replace(tmp, out)
+        publish_directory(tmp, out)
         published = True
-        if backup is not None:
-            shutil.rmtree(backup, ignore_errors=True)
     except OSError as exc:
         raise ConfigError(f"{out}: cannot write the TensorRT-LLM package ({exc.strerror or exc})") from exc
     finally:

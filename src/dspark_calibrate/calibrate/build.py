@@ -28,7 +28,6 @@ approximation) drives the replay; the fitted maps can be used instead for other 
 from __future__ import annotations
 
 import math
-import os
 import secrets
 import shutil
 from collections.abc import Mapping, Sequence
@@ -49,6 +48,7 @@ from dspark_calibrate.artifacts import (
     atomic_write_bytes,
     canonical_json,
     logical_sha256,
+    publish_directory,
     read_artifact,
     write_unsigned_artifact,
 )
@@ -638,14 +638,8 @@ def build_bundle(
             plot_paths, plot_notes = _plots(report_dir, report)
             notes.extend(plot_notes)
         # (5) publish
-        backup = None
-        if out_dir.exists():
-            backup = out_dir.parent / f".{out_dir.name}.old-{secrets.token_hex(6)}"
-            os.replace(out_dir, backup)
-        os.replace(tmp, out_dir)
+        publish_directory(tmp, out_dir)
         published = True
-        if backup is not None:
-            shutil.rmtree(backup, ignore_errors=True)
     except OSError as exc:
         raise ConfigError(f"{out_dir}: cannot write the bundle ({exc.strerror or exc})") from exc
     finally:
