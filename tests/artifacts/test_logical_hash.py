@@ -288,6 +288,47 @@ def test_property_matches_reference(data: list[Any]) -> None:
     assert canonical_table_bytes(table, ["id"]) == reference_encoding(table, ["id"])
 
 
+layout_rows = st.lists(
+    st.tuples(st.integers(0, 3), finite, st.none() | st.booleans(), st.none() | st.text(max_size=4)),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layout_rows, st.randoms(use_true_random=False), st.integers(0, 5), st.integers(1, 4))
+def test_property_layout_does_not_matter(data: list[Any], rnd: Any, start: int, pieces: int) -> None:
+    """Shuffled rows, a two-column key with ties, array offsets and several chunks: same bytes.
+
+    Exercises the one-pass order check (ties on the first key, early exit), the sort fallback,
+    and buffers read at a non-zero offset (bit-packed booleans and validity included).
+    """
+    full = [(g, i, x, b, s) for i, (g, x, b, s) in enumerate(data)]
+    rnd.shuffle(full)
+    expected = reference_encoding(_layout_table(full), ["g", "i"])
+    for rows_ in (full, sorted(full, key=lambda r: (r[0], r[1]))):  # sort path, then one-pass path
+        pad = [(9, -1 - j, 0.5, j % 2 == 0, "pad") for j in range(start)]
+        table = _layout_table(pad + rows_).slice(start)  # every buffer now read at an offset
+        cuts = sorted(rnd.sample(range(len(rows_) + 1), min(pieces, len(rows_) + 1)))
+        chunked = pa.concat_tables(
+            [table.slice(a, b - a) for a, b in zip([0, *cuts], [*cuts, len(rows_)], strict=True)]
+        )
+        assert canonical_table_bytes(table, ["g", "i"]) == expected
+        assert canonical_table_bytes(chunked, ["g", "i"]) == expected
+
+
+def _layout_table(rows_: list[tuple[int, int, float, bool | None, str | None]]) -> pa.Table:
+    return pa.table(
+        {
+            "g": pa.array([r[0] for r in rows_], pa.int64()),
+            "i": pa.array([r[1] for r in rows_], pa.int32()),
+            "x": pa.array([r[2] for r in rows_], pa.float64()),
+            "b": pa.array([r[3] for r in rows_], pa.bool_()),
+            "s": pa.array([r[4] for r in rows_], pa.string()),
+        }
+    )
+
+
 @settings(max_examples=60, deadline=None)
 @given(rows, st.sampled_from(["zstd", "snappy", "gzip", "none"]), st.integers(1, 5))
 def test_property_reencoding_invariant(data: list[Any], compression: str, rg: int) -> None:

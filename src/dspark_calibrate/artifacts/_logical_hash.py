@@ -98,18 +98,44 @@ def _null_fill(tag: str) -> object:
     return 0.0 if tag.startswith("float") else 0
 
 
-def _encode(arr: pa.Array, path: str) -> Iterator[bytes | memoryview]:
+def _check_finite_f8(values: np.ndarray, path: str) -> np.ndarray:
+    """``values`` (contiguous little-endian binary64) with −0.0 folded; NaN/±Inf raise."""
+    finite = np.isfinite(values)
+    if not finite.all():
+        bad = int(np.flatnonzero(~finite)[0])
+        raise LogicalHashError(
+            f"column {path}: row {bad} holds {values[bad]!r}; NaN and Infinity are not allowed"
+        )
+    # Only a column holding a sign bit can hold −0.0; most columns (times, clocks) hold none.
+    if np.signbit(values).any():
+        negative_zero = (values == 0.0) & np.signbit(values)
+        if negative_zero.any():
+            values = values.copy()  # never write into Arrow's buffer
+            values[negative_zero] = 0.0  # fold -0.0 into +0.0
+    return values
+
+
+def _bool_bytes(arr: pa.Array) -> memoryview:
+    """One byte per value (0x01 true, 0x00 false) from Arrow's bit-packed, LSB-first buffer."""
+    n = len(arr)
+    if n == 0:
+        return memoryview(b"")
+    bits = np.frombuffer(arr.buffers()[1], dtype=np.uint8)
+    return np.unpackbits(bits, bitorder="little")[arr.offset : arr.offset + n].data
+
+
+def _encode(arr: pa.Array, path: str, tag: str) -> Iterator[bytes | memoryview]:
     """Yield the canonical bytes of one column (or list child) in row order.
 
     Chunks are buffers (memoryviews of numpy or Arrow memory) fed straight to the hash, so a
     column that is already int64 or non-negative-zero float64 is hashed without a copy.
     """
-    tag = type_tag(arr.type)
     yield _validity(arr)
-    if pa.types.is_large_string(arr.type):
+    typ = arr.type
+    if pa.types.is_large_string(typ):
         arr = arr.cast(pa.string())
-    elif pa.types.is_large_list(arr.type):
-        arr = arr.cast(pa.list_(arr.type.value_type))
+    elif pa.types.is_large_list(typ):
+        arr = arr.cast(pa.list_(typ.value_type))
     if arr.null_count and not tag.startswith("list<"):
         # Null slots encode as zero/empty values; the validity bytes above keep them distinct.
         arr = arr.fill_null(_null_fill(tag))
@@ -120,19 +146,9 @@ def _encode(arr: pa.Array, path: str) -> Iterator[bytes | memoryview]:
         yield np.ascontiguousarray(values.astype("<i8", copy=False)).data
     elif tag.startswith("float"):
         values = np.ascontiguousarray(arr.to_numpy(zero_copy_only=False).astype("<f8", copy=False))
-        finite = np.isfinite(values)
-        if not finite.all():
-            bad = int(np.flatnonzero(~finite)[0])
-            raise LogicalHashError(
-                f"column {path}: row {bad} holds {values[bad]!r}; NaN and Infinity are not allowed"
-            )
-        negative_zero = (values == 0.0) & np.signbit(values)
-        if negative_zero.any():
-            values = values.copy()  # never write into Arrow's buffer
-            values[negative_zero] = 0.0  # fold -0.0 into +0.0
-        yield values.data
+        yield _check_finite_f8(values, path).data
     elif tag == "bool":
-        yield np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.uint8).data
+        yield _bool_bytes(arr)
     elif tag == "string":
         n = len(arr)
         offsets = np.frombuffer(arr.buffers()[1], dtype="<i4")[arr.offset : arr.offset + n + 1]
@@ -143,7 +159,8 @@ def _encode(arr: pa.Array, path: str) -> Iterator[bytes | memoryview]:
     else:  # list<...>
         lengths = pc.list_value_length(arr).fill_null(0).to_numpy(zero_copy_only=False)
         yield lengths.astype("<u8").data
-        yield from _encode(pc.list_flatten(arr), path + "[]")
+        child = pc.list_flatten(arr)
+        yield from _encode(child, path + "[]", tag[5:-1])
 
 
 def _array(column: pa.ChunkedArray) -> pa.Array:
@@ -151,28 +168,55 @@ def _array(column: pa.ChunkedArray) -> pa.Array:
     return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
-def _canonical_order(table: pa.Table, keys: Sequence[str]) -> pa.Table:
-    missing = [k for k in keys if k not in table.column_names]
+def _key_arrays(table: pa.Table, keys: Sequence[str]) -> list[pa.Array]:
+    schema = table.schema
+    names = schema.names
+    missing = [k for k in keys if k not in names]
     if missing:
-        raise LogicalHashError(f"key column(s) {missing} not in table columns {table.column_names}")
+        raise LogicalHashError(f"key column(s) {missing} not in table columns {names}")
+    arrays = []
     for k in keys:
-        if table.column(k).null_count:
-            raise LogicalHashError(f"key column {k} holds null values")
-        if pa.types.is_floating(table.column(k).type) or pa.types.is_list(table.column(k).type):
+        if names.count(k) > 1:
+            raise LogicalHashError(f"key column {k} appears more than once")
+        i = names.index(k)
+        typ = schema.field(i).type
+        if pa.types.is_floating(typ) or pa.types.is_list(typ) or pa.types.is_large_list(typ):
             raise LogicalHashError(f"key column {k} must be an integer or string column")
+        arr = _array(table.column(i))
+        if arr.null_count:
+            raise LogicalHashError(f"key column {k} holds null values")
+        arrays.append(arr)
+    return arrays
+
+
+def _strictly_increasing(cols: Sequence[np.ndarray]) -> bool:
+    """Whether each row is lexicographically strictly after the previous one (one pass, no sort)."""
+    n = cols[0].size - 1
+    after = np.zeros(n, dtype=bool)  # decided: row i+1 > row i
+    tied = np.ones(n, dtype=bool)  # undecided: equal on every key so far
+    step = np.empty(n, dtype=bool)
+    for c in cols:
+        hi, lo = c[1:], c[:-1]
+        np.greater(hi, lo, out=step)
+        step &= tied
+        after |= step
+        np.equal(hi, lo, out=step)
+        tied &= step
+        if not tied.any():  # every pair decided: later keys cannot change the answer
+            break
+    return bool(after.all())
+
+
+def _canonical_order(table: pa.Table, keys: Sequence[str]) -> pa.Table:
+    arrays = _key_arrays(table, keys)
     if table.num_rows <= 1 or not keys:
         return table
-    if all(pa.types.is_integer(table.column(k).type) for k in keys):
+    if all(pa.types.is_integer(a.type) for a in arrays):
         # Integer keys (every artifact kind). Our writers store rows in canonical order, so first
         # check in one vectorised pass whether each row is strictly after the previous one; only
         # otherwise sort (numpy's stable lexsort) and reorder.
-        cols = [_array(table.column(k)).to_numpy(zero_copy_only=False) for k in keys]
-        after = np.zeros(table.num_rows - 1, dtype=bool)
-        tied = np.ones(table.num_rows - 1, dtype=bool)
-        for c in cols:
-            after |= tied & (c[1:] > c[:-1])
-            tied &= c[1:] == c[:-1]
-        if after.all():
+        cols = [a.to_numpy(zero_copy_only=False) for a in arrays]
+        if _strictly_increasing(cols):
             return table
         order = np.lexsort(cols[::-1])
         differs = np.zeros(table.num_rows - 1, dtype=bool)
@@ -207,14 +251,15 @@ def canonical_order(table: pa.Table, kind: str) -> pa.Table:
 
 def _chunks(table: pa.Table, keys: Sequence[str]) -> Iterator[bytes | memoryview]:
     ordered = _canonical_order(table, keys)
-    yield LOGICAL_HASH_DOMAIN
-    yield _u64(ordered.num_columns)
-    for field in ordered.schema:
-        yield _text(field.name)
-        yield _text(type_tag(field.type))
-    yield _u64(ordered.num_rows)
-    for field, column in zip(ordered.schema, ordered.columns, strict=True):
-        yield from _encode(_array(column), field.name)
+    schema = ordered.schema
+    tags = [type_tag(t) for t in schema.types]
+    header = [LOGICAL_HASH_DOMAIN, _u64(len(tags))]
+    for name, tag in zip(schema.names, tags, strict=True):
+        header += (_text(name), _text(tag))
+    header.append(_u64(ordered.num_rows))
+    yield b"".join(header)
+    for name, tag, column in zip(schema.names, tags, ordered.columns, strict=True):
+        yield from _encode(_array(column), name, tag)
 
 
 def canonical_table_bytes(table: pa.Table, keys: Sequence[str]) -> bytes:
