@@ -7,6 +7,7 @@ import base64
 import dataclasses
 import io
 import json
+import os
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,12 +21,17 @@ import pytest
 
 from dspark_calibrate.artifacts import (
     BINDING_FIELDS,
+    ArtifactReadError,
     Expectation,
+    Finding,
     Reason,
     RollbackState,
+    VerificationReport,
+    _parquet,
     detached_envelope_path,
     read_artifact,
     require_valid,
+    verify_artifact,
     verify_path,
 )
 from dspark_calibrate.artifacts._parquet import encode_artifact
@@ -587,6 +593,9 @@ def test_tamper_matrix(
     assert report.reason is reason, (report.code, report.message)
     if field_name is not None:
         assert report.findings[0].field == field_name
+    # verify_path decodes the table while checking the signature; reading first and then
+    # verifying must reach exactly the same findings.
+    assert [f.code for f in _sequential(ctx).findings] == [f.code for f in report.findings]
     assert report.message  # one human line
     with pytest.raises(ArtifactRejected):
         require_valid(report)
@@ -654,6 +663,109 @@ def test_calibration_k_consistency(tmp_path: Path, keys: tuple[Any, ...]) -> Non
     path = sign_table(tmp_path / "cal.parquet", "calibration", table, keys[:1])
     report = verify_path(path, make_root(keys[:1]), now=NOW + timedelta(hours=1))
     assert report.reason is Reason.K_INCONSISTENT
+
+
+# -------------------------------------------------------------------------------------------------
+# verify_path decodes the table on a worker thread while steps 1-4 run. Same findings, same
+# precedence (a table that does not decode is reported before anything else), in any process.
+# -------------------------------------------------------------------------------------------------
+
+
+def _sequential(ctx: Ctx) -> Any:
+    """Read first, then verify: the order the pipeline's findings must not depend on."""
+    try:
+        loaded = read_artifact(ctx.path)
+    except ArtifactReadError as exc:
+        return VerificationReport(path=ctx.path, findings=(Finding(exc.reason, str(exc)),))
+    return verify_artifact(loaded, ctx.root, now=ctx.now, expected=ctx.expected, state=ctx.state)
+
+
+def _corrupt_column_chunk(path: Path, column: int = 2) -> None:
+    """Flip one byte in the middle of a column chunk's pages: its page checksum no longer matches."""
+    meta = pq.ParquetFile(path).metadata.row_group(0).column(column)
+    start = meta.dictionary_page_offset or meta.data_page_offset
+    data = bytearray(path.read_bytes())
+    data[start + meta.total_compressed_size // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+UNDECODABLE_TABLE_FIRST: list[tuple[str, Callable[[Ctx], None]]] = [
+    ("alone", lambda c: None),
+    ("with_bad_signature", lambda c: _edit_envelope(c, _flip_sig)),
+    ("with_no_envelope", lambda c: put_envelope(c.path, None)),
+    ("with_wrong_expected_kind", lambda c: setattr(c, "expected", Expectation(kind="calibration"))),
+    (
+        "with_foreign_footer",
+        lambda c: c.path.write_bytes(encode_artifact(read_artifact(c.path).table, {"format": "other/1"})),
+    ),
+]
+
+
+@pytest.mark.parametrize("background", [True, False], ids=["worker", "inline"])
+@pytest.mark.parametrize(
+    ("name", "other_defect"), UNDECODABLE_TABLE_FIRST, ids=[c[0] for c in UNDECODABLE_TABLE_FIRST]
+)
+def test_undecodable_table_is_reported_first(
+    ctx: Ctx,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    other_defect: Callable[[Ctx], None],
+    background: bool,
+) -> None:
+    if not background:  # no worker thread can be started: the table decodes inline, same outcome
+        monkeypatch.setattr(_parquet, "_decode_pool", _no_threads)
+    other_defect(ctx)
+    _corrupt_column_chunk(ctx.path)
+    report = run(ctx)
+    assert report.reason is Reason.NOT_PARQUET, (report.code, report.message)
+    assert str(ctx.path) in report.message
+    assert _sequential(ctx).reason is Reason.NOT_PARQUET
+
+
+def _no_threads() -> Any:
+    raise RuntimeError("can't start new thread")
+
+
+def test_inline_decode_when_no_thread_can_start(ctx: Ctx, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_parquet, "_decode_pool", _no_threads)
+    report = run(ctx)
+    assert report.ok, report.message
+    assert report.artifact is not None and report.artifact.table.equals(read_artifact(ctx.path).table)
+
+
+def test_many_threads_verify_at_once(ctx: Ctx, tmp_path: Path) -> None:
+    """More callers than decode workers: every one gets its own, correct answer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(ctx.path.read_bytes())
+    _corrupt_column_chunk(bad)
+    paths = [ctx.path, bad] * 12
+    with ThreadPoolExecutor(max_workers=len(paths)) as pool:
+        reasons = list(
+            pool.map(lambda p: verify_path(p, ctx.root, now=ctx.now, expected=ctx.expected).reason, paths)
+        )
+    assert reasons == [Reason.OK, Reason.NOT_PARQUET] * 12
+
+
+def _verify_in_child(path: Path, root: TrustRoot, now: Any, out: Any) -> None:
+    out.put(verify_path(path, root, now=now).reason.value)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forked_child_verifies(ctx: Ctx) -> None:
+    """A child forked after the parent used the decode workers (which it does not inherit)."""
+    import multiprocessing
+
+    assert run(ctx).ok  # the parent's workers exist now
+    mp = multiprocessing.get_context("fork")
+    out = mp.Queue()
+    # Under fork the arguments are inherited, not pickled.
+    child = mp.Process(target=_verify_in_child, args=(ctx.path, ctx.root, ctx.now, out))
+    child.start()
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert out.get(timeout=5) == Reason.OK.value
 
 
 # -------------------------------------------------------------------------------------------------

@@ -13,7 +13,9 @@ import errno
 import os
 import stat
 import struct
+import threading
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,10 +37,12 @@ __all__ = [
     "FORMAT",
     "ArtifactReadError",
     "LoadedArtifact",
+    "OpenedArtifact",
     "ReadLimits",
     "detached_envelope_path",
     "encode_artifact",
     "footer_metadata",
+    "open_artifact",
     "read_artifact",
     "read_regular_file",
     "write_unsigned_artifact",
@@ -274,8 +278,135 @@ def _check_footer(data: bytes, path: Path, limits: ReadLimits) -> None:
         )
 
 
+_POOL: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _decode_pool() -> ThreadPoolExecutor:
+    """This process's decode workers (a child after ``fork`` makes its own; the parent's are gone)."""
+    global _POOL
+    pool = _POOL
+    if pool is None or pool[0] != os.getpid():
+        pool = (os.getpid(), ThreadPoolExecutor(max_workers=4, thread_name_prefix="dspark-parquet-decode"))
+        _POOL = pool
+    return pool[1]
+
+
+def _decode(pf: pq.ParquetFile, path: Path) -> pa.Table:
+    try:
+        return pf.read().replace_schema_metadata(None)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise ArtifactReadError(Reason.NOT_PARQUET, f"{path}: corrupt Parquet ({exc})") from exc
+
+
+class _PendingTable:
+    """A table being decoded: on a worker thread, or inline when no worker can be had."""
+
+    def __init__(self, pf: pq.ParquetFile, path: Path, *, background: bool) -> None:
+        self._future: Future[pa.Table] | None = None
+        self._table: pa.Table | None = None
+        self._error: ArtifactReadError | None = None
+        if background:
+            started = threading.Event()
+
+            def job() -> pa.Table:
+                started.set()
+                return _decode(pf, path)
+
+            try:
+                self._future = _decode_pool().submit(job)
+            except RuntimeError:  # interpreter shutting down, or no thread could be started
+                self._future = None
+            else:
+                # Block until the worker runs: this releases the GIL to it now, instead of the
+                # worker waiting a whole switch interval while this thread parses JSON. Pyarrow
+                # decodes without the GIL, so both proceed in parallel from here.
+                started.wait(timeout=1.0)
+                return
+        try:
+            self._table = _decode(pf, path)
+        except ArtifactReadError as exc:
+            self._error = exc
+
+    def result(self) -> pa.Table:
+        """The decoded table.
+
+        Raises:
+            ArtifactReadError: NOT_PARQUET (corrupt pages, failed page checksum, bad encoding).
+        """
+        if self._future is not None:
+            try:
+                self._table = self._future.result()
+            except ArtifactReadError as exc:
+                self._error = exc
+            self._future = None
+        if self._error is not None:
+            raise self._error
+        assert self._table is not None
+        return self._table
+
+
+@dataclass(frozen=True, eq=False)
+class OpenedArtifact:
+    """An artifact whose file, footer and envelopes are read and whose table may still be decoding.
+
+    Everything verification needs before the logical hash (step 5) is here, so the pipeline checks
+    the signature while the table decodes. Nothing here is trusted until verification passes.
+    """
+
+    path: Path
+    metadata: Mapping[str, Any]
+    envelope: Mapping[str, Any] | None
+    detached_envelope: bytes | None
+    file_bytes: int
+    pending: _PendingTable
+
+    def table(self) -> pa.Table:
+        """Wait for the table (same as ``LoadedArtifact.table`` once loaded).
+
+        Raises:
+            ArtifactReadError: NOT_PARQUET.
+        """
+        return self.pending.result()
+
+    def loaded(self) -> LoadedArtifact:
+        """The fully read artifact.
+
+        Raises:
+            ArtifactReadError: NOT_PARQUET.
+        """
+        return LoadedArtifact(
+            path=self.path,
+            table=self.table(),
+            metadata=self.metadata,
+            envelope=self.envelope,
+            detached_envelope=self.detached_envelope,
+            file_bytes=self.file_bytes,
+        )
+
+
 def read_artifact(path: Path | str, limits: ReadLimits = DEFAULT_LIMITS) -> LoadedArtifact:
     """Read a Parquet artifact, its ``dspark`` footer and any detached envelope, within ``limits``.
+
+    Raises:
+        ArtifactReadError: IO_ERROR, NOT_PARQUET, FOOTER_TOO_LARGE, METADATA_INVALID or
+            ENVELOPE_TOO_LARGE, with a message naming the file.
+    """
+    return open_artifact(path, limits, background=False).loaded()
+
+
+def open_artifact(
+    path: Path | str, limits: ReadLimits = DEFAULT_LIMITS, *, background: bool = True
+) -> OpenedArtifact:
+    """Read an artifact's file, footer and envelopes; decode its table in the background.
+
+    Errors are those of ``read_artifact`` and take the same precedence: a table that fails to
+    decode is reported (by ``OpenedArtifact.table``, or here when the footer is also bad) before
+    any footer or envelope problem, exactly as a sequential read would report it.
+
+    Args:
+        path: the artifact.
+        limits: size caps applied before parsing.
+        background: decode the table on a worker thread (the caller overlaps other work with it).
 
     Raises:
         ArtifactReadError: IO_ERROR, NOT_PARQUET, FOOTER_TOO_LARGE, METADATA_INVALID or
@@ -298,21 +429,37 @@ def read_artifact(path: Path | str, limits: ReadLimits = DEFAULT_LIMITS) -> Load
         # The Parquet footer's own key-value pairs; the base64 copy pyarrow keeps inside
         # ARROW:schema is never consulted, so there is exactly one place the key is read from.
         kv = pf.metadata.metadata or {}
-        raw_meta = kv.get(FOOTER_KEY)
-        if raw_meta is None:
-            raise ArtifactReadError(
-                Reason.METADATA_INVALID, f"{path}: no 'dspark' footer key; not a dspark-calibrate artifact"
-            )
-        if len(raw_meta) > limits.max_metadata_bytes:
-            raise ArtifactReadError(
-                Reason.FOOTER_TOO_LARGE,
-                f"{path}: 'dspark' footer value is {len(raw_meta)} bytes, above {limits.max_metadata_bytes}",
-            )
-        table = pf.read().replace_schema_metadata(None)
     except (pa.ArrowException, OSError, ValueError) as exc:
-        if isinstance(exc, ArtifactReadError):
-            raise
         raise ArtifactReadError(Reason.NOT_PARQUET, f"{path}: corrupt Parquet ({exc})") from exc
+    raw_meta = kv.get(FOOTER_KEY)
+    if raw_meta is None:
+        raise ArtifactReadError(
+            Reason.METADATA_INVALID, f"{path}: no 'dspark' footer key; not a dspark-calibrate artifact"
+        )
+    if len(raw_meta) > limits.max_metadata_bytes:
+        raise ArtifactReadError(
+            Reason.FOOTER_TOO_LARGE,
+            f"{path}: 'dspark' footer value is {len(raw_meta)} bytes, above {limits.max_metadata_bytes}",
+        )
+    pending = _PendingTable(pf, path, background=background)
+    try:
+        metadata, envelope, detached = _read_footer_and_envelopes(path, raw_meta, limits)
+    except ArtifactReadError:
+        pending.result()  # a corrupt table is reported first, as in a sequential read
+        raise
+    return OpenedArtifact(
+        path=path,
+        metadata=metadata,
+        envelope=envelope,
+        detached_envelope=detached,
+        file_bytes=size,
+        pending=pending,
+    )
+
+
+def _read_footer_and_envelopes(
+    path: Path, raw_meta: bytes, limits: ReadLimits
+) -> tuple[dict[str, Any], Mapping[str, Any] | None, bytes | None]:
     try:
         metadata = loads_strict(raw_meta, what=f"{path}: 'dspark' footer")
     except JsonError as exc:
@@ -326,7 +473,6 @@ def read_artifact(path: Path | str, limits: ReadLimits = DEFAULT_LIMITS) -> Load
         raise ArtifactReadError(
             Reason.METADATA_INVALID, f"{path}: footer 'envelope' must be an object or null"
         )
-    detached = None
     dpath = detached_envelope_path(path)
     try:
         detached = read_regular_file(dpath, limits.max_envelope_bytes)
@@ -339,11 +485,4 @@ def read_artifact(path: Path | str, limits: ReadLimits = DEFAULT_LIMITS) -> Load
         ) from None
     except OSError as exc:
         raise ArtifactReadError(Reason.IO_ERROR, f"{dpath}: cannot read ({exc.strerror or exc})") from exc
-    return LoadedArtifact(
-        path=path,
-        table=table,
-        metadata=metadata,
-        envelope=envelope,
-        detached_envelope=detached,
-        file_bytes=size,
-    )
+    return metadata, envelope, detached

@@ -3,7 +3,8 @@
 ``verify_artifact`` runs the eight ordered checks on an artifact already loaded into memory and
 returns a ``VerificationReport``; it never raises for bad evidence. ``dspark-verify``, ``build``'s
 self-check, ``export`` and the runtime admission hook all call it. File reading is the caller's
-edge (``read_artifact``); the clock is passed in as ``now``; the rollback state is injected.
+edge (``read_artifact``), or ``verify_path``'s, which decodes the table while steps 1-4 run; the
+clock is passed in as ``now``; the rollback state is injected.
 
 Ordering is a security property: nothing from the payload is parsed before the signature over its
 DSSE PAE has been checked, and after that only the signed bytes are read — the untrusted footer
@@ -45,8 +46,9 @@ from dspark_calibrate.artifacts._parquet import (
     DEFAULT_LIMITS,
     ArtifactReadError,
     LoadedArtifact,
+    OpenedArtifact,
     ReadLimits,
-    read_artifact,
+    open_artifact,
 )
 from dspark_calibrate.artifacts._reasons import Finding, FindingsOutcome, Reason
 from dspark_calibrate.artifacts._sign import parse_time, series_of
@@ -220,7 +222,7 @@ class _Stop(Exception):
         super().__init__(findings[0].message if findings else "")
 
 
-def _step1_envelope(loaded: LoadedArtifact, limits: ReadLimits) -> ParsedEnvelope:
+def _step1_envelope(loaded: LoadedArtifact | OpenedArtifact, limits: ReadLimits) -> ParsedEnvelope:
     where = loaded.path
     embedded, detached = loaded.envelope, loaded.detached_envelope
     if embedded is None and detached is None:
@@ -448,7 +450,7 @@ def _step5_hash(table: pa.Table, kind: str, digest: str, where: Path) -> None:
 
 
 def _step5_footer_consistent(
-    loaded: LoadedArtifact, predicate: Mapping[str, Any], digest: str, where: Path
+    loaded: LoadedArtifact | OpenedArtifact, predicate: Mapping[str, Any], digest: str, where: Path
 ) -> None:
     """The untrusted footer copy must say what the signed predicate says.
 
@@ -628,7 +630,38 @@ def verify_artifact(
     Returns:
         The report; ``report.ok`` is True only when every step passed.
     """
-    where = loaded.path
+    return _pipeline(
+        loaded,
+        lambda: loaded.table,
+        trust_root,
+        now=now,
+        expected=expected,
+        state=state,
+        record=record,
+        limits=limits,
+        clock=clock,
+    )
+
+
+def _pipeline(
+    head: LoadedArtifact | OpenedArtifact,
+    table_of: Callable[[], pa.Table],
+    trust_root: TrustRoot,
+    *,
+    now: datetime,
+    expected: Expectation,
+    state: RollbackState | None,
+    record: bool,
+    limits: ReadLimits,
+    clock: Callable[[], float],
+) -> VerificationReport:
+    """The one pipeline behind ``verify_artifact`` and ``verify_path``.
+
+    Steps 1-4 need only the footer and envelopes (``head``); the table is first asked for in
+    step 5, so ``verify_path`` decodes it while the signature is checked. A table that cannot be
+    decoded is reported before any step's finding, as if it had been read first.
+    """
+    where = head.path
     timings: list[tuple[str, float]] = []
     t0 = clock()
 
@@ -641,7 +674,7 @@ def verify_artifact(
     skipped: tuple[str, ...] = ()
     try:
         # (1) read the envelope (footer or detached), size limits
-        env = _step1_envelope(loaded, limits)
+        env = _step1_envelope(head, limits)
         lap("envelope")
         # (2) + (3) signatures over PAE, payloadType, parse the signed bytes
         keyids, statement = check_envelope(env, trust_root, where)
@@ -650,8 +683,10 @@ def verify_artifact(
         kind, predicate, fp, prov, digest, issued, expires = _step4_predicate(statement, expected, where)
         lap("predicate")
         # (5) recompute the logical hash of the loaded table, compare
-        _step5_hash(loaded.table, kind, digest, where)
-        _step5_footer_consistent(loaded, predicate, digest, where)
+        table = table_of()
+        lap("table")  # waiting for the decode that ran during steps 1-4
+        _step5_hash(table, kind, digest, where)
+        _step5_footer_consistent(head, predicate, digest, where)
         lap("logical_hash")
         # (6) expiry, rollback
         fresh = check_freshness(
@@ -677,7 +712,7 @@ def verify_artifact(
         lap("binding")
         # (8) content rules
         content = content_findings(
-            kind, loaded.table, fp, prov.to_dict(), allow_synthetic=expected.allow_synthetic, where=str(where)
+            kind, table, fp, prov.to_dict(), allow_synthetic=expected.allow_synthetic, where=str(where)
         )
         if content:
             raise _Stop(content)
@@ -689,8 +724,17 @@ def verify_artifact(
                 raise _Stop([Finding(exc.reason, f"{where}: {exc}")]) from None
             lap("record")
     except _Stop as stop:
+        findings = stop.findings
+        try:
+            table_of()
+        except ArtifactReadError as exc:
+            findings = (Finding(exc.reason, str(exc)),)
         return VerificationReport(
-            path=where, findings=stop.findings, timings=tuple(timings), skipped_fields=skipped
+            path=where, findings=findings, timings=tuple(timings), skipped_fields=skipped
+        )
+    except ArtifactReadError as exc:  # the table did not decode (asked for in step 5)
+        return VerificationReport(
+            path=where, findings=(Finding(exc.reason, str(exc)),), timings=tuple(timings)
         )
     artifact = VerifiedArtifact(
         path=where,
@@ -703,7 +747,7 @@ def verify_artifact(
         fingerprint=fp,
         provenance=prov,
         summary=MappingProxyType(predicate["summary"]),
-        table=loaded.table,
+        table=table,
         logical_sha256=digest,
         signer_keyids=keyids,
     )
@@ -722,11 +766,22 @@ def verify_path(
     record: bool = False,
     limits: ReadLimits = DEFAULT_LIMITS,
 ) -> VerificationReport:
-    """Read an artifact file (the I/O edge) and verify it; read errors become findings."""
+    """Read an artifact file (the I/O edge) and verify it; read errors become findings.
+
+    The table decodes on a worker thread while steps 1-4 check the envelope and signature.
+    """
     try:
-        loaded = read_artifact(path, limits)
+        opened = open_artifact(path, limits)
     except ArtifactReadError as exc:
         return VerificationReport(path=Path(path), findings=(Finding(exc.reason, str(exc)),))
-    return verify_artifact(
-        loaded, trust_root, now=now, expected=expected, state=state, record=record, limits=limits
+    return _pipeline(
+        opened,
+        opened.table,
+        trust_root,
+        now=now,
+        expected=expected,
+        state=state,
+        record=record,
+        limits=limits,
+        clock=time.perf_counter,
     )
