@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import struct
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from dspark_calibrate.artifacts import (
@@ -15,6 +17,7 @@ from dspark_calibrate.artifacts import (
     read_artifact,
     write_unsigned_artifact,
 )
+from dspark_calibrate.artifacts._parquet import encode_artifact
 from dspark_calibrate.errors import ConfigError
 from tests.factories import make_cost_table, make_fingerprint, make_provenance
 
@@ -81,6 +84,17 @@ def _footer_len_patched(data: bytes, n: int) -> bytes:
     return data[:-8] + struct.pack("<I", n) + b"PAR1"
 
 
+def _with_footer(data: bytes, footer: dict[str, object]) -> bytes:
+    table = pq.read_table(io.BytesIO(data))
+    return encode_artifact(table, footer)
+
+
+def _flip_in_column(data: bytes, column: int = 2) -> bytes:
+    meta = pq.ParquetFile(io.BytesIO(data)).metadata.row_group(0).column(column)
+    at = (meta.dictionary_page_offset or meta.data_page_offset) + meta.total_compressed_size // 2
+    return data[:at] + bytes([data[at] ^ 0x40]) + data[at + 1 :]
+
+
 CASES = [
     ("missing_file", None, Reason.IO_ERROR),
     ("empty_file", lambda d: b"", Reason.NOT_PARQUET),
@@ -90,6 +104,19 @@ CASES = [
     ("footer_len_huge", lambda d: _footer_len_patched(d, 1 << 30), Reason.FOOTER_TOO_LARGE),
     ("footer_len_past_file", lambda d: _footer_len_patched(d, len(d)), Reason.NOT_PARQUET),
     ("footer_garbage", lambda d: d[:-40] + b"\x00" * 32 + d[-8:], Reason.NOT_PARQUET),
+    ("page_checksum", _flip_in_column, Reason.NOT_PARQUET),
+    ("foreign_footer", lambda d: _with_footer(d, {"format": "other/1"}), Reason.METADATA_INVALID),
+    ("footer_without_format", lambda d: _with_footer(d, {"list": [1]}), Reason.METADATA_INVALID),
+    (
+        "envelope_not_object",
+        lambda d: _with_footer(d, {"format": "dspark-calibrate/artifact", "envelope": "sig"}),
+        Reason.METADATA_INVALID,
+    ),
+    (
+        "page_checksum_and_foreign_footer",
+        lambda d: _flip_in_column(_with_footer(d, {"format": "x"})),
+        Reason.NOT_PARQUET,
+    ),
 ]
 
 
@@ -103,6 +130,9 @@ def test_bad_files(tmp_path: Path, name: str, mutate: object, reason: Reason) ->
     with pytest.raises(ArtifactReadError) as info:
         read_artifact(path)
     assert info.value.reason is reason
+    message = str(info.value)
+    assert message.startswith(f"{path}: ")  # names the file
+    assert "; " in message  # and says what to do about it
 
 
 def test_plain_parquet_without_footer_key(tmp_path: Path) -> None:

@@ -264,17 +264,20 @@ def write_unsigned_artifact(
 def _check_footer(data: bytes, path: Path, limits: ReadLimits) -> None:
     if len(data) < 12 or data[:4] != _MAGIC or data[-4:] != _MAGIC:
         raise ArtifactReadError(
-            Reason.NOT_PARQUET, f"{path}: not a Parquet file (magic bytes missing or truncated)"
+            Reason.NOT_PARQUET,
+            f"{path}: not a Parquet file (magic bytes missing or truncated); copy the artifact again from its source",
         )
     (footer_len,) = struct.unpack("<I", data[-8:-4])
     if footer_len > limits.max_footer_bytes:
         raise ArtifactReadError(
             Reason.FOOTER_TOO_LARGE,
-            f"{path}: Parquet footer is {footer_len} bytes, above the {limits.max_footer_bytes}-byte limit",
+            f"{path}: Parquet footer is {footer_len} bytes, above the {limits.max_footer_bytes}-byte limit; "
+            "refused unread (no artifact this tool writes has one so large)",
         )
     if footer_len + 12 > len(data):
         raise ArtifactReadError(
-            Reason.NOT_PARQUET, f"{path}: Parquet footer length exceeds the file (truncated?)"
+            Reason.NOT_PARQUET,
+            f"{path}: Parquet footer length exceeds the file (truncated?); copy the artifact again from its source",
         )
 
 
@@ -291,11 +294,19 @@ def _decode_pool() -> ThreadPoolExecutor:
     return pool[1]
 
 
+def _corrupt(path: Path, exc: Exception) -> ArtifactReadError:
+    return ArtifactReadError(
+        Reason.NOT_PARQUET,
+        f"{path}: corrupt Parquet ({exc}); the file changed after it was written: copy it again from "
+        "its source or rebuild it",
+    )
+
+
 def _decode(pf: pq.ParquetFile, path: Path) -> pa.Table:
     try:
         return pf.read().replace_schema_metadata(None)
     except (pa.ArrowException, OSError, ValueError) as exc:
-        raise ArtifactReadError(Reason.NOT_PARQUET, f"{path}: corrupt Parquet ({exc})") from exc
+        raise _corrupt(path, exc) from exc
 
 
 class _PendingTable:
@@ -418,10 +429,13 @@ def open_artifact(
     except _TooLarge as big:
         raise ArtifactReadError(
             Reason.NOT_PARQUET,
-            f"{path}: {big.size} bytes is above the {limits.max_file_bytes}-byte artifact limit",
+            f"{path}: {big.size} bytes is above the {limits.max_file_bytes}-byte artifact limit; refused unread",
         ) from None
     except OSError as exc:
-        raise ArtifactReadError(Reason.IO_ERROR, f"{path}: cannot read ({exc.strerror or exc})") from exc
+        raise ArtifactReadError(
+            Reason.IO_ERROR,
+            f"{path}: cannot read ({exc.strerror or exc}); check the path and its permissions",
+        ) from exc
     size = len(data)
     _check_footer(data, path, limits)
     try:
@@ -430,16 +444,18 @@ def open_artifact(
         # ARROW:schema is never consulted, so there is exactly one place the key is read from.
         kv = pf.metadata.metadata or {}
     except (pa.ArrowException, OSError, ValueError) as exc:
-        raise ArtifactReadError(Reason.NOT_PARQUET, f"{path}: corrupt Parquet ({exc})") from exc
+        raise _corrupt(path, exc) from exc
     raw_meta = kv.get(FOOTER_KEY)
     if raw_meta is None:
         raise ArtifactReadError(
-            Reason.METADATA_INVALID, f"{path}: no 'dspark' footer key; not a dspark-calibrate artifact"
+            Reason.METADATA_INVALID,
+            f"{path}: no 'dspark' footer key; not a dspark-calibrate artifact (a plain table is signed with "
+            "`dspark-calibrate sign`)",
         )
     if len(raw_meta) > limits.max_metadata_bytes:
         raise ArtifactReadError(
             Reason.FOOTER_TOO_LARGE,
-            f"{path}: 'dspark' footer value is {len(raw_meta)} bytes, above {limits.max_metadata_bytes}",
+            f"{path}: 'dspark' footer value is {len(raw_meta)} bytes, above {limits.max_metadata_bytes}; refused unread",
         )
     pending = _PendingTable(pf, path, background=background)
     try:
@@ -466,12 +482,15 @@ def _read_footer_and_envelopes(
         raise ArtifactReadError(Reason.METADATA_INVALID, str(exc)) from exc
     if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
         raise ArtifactReadError(
-            Reason.METADATA_INVALID, f"{path}: 'dspark' footer is not a {FORMAT} document"
+            Reason.METADATA_INVALID,
+            f"{path}: 'dspark' footer is not a {FORMAT} document; the footer was edited or written by another "
+            "tool: rebuild the artifact",
         )
     envelope = metadata.get("envelope")
     if envelope is not None and not isinstance(envelope, dict):
         raise ArtifactReadError(
-            Reason.METADATA_INVALID, f"{path}: footer 'envelope' must be an object or null"
+            Reason.METADATA_INVALID,
+            f"{path}: footer 'envelope' must be an object or null; the footer was edited: sign the artifact again",
         )
     dpath = detached_envelope_path(path)
     try:
@@ -481,8 +500,12 @@ def _read_footer_and_envelopes(
     except _TooLarge as big:
         raise ArtifactReadError(
             Reason.ENVELOPE_TOO_LARGE,
-            f"{dpath}: {big.size} bytes, above the {limits.max_envelope_bytes}-byte limit",
+            f"{dpath}: {big.size} bytes, above the {limits.max_envelope_bytes}-byte limit; remove or replace this "
+            "detached envelope",
         ) from None
     except OSError as exc:
-        raise ArtifactReadError(Reason.IO_ERROR, f"{dpath}: cannot read ({exc.strerror or exc})") from exc
+        raise ArtifactReadError(
+            Reason.IO_ERROR,
+            f"{dpath}: cannot read ({exc.strerror or exc}); check its permissions or remove it",
+        ) from exc
     return metadata, envelope, detached
