@@ -242,6 +242,12 @@ REFUSED = [
     ("null_key", pa.table({"id": pa.array([1, None], pa.int64())}), ["id"]),
     ("float_key", pa.table({"x": [1.0, 2.0]}), ["x"]),
     ("missing_key", pa.table({"x": [1]}), ["id"]),
+    (
+        "key_column_twice",
+        pa.Table.from_arrays([pa.array([1, 2]), pa.array([2, 1])], names=["id", "id"]),
+        ["id"],
+    ),
+    ("list_key", pa.table({"id": pa.array([[1], [2]])}), ["id"]),
     ("unsupported_type", pa.table({"id": [1], "t": pa.array([1], pa.timestamp("s"))}), ["id"]),
     ("uint64_overflow", pa.table({"id": pa.array([2**63], pa.uint64())}), []),
 ]
