@@ -64,6 +64,9 @@ def pair() -> Iterator[Pair]:
     drafter.eval()
     yield Pair(target, drafter, data.sample_prompts(corpus.heldout, 12, PROMPT, seed=2))
     torch.set_num_threads(threads)
+    # Processor state, not torch state: left on, later tests in this worker (hypothesis floats
+    # among them) would see subnormals flushed to zero. Off is the process default.
+    torch.set_flush_denormal(False)
 
 
 def _engine(p: Pair) -> serving.Engine:
