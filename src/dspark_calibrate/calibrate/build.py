@@ -52,6 +52,7 @@ from dspark_calibrate.artifacts import (
     read_artifact,
     write_unsigned_artifact,
 )
+from dspark_calibrate.calibrate._png import new_figure, png_bytes
 from dspark_calibrate.calibrate.replay import (
     BootstrapSettings,
     CellGrid,
@@ -78,6 +79,7 @@ from dspark_calibrate.schemas import (
 )
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
     from securesystemslib.signer import Signer
 
     from dspark_calibrate.artifacts import BundleReport, TrustRoot
@@ -412,16 +414,13 @@ def _admission_table(report: ReplayReport, cells: Sequence[tuple[int, int]]) -> 
 
 
 def _plots(directory: Path, report: ReplayReport) -> tuple[list[Path], list[str]]:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return [], ["plots skipped: matplotlib is not installed"]
-    out = []
     cells = [c for c in report.per_cell if c["verifier_budget"]]
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(cells) + 2), 3.2))
+    try:
+        fig = _figure(max(4.0, 0.6 * len(cells) + 2), 3.2)
+    except ConfigError as exc:
+        return [], [f"plots skipped: {exc}"]
+    out = []
+    ax = fig.add_subplot()
     labels = [f"{c['graph_batch_size']}/{c['verifier_budget']}" for c in cells]
     values = [c["value_ms"] for c in cells]
     lows = [c["value_ms_lower_bound"] for c in cells]
@@ -432,11 +431,9 @@ def _plots(directory: Path, report: ReplayReport) -> tuple[list[Path], list[str]
     ax.set_title("value per deployed compact cell")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = directory / "value_per_cell.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    out.append(path)
-    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    out.append(_write_png(fig, directory / "value_per_cell.png"))
+    fig = _figure(5.5, 3.2)
+    ax = fig.add_subplot()
     names = ["all"] + [str(b["graph_batch_size"]) for b in report.per_bucket]
     mids = [report.predicted_gain] + [b["predicted_gain"] for b in report.per_bucket]
     los = [report.predicted_gain_ci_low] + [b["ci_low"] for b in report.per_bucket]
@@ -453,11 +450,17 @@ def _plots(directory: Path, report: ReplayReport) -> tuple[list[Path], list[str]
     ax.set_title("predicted gain with 95% CI")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = directory / "predicted_gain.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    out.append(path)
+    out.append(_write_png(fig, directory / "predicted_gain.png"))
     return out, []
+
+
+def _figure(width: float, height: float) -> Figure:
+    return new_figure(width, height, dpi=110, what="build plots", skip_flag="--no-plots")
+
+
+def _write_png(fig: Figure, path: Path) -> Path:
+    atomic_write_bytes(path, png_bytes(fig))
+    return path
 
 
 def build_bundle(

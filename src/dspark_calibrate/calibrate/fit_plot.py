@@ -8,10 +8,10 @@ global state or display backend is touched and the rest of ``calibrate`` never p
 
 from __future__ import annotations
 
-import io
 import math
 from typing import TYPE_CHECKING
 
+from dspark_calibrate.calibrate._png import new_figure, png_bytes
 from dspark_calibrate.calibrate.metrics import MetricsReport, Reliability
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -21,19 +21,15 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 __all__ = ["reliability_png", "survival_png"]
 
 _DPI = 110
+
+
+def _figure(width: float, height: float) -> Figure:
+    return new_figure(width, height, dpi=_DPI, what="fit plots", skip_flag="--no-plots")
+
+
 _AFTER = "#1f77b4"
 _BEFORE = "#9a9a9a"
 _OBSERVED = "#111111"
-
-
-def _png(fig: Figure) -> bytes:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    FigureCanvasAgg(fig)
-    buf = io.BytesIO()
-    # No "Software" stamp, so the same report renders to the same bytes on one matplotlib.
-    fig.savefig(buf, format="png", dpi=_DPI, metadata={"Software": None})
-    return buf.getvalue()
 
 
 def _points(rel: Reliability) -> tuple[list[float], list[float]]:
@@ -95,13 +91,14 @@ def reliability_png(before: MetricsReport, after: MetricsReport, *, title: str =
 
     Returns:
         PNG bytes.
-    """
-    from matplotlib.figure import Figure
 
+    Raises:
+        ConfigError: matplotlib is not installed.
+    """
     k = after.k
     cols = min(k, 3)
     rows = math.ceil(k / cols)
-    fig = Figure(figsize=(4.2 * cols, 3.6 * rows))
+    fig = _figure(4.2 * cols, 3.6 * rows)
     axes = fig.subplots(rows, cols, squeeze=False)
     for idx in range(rows * cols):
         ax = axes[idx // cols][idx % cols]
@@ -112,7 +109,7 @@ def reliability_png(before: MetricsReport, after: MetricsReport, *, title: str =
         _panel(ax, a.position, b.width, a.width, a.labelled)
     fig.suptitle(f"Reliability of S_j, {after.n_bins} equal-width bins, L1 ECE — {title}", fontsize=10)
     fig.tight_layout()
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def survival_png(before: MetricsReport, after: MetricsReport, *, title: str = "") -> bytes:
@@ -125,10 +122,11 @@ def survival_png(before: MetricsReport, after: MetricsReport, *, title: str = ""
 
     Returns:
         PNG bytes.
-    """
-    from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(6.4, 4.2))
+    Raises:
+        ConfigError: matplotlib is not installed.
+    """
+    fig = _figure(6.4, 4.2)
     ax = fig.subplots()
     js = [p.position for p in after.positions]
 
@@ -156,4 +154,4 @@ def survival_png(before: MetricsReport, after: MetricsReport, *, title: str = ""
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return _png(fig)
+    return png_bytes(fig)

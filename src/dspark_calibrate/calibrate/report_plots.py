@@ -9,11 +9,10 @@ Presentation only: every number plotted is also in the page's tables.
 from __future__ import annotations
 
 import base64
-import io
 import math
 from typing import TYPE_CHECKING, Any
 
-from dspark_calibrate.errors import ConfigError
+from dspark_calibrate.calibrate._png import new_figure, png_bytes
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -47,22 +46,11 @@ _CANDIDATE = "#8c8c8c"
 
 
 def _figure(width: float, height: float) -> Figure:
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as exc:
-        raise ConfigError(
-            "report plots need matplotlib; install the 'plots' extra or pass --no-plots"
-        ) from exc
-    fig = Figure(figsize=(width, height), dpi=DPI)
-    FigureCanvasAgg(fig)
-    return fig
+    return new_figure(width, height, dpi=DPI, what="report plots", skip_flag="--no-plots")
 
 
 def _data_uri(fig: Figure) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+    return "data:image/png;base64," + base64.b64encode(png_bytes(fig)).decode("ascii")
 
 
 def _grid(fig: Figure, n: int, cols: int) -> list[Axes]:

@@ -6,12 +6,11 @@ atomically. Presentation only: it reads a finished :class:`~dspark_calibrate.cal
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dspark_calibrate.artifacts import atomic_write_bytes
-from dspark_calibrate.errors import ConfigError
+from dspark_calibrate.calibrate._png import new_figure, png_bytes
 
 if TYPE_CHECKING:
     from dspark_calibrate.calibrate.sweep import SweepResult
@@ -25,14 +24,13 @@ def plot_sweep(result: SweepResult, path: Path) -> Path:
     Raises:
         ConfigError: matplotlib is not installed.
     """
-    try:
-        from matplotlib.figure import Figure
-    except ImportError as exc:
-        raise ConfigError(
-            "the sweep plot needs matplotlib; install the 'plots' extra or pass --no-plot"
-        ) from exc
     ladder = result.config.ladder
-    fig = Figure(figsize=(4.0 * min(len(ladder), 4), 3.2 * ((len(ladder) + 3) // 4)), dpi=100)
+    fig = new_figure(
+        4.0 * min(len(ladder), 4),
+        3.2 * ((len(ladder) + 3) // 4),
+        what="the sweep plot",
+        skip_flag="--no-plot",
+    )
     cols = min(len(ladder), 4)
     rows = (len(ladder) + 3) // 4
     for i, g in enumerate(ladder):
@@ -61,7 +59,5 @@ def plot_sweep(result: SweepResult, path: Path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_bytes(path, png_bytes(fig))
     return path
