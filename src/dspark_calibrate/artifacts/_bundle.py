@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -287,13 +287,7 @@ def verify_bundle(
                 member_path,
                 trust_root,
                 now=now,
-                expected=Expectation(
-                    kind=kind,
-                    fingerprint=expected.fingerprint,
-                    unbound_fields=expected.unbound_fields,
-                    allow_synthetic=expected.allow_synthetic,
-                    max_age=expected.max_age,
-                ),
+                expected=replace(expected, kind=kind),
                 state=state,
                 record=False,
                 limits=limits,

@@ -48,6 +48,9 @@ TrustRootOption = Annotated[
     Path, typer.Option("--trust-root", help="The pinned trust root (root.json) to verify against.")
 ]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print a machine-readable JSON report on stdout.")]
+AllowSyntheticFlag = Annotated[
+    bool, typer.Option("--allow-synthetic", help="Accept synthetic evidence (demos and tests only).")
+]
 
 
 def utcnow() -> datetime:

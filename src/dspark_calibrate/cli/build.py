@@ -17,6 +17,7 @@ from rich.table import Table
 from dspark_calibrate.cli._common import (
     EXIT_OK,
     EXIT_REJECTED,
+    AllowSyntheticFlag,
     JsonFlag,
     TrustRootOption,
     err_console,
@@ -152,9 +153,7 @@ def build(
             "--calibration-use", help="sts (what TensorRT-LLM applies) or native (the fitted maps)."
         ),
     ] = "sts",
-    allow_synthetic: Annotated[
-        bool, typer.Option("--allow-synthetic", help="Accept synthetic inputs (demos and tests only).")
-    ] = False,
+    allow_synthetic: AllowSyntheticFlag = False,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write report/*.png.")] = True,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out directory.")] = False,
     passphrase_env: Annotated[

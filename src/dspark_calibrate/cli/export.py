@@ -17,6 +17,7 @@ from rich.table import Table
 from dspark_calibrate.cli._common import (
     EXIT_OK,
     EXIT_REJECTED,
+    AllowSyntheticFlag,
     ArtifactPath,
     JsonFlag,
     TrustRootOption,
@@ -53,9 +54,7 @@ def trtllm(
         Path | None,
         typer.Option("--live-fingerprint", help="Independently collected live fingerprint JSON to bind."),
     ] = None,
-    allow_synthetic: Annotated[
-        bool, typer.Option("--allow-synthetic", help="Accept synthetic evidence (demos and tests only).")
-    ] = False,
+    allow_synthetic: AllowSyntheticFlag = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out directory.")] = False,
     json_out: JsonFlag = False,
 ) -> None:

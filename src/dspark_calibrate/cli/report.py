@@ -23,6 +23,7 @@ from dspark_calibrate.cli._common import (
     EXIT_OK,
     EXIT_REJECTED,
     EXIT_USAGE,
+    AllowSyntheticFlag,
     JsonFlag,
     TrustRootOption,
     err_console,
@@ -63,9 +64,7 @@ def report(
         Path | None,
         typer.Option("--expect-fingerprint", help="Fingerprint JSON the evidence must be bound to."),
     ] = None,
-    allow_synthetic: Annotated[
-        bool, typer.Option("--allow-synthetic", help="Accept synthetic evidence (demos and tests only).")
-    ] = False,
+    allow_synthetic: AllowSyntheticFlag = False,
     max_age_days: Annotated[
         float | None, typer.Option("--max-age-days", help="Refuse artifacts issued longer ago than this.")
     ] = None,

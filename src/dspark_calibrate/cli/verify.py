@@ -18,6 +18,7 @@ from dspark_calibrate.cli._common import (
     EXIT_OK,
     EXIT_REJECTED,
     EXIT_USAGE,
+    AllowSyntheticFlag,
     JsonFlag,
     TrustRootOption,
     err_console,
@@ -173,9 +174,7 @@ def main(
     record: Annotated[
         bool, typer.Option("--record/--no-record", help="Record accepted versions in --state.")
     ] = True,
-    allow_synthetic: Annotated[
-        bool, typer.Option("--allow-synthetic", help="Accept synthetic evidence (demos and tests only).")
-    ] = False,
+    allow_synthetic: AllowSyntheticFlag = False,
     max_age_days: Annotated[
         float | None, typer.Option("--max-age-days", help="Refuse artifacts older than this.")
     ] = None,
