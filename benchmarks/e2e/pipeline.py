@@ -213,7 +213,7 @@ def run_sweep_stage(
         n_boot=settings.n_boot,
         # Serving runs under whatever power and thermal state the GPU is in; a table cleaned of
         # throttled samples would price steps faster than the experiment can run them.
-        drop_throttled=False,
+        throttle_policy="keep-all",
     )
     request = SweepRequest(
         backend="module",

@@ -17,7 +17,9 @@ VECTORS = [("v0.1.0", datetime(2026, 12, 1, 19, 0, tzinfo=UTC))]
 @pytest.mark.parametrize(("folder", "now"), VECTORS, ids=[v[0] for v in VECTORS])
 def test_released_bundle_still_verifies(folder: str, now: datetime) -> None:
     root = load_trust_root((COMPAT / folder / "trust-root.json").read_bytes(), now=now)
-    report = verify_bundle(COMPAT / folder / "bundle", root, now=now, expected=Expectation(allow_synthetic=True))
+    report = verify_bundle(
+        COMPAT / folder / "bundle", root, now=now, expected=Expectation(allow_synthetic=True)
+    )
     assert report.ok, f"{report.code}: {report.message}"
 
 

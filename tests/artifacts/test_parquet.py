@@ -19,6 +19,7 @@ from dspark_calibrate.artifacts import (
 )
 from dspark_calibrate.artifacts._parquet import encode_artifact
 from dspark_calibrate.errors import ConfigError
+from dspark_calibrate.schemas import SCHEMA_VERSION
 from tests.factories import make_cost_table, make_fingerprint, make_provenance
 
 
@@ -38,7 +39,7 @@ def test_round_trip(tmp_path: Path) -> None:
     path = _write(tmp_path)
     loaded = read_artifact(path)
     assert loaded.kind == "cost-table"
-    assert loaded.schema_version == 1
+    assert loaded.schema_version == SCHEMA_VERSION["cost-table"]
     assert loaded.table.equals(make_cost_table())
     assert loaded.envelope is None
     assert loaded.fingerprint_untrusted() == make_fingerprint()
@@ -84,6 +85,13 @@ def _footer_len_patched(data: bytes, n: int) -> bytes:
     return data[:-8] + struct.pack("<I", n) + b"PAR1"
 
 
+def _footer_garbage(data: bytes) -> bytes:
+    """Zero the start of the Thrift footer (its struct headers), wherever the table puts it."""
+    (n,) = struct.unpack("<I", data[-8:-4])
+    start = len(data) - 8 - n
+    return data[:start] + b"\x00" * 32 + data[start + 32 :]
+
+
 def _with_footer(data: bytes, footer: dict[str, object]) -> bytes:
     table = pq.read_table(io.BytesIO(data))
     return encode_artifact(table, footer)
@@ -103,7 +111,7 @@ CASES = [
     ("truncated_head", lambda d: d[len(d) // 2 :], Reason.NOT_PARQUET),
     ("footer_len_huge", lambda d: _footer_len_patched(d, 1 << 30), Reason.FOOTER_TOO_LARGE),
     ("footer_len_past_file", lambda d: _footer_len_patched(d, len(d)), Reason.NOT_PARQUET),
-    ("footer_garbage", lambda d: d[:-40] + b"\x00" * 32 + d[-8:], Reason.NOT_PARQUET),
+    ("footer_garbage", _footer_garbage, Reason.NOT_PARQUET),
     ("page_checksum", _flip_in_column, Reason.NOT_PARQUET),
     ("foreign_footer", lambda d: _with_footer(d, {"format": "other/1"}), Reason.METADATA_INVALID),
     ("footer_without_format", lambda d: _with_footer(d, {"list": [1]}), Reason.METADATA_INVALID),

@@ -48,8 +48,16 @@ def sweep_rows(
     budgets: Mapping[int, Sequence[int]] | None = None,
     flat: bool = False,
     rel_ci: float = 0.004,
+    saving_ci: float = 0.002,
+    paired: bool = True,
+    forced_k_rel: float | None = None,
 ) -> list[dict[str, Any]]:
-    """Rows of a ``sweep`` summary: native + compact candidates (incl. V=G and the control)."""
+    """Rows of a ``sweep`` summary: native + compact candidates (incl. V=G and the control).
+
+    Savings are paired (``saving_ci`` wide on either side) unless ``paired`` is False (then the
+    rows carry the schema-1 columns' meaning: paired_rounds 0 and the unpaired derived interval).
+    ``forced_k_rel`` adds the forced-K arm of every G at that relative overhead.
+    """
     rows = []
     for g in ladder:
         vs = (
@@ -57,9 +65,27 @@ def sweep_rows(
             if budgets is not None
             else sorted({g, *range(g + g // 2, g * (k + 1), max(1, g // 2)), g * (k + 1)})
         )
-        for v in [0, *vs]:
-            tokens = g * (k + 1) if v == 0 else v
-            t = staircase_ms(g, g * (k + 1), native=True) if flat else staircase_ms(g, tokens, native=v == 0)
+        t0 = staircase_ms(g, g * (k + 1), native=True)
+        arms = [-1] if forced_k_rel is not None else []
+        for v in [*arms, 0, *vs]:
+            tokens = g * (k + 1) if v <= 0 else v
+            if v == -1:
+                assert forced_k_rel is not None
+                t = t0 * (1 + forced_k_rel)
+            else:
+                t = t0 if flat else staircase_ms(g, tokens, native=v == 0)
+            saving = 1 - t / t0
+            if paired:
+                low, high = (saving, saving) if v == 0 else (saving - saving_ci, saving + saving_ci)
+            else:
+                low, high = (
+                    (0.0, 0.0)
+                    if v == 0
+                    else (
+                        1 - t * (1 + rel_ci) / (t0 * (1 - rel_ci)),
+                        1 - t * (1 - rel_ci) / (t0 * (1 + rel_ci)),
+                    )
+                )
             rows.append(
                 {
                     "graph_batch_size": g,
@@ -81,6 +107,14 @@ def sweep_rows(
                     "temperature_c_max": 61.0,
                     "power_w_median": 550.0,
                     "source_result_sha256": sha256_hex(f"{g}:{v}".encode()),
+                    "saving": saving,
+                    "saving_ci_low": low,
+                    "saving_ci_high": high,
+                    "paired_rounds": 8 if paired else 0,
+                    "common_mode_rel": 0.003 if paired else 0.0,
+                    "level_rel": 0.0015,
+                    "epochs": 3,
+                    "power_capped": 0,
                 }
             )
     return rows

@@ -36,11 +36,12 @@ def make_config(
     protocol: str = "adaptive",
     seed: int = 0,
     max_per_g: int = 6,
+    forced_k: bool = False,
     **overrides: Any,
 ) -> tuple[SweepConfig, SyntheticBackend]:
-    """A small synthetic sweep configuration and its backend."""
+    """A small synthetic sweep configuration and its backend (``forced_k``: with the overhead arm)."""
     backend = backend or SyntheticBackend(seed=seed)
-    cells = plan_cells(k=k, ladder=ladder, max_per_g=max_per_g)
+    cells = plan_cells(k=k, ladder=ladder, max_per_g=max_per_g, include_forced_k=forced_k)
     fp = build_fingerprint(k=k, ladder=ladder, world_size=1, backend_fields=backend.fingerprint_fields())
     config = SweepConfig(
         k=k,

@@ -44,7 +44,7 @@ def _check_journal_order(journal: Path, seed: int, cells: tuple[CellSpec, ...]) 
 
 def test_resume_after_backend_failure_does_not_remeasure(tmp_path: Path) -> None:
     journal = tmp_path / "j.jsonl"
-    broken = SyntheticBackend(seed=0, fail_at=260)
+    broken = SyntheticBackend(seed=0, fail_at=380)
     config, _ = make_config(broken)
     with pytest.raises(MeasurementError):
         run_sweep(config, broken, journal_path=journal)
@@ -164,7 +164,7 @@ def test_sigkill_at_random_points_then_resume(tmp_path: Path) -> None:
     assert final.returncode == 0, stderr
     assert "done True" in stdout
     loaded = read_artifact(out)
-    config, _ = make_config(k=3, ladder=(2, 4), seed=11)
+    config, _ = make_config(k=3, ladder=(2, 4), seed=11, forced_k=True)
     assert loaded.table.num_rows == len(config.cells)
     assert max(Counter(_visits(journal)).values()) == 1
     _check_journal_order(journal, 11, config.cells)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dspark_calibrate.calibrate.ladder import CellSpec
+from dspark_calibrate.calibrate.ladder import CellKind, CellSpec
 from dspark_calibrate.calibrate.stats import (
     CellProgress,
     CellSamples,
@@ -130,7 +130,13 @@ TIGHT_ROUNDS = [i // 2 for i in range(12)]
 NOISY = [10.0 * (1 + 0.05 * math.sin(i * 1.7)) for i in range(12)]
 RULE = PrecisionRule(
     Thresholds(
-        min_samples=8, min_rounds=4, max_samples_per_cell=100, max_seconds_per_cell=5, budget_s=60, n_boot=200
+        min_samples=8,
+        min_rounds=4,
+        max_samples_per_cell=100,
+        max_seconds_per_cell=5,
+        budget_s=60,
+        n_boot=200,
+        recapture_every=0,
     )
 )
 
@@ -215,16 +221,206 @@ def test_threshold_presets_and_round_trip() -> None:
         Thresholds.from_dict({"precision": 0.1})
 
 
-def test_between_run_term_adds_in_quadrature() -> None:
+def test_between_run_term_adds_in_quadrature_on_the_log_scale() -> None:
     rng = np.random.default_rng(7)
     rounds = [rng.normal(10.0, 0.01, 6) for _ in range(8)]
     plain = median_interval(rounds, seed=1, reproduction=True, between_run_rel=0.0)
     wide = median_interval(rounds, seed=1, reproduction=True, between_run_rel=0.003)
-    floor = 1.959964 * 0.003 * plain.median
+    floor = 1.959964 * 0.003
     assert wide.median == plain.median
-    assert wide.high - wide.median == pytest.approx(math.hypot(plain.high - plain.median, floor), rel=1e-6)
-    assert wide.median - wide.low == pytest.approx(math.hypot(plain.median - plain.low, floor), rel=1e-6)
+    up = math.log(plain.high / plain.median)
+    down = math.log(plain.median / plain.low)
+    assert math.log(wide.high / wide.median) == pytest.approx(math.hypot(up, floor), rel=1e-6)
+    assert math.log(wide.median / wide.low) == pytest.approx(math.hypot(down, floor), rel=1e-6)
     assert wide.method.endswith("+between_run")
     # Without reproduction the term is not applied: it describes sweep-to-sweep differences only.
     cond = median_interval(rounds, seed=1, reproduction=False, between_run_rel=0.003)
     assert "between_run" not in cond.method
+
+
+# ---------------------------------------------------------------------------------------------
+# Capture epochs, between-run components and paired savings, on simulated sweeps with a known truth
+# ---------------------------------------------------------------------------------------------
+
+from dspark_calibrate.calibrate.stats import (  # noqa: E402
+    BetweenRun,
+    estimate_between_run,
+    paired_saving_interval,
+)
+
+K = 3
+#: The simulated ladder: each G has its native cell and three compact cells with known savings.
+TRUE_SAVINGS = {0: 0.0, 6: 0.06, 9: 0.03, 11: 0.01}
+
+
+def _simulate_sweep(
+    rng: np.random.Generator,
+    *,
+    process: tuple[float, dict[CellSpec, float]],
+    epochs: int = 3,
+    rounds_per_epoch: int = 3,
+    samples: int = 2,
+    sd: dict[str, float],
+) -> dict[CellSpec, CellSamples]:
+    """One sweep of G = 4 and 8: a process level (common and per cell), per-epoch common and per-cell
+    shifts, a common per-round drift and per-sample noise, all multiplicative (log scale)."""
+    common_p, cell_p = process
+    out: dict[CellSpec, list[tuple[float, int, int]]] = {}
+    for e in range(epochs):
+        f_e = rng.normal(0, sd["epoch_common"])
+        u = {c: rng.normal(0, sd["epoch_cell"]) for c in cell_p}
+        for r_local in range(rounds_per_epoch):
+            r = e * rounds_per_epoch + r_local
+            drift = rng.normal(0, sd["round_common"])
+            for c in cell_p:
+                base = (
+                    10.0
+                    * c.graph_batch_size
+                    / 4
+                    * (
+                        1
+                        - TRUE_SAVINGS[
+                            c.verifier_budget % 12 if c.graph_batch_size == 4 else c.verifier_budget // 2 % 12
+                        ]
+                    )
+                )
+                level = common_p + cell_p[c] + f_e + u[c] + drift
+                for _ in range(samples):
+                    out.setdefault(c, []).append((base * math.exp(level + rng.normal(0, sd["sample"])), r, e))
+    return {
+        c: CellSamples(
+            c, tuple(v for v, _, _ in rows), tuple(r for _, r, _ in rows), tuple(e for _, _, e in rows)
+        )
+        for c, rows in out.items()
+    }
+
+
+def _cells() -> list[CellSpec]:
+    return [CellSpec(4, v, K) for v in TRUE_SAVINGS] + [
+        CellSpec(8, 2 * v, K) if v else CellSpec(8, 0, K) for v in TRUE_SAVINGS
+    ]
+
+
+def _process(rng: np.random.Generator, sd: dict[str, float]) -> tuple[float, dict[CellSpec, float]]:
+    return rng.normal(0, sd["process_common"]), {c: rng.normal(0, sd["process_cell"]) for c in _cells()}
+
+
+#: Process-level variation equal to the epoch-level one: the assumption the sweep's estimate rests on.
+SD = {
+    "process_common": 0.006,
+    "process_cell": 0.002,
+    "epoch_common": 0.006,
+    "epoch_cell": 0.002,
+    "round_common": 0.004,
+    "sample": 0.002,
+}
+
+
+def _true_saving(cell: CellSpec, proc: tuple[float, dict[CellSpec, float]]) -> float:
+    """The saving a process with offsets ``proc`` sees over a long run (epochs average out)."""
+    s = TRUE_SAVINGS[cell.verifier_budget if cell.graph_batch_size == 4 else cell.verifier_budget // 2]
+    return 1 - (1 - s) * math.exp(proc[1][cell] - proc[1][cell.native])
+
+
+def test_between_run_components_are_recovered() -> None:
+    rng = np.random.default_rng(11)
+    sd = {**SD, "epoch_common": 0.01, "epoch_cell": 0.004}
+    est = [
+        estimate_between_run(_simulate_sweep(rng, process=_process(rng, sd), epochs=8, sd=sd))
+        for _ in range(20)
+    ]
+    assert all(e.epochs == 8 and e.cells == 8 for e in est)
+    common = np.median([e.common_mode_rel for e in est])
+    level = np.median([e.level_rel for e in est])
+    paired = np.median([e.paired_rel for e in est])
+    assert 0.007 <= common <= 0.013
+    assert 0.0025 <= level <= 0.0055
+    # The paired log-ratio's epoch variation is the difference of two cells' own shifts: sqrt(2)·σ_u.
+    assert 0.0035 <= paired <= 0.008
+
+
+def test_one_epoch_estimates_nothing_and_summary_says_so() -> None:
+    rng = np.random.default_rng(2)
+    cells = _simulate_sweep(rng, process=_process(rng, SD), epochs=1, rounds_per_epoch=6, sd=SD)
+    between = estimate_between_run(cells)
+    assert not between.estimated
+    s = summarize(cells[CellSpec(4, 0, K)], between=between, n_boot=200)
+    assert "no_between_run_estimate" in s.warnings and "+between_run" in s.ci_method
+
+
+def test_reproduction_interval_covers_an_independent_sweep() -> None:
+    """Between-epoch terms estimated per sweep: another process's median is covered at ~95%."""
+    rng = np.random.default_rng(5)
+    trials, hits, without = 60, 0, 0
+    for t in range(trials):
+        a = _simulate_sweep(rng, process=_process(rng, SD), sd=SD)
+        b = _simulate_sweep(rng, process=_process(rng, SD), sd=SD)
+        between = estimate_between_run(a)
+        for c in _cells():
+            other = float(np.median(b[c].raw_ms))
+            s = summarize(a[c], between=between, n_boot=300, seed=t)
+            hits += s.ci_low_ms <= other <= s.ci_high_ms
+            iv = median_interval(list(a[c].round_groups().values()), n_boot=300, seed=t, between_run_rel=0.0)
+            without += iv.low <= other <= iv.high
+    n = trials * len(_cells())
+    assert hits / n >= 0.9, hits / n
+    assert without / n < 0.8  # rounds alone cannot see what separates two processes
+
+
+def test_paired_saving_predicts_the_serving_process_and_is_narrower_than_unpaired() -> None:
+    rng = np.random.default_rng(8)
+    trials, hits, widths, unpaired_widths = 60, 0, [], []
+    for t in range(trials):
+        a = _simulate_sweep(rng, process=_process(rng, SD), sd=SD)
+        serving = _process(rng, SD)
+        between = estimate_between_run(a)
+        for c in _cells():
+            if c.kind is CellKind.NATIVE:
+                continue
+            s = summarize(a[c], reference=a[c.native], between=between, n_boot=300, seed=t)
+            truth = _true_saving(c, serving)
+            hits += s.saving_ci_low <= truth <= s.saving_ci_high
+            widths.append(s.saving_ci_high - s.saving_ci_low)
+            nat = summarize(a[c.native], between=between, n_boot=300, seed=t)
+            unpaired_widths.append(s.ci_high_ms / nat.ci_low_ms - s.ci_low_ms / nat.ci_high_ms)
+    n = len(widths)
+    assert hits / n >= 0.9, hits / n
+    assert np.median(widths) < 0.5 * np.median(unpaired_widths)
+
+
+def test_paired_saving_needs_two_common_rounds() -> None:
+    cell, nat = CellSpec(4, 6, K), CellSpec(4, 0, K)
+    a = CellSamples(cell, (9.0, 9.1, 9.2), (0, 1, 2))
+    b = CellSamples(nat, (10.0, 10.1), (2, 3))
+    assert paired_saving_interval(a, b) is None
+    s = summarize(a, reference=b, n_boot=200)
+    assert "unpaired" in s.warnings and s.paired_rounds == 0
+    assert s.saving_ci_low <= s.saving <= s.saving_ci_high
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    values=st.lists(st.floats(1e-3, 1e4, allow_nan=False), min_size=4, max_size=20),
+    spread=st.floats(0.0, 0.4),
+)
+def test_bounds_are_never_negative(values: list[float], spread: float) -> None:
+    """A wild cell (orders of magnitude apart) still gets 0 < low <= median <= high."""
+    rounds = [values[i::2] for i in range(2)]
+    big = BetweenRun(3, 5, spread, 2, spread, spread, 4)
+    iv = median_interval(rounds, epochs=[0, 1], n_boot=100, seed=1, between=big)
+    assert 0 < iv.low <= iv.median <= iv.high and math.isfinite(iv.high)
+
+
+def test_thresholds_validate_new_fields_and_read_the_old_drop_flag() -> None:
+    for name, value in (
+        ("recapture_every", -1),
+        ("throttle_policy", "lenient"),
+        ("min_kept_share", 1.5),
+        ("between_run_rel", 0.7),
+    ):
+        with pytest.raises(ConfigError, match=name):
+            Thresholds(**{name: value})
+    legacy = {k: v for k, v in Thresholds().to_dict().items() if k != "throttle_policy"}
+    assert Thresholds.from_dict({**legacy, "drop_throttled": True}).throttle_policy == "strict"
+    assert Thresholds.from_dict({**legacy, "drop_throttled": False}).throttle_policy == "keep-all"
+    assert Thresholds().min_epochs == 2 and Thresholds(recapture_every=0).min_epochs == 1

@@ -1,13 +1,17 @@
 """Content rules of verified tables, per kind (DESIGN §4 step 8, §6). Pure: no I/O.
 
 Run only after the signature and the logical hash have passed, on the signed predicate and the
-loaded table. Each rule returns findings; an empty list means the content is acceptable.
+loaded table. Each rule returns findings; an empty list means the content is acceptable. Notices
+(:func:`content_notices`) never reject: they tell a consumer what an accepted artifact means, e.g.
+that a cost table predates paired savings.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,17 +19,52 @@ import pyarrow as pa
 
 from dspark_calibrate.artifacts._models import TRTLLM_FINGERPRINT_FIELDS, Fingerprint
 from dspark_calibrate.artifacts._reasons import Finding, Reason
-from dspark_calibrate.schemas import arrow_schema
+from dspark_calibrate.schemas import SCHEMA_VERSION, arrow_schema
 
-__all__ = ["MAX_COMPACT_PER_G", "MAX_DEPLOYED_CELLS", "content_findings"]
+__all__ = ["MAX_COMPACT_PER_G", "MAX_DEPLOYED_CELLS", "Notice", "content_findings", "content_notices"]
 
 #: Engine limits on deployed cells (DESIGN §2): compact cells per G, and cells in total.
 MAX_COMPACT_PER_G = 4
 MAX_DEPLOYED_CELLS = 32
 
 
-def _schema(kind: str, table: pa.Table, where: str) -> list[Finding]:
-    want = arrow_schema(kind)
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """Something a consumer should know about an accepted artifact (never a rejection).
+
+    Attributes:
+        code: a stable code, e.g. ``LEGACY_UNPAIRED_COSTS``.
+        message: one line naming the file and what to do.
+    """
+
+    code: str
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        """JSON-ready form."""
+        return {"code": self.code, "message": self.message}
+
+
+#: Notice codes (stable, like reason codes).
+LEGACY_UNPAIRED_COSTS = "LEGACY_UNPAIRED_COSTS"
+
+
+def content_notices(kind: str, schema_version: int, *, where: str) -> tuple[Notice, ...]:
+    """Notices for an accepted artifact of ``kind`` written under ``schema_version``."""
+    if kind == "cost-table" and schema_version < 2:
+        return (
+            Notice(
+                LEGACY_UNPAIRED_COSTS,
+                f"{where}: cost-table schema {schema_version} predates paired savings; its economics were "
+                "priced the pre-pairing way (per-step worst case of two unpaired intervals), which refuses "
+                "gains that are real. Re-sweep and rebuild for the joint uncertainty model.",
+            ),
+        )
+    return ()
+
+
+def _schema(kind: str, table: pa.Table, where: str, version: int | None = None) -> list[Finding]:
+    want = arrow_schema(kind, version)
     have = table.schema
     if [(f.name, f.type) for f in have] == [(f.name, f.type) for f in want]:
         return []
@@ -140,6 +179,54 @@ def _cost_table(table: pa.Table, fp: Fingerprint, where: str) -> list[Finding]:
         )
     if np.any(table.column("samples").to_numpy() < 1):
         out.append(Finding(Reason.CONTENT_INVALID, f"{where}: every cell needs >= 1 sample", field="samples"))
+    if "saving" in table.column_names:
+        out += _paired_savings(table, gl, vl, where)
+    return out
+
+
+def _paired_savings(table: pa.Table, gl: list[int], vl: list[int], where: str) -> list[Finding]:
+    """Schema 2: savings finite and ordered; native cells exactly 0; every deployed compact cell
+    saves with its whole 95% interval above 0 (no negative or NaN bound is ever signed)."""
+    out: list[Finding] = []
+    s = table.column("saving").to_pylist()
+    lo = table.column("saving_ci_low").to_pylist()
+    hi = table.column("saving_ci_high").to_pylist()
+    extra = table.column("common_mode_rel").to_pylist() + table.column("level_rel").to_pylist()
+    if not all(math.isfinite(x) and x >= 0 for x in extra):
+        out.append(
+            Finding(
+                Reason.CONTENT_INVALID,
+                f"{where}: common_mode_rel and level_rel must be finite and >= 0",
+                field="common_mode_rel",
+            )
+        )
+    for g, v, x, a, b in zip(gl, vl, s, lo, hi, strict=True):
+        cell = f"cell (G={g}, V={v})"
+        if not all(math.isfinite(y) for y in (x, a, b)) or not a <= x <= b < 1.0:
+            out.append(
+                Finding(
+                    Reason.CONTENT_INVALID,
+                    f"{where}: {cell} needs finite saving_ci_low <= saving <= saving_ci_high < 1, got {a}, {x}, {b}",
+                    field="saving",
+                )
+            )
+        elif v == 0 and (x, a, b) != (0.0, 0.0, 0.0):
+            out.append(
+                Finding(
+                    Reason.CONTENT_INVALID,
+                    f"{where}: native {cell} must have saving 0 with a zero-width interval, got {a}, {x}, {b}",
+                    field="saving",
+                )
+            )
+        elif v != 0 and a <= 0.0:
+            out.append(
+                Finding(
+                    Reason.CONTENT_INVALID,
+                    f"{where}: compact {cell} has saving_ci_low {a:.4g} <= 0; a deployed cell must save for "
+                    "sure; rebuild (build deploys only such cells)",
+                    field="saving_ci_low",
+                )
+            )
     return out
 
 
@@ -173,7 +260,8 @@ def _sweep(table: pa.Table, fp: Fingerprint, where: str) -> list[Finding]:
         return out
     g = table.column("graph_batch_size").to_numpy()
     v = table.column("verifier_budget").to_numpy()
-    bad = (v != 0) & ((v < g) | (v > g * (k + 1)))
+    # 0 is the native cell and -1 the forced-K arm (measured, never deployed).
+    bad = (v != 0) & (v != -1) & ((v < g) | (v > g * (k + 1)))
     if np.any(bad):
         i = int(np.flatnonzero(bad)[0])
         out.append(
@@ -207,9 +295,14 @@ def content_findings(
     *,
     allow_synthetic: bool,
     where: str,
+    schema_version: int | None = None,
 ) -> list[Finding]:
-    """All content findings for a verified table of ``kind`` (empty when acceptable)."""
-    out = _schema(kind, table, where)
+    """All content findings for a verified table of ``kind`` (empty when acceptable).
+
+    ``schema_version`` is the signed one (default: the current version of the kind).
+    """
+    version = SCHEMA_VERSION[kind] if schema_version is None else schema_version
+    out = _schema(kind, table, where, version)
     if out:
         return out  # the per-kind rules read columns the schema guarantees
     out += _RULES[kind](table, fingerprint, where)

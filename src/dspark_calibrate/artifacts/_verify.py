@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 
 from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict
-from dspark_calibrate.artifacts._content import content_findings
+from dspark_calibrate.artifacts._content import Notice, content_findings, content_notices
 from dspark_calibrate.artifacts._envelope import (
     PAYLOAD_TYPE,
     PREDICATE_TYPE,
@@ -55,7 +55,7 @@ from dspark_calibrate.artifacts._sign import parse_time, series_of
 from dspark_calibrate.artifacts._state import RollbackState, StateError
 from dspark_calibrate.artifacts._trust import TrustRoot
 from dspark_calibrate.errors import ArtifactRejected
-from dspark_calibrate.schemas import ARTIFACT_KINDS, SCHEMA_VERSION
+from dspark_calibrate.schemas import ARTIFACT_KINDS, SCHEMA_VERSION, SUPPORTED_SCHEMA_VERSIONS
 
 __all__ = [
     "BINDING_FIELDS",
@@ -141,6 +141,7 @@ class VerifiedArtifact:
     table: pa.Table
     logical_sha256: str
     signer_keyids: tuple[str, ...]
+    notices: tuple[Notice, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -193,6 +194,7 @@ class VerificationReport(FindingsOutcome):
                 "signer_keyids": list(a.signer_keyids),
                 "fingerprint": a.fingerprint.to_dict(),
                 "rows": a.table.num_rows,
+                "notices": [n.to_dict() for n in a.notices],
             },
             **({"context": dict(self.context)} if self.context else {}),
         }
@@ -343,13 +345,14 @@ def _step4_predicate(
     if kind not in ARTIFACT_KINDS:
         raise _Stop([Finding(Reason.KIND_MISMATCH, f"{where}: signed kind {kind!r} is not an artifact kind")])
     sv = predicate.get("schema_version")
-    if sv != SCHEMA_VERSION[kind]:
+    supported = SUPPORTED_SCHEMA_VERSIONS[kind]
+    if isinstance(sv, bool) or sv not in supported:
         raise _Stop(
             [
                 Finding(
                     Reason.SCHEMA_VERSION_UNSUPPORTED,
                     f"{where}: {kind} schema_version {sv!r} is not supported (this tool reads "
-                    f"{SCHEMA_VERSION[kind]}); upgrade dspark-calibrate or rebuild the artifact",
+                    f"{', '.join(map(str, supported))}); upgrade dspark-calibrate or rebuild the artifact",
                     field="schema_version",
                     expected=SCHEMA_VERSION[kind],
                     actual=sv,
@@ -712,7 +715,13 @@ def _pipeline(
         lap("binding")
         # (8) content rules
         content = content_findings(
-            kind, table, fp, prov.to_dict(), allow_synthetic=expected.allow_synthetic, where=str(where)
+            kind,
+            table,
+            fp,
+            prov.to_dict(),
+            allow_synthetic=expected.allow_synthetic,
+            where=str(where),
+            schema_version=predicate["schema_version"],
         )
         if content:
             raise _Stop(content)
@@ -750,6 +759,7 @@ def _pipeline(
         table=table,
         logical_sha256=digest,
         signer_keyids=keyids,
+        notices=content_notices(kind, predicate["schema_version"], where=str(where)),
     )
     return VerificationReport(
         path=where, findings=(), artifact=artifact, timings=tuple(timings), skipped_fields=skipped

@@ -2,8 +2,9 @@
 
 Pure functions over integers (DESIGN §2, §6). Given the draft length K and the rank-local graph
 ladder, this module names every cell a sweep measures: the native cell (V = 0, the static full-K
-step, one per G), the candidate compact budgets G ≤ V < G·(K+1), and the full-width control
-V = G·(K+1). Choosing which measured cells to deploy (≤ 4 compact per G, ≤ 32 in all) is left to
+step, one per G), the candidate compact budgets G ≤ V < G·(K+1), the full-width control
+V = G·(K+1), and, where the engine offers it, the forced-K arm (V = −1: the confidence path runs
+but every window is forced to K, so its cost over the native cell is the per-step overhead). Choosing which measured cells to deploy (≤ 4 compact per G, ≤ 32 in all) is left to
 ``build``; this module only decides what is legal and what to measure.
 
 Example:
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from dspark_calibrate.errors import ConfigError
 
 __all__ = [
+    "FORCED_K_BUDGET",
     "MAX_COMPACT_CELLS_PER_G",
     "MAX_COMPACT_CELLS_TOTAL",
     "MAX_GRAPH_BATCH_SIZE",
@@ -44,6 +46,10 @@ MAX_COMPACT_CELLS_TOTAL = 32
 MAX_GRAPH_BATCH_SIZE = 4096
 #: Default number of compact candidates per G above which the legal budgets are thinned.
 DEFAULT_MAX_CANDIDATES_PER_G = 48
+#: The verifier budget that names the forced-K arm of a G: "feature on, windows forced to K". It
+#: verifies the full width like the native cell, with the engine's confidence path (snapshot,
+#: selector, allocator, bookkeeping) run every step; it is measured, never deployed (DESIGN §9).
+FORCED_K_BUDGET = -1
 
 
 class CellKind(enum.StrEnum):
@@ -52,6 +58,7 @@ class CellKind(enum.StrEnum):
     NATIVE = "native"  # V = 0: the static full-K step, fallback and comparator
     COMPACT = "compact"  # G ≤ V < G·(K+1): a deployable dynamic-verification budget
     CONTROL = "control"  # V = G·(K+1): the compact path at full width, measured as a control
+    FORCED_K = "forced_k"  # V = -1: confidence path on, every window forced to K (the overhead arm)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -60,7 +67,8 @@ class CellSpec:
 
     Attributes:
         graph_batch_size: G, rank-local rows of the captured CUDA graph (pad rows included).
-        verifier_budget: V, rank-local tokens the target scores; 0 names the native cell.
+        verifier_budget: V, rank-local tokens the target scores; 0 names the native cell and
+            :data:`FORCED_K_BUDGET` (−1) the forced-K arm.
         k: the physical draft length K.
     """
 
@@ -78,17 +86,20 @@ class CellSpec:
             raise ConfigError(f"K must be >= 1, got {k}; pass the drafter's block size with --k")
         if not 1 <= g <= MAX_GRAPH_BATCH_SIZE:
             raise ConfigError(f"graph batch size G must be in [1, {MAX_GRAPH_BATCH_SIZE}], got {g}")
-        if v != 0 and not g <= v <= g * (k + 1):
+        if v not in (0, FORCED_K_BUDGET) and not g <= v <= g * (k + 1):
             raise ConfigError(
-                f"verifier budget V={v} is illegal for G={g}, K={k}: expected 0 (native) or "
-                f"{g} <= V <= {g * (k + 1)} (one anchor per row up to the full width G*(K+1))"
+                f"verifier budget V={v} is illegal for G={g}, K={k}: expected 0 (native), "
+                f"{FORCED_K_BUDGET} (forced-K arm) or {g} <= V <= {g * (k + 1)} (one anchor per row up "
+                "to the full width G*(K+1))"
             )
 
     @property
     def kind(self) -> CellKind:
-        """Native, compact or full-width control."""
+        """Native, compact, full-width control or the forced-K arm."""
         if self.verifier_budget == 0:
             return CellKind.NATIVE
+        if self.verifier_budget == FORCED_K_BUDGET:
+            return CellKind.FORCED_K
         if self.verifier_budget == self.full_width:
             return CellKind.CONTROL
         return CellKind.COMPACT
@@ -100,8 +111,14 @@ class CellSpec:
 
     @property
     def tokens(self) -> int:
-        """Tokens actually verified in one step: G·(K+1) for the native cell, else V."""
-        return self.full_width if self.verifier_budget == 0 else self.verifier_budget
+        """Tokens actually verified in one step: G·(K+1) for the native cell and the forced-K arm,
+        else V."""
+        return self.full_width if self.verifier_budget <= 0 else self.verifier_budget
+
+    @property
+    def native(self) -> CellSpec:
+        """The native cell of this cell's G (the comparator its saving is paired with)."""
+        return CellSpec(self.graph_batch_size, 0, self.k)
 
     @property
     def key(self) -> tuple[int, int]:
@@ -216,11 +233,13 @@ def plan_cells(
     budgets: Mapping[int, Sequence[int]] | None = None,
     max_per_g: int = DEFAULT_MAX_CANDIDATES_PER_G,
     include_control: bool = True,
+    include_forced_k: bool = False,
 ) -> tuple[CellSpec, ...]:
     """Every cell a sweep measures, sorted by (G, V).
 
     Each G gets its native cell, its candidate compact budgets (``budgets[G]`` when given, else
-    :func:`candidate_budgets`) and, unless ``include_control`` is False, the full-width control.
+    :func:`candidate_budgets`), unless ``include_control`` is False the full-width control, and
+    with ``include_forced_k`` the forced-K arm (V = −1, for backends that offer it).
 
     Args:
         k: physical draft length K (≥ 1).
@@ -228,6 +247,7 @@ def plan_cells(
         budgets: explicit compact budgets per G; each must be legal for its G.
         max_per_g: default candidates per G before thinning.
         include_control: measure V = G·(K+1) as well.
+        include_forced_k: measure the forced-K arm of every G as well.
 
     Raises:
         ConfigError: K < 1, a bad ladder, budgets for a G outside the ladder, or an illegal V.
@@ -255,4 +275,6 @@ def plan_cells(
             cells.add(CellSpec(g, v, k))
         if include_control:
             cells.add(CellSpec(g, g * (k + 1), k))
+        if include_forced_k:
+            cells.add(CellSpec(g, FORCED_K_BUDGET, k))
     return tuple(sorted(cells))

@@ -28,13 +28,21 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from dspark_calibrate.artifacts import canonical_json
+from dspark_calibrate.calibrate.replay_cells import CellGrid, CellTime
 from dspark_calibrate.calibrate.stats import Decision, Status
+from dspark_calibrate.calibrate.uncertainty import (
+    LEGACY,
+    OverheadModel,
+    constant_overhead,
+    draw_costs,
+    measured_overhead,
+)
 from dspark_calibrate.calibrate.workload import Workload
 from dspark_calibrate.errors import ConfigError
 from dspark_calibrate.runtime_plugin.planner import (
@@ -44,7 +52,6 @@ from dspark_calibrate.runtime_plugin.planner import (
     REASON_CODES,
     Calibration,
     CellChoice,
-    CostTable,
     DrainGuard,
     SelectReason,
     cell_geometry,
@@ -82,141 +89,6 @@ DEFAULT_SAFETY_MARGIN_FRACTION = 0.005
 TAIL_QUANTILE = 0.9
 #: Format tag of the selector-replay digest (documented in docs/build.md).
 REPLAY_DIGEST_FORMAT = "dspark-calibrate/selector-replay/v1"
-
-
-# ---------------------------------------------------------------------------------------------
-# Cells
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class CellTime:
-    """One measured cell: median whole-step time and its interval (ms)."""
-
-    graph_batch_size: int
-    verifier_budget: int
-    step_time_ms: float
-    ci_low_ms: float
-    ci_high_ms: float
-    source_result_sha256: str = ""
-
-    def __post_init__(self) -> None:
-        t, lo, hi = self.step_time_ms, self.ci_low_ms, self.ci_high_ms
-        if not all(math.isfinite(x) and x > 0 for x in (t, lo, hi)) or not lo <= t <= hi:
-            raise ConfigError(
-                f"cell (G={self.graph_batch_size}, V={self.verifier_budget}): need finite 0 < ci_low <= "
-                f"median <= ci_high, got {lo}, {t}, {hi}"
-            )
-
-
-@dataclass(frozen=True, eq=False)
-class CellGrid:
-    """Measured cells for draft length K: a native cell per G and candidate compact cells.
-
-    Only deployable compact cells are kept (G < V < G*(K+1)): V = G cannot carry a real row and
-    V = G*(K+1) is the full-width control. ``dropped`` lists what was left out.
-    """
-
-    k: int
-    cells: tuple[CellTime, ...]
-    dropped: tuple[tuple[int, int], ...] = ()
-    _native: dict[int, CellTime] = field(init=False, repr=False)
-    _compact: dict[int, tuple[CellTime, ...]] = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        native: dict[int, CellTime] = {}
-        compact: dict[int, list[CellTime]] = {}
-        seen: set[tuple[int, int]] = set()
-        for c in sorted(self.cells):
-            key = (c.graph_batch_size, c.verifier_budget)
-            if key in seen:
-                raise ConfigError(
-                    f"cell (G={key[0]}, V={key[1]}) is given twice; merge sweeps without overlap"
-                )
-            seen.add(key)
-            if c.verifier_budget == NATIVE_BUDGET:
-                native[c.graph_batch_size] = c
-            else:
-                compact.setdefault(c.graph_batch_size, []).append(c)
-        missing = sorted(set(compact) - set(native))
-        if missing or not native:
-            raise ConfigError(
-                f"graph batch sizes {missing or 'all'} have no native cell (V=0); re-run the sweep"
-            )
-        object.__setattr__(self, "cells", tuple(sorted(self.cells)))
-        object.__setattr__(self, "_native", native)
-        object.__setattr__(self, "_compact", {g: tuple(v) for g, v in compact.items()})
-
-    @classmethod
-    def from_rows(cls, k: int, rows: Iterable[Mapping[str, Any]]) -> CellGrid:
-        """From ``sweep`` or ``cost-table`` rows (undeployable budgets are dropped, not refused)."""
-        kept, dropped = [], []
-        for r in rows:
-            g, v = int(r["graph_batch_size"]), int(r["verifier_budget"])
-            if v != NATIVE_BUDGET and not g < v < g * (k + 1):
-                dropped.append((g, v))
-                continue
-            kept.append(
-                CellTime(
-                    g,
-                    v,
-                    float(r["step_time_ms"]),
-                    float(r["ci_low_ms"]),
-                    float(r["ci_high_ms"]),
-                    str(r.get("source_result_sha256") or ""),
-                )
-            )
-        return cls(k=k, cells=tuple(kept), dropped=tuple(sorted(dropped)))
-
-    @property
-    def ladder(self) -> tuple[int, ...]:
-        """The graph batch sizes with a native cell."""
-        return tuple(sorted(self._native))
-
-    def native(self, graph_batch_size: int) -> CellTime:
-        """The native cell of G."""
-        return self._native[graph_batch_size]
-
-    def compact(self, graph_batch_size: int) -> tuple[CellTime, ...]:
-        """The compact cells of G, by V."""
-        return self._compact.get(graph_batch_size, ())
-
-    def compact_keys(self) -> tuple[tuple[int, int], ...]:
-        """Every compact (G, V)."""
-        return tuple((c.graph_batch_size, c.verifier_budget) for g in self.ladder for c in self.compact(g))
-
-    def restrict(self, keep: Iterable[tuple[int, int]]) -> CellGrid:
-        """Native cells plus the given compact cells (which must be in the grid)."""
-        keep = set(keep)
-        unknown = sorted(keep - set(self.compact_keys()))
-        if unknown:
-            raise ConfigError(
-                f"cells {unknown} are not measured compact cells; no cell outside the sweep is used"
-            )
-        cells = [
-            c
-            for c in self.cells
-            if c.verifier_budget == NATIVE_BUDGET or (c.graph_batch_size, c.verifier_budget) in keep
-        ]
-        return CellGrid(k=self.k, cells=tuple(cells))
-
-    def cost_table(
-        self,
-        *,
-        minimum_predicted_gain: float = DEFAULT_MINIMUM_PREDICTED_GAIN,
-        drain_guard: DrainGuard | None = None,
-    ) -> CostTable:
-        """The runtime's view of these cells (medians).
-
-        Raises:
-            ConfigError: more compact cells than the engine accepts.
-        """
-        return CostTable.from_cells(
-            self.k,
-            {(c.graph_batch_size, c.verifier_budget): c.step_time_ms for c in self.cells},
-            minimum_predicted_gain=minimum_predicted_gain,
-            drain_guard=drain_guard,
-        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -773,6 +645,7 @@ class ReplayReport:
     step_id: np.ndarray
     graph_batch_size: np.ndarray
     verifier_budget: np.ndarray
+    uncertainty_model: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (without the per-step arrays)."""
@@ -786,6 +659,7 @@ class ReplayReport:
             "predicted_gain_ci_low": self.predicted_gain_ci_low,
             "predicted_gain_ci_high": self.predicted_gain_ci_high,
             "pessimistic_gain": self.pessimistic_gain,
+            "uncertainty_model": self.uncertainty_model,
             "compact_step_share": self.compact_step_share,
             "economics": {
                 "policy_steps": e.policy_steps,
@@ -817,18 +691,181 @@ class ReplayReport:
         }
 
 
-def _gain(q: np.ndarray) -> np.ndarray:
-    # q[..., 0:4] = static tokens, static ms, dynamic tokens, dynamic ms
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out: np.ndarray = (q[..., 2] / q[..., 3]) / (q[..., 0] / q[..., 1]) - 1.0
-    return out
+def _overhead_model(evidence: StepEvidence, overhead_ms: float | None) -> OverheadModel:
+    """The per-step overhead: user-given, else the sweep's forced-K arms, else the default."""
+    size = len(evidence.grid.ladder)
+    if overhead_ms is not None:
+        return constant_overhead(float(overhead_ms), size, "user-supplied")
+    measured = measured_overhead(evidence.grid)
+    if measured is not None:
+        return measured
+    native_ms, _ = evidence.times("median")
+    mean_native = float(native_ms.mean()) if evidence.steps else 0.0
+    return constant_overhead(
+        DEFAULT_OVERHEAD_FRACTION * mean_native,
+        size,
+        f"default: {DEFAULT_OVERHEAD_FRACTION:.0%} of the mean native step ({mean_native:.4g} ms); "
+        "measure the forced-K arm in the sweep or pass --overhead-ms",
+    )
 
 
-def _value(q: np.ndarray) -> np.ndarray:
-    # q[..., 4] = pessimistic saving on compact steps, q[..., 5] = lost tokens on compact steps
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """Column layout of the per-unit workload features (see :func:`_features`)."""
+
+    n_g: int
+    n_c: int
+    cell_g: np.ndarray  # (C,) ladder index of each compact cell
+
+    @property
+    def width(self) -> int:
+        return 4 * self.n_g + 2 * self.n_c
+
+
+def _features(
+    lay: _Layout,
+    unit: np.ndarray,
+    n_units: int,
+    g_index: np.ndarray,
+    c_index: np.ndarray,
+    weight: np.ndarray,
+    static_tokens: np.ndarray,
+    dynamic_tokens: np.ndarray,
+) -> np.ndarray:
+    """(U, F) workload features per resampling unit: per G the policy steps, the steps left native,
+    static and dynamic tokens; per compact cell the steps that chose it and the tokens they lost.
+    ``weight`` is each entry's share of a step (1 per step; 1/rows per row of a step)."""
+    f = lay.width
+    flat = unit * f
+    out = np.bincount(flat + g_index, weights=weight, minlength=n_units * f)
+    native = c_index < 0
+    out += np.bincount(
+        flat[native] + lay.n_g + g_index[native], weights=weight[native], minlength=n_units * f
+    )
+    out += np.bincount(flat + 2 * lay.n_g + g_index, weights=static_tokens, minlength=n_units * f)
+    out += np.bincount(flat + 3 * lay.n_g + g_index, weights=dynamic_tokens, minlength=n_units * f)
+    comp = ~native
+    if np.any(comp):
+        base = flat[comp] + 4 * lay.n_g + c_index[comp]
+        out += np.bincount(base, weights=weight[comp], minlength=n_units * f)
+        lost = (static_tokens - dynamic_tokens)[comp]
+        out += np.bincount(base + lay.n_c, weights=lost, minlength=n_units * f)
+    features: np.ndarray = out.reshape(n_units, f)
+    return features
+
+
+def _evaluate(
+    lay: _Layout,
+    agg: np.ndarray,
+    native: np.ndarray,
+    compact: np.ndarray,
+    overhead: np.ndarray,
+    gross_native: np.ndarray,
+    gross_compact: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """Gain, gross value, mean overhead, per-G gains and per-cell values of aggregated features.
+
+    ``agg`` is (..., F); the cost arrays broadcast against it ((G,) and (C,) for a point, (B, G)
+    and (B, C) for draws). Value of a compact step: the time it saved minus the time static K
+    needs for the tokens it did not emit.
+    """
+    g, c = lay.n_g, lay.n_c
+    steps_g, native_g = agg[..., :g], agg[..., g : 2 * g]
+    static_tok_g, dyn_tok_g = agg[..., 2 * g : 3 * g], agg[..., 3 * g : 4 * g]
+    steps_c, lost_c = agg[..., 4 * g : 4 * g + c], agg[..., 4 * g + c :]
+    onehot = np.zeros((c, g))
+    onehot[np.arange(c), lay.cell_g] = 1.0
+    static_ms_g = steps_g * native
+    dyn_ms_g = native_g * native + (steps_c * compact) @ onehot + steps_g * overhead
     with np.errstate(divide="ignore", invalid="ignore"):
-        out: np.ndarray = q[..., 4] - q[..., 5] * (q[..., 1] / q[..., 0])
-    return out
+        static_ms, dyn_ms = static_ms_g.sum(-1), dyn_ms_g.sum(-1)
+        static_tok, dyn_tok = static_tok_g.sum(-1), dyn_tok_g.sum(-1)
+        gain = (dyn_tok / dyn_ms) / (static_tok / static_ms) - 1.0
+        gain_g = (dyn_tok_g / dyn_ms_g) / (static_tok_g / static_ms_g) - 1.0
+        ms_per_token = (steps_g * gross_native).sum(-1) / static_tok
+        saved = gross_native[..., lay.cell_g] - gross_compact
+        value_c = steps_c * saved - lost_c * ms_per_token[..., None]
+        overhead_mean = (steps_g * overhead).sum(-1) / steps_g.sum(-1)
+    return {
+        "gain": gain,
+        "gain_g": gain_g,
+        "gross": value_c.sum(-1),
+        "value_c": value_c,
+        "overhead": overhead_mean,
+        "static_ms": static_ms,
+        "dyn_ms": dyn_ms,
+        "static_tok": static_tok,
+        "dyn_tok": dyn_tok,
+    }
+
+
+@dataclass(frozen=True, eq=False)
+class _Choice:
+    """The runtime's choice on every policy step, in the shapes the pricing needs."""
+
+    reason: np.ndarray
+    compact: np.ndarray  # (S,) bool
+    column: np.ndarray  # (S,) evidence column (0 where native)
+    verifier_budget: np.ndarray  # (S,)
+    tokens: np.ndarray  # (S,) tokens emitted under the choice
+    g_index: np.ndarray  # (S,) ladder index
+    c_index: np.ndarray  # (S,) deployed compact cell index, -1 native
+    cells: tuple[tuple[int, int], ...]  # deployed compact cells, indexed by c_index
+
+
+def _choose(evidence: StepEvidence, choice: CellChoice) -> _Choice:
+    ev = evidence
+    compact = choice.column >= 0
+    col = np.where(compact, choice.column, 0)
+    ar = np.arange(ev.steps)
+    if ev.columns.shape[1]:
+        v = np.where(compact, ev.columns[ar, col], NATIVE_BUDGET)
+        tokens = np.where(compact, ev.tokens[ar, col], ev.static_tokens)
+    else:
+        v, tokens = np.zeros(ev.steps, dtype=np.int64), ev.static_tokens.copy()
+    ladder = np.array(ev.grid.ladder)
+    g_index = np.searchsorted(ladder, ev.graph_batch_size)
+    cells = ev.grid.compact_keys()
+    lookup = {cell: i for i, cell in enumerate(cells)}
+    c_index = np.array(
+        [lookup[(int(g), int(b))] if b else -1 for g, b in zip(ev.graph_batch_size, v, strict=True)],
+        dtype=np.int64,
+    )
+    return _Choice(choice.reason, compact, col, v, tokens, g_index, c_index, cells)
+
+
+def _row_features(evidence: StepEvidence, ch: _Choice, lay: _Layout) -> tuple[np.ndarray, int] | None:
+    """Per-request features (whole requests resampled; each row carries its share of its step)."""
+    ev = evidence
+    if ev.row_step is None or ev.row_tokens is None or ev.row_request is None or ev.row_static_tokens is None:
+        return None
+    valid = ev.row_step >= 0
+    rs = ev.row_step[valid]
+    static = ev.row_static_tokens[valid].astype(np.float64)
+    granted = (
+        ev.row_tokens[valid][np.arange(rs.shape[0]), ch.column[rs]] if ev.row_tokens.shape[1] else static
+    )
+    dynamic = np.where(ch.compact[rs], granted, static).astype(np.float64)
+    _, unit = np.unique(ev.row_request[valid], return_inverse=True)
+    n_units = int(unit.max()) + 1 if unit.size else 0
+    x = _features(lay, unit, n_units, ch.g_index[rs], ch.c_index[rs], 1.0 / ev.rows[rs], static, dynamic)
+    return x, n_units
+
+
+def _quantile(values: np.ndarray, q: float) -> float:
+    return float(np.nanquantile(values, q))
+
+
+def _pessimistic_gain(
+    lay: _Layout, totals: np.ndarray, grid: CellGrid, cells: tuple[tuple[int, int], ...], overhead: np.ndarray
+) -> float:
+    """Gain with every deployed saving at the low end of its interval (a stress case, not a bound)."""
+    ladder = grid.ladder
+    native = np.array([grid.native(g).step_time_ms for g in ladder])
+    by_key = {(c.graph_batch_size, c.verifier_budget): c for g in ladder for c in grid.compact(g)}
+    low = np.array([1.0 - by_key[k].saving_ci_low for k in cells])
+    compact = native[lay.cell_g] * low
+    return float(_evaluate(lay, totals, native, compact, overhead, native, compact)["gain"])
 
 
 def replay(
@@ -843,7 +880,14 @@ def replay(
     bootstrap: BootstrapSettings = BootstrapSettings(),
     header: Mapping[str, Any] | None = None,
 ) -> ReplayReport:
-    """Replay both policies over the evidence and compute goodput, gain, CI and economics.
+    """Replay both policies over the evidence and state gain, interval and economics jointly.
+
+    Decisions come from the runtime's own rule on the signed medians; prices come from one joint
+    resampling of the workload (blocks of steps, and whole requests when the evidence has rows)
+    and of the cost table (:mod:`~dspark_calibrate.calibrate.uncertainty`). The gain's interval,
+    the per-bucket intervals, each cell's value bound, the gross compact value's lower bound and
+    the overhead's upper bound are quantiles of the same replicates; the wider of the two
+    workload schemes is reported.
 
     Args:
         evidence: from :func:`prepare_evidence` (``per_row=True`` adds the request bootstrap).
@@ -851,8 +895,8 @@ def replay(
         drain_guard: the table's drain guard.
         drain_guard_estimate: how the guard was estimated (reported as is).
         allowed: columns deployed (default all of the evidence's grid).
-        overhead_ms: fixed confidence-path overhead per policy step (default: 1% of the mean
-            native step time).
+        overhead_ms: fixed confidence-path overhead per policy step (default: the sweep's
+            forced-K arms when measured, else 1% of the mean native step time).
         safety_margin_ms: the receipt's safety margin (default: 0.5% of the static wall time).
         bootstrap: resampling settings.
         header: extra fields of the selector-replay digest header (calibration, cells, ...).
@@ -862,151 +906,77 @@ def replay(
     choice = choose_steps(
         ev, minimum_predicted_gain=minimum_predicted_gain, drain_guard=drain_guard, allowed=allowed
     )
-    col = choice.column
-    compact = col >= 0
-    ar = np.arange(s_count)
-    safe_col = np.where(compact, col, 0)
-    native_ms, compact_ms = ev.times("median")
-    native_lo, _ = ev.times("low")
-    _, compact_hi = ev.times("high")
-    j = ev.columns.shape[1]
-    if j:
-        v_chosen = np.where(compact, ev.columns[ar, safe_col], NATIVE_BUDGET)
-        dyn_tokens = np.where(compact, ev.tokens[ar, safe_col], ev.static_tokens)
-        dyn_ms = np.where(compact, compact_ms[ar, safe_col], native_ms)
-        saving_pess = np.where(compact, native_lo - compact_hi[ar, safe_col], 0.0)
-    else:
-        v_chosen = np.zeros(s_count, dtype=np.int64)
-        dyn_tokens = ev.static_tokens.copy()
-        dyn_ms = native_ms.copy()
-        saving_pess = np.zeros(s_count)
-    lost = np.where(compact, ev.static_tokens - dyn_tokens, 0)
-    static_tokens = ev.static_tokens.astype(np.float64)
-    mean_native = float(native_ms.mean()) if s_count else 0.0
-    if overhead_ms is None:
-        overhead, overhead_src = (
-            DEFAULT_OVERHEAD_FRACTION * mean_native,
-            f"default: {DEFAULT_OVERHEAD_FRACTION:.0%} of the mean native step ({mean_native:.4g} ms)",
-        )
-    else:
-        overhead, overhead_src = float(overhead_ms), "user-supplied"
-    # Every dynamic step pays the confidence path (selector, allocator, bookkeeping) on top of its
-    # cell's time; static K does not. Goodput and gain are net of it: on an H200 the host-side
-    # selector cost 4% of a step and a prediction without it overstated the realised gain by 5 pp.
-    dyn_paid_ms = dyn_ms + overhead
-    q = np.stack(
-        [
-            static_tokens,
-            native_ms,
-            dyn_tokens.astype(np.float64),
-            dyn_paid_ms,
-            saving_pess,
-            lost.astype(np.float64),
-        ],
-        axis=1,
+    ch = _choose(ev, choice)
+    ladder = ev.grid.ladder
+    lay = _Layout(
+        len(ladder), len(ch.cells), np.array([ladder.index(g) for g, _ in ch.cells], dtype=np.int64)
     )
-    totals = q.sum(axis=0)
-    static_gp = totals[0] / totals[1]
-    dynamic_gp = totals[2] / totals[3]
-    gain = float(_gain(totals))
-    # Pessimistic dynamic time: every compact saving shrunk to ci_low(G,0) - ci_high(G,V).
-    pess_dyn_ms = totals[1] - totals[4] + s_count * overhead
-    pessimistic_gain = float((totals[2] / pess_dyn_ms) / static_gp - 1.0)
-    ms_per_token = totals[1] / totals[0]
-    gross_point = float(np.where(compact, native_ms - dyn_ms, 0.0).sum() - totals[5] * ms_per_token)
-    gross_pess = float(_value(totals))
-
+    overhead = _overhead_model(ev, overhead_ms)
     rng = np.random.default_rng(bootstrap.seed)
-    alpha = (1.0 - bootstrap.confidence) / 2.0
+    costs = draw_costs(
+        ev.grid, ch.cells, overhead, draws=bootstrap.resamples, rng=rng, confidence=bootstrap.confidence
+    )
     block = bootstrap.block_steps or max(1, round(s_count ** (1.0 / 3.0)))
-    starts = np.arange(0, s_count, block)
-    block_sums = np.add.reduceat(q, starts, axis=0)
-    ladder = np.array(ev.grid.ladder)
-    bucket_index = np.searchsorted(ladder, ev.graph_batch_size)
-    n_b = ladder.shape[0]
-    # Per bucket: static tokens, static ms, dyn tokens, dyn ms, steps, compact steps
-    per_bucket_q = np.zeros((s_count, n_b, 6))
-    per_bucket_q[ar, bucket_index] = np.stack(
-        [
-            static_tokens,
-            native_ms,
-            dyn_tokens.astype(np.float64),
-            dyn_paid_ms,
-            np.ones(s_count),
-            compact.astype(np.float64),
-        ],
-        axis=1,
+    n_blocks = -(-s_count // block) if s_count else 0
+    x_blocks = _features(
+        lay,
+        np.arange(s_count) // block,
+        n_blocks,
+        ch.g_index,
+        ch.c_index,
+        np.ones(s_count),
+        ev.static_tokens.astype(np.float64),
+        ch.tokens.astype(np.float64),
     )
-    bucket_block = np.add.reduceat(per_bucket_q.reshape(s_count, n_b * 6), starts, axis=0)
-    cells = [
-        (int(g), int(v))
-        for g in ladder
-        for v in ([NATIVE_BUDGET] + [c.verifier_budget for c in ev.grid.compact(int(g))])
-    ]
-    cell_pos = {c: i for i, c in enumerate(cells)}
-    cell_of_step = (
-        np.array([cell_pos[(int(g), int(v))] for g, v in zip(ev.graph_batch_size, v_chosen, strict=True)])
-        if s_count
-        else np.zeros(0, np.int64)
+    totals = x_blocks.sum(axis=0)
+    point = _evaluate(
+        lay,
+        totals,
+        costs.native_point,
+        costs.compact_point,
+        costs.overhead_point,
+        costs.native_point,
+        costs.compact_point,
     )
-    value_point = np.where(compact, native_ms - dyn_ms, 0.0) - lost * ms_per_token
-    per_cell_q = np.zeros((s_count, len(cells), 2))
-    per_cell_q[ar, cell_of_step, 0] = saving_pess
-    per_cell_q[ar, cell_of_step, 1] = lost
-    cell_block = np.add.reduceat(per_cell_q.reshape(s_count, len(cells) * 2), starts, axis=0)
-    stacked = np.concatenate([block_sums, bucket_block, cell_block], axis=1)
-    boot = _resample_sums(rng, stacked, bootstrap)
-    boot_main = boot[:, :6]
-    boot_bucket = boot[:, 6 : 6 + n_b * 6].reshape(-1, n_b, 6)
-    boot_cell = boot[:, 6 + n_b * 6 :].reshape(-1, len(cells), 2)
-    gains_block = _gain(boot_main)
-    values_block = _value(boot_main)
-    ci_low = float(np.nanquantile(gains_block, alpha))
-    ci_high = float(np.nanquantile(gains_block, 1 - alpha))
-    value_low = float(np.nanquantile(values_block, alpha))
-    methods = ["blocks of steps"]
-    if (
-        ev.row_step is not None
-        and ev.row_tokens is not None
-        and ev.row_request is not None
-        and ev.row_static_tokens is not None
-    ):
-        # Whole requests resampled; each row carries its step's times split evenly over the
-        # step's rows.
-        valid = ev.row_step >= 0
-        rs = ev.row_step[valid]
-        share = 1.0 / ev.rows[rs]
-        rcol = safe_col[rs]
-        row_dyn = np.where(
-            compact[rs], ev.row_tokens[valid][np.arange(rs.shape[0]), rcol], ev.row_static_tokens[valid]
+    alpha = (1.0 - bootstrap.confidence) / 2.0
+    schemes = {"blocks of steps": x_blocks}
+    rows = _row_features(ev, ch, lay)
+    if rows is not None:
+        schemes["requests"] = rows[0]
+    results = {}
+    for name, x in schemes.items():
+        agg = _resample_sums(rng, x, bootstrap)
+        results[name] = _evaluate(
+            lay, agg, costs.native, costs.compact, costs.overhead, costs.gross_native, costs.gross_compact
         )
-        row_q = np.stack(
-            [
-                ev.row_static_tokens[valid].astype(np.float64),
-                native_ms[rs] * share,
-                row_dyn.astype(np.float64),
-                dyn_paid_ms[rs] * share,
-                saving_pess[rs] * share,
-                np.where(compact[rs], ev.row_static_tokens[valid] - row_dyn, 0).astype(np.float64),
-            ],
-            axis=1,
+    ci_low = min(_quantile(r["gain"], alpha) for r in results.values())
+    ci_high = max(_quantile(r["gain"], 1 - alpha) for r in results.values())
+    gross_low = min(_quantile(r["gross"], alpha) for r in results.values())
+    if costs.model == LEGACY:
+        # The pre-pairing bound: also no higher than the pessimistic point value.
+        pess = _evaluate(
+            lay,
+            totals,
+            costs.native_point,
+            costs.compact_point,
+            costs.overhead_point,
+            costs.gross_native[0],
+            costs.gross_compact[0],
         )
-        req = ev.row_request[valid]
-        uniq, inv = np.unique(req, return_inverse=True)
-        per_req = np.zeros((uniq.shape[0], 6))
-        for c in range(6):
-            per_req[:, c] = np.bincount(inv, weights=row_q[:, c], minlength=uniq.shape[0])
-        boot_req = _resample_sums(rng, per_req, bootstrap)
-        g_req = _gain(boot_req)
-        ci_low = min(ci_low, float(np.nanquantile(g_req, alpha)))
-        ci_high = max(ci_high, float(np.nanquantile(g_req, 1 - alpha)))
-        value_low = min(value_low, float(np.nanquantile(_value(boot_req), alpha)))
-        methods.append("requests")
-    gross_lb = max(0.0, min(value_low, gross_pess))
-    compact_choices = int(compact.sum())
+        gross_low = min(gross_low, float(pess["gross"]))
+    gross_lb = max(0.0, gross_low)
+    if overhead.measured:
+        overhead_ub = max(_quantile(r["overhead"], 1 - alpha) for r in results.values())
+        overhead_src = (
+            f"{overhead.source}; upper {1 - alpha:.1%} bound of the per-step mean over the joint resampling"
+        )
+    else:
+        overhead_ub, overhead_src = float(point["overhead"]), overhead.source
+    compact_choices = int(ch.compact.sum())
+    static_ms = float(point["static_ms"])
     if safety_margin_ms is None:
         margin, margin_src = (
-            DEFAULT_SAFETY_MARGIN_FRACTION * float(totals[1]),
+            DEFAULT_SAFETY_MARGIN_FRACTION * static_ms,
             f"default: {DEFAULT_SAFETY_MARGIN_FRACTION:.1%} of the static wall time",
         )
     else:
@@ -1015,51 +985,62 @@ def replay(
         policy_steps=max(1, s_count),
         compact_choices=compact_choices,
         gross_compact_value_ms_lower_bound=gross_lb,
-        fixed_confidence_path_overhead_ms_upper_bound=overhead,
+        fixed_confidence_path_overhead_ms_upper_bound=overhead_ub,
         safety_margin_ms=margin,
     )
     economics = Economics(
         policy_steps=s_count,
         compact_choices=compact_choices,
-        gross_compact_value_ms=gross_point,
+        gross_compact_value_ms=float(point["gross"]),
         gross_compact_value_ms_lower_bound=gross_lb,
-        fixed_confidence_path_overhead_ms_upper_bound=overhead,
+        fixed_confidence_path_overhead_ms_upper_bound=overhead_ub,
         overhead_source=overhead_src,
         safety_margin_ms=margin,
         safety_margin_source=margin_src,
         net_value_ms=net,
         admitted=admitted,
     )
+    blocks = results["blocks of steps"]
     per_bucket = []
-    bucket_totals = per_bucket_q.sum(axis=0)
     for i, g in enumerate(ladder):
-        steps = int(bucket_totals[i, 4])
+        steps = int(totals[i])
         if steps == 0:
             continue
-        gb = _gain(boot_bucket[:, i, :])
         per_bucket.append(
             {
                 "graph_batch_size": int(g),
                 "steps": steps,
-                "predicted_gain": float(_gain(bucket_totals[i])),
-                "ci_low": float(np.nanquantile(gb, alpha)),
-                "ci_high": float(np.nanquantile(gb, 1 - alpha)),
-                "compact_share": float(bucket_totals[i, 5] / steps),
+                "predicted_gain": float(point["gain_g"][i]),
+                "ci_low": _quantile(blocks["gain_g"][:, i], alpha),
+                "ci_high": _quantile(blocks["gain_g"][:, i], 1 - alpha),
+                "compact_share": float(1.0 - totals[lay.n_g + i] / totals[i]),
             }
         )
     per_cell = []
-    for i, (g, v) in enumerate(cells):
-        chosen = int(np.sum(cell_of_step == i))
-        lb_samples = boot_cell[:, i, 0] - boot_cell[:, i, 1] * (boot_main[:, 1] / boot_main[:, 0])
+    for g in ladder:
+        i = ladder.index(g)
         per_cell.append(
             {
-                "graph_batch_size": g,
-                "verifier_budget": v,
-                "chosen_steps": chosen,
-                "value_ms": float(value_point[cell_of_step == i].sum()) if v else 0.0,
-                "value_ms_lower_bound": float(np.nanquantile(lb_samples, alpha)) if v and chosen else 0.0,
+                "graph_batch_size": int(g),
+                "verifier_budget": NATIVE_BUDGET,
+                "chosen_steps": int(totals[lay.n_g + i]),
+                "value_ms": 0.0,
+                "value_ms_lower_bound": 0.0,
             }
         )
+        for j, cell in enumerate(ch.cells):
+            if cell[0] != g:
+                continue
+            chosen = int(totals[4 * lay.n_g + j])
+            per_cell.append(
+                {
+                    "graph_batch_size": int(g),
+                    "verifier_budget": int(cell[1]),
+                    "chosen_steps": chosen,
+                    "value_ms": float(point["value_c"][j]),
+                    "value_ms_lower_bound": _quantile(blocks["value_c"][:, j], alpha) if chosen else 0.0,
+                }
+            )
     reasons = {
         r.value: int(np.sum(choice.reason == i))
         for i, r in enumerate(REASON_CODES)
@@ -1068,7 +1049,7 @@ def replay(
     digest = selector_replay_sha256(
         step_id=ev.step_id,
         graph_batch_size=ev.graph_batch_size,
-        verifier_budget=v_chosen,
+        verifier_budget=ch.verifier_budget,
         header={
             "k": ev.grid.k,
             "min_verify_len": ev.min_verify_len,
@@ -1077,15 +1058,16 @@ def replay(
             **dict(header or {}),
         },
     )
+    gain = float(point["gain"])
     return ReplayReport(
         policy_steps=s_count,
         skipped_steps=ev.skipped_steps,
-        static_goodput_tok_per_ms=float(static_gp),
-        dynamic_goodput_tok_per_ms=float(dynamic_gp),
+        static_goodput_tok_per_ms=float(point["static_tok"] / point["static_ms"]),
+        dynamic_goodput_tok_per_ms=float(point["dyn_tok"] / point["dyn_ms"]),
         predicted_gain=gain,
         predicted_gain_ci_low=ci_low,
         predicted_gain_ci_high=ci_high,
-        pessimistic_gain=pessimistic_gain,
+        pessimistic_gain=_pessimistic_gain(lay, totals, ev.grid, ch.cells, costs.overhead_point),
         compact_step_share=compact_choices / s_count if s_count else 0.0,
         economics=economics,
         drain_guard=drain_guard,
@@ -1095,9 +1077,15 @@ def replay(
         per_cell=tuple(per_cell),
         reasons=reasons,
         selector_replay_sha256=digest,
-        bootstrap={**bootstrap.to_dict(), "block_steps": block, "methods": methods},
+        bootstrap={
+            **bootstrap.to_dict(),
+            "block_steps": block,
+            "methods": list(schemes),
+            "uncertainty_model": costs.model,
+        },
         decision=gain_decision(gain, ci_low, ci_high, admitted=admitted),
         step_id=ev.step_id,
         graph_batch_size=ev.graph_batch_size,
-        verifier_budget=v_chosen,
+        verifier_budget=ch.verifier_budget,
+        uncertainty_model=costs.model,
     )

@@ -993,7 +993,12 @@ def _cost_section(
             v = int(r["verifier_budget"])
             t, lo, hi = float(r["step_time_ms"]), float(r["ci_low_ms"]), float(r["ci_high_ms"])
             saving = saving_low = saving_high = None
-            if v != 0 and native_row is not None:
+            if v != 0 and r.get("saving_ci_low") is not None:
+                # Schema 2: the signed paired saving and its interval.
+                saving = float(r["saving"])
+                saving_low, saving_high = float(r["saving_ci_low"]), float(r["saving_ci_high"])
+            elif v != 0 and native_row is not None:
+                # Schema 1: no pairing; the saving's range from the two absolute intervals.
                 tn = float(native_row["step_time_ms"])
                 saving = 1.0 - t / tn
                 saving_low = 1.0 - hi / float(native_row["ci_low_ms"])

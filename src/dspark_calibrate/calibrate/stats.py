@@ -1,40 +1,48 @@
-"""Statistics of a sweep: per-cell summaries, honest confidence intervals, stopping decisions.
+"""Statistics of a sweep: per-cell summaries, paired savings, honest intervals, stopping decisions.
 
 Pure functions of raw samples (STYLE rule 12): nothing here times, sleeps, reads a clock or touches
 a GPU. The harness (``sweep.py``) feeds samples in and acts on the :class:`Decision` it gets back.
 
-What the interval means
------------------------
+The units of a sweep
+--------------------
 A sample is the mean of a few back-to-back graph replays. Samples taken back to back within one
-visit to a cell are strongly correlated: they share the clock state, the heat, the cache and
-allocator state left by the previous cell. A bootstrap over those samples describes the spread of
-*that visit*, not what another sweep would measure; on an H200 such within-run intervals covered a
-re-sweep's median on only a third of the cells.
+visit share the clock state, the heat and the cache and allocator state left by the previous cell,
+so they are not independent. A sweep therefore visits every cell in several *rounds* (fresh,
+re-warmed visits in a randomized order) grouped into *capture epochs*: every
+``Thresholds.recapture_every`` rounds each cell's graph is captured again and fully re-warmed.
+Rounds are the unit of within-process noise; epochs are the unit of what a new process would see
+(memory placement, graph capture, the clock state at start).
 
-A sweep therefore measures every cell in several *rounds*, each a fresh, re-warmed visit in a
-randomized cell order, and :func:`median_interval` bootstraps hierarchically: it resamples rounds
-with replacement and then samples within each chosen round, and takes the median of the pooled
-resample. With few rounds the round-level bootstrap is too narrow, so each half-width is scaled by
-``t(R−1)/z · sqrt(R/(R−1))`` (the small-sample Student correction). By default the interval is also
-widened by √2 into a *reproduction interval*: a 95% range for the median that an independent
-re-sweep under the same conditions would report, whose own error is as large as ours. That is the
-quantity a cost table is checked against; the narrower interval for the condition median itself is
-available with ``reproduction=False``.
+Three quantities, three intervals
+---------------------------------
+1. **The absolute median** T(G, V) of a cell (:func:`median_interval`). A hierarchical bootstrap
+   resamples rounds within each epoch, then samples within each chosen round, and takes the pooled
+   median; half-widths get the small-sample factor ``t(R−E)/z · sqrt(R/(R−E))``. The between-epoch
+   variation is added in quadrature, split in two parts estimated from the whole sweep by
+   :func:`estimate_between_run`: a *common mode* shared by every cell of an epoch (σ_F, few degrees
+   of freedom, so it is scaled by ``t(E−1)/z``) and each cell's own epoch-to-epoch variation (σ_u,
+   pooled over all cells). By default the result is a *reproduction interval*: widened by √2, it
+   is a 95% range for the median that an independent sweep under the same conditions would
+   report. Every bound is formed on the log scale, so no bound is ever negative.
+2. **The paired saving** ``1 − T(G,V)/T(G,0)`` of a compact cell (:func:`paired_saving_interval`).
+   Every round visits all open cells of a G, so the ratio of a compact cell to its native cell is
+   paired by round: drift common to the round, the process and the machine cancels. The bootstrap
+   resamples the rounds both cells were measured in (within epochs, the same rounds for both) and
+   adds the between-epoch variation of the paired log-ratio (σ_d, pooled over cells) twice over:
+   once for this sweep's own epoch average, once for the process the cost table will serve in. It
+   is a 95% *prediction* interval for the saving a serving process sees.
+3. **The level model** for ``build``'s joint resampling: ``common_mode_rel`` (the relative SD of
+   the level shift common to every cell between this sweep and a serving process) and
+   ``level_rel`` (one cell's own level SD beyond it).
 
-Rounds inside one sweep cannot see what stays fixed for a whole sweep process (clock state at
-start, graph capture, memory placement, the machine itself). On H200s (179 cells of a
-DeepSeek-V3-shaped step) the relative difference between two sweeps' medians had a standard
-deviation of 0.24% for two jobs on the same machine and 0.52–0.56% for jobs on two machine starts;
-the round-level intervals explain only a small part of either. The reproduction interval therefore
-adds a *between-run* term in quadrature, ``z · between_run_rel · median``
-(``Thresholds.between_run_rel``, 0.52% by default: the cross-machine figure, since a cost table
-serves every identical GPU of a fleet), so it covers a re-sweep's median, not only this sweep's. More samples cannot
-shrink that term, so the adaptive stopping rule judges precision on the round-level part alone.
+Where a sweep has fewer than two epochs (re-capture off, imported samples) nothing between epochs
+can be estimated; the interval then uses ``Thresholds.between_run_rel`` when given and otherwise the
+documented fallback :data:`FALLBACK_BETWEEN_RUN_REL`, and says so (``no_between_run_estimate``).
 
-The median describes the step time of the exact captured (G, V) graph, replayed after a short
-re-warm, interleaved with the other cells of the ladder, at the GPU's clock policy during the sweep,
-with throttled samples dropped. It does not describe a cold first replay, a different cell order
-in steady serving, or another clock policy.
+What the median describes: the step time of the exact captured (G, V) graph, replayed after a
+short re-warm, interleaved with the other cells of the ladder, at the GPU's clock and power state
+during the sweep (power-capped samples are kept by default: a serving GPU runs at its cap), across
+ranks the slowest rank. It does not describe a cold first replay or another clock policy.
 """
 
 from __future__ import annotations
@@ -48,10 +56,13 @@ from typing import Any, Protocol
 import numpy as np
 from scipy.special import ndtri, stdtrit
 
-from dspark_calibrate.calibrate.ladder import CellSpec
+from dspark_calibrate.calibrate.ladder import CellKind, CellSpec
+from dspark_calibrate.calibrate.telemetry import DEFAULT_THROTTLE_POLICY, THROTTLE_POLICIES
 from dspark_calibrate.errors import ConfigError
 
 __all__ = [
+    "FALLBACK_BETWEEN_RUN_REL",
+    "BetweenRun",
     "CellProgress",
     "CellSamples",
     "CellSummary",
@@ -59,14 +70,22 @@ __all__ = [
     "FixedProtocolRule",
     "Interval",
     "PrecisionRule",
+    "SavingInterval",
     "Status",
     "StopReason",
     "StoppingRule",
     "Thresholds",
+    "estimate_between_run",
     "median_interval",
+    "paired_saving_interval",
     "sample_interval",
     "summarize",
 ]
+
+#: Relative SD of the sweep-to-sweep difference of a cell's median used when a sweep cannot
+#: estimate its own (fewer than two capture epochs): 0.52%, measured between two H200 machine
+#: starts on a DeepSeek-V3-shaped 4-layer step (benchmarks/results/sweep_efficiency.json).
+FALLBACK_BETWEEN_RUN_REL = 0.0052
 
 
 class Status(enum.StrEnum):
@@ -115,7 +134,8 @@ class Thresholds:
     """Named measurement thresholds with units; recorded in every sweep's provenance.
 
     Attributes:
-        precision_rel: target relative half-width of the interval (0.005 = 0.5%).
+        precision_rel: target relative half-width: of the absolute interval for native cells, of
+            the paired saving (in units of the native step) for the other cells (0.005 = 0.5%).
         confidence: interval confidence level.
         min_samples: kept samples a cell needs before it may stop on precision.
         min_rounds: rounds (independent re-warmed visits) a cell needs before it may stop.
@@ -123,24 +143,28 @@ class Thresholds:
         max_samples_per_cell: per-cell sample cap.
         max_seconds_per_cell: per-cell time cap (seconds spent in its visits, warm-up included).
         budget_s: total sweep budget in seconds; cells still open when it runs out stop.
-        warmup_steps: replays discarded on a cell's first visit (compilation, autotuning,
-            allocator growth).
-        rewarm_steps: replays discarded at the start of every later visit.
+        warmup_steps: replays discarded on a cell's first visit of every capture epoch
+            (compilation, autotuning, allocator growth).
+        rewarm_steps: replays discarded at the start of every other visit.
         replays_per_sample: back-to-back replays averaged into one sample.
         samples_per_visit: samples taken per visit.
         n_boot: bootstrap resamples per interval.
-        reproduction: widen the interval by √2 to cover an independent re-sweep's median.
-        between_run_rel: relative standard deviation of the sweep-to-sweep difference that rounds
-            within one sweep cannot observe; added in quadrature to reproduction intervals
-            (0.0052 measured across two H200 machine starts, see the module docstring; 0 turns
-            it off).
-        drop_throttled: drop samples taken while the GPU reported a throttle reason.
+        reproduction: widen absolute intervals to cover an independent re-sweep's median.
+        recapture_every: rounds per capture epoch; every that many rounds each cell's graph is
+            captured again and fully re-warmed, so the sweep sees what a new process would see
+            (0: never; the between-run variation is then not estimated).
+        between_run_rel: relative SD of the sweep-to-sweep difference of a median, to use instead
+            of the sweep's own estimate (None: estimate it from the capture epochs).
+        throttle_policy: which throttled samples are kept (:data:`~.telemetry.THROTTLE_POLICIES`):
+            ``serving`` keeps power-capped samples and drops thermal and hardware slowdowns.
+        min_kept_share: after the first round, a sweep that kept less than this share of its
+            samples stops at once and names the throttle reasons it saw.
     """
 
     precision_rel: float = 0.005
     confidence: float = 0.95
     min_samples: int = 8
-    min_rounds: int = 5
+    min_rounds: int = 6
     min_time_s: float = 0.0
     max_samples_per_cell: int = 48
     max_seconds_per_cell: float = 60.0
@@ -151,8 +175,10 @@ class Thresholds:
     samples_per_visit: int = 2
     n_boot: int = 1000
     reproduction: bool = True
-    between_run_rel: float = 0.0052
-    drop_throttled: bool = True
+    recapture_every: int = 3
+    between_run_rel: float | None = None
+    throttle_policy: str = DEFAULT_THROTTLE_POLICY
+    min_kept_share: float = 0.5
 
     def __post_init__(self) -> None:
         checks: list[tuple[str, bool, str]] = [
@@ -169,7 +195,18 @@ class Thresholds:
             ("replays_per_sample", self.replays_per_sample >= 1, ">= 1"),
             ("samples_per_visit", self.samples_per_visit >= 1, ">= 1"),
             ("n_boot", self.n_boot >= 100, ">= 100"),
-            ("between_run_rel", 0.0 <= self.between_run_rel < 0.5, "in [0, 0.5)"),
+            ("recapture_every", self.recapture_every >= 0, ">= 0 (0: never re-capture)"),
+            (
+                "between_run_rel",
+                self.between_run_rel is None or 0.0 <= self.between_run_rel < 0.5,
+                "None (estimate it) or in [0, 0.5)",
+            ),
+            (
+                "throttle_policy",
+                self.throttle_policy in THROTTLE_POLICIES,
+                f"one of {list(THROTTLE_POLICIES)}",
+            ),
+            ("min_kept_share", 0.0 <= self.min_kept_share <= 1.0, "in [0, 1]"),
         ]
         for name, ok, want in checks:
             value = getattr(self, name)
@@ -178,9 +215,14 @@ class Thresholds:
             if not ok:
                 raise ConfigError(f"threshold {name}={value!r} must be {want}")
 
+    @property
+    def min_epochs(self) -> int:
+        """Capture epochs a cell must span before it may stop on precision (2 with re-capture)."""
+        return 2 if self.recapture_every > 0 else 1
+
     @classmethod
     def adaptive(cls, **overrides: Any) -> Thresholds:
-        """The default adaptive protocol (interleaved rounds, stop on precision)."""
+        """The default adaptive protocol (interleaved rounds, capture epochs, stop on precision)."""
         return cls(**overrides)
 
     @classmethod
@@ -195,6 +237,7 @@ class Thresholds:
             "min_rounds": 1,
             "max_samples_per_cell": 64,
             "reproduction": False,
+            "recapture_every": 0,
             "between_run_rel": 0.0,
         }
         base.update(overrides)
@@ -206,7 +249,7 @@ class Thresholds:
         base: dict[str, Any] = {
             "precision_rel": 0.02,
             "min_samples": 6,
-            "min_rounds": 3,
+            "min_rounds": 4,
             "max_samples_per_cell": 48,
             "max_seconds_per_cell": 10.0,
             "budget_s": 600.0,
@@ -215,6 +258,7 @@ class Thresholds:
             "replays_per_sample": 2,
             "samples_per_visit": 2,
             "n_boot": 300,
+            "recapture_every": 2,
         }
         base.update(overrides)
         return cls(**base)
@@ -227,13 +271,19 @@ class Thresholds:
     def from_dict(cls, data: Mapping[str, Any]) -> Thresholds:
         """Build from a dict, refusing unknown names.
 
+        ``drop_throttled`` (before throttle policies) is read as ``strict`` (True) or
+        ``keep-all`` (False).
+
         Raises:
             ConfigError: an unknown name or an out-of-range value.
         """
-        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
+        values = dict(data)
+        if "drop_throttled" in values and "throttle_policy" not in values:
+            values["throttle_policy"] = "strict" if values.pop("drop_throttled") else "keep-all"
+        unknown = sorted(set(values) - set(cls.__dataclass_fields__))
         if unknown:
             raise ConfigError(f"unknown threshold(s) {unknown}; known: {sorted(cls.__dataclass_fields__)}")
-        return cls(**dict(data))
+        return cls(**values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,28 +294,54 @@ class CellSamples:
         spec: the cell.
         raw_ms: kept samples, each the mean of ``replays_per_sample`` replays (ms).
         round_ids: the round each sample was taken in (same length as ``raw_ms``).
+        epoch_ids: the capture epoch of each sample (same length; all 0 when not given).
     """
 
     spec: CellSpec
     raw_ms: tuple[float, ...]
     round_ids: tuple[int, ...] = ()
+    epoch_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.round_ids:
             object.__setattr__(self, "round_ids", (0,) * len(self.raw_ms))
-        if len(self.round_ids) != len(self.raw_ms):
-            raise ValueError(f"{len(self.raw_ms)} samples but {len(self.round_ids)} round ids")
+        if not self.epoch_ids:
+            object.__setattr__(self, "epoch_ids", (0,) * len(self.raw_ms))
+        if not len(self.round_ids) == len(self.epoch_ids) == len(self.raw_ms):
+            raise ValueError(
+                f"{self.spec.label()}: {len(self.raw_ms)} samples but {len(self.round_ids)} round ids "
+                f"and {len(self.epoch_ids)} epoch ids"
+            )
 
     @property
     def rounds(self) -> int:
         """Number of distinct rounds with at least one sample."""
         return len(set(self.round_ids))
 
+    @property
+    def epochs(self) -> int:
+        """Number of distinct capture epochs with at least one sample."""
+        return len(set(self.epoch_ids))
+
     def by_round(self) -> list[np.ndarray]:
         """Samples grouped by round, rounds in increasing order."""
+        return list(self.round_groups().values())
+
+    def round_groups(self) -> dict[int, np.ndarray]:
+        """``{round: samples}``, rounds in increasing order."""
         values = np.asarray(self.raw_ms, dtype=np.float64)
         ids = np.asarray(self.round_ids)
-        return [values[ids == r] for r in sorted(set(self.round_ids))]
+        return {int(r): values[ids == r] for r in sorted(set(self.round_ids))}
+
+    def round_epochs(self) -> dict[int, int]:
+        """``{round: epoch}`` (a round belongs to exactly one epoch)."""
+        return {int(r): int(e) for r, e in zip(self.round_ids, self.epoch_ids, strict=True)}
+
+    def epoch_groups(self) -> dict[int, np.ndarray]:
+        """``{epoch: samples}``, epochs in increasing order."""
+        values = np.asarray(self.raw_ms, dtype=np.float64)
+        ids = np.asarray(self.epoch_ids)
+        return {int(e): values[ids == e] for e in sorted(set(self.epoch_ids))}
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,11 +360,81 @@ class Interval:
 
 
 @dataclass(frozen=True, slots=True)
+class SavingInterval:
+    """The paired saving ``1 − T(cell)/T(native)`` of one cell, with its interval.
+
+    Attributes:
+        saving: from the two pooled medians.
+        low, high: the interval's bounds (a prediction for a serving process by default).
+        pairs: rounds in which both cells kept samples.
+        precision_rel: the round-level (pairing) half-width on the log-ratio scale, the part more
+            samples shrink; the stopping rule judges it.
+        method: how the interval was formed.
+    """
+
+    saving: float
+    low: float
+    high: float
+    pairs: int
+    precision_rel: float
+    method: str
+
+    @property
+    def half_width(self) -> float:
+        """The larger half-width, in units of the native step time."""
+        return max(self.saving - self.low, self.high - self.saving)
+
+
+@dataclass(frozen=True, slots=True)
+class BetweenRun:
+    """Between-epoch variance components of one sweep, pooled over its cells (log scale).
+
+    Attributes:
+        epochs: capture epochs in the sweep in which at least two cells were measured.
+        cells: cells that contributed (measured in at least two epochs).
+        common_mode_rel: SD of the level shift shared by every cell between epochs (σ_F).
+        common_mode_df: degrees of freedom behind it (epochs − 1).
+        level_rel: SD of one cell's own level shift between epochs beyond the common mode (σ_u).
+        paired_rel: SD of a cell's log-ratio to its native cell between epochs (σ_d).
+        paired_cells: cells that contributed to ``paired_rel``.
+    """
+
+    epochs: int
+    cells: int
+    common_mode_rel: float
+    common_mode_df: int
+    level_rel: float
+    paired_rel: float
+    paired_cells: int
+
+    @property
+    def estimated(self) -> bool:
+        """True when the sweep had at least two epochs to estimate from."""
+        return self.epochs >= 2 and self.cells >= 1
+
+    def common_mode_scale(self, confidence: float) -> float:
+        """``t(df)/z``: the common mode rests on few epochs, so its quantile is Student's."""
+        if self.common_mode_df < 1:
+            return 1.0
+        a = (1 - confidence) / 2
+        return float(stdtrit(self.common_mode_df, 1 - a)) / _z(confidence)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (recorded in the sweep's provenance)."""
+        return asdict(self)
+
+
+#: What a sweep without two epochs knows about the between-epoch variation: nothing.
+NO_BETWEEN_RUN = BetweenRun(0, 0, 0.0, 0, 0.0, 0.0, 0)
+
+
+@dataclass(frozen=True, slots=True)
 class CellSummary:
     """Statistics of one cell's kept samples (computed lazily from raw samples).
 
     ``warnings`` are codes, returned as data: ``few_rounds``, ``single_round``, ``wide_iqr``,
-    ``round_spread``, ``outliers``.
+    ``round_spread``, ``outliers``, ``no_between_run_estimate``, ``unpaired``.
+    Native cells carry a saving of exactly 0 with a zero-width interval.
     """
 
     spec: CellSpec
@@ -302,6 +448,13 @@ class CellSummary:
     rounds: int
     ci_method: str
     warnings: tuple[str, ...] = field(default=())
+    saving: float = 0.0
+    saving_ci_low: float = 0.0
+    saving_ci_high: float = 0.0
+    paired_rounds: int = 0
+    epochs: int = 1
+    common_mode_rel: float = 0.0
+    level_rel: float = 0.0
 
     @property
     def half_width_rel(self) -> float:
@@ -333,7 +486,7 @@ def sample_interval(
     protocol and for comparison.
 
     Raises:
-        ValueError: empty, non-finite or non-positive values.
+        ConfigError: empty, non-finite or non-positive values.
     """
     arr = np.asarray(values, dtype=np.float64)
     bad = _check_values(arr)
@@ -348,90 +501,341 @@ def sample_interval(
     return Interval(med, min(float(lo), med), max(float(hi), med), "sample_bootstrap")
 
 
+class _RoundTable:
+    """Rounds of one cell as a NaN-padded (R, width) table, with each round's epoch."""
+
+    def __init__(self, groups: Sequence[np.ndarray], epochs: Sequence[int]) -> None:
+        self.sizes = np.array([g.size for g in groups])
+        self.width = int(self.sizes.max())
+        self.table = np.full((len(groups), self.width), np.nan)
+        for i, g in enumerate(groups):
+            self.table[i, : g.size] = g
+        self.epochs = np.asarray(epochs)
+        self.equal = bool(np.all(self.sizes == self.width))
+
+    @property
+    def rounds(self) -> int:
+        return int(self.sizes.shape[0])
+
+    def medians(self, pick: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Pooled median of each resample: rounds ``pick`` (B, R), samples drawn within each."""
+        n_boot, n_rounds = pick.shape
+        picked_sizes = self.sizes[pick]
+        within = np.floor(rng.random((n_boot, n_rounds, self.width)) * picked_sizes[..., None]).astype(
+            np.int64
+        )
+        draws = self.table[pick[..., None], within]
+        if self.equal:
+            out: np.ndarray = np.median(draws.reshape(n_boot, -1), axis=1)
+            return out
+        mask = np.arange(self.width)[None, None, :] >= picked_sizes[..., None]
+        draws[mask] = np.nan
+        out = np.nanmedian(draws.reshape(n_boot, -1), axis=1)
+        return out
+
+
+def _stratified_pick(rng: np.random.Generator, epochs: np.ndarray, n_boot: int) -> np.ndarray:
+    """(B, R) round indices resampled with replacement within each epoch."""
+    cols = []
+    for e in np.unique(epochs):
+        members = np.flatnonzero(epochs == e)
+        cols.append(members[rng.integers(0, members.size, size=(n_boot, members.size))])
+    return np.concatenate(cols, axis=1)
+
+
+def _small_sample_scale(rounds: int, epochs: int, confidence: float) -> float:
+    """``t(df)/z · sqrt(R/df)`` with df = R − E: a stratified bootstrap over few rounds is narrow."""
+    df = max(rounds - epochs, 1)
+    a = (1 - confidence) / 2
+    return float(stdtrit(df, 1 - a)) / _z(confidence) * math.sqrt(rounds / df)
+
+
+def _epoch_variance(between: BetweenRun, cell_epochs: int, confidence: float) -> float:
+    """Variance (log scale, in z units) of a cell's level beyond the round noise.
+
+    A process carries its own level shift, of the size an epoch shows (the assumption the estimate
+    rests on: a new process draws what a re-capture draws), plus this sweep's average over its E
+    epochs: ``(1 + 1/E)·(σ_u² + (t·σ_F/z)²)``.
+    """
+    cm = between.common_mode_scale(confidence) * between.common_mode_rel
+    return (between.level_rel**2 + cm**2) * (1.0 + 1.0 / max(cell_epochs, 1))
+
+
 def median_interval(
     rounds: Sequence[Sequence[float] | np.ndarray],
     *,
+    epochs: Sequence[int] | None = None,
     confidence: float = 0.95,
     n_boot: int = 1000,
     seed: int = 0,
     reproduction: bool = True,
-    between_run_rel: float = 0.0,
+    between: BetweenRun | None = None,
+    between_run_rel: float | None = None,
 ) -> Interval:
-    """Hierarchical bootstrap interval of the pooled median over independent rounds.
+    """Hierarchical bootstrap interval of the pooled median, with the between-epoch terms.
 
-    Resamples rounds with replacement, then samples with replacement within each chosen round, and
-    takes each resample's pooled median. Half-widths are scaled by the small-sample factor
-    ``t(R−1)/z · sqrt(R/(R−1))`` and, with ``reproduction``, by √2 (see the module docstring).
+    Resamples rounds with replacement within each epoch, then samples within each chosen round,
+    and takes each resample's pooled median; half-widths (log scale) are scaled by the
+    small-sample factor. ``between`` adds the epoch-level variance of the sweep; with
+    ``reproduction`` the half-widths are widened by √2 and ``between_run_rel`` (the SD of a
+    sweep-to-sweep difference, when given) is added in quadrature. Bounds are ``m·exp(∓h)``.
 
     Args:
         rounds: samples per round; at least two non-empty rounds.
+        epochs: the epoch of each round (default: one epoch).
         confidence: confidence level.
         n_boot: bootstrap resamples.
         seed: RNG seed (the same inputs and seed give the same interval).
         reproduction: cover an independent re-sweep's median rather than the condition median.
-        between_run_rel: with ``reproduction``, the between-run relative SD added in quadrature.
+        between: the sweep's between-epoch components (None: none added).
+        between_run_rel: with ``reproduction``, a sweep-to-sweep relative SD added in quadrature.
 
     Raises:
         ValueError: fewer than two rounds, or unusable values.
     """
-    groups = [np.asarray(r, dtype=np.float64) for r in rounds if len(r)]
+    keep = [i for i, r in enumerate(rounds) if len(r)]
+    groups = [np.asarray(rounds[i], dtype=np.float64) for i in keep]
     if len(groups) < 2:
         raise ValueError("a hierarchical interval needs at least two non-empty rounds")
     pooled = np.concatenate(groups)
     bad = _check_values(pooled)
     if bad:
         raise ValueError(bad)
-    n_rounds = len(groups)
-    sizes = np.array([g.size for g in groups])
-    width = int(sizes.max())
-    table = np.full((n_rounds, width), np.nan)
-    for i, g in enumerate(groups):
-        table[i, : g.size] = g
+    round_epochs = [0] * len(groups) if epochs is None else [int(epochs[i]) for i in keep]
+    table = _RoundTable(groups, round_epochs)
     rng = np.random.default_rng(seed)
-    pick = rng.integers(0, n_rounds, size=(n_boot, n_rounds))  # which rounds
-    picked_sizes = sizes[pick]  # (B, R)
-    within = np.floor(rng.random((n_boot, n_rounds, width)) * picked_sizes[..., None]).astype(np.int64)
-    draws = table[pick[..., None], within]  # (B, R, width)
-    if np.all(sizes == width):
-        meds = np.median(draws.reshape(n_boot, -1), axis=1)
-    else:  # unequal rounds (dropped samples): pad with NaN, then the NaN-aware median
-        mask = np.arange(width)[None, None, :] >= picked_sizes[..., None]
-        draws[mask] = np.nan
-        meds = np.nanmedian(draws.reshape(n_boot, -1), axis=1)
+    meds = table.medians(_stratified_pick(rng, table.epochs, n_boot), rng)
     a = (1 - confidence) / 2
     q_lo, q_hi = np.quantile(meds, [a, 1 - a])
     med = float(np.median(pooled))
-    scale = float(stdtrit(n_rounds - 1, 1 - a)) / _z(confidence) * math.sqrt(n_rounds / (n_rounds - 1))
+    n_epochs = len(set(round_epochs))
+    scale = _small_sample_scale(table.rounds, n_epochs, confidence)
+    below = scale * max(math.log(med) - math.log(float(q_lo)), 0.0)
+    above = scale * max(math.log(float(q_hi)) - math.log(med), 0.0)
+    method = "hierarchical_bootstrap"
+    z = _z(confidence)
+    if between is not None and between.estimated:
+        extra = z * math.sqrt(_epoch_variance(between, n_epochs, confidence))
+        below, above = math.hypot(below, extra), math.hypot(above, extra)
+        method += "+epochs"
     if reproduction:
-        scale *= math.sqrt(2.0)
-    below = scale * max(med - float(q_lo), 0.0)
-    above = scale * max(float(q_hi) - med, 0.0)
-    method = "hierarchical_bootstrap" + ("+reproduction" if reproduction else "")
-    if reproduction and between_run_rel > 0.0:
-        floor = _z(confidence) * between_run_rel * med
-        below, above = math.hypot(below, floor), math.hypot(above, floor)
-        method += "+between_run"
-    return Interval(med, med - below, med + above, method)
+        below, above = below * math.sqrt(2.0), above * math.sqrt(2.0)
+        method += "+reproduction"
+        if between_run_rel is not None and between_run_rel > 0.0:
+            floor = z * between_run_rel
+            below, above = math.hypot(below, floor), math.hypot(above, floor)
+            method += "+between_run"
+    return Interval(med, med * math.exp(-below), med * math.exp(above), method)
 
 
-def _bootstrap_seed(seed: int, spec: CellSpec, n: int) -> list[int]:
-    return [seed, spec.graph_batch_size, spec.verifier_budget, n]
+def paired_saving_interval(
+    cell: CellSamples,
+    native: CellSamples,
+    *,
+    confidence: float = 0.95,
+    n_boot: int = 1000,
+    seed: int = 0,
+    between: BetweenRun | None = None,
+    prediction: bool = True,
+) -> SavingInterval | None:
+    """The saving ``1 − T(cell)/T(native)`` with an interval from the round-level pairing.
+
+    The point uses both cells' pooled medians. The bootstrap resamples the rounds both kept
+    samples in (within epochs; the same rounds for both cells, samples drawn within each), takes
+    the log-ratio of the two pooled medians per resample, and scales the half-widths by the
+    small-sample factor. ``between`` adds the between-epoch variance of paired log-ratios: once
+    divided by the epochs averaged here, and with ``prediction`` once more for the serving process.
+
+    Returns:
+        The interval, or None when fewer than two rounds are paired (nothing to pair on).
+
+    Raises:
+        ValueError: unusable values.
+    """
+    c_groups, n_groups = cell.round_groups(), native.round_groups()
+    common = [r for r in c_groups if r in n_groups and c_groups[r].size and n_groups[r].size]
+    if len(common) < 2:
+        return None
+    for values in (cell.raw_ms, native.raw_ms):
+        bad = _check_values(np.asarray(values, dtype=np.float64))
+        if bad:
+            raise ValueError(f"{cell.spec.label()}: {bad}")
+    epochs_of = cell.round_epochs()
+    round_epochs = [epochs_of[r] for r in common]
+    tc = _RoundTable([c_groups[r] for r in common], round_epochs)
+    tn = _RoundTable([n_groups[r] for r in common], round_epochs)
+    rng = np.random.default_rng(seed)
+    pick = _stratified_pick(rng, tc.epochs, n_boot)
+    ratios = np.log(tc.medians(pick, rng)) - np.log(tn.medians(pick, rng))
+    point = math.log(float(np.median(cell.raw_ms))) - math.log(float(np.median(native.raw_ms)))
+    a = (1 - confidence) / 2
+    q_lo, q_hi = np.quantile(ratios, [a, 1 - a])
+    n_epochs = len(set(round_epochs))
+    scale = _small_sample_scale(len(common), n_epochs, confidence)
+    # The bootstrap is centred on the paired rounds' ratio; the spread is what carries over.
+    centre = float(np.median(ratios))
+    below = scale * max(centre - float(q_lo), 0.0)
+    above = scale * max(float(q_hi) - centre, 0.0)
+    precision = max(below, above)
+    method = "paired_round_bootstrap"
+    if between is not None and between.estimated and between.paired_cells:
+        # This process's own paired shift and its E-epoch average, plus (for a prediction) the
+        # serving process's own shift: (1 + 1/E) or (2 + 1/E) times σ_d².
+        factor = 1.0 + 1.0 / max(n_epochs, 1) + (1.0 if prediction else 0.0)
+        extra = _z(confidence) * between.paired_rel * math.sqrt(factor)
+        below, above = math.hypot(below, extra), math.hypot(above, extra)
+        method += "+epochs" + ("+prediction" if prediction else "")
+    # Saving = 1 − exp(log-ratio): a larger ratio is a smaller saving.
+    return SavingInterval(
+        saving=1.0 - math.exp(point),
+        low=1.0 - math.exp(point + above),
+        high=1.0 - math.exp(point - below),
+        pairs=len(common),
+        precision_rel=precision,
+        method=method,
+    )
+
+
+def _round_log_medians(samples: CellSamples) -> dict[int, float]:
+    return {r: math.log(float(np.median(v))) for r, v in samples.round_groups().items() if v.size}
+
+
+def _by_epoch(values: Mapping[int, float], epoch_of: Mapping[int, int]) -> dict[int, list[float]]:
+    out: dict[int, list[float]] = {}
+    for r, v in values.items():
+        out.setdefault(epoch_of[r], []).append(v)
+    return out
+
+
+def _epoch_means_and_noise(
+    values: Mapping[int, float], epoch_of: Mapping[int, int]
+) -> tuple[dict[int, float], float]:
+    """Per epoch, the mean of the round values, and the mean sampling variance of such a mean."""
+    groups = _by_epoch(values, epoch_of)
+    means = {e: float(np.mean(v)) for e, v in groups.items()}
+    noise = [float(np.var(v, ddof=1)) / len(v) for v in groups.values() if len(v) >= 2]
+    return means, float(np.mean(noise)) if noise else 0.0
+
+
+def _pooled_between_variance(series: Sequence[Mapping[int, float]]) -> tuple[float, int]:
+    """Pooled variance between epochs of several per-epoch series, each about its own mean."""
+    sq, dof = 0.0, 0
+    for m in series:
+        if len(m) >= 2:
+            v = np.array(list(m.values()))
+            sq += float(np.sum(np.square(v - v.mean())))
+            dof += len(m) - 1
+    return (sq / dof if dof else 0.0), dof
+
+
+def estimate_between_run(cells: Mapping[CellSpec, CellSamples]) -> BetweenRun:
+    """Estimate the between-epoch variance components of a sweep from all its cells.
+
+    Works on round log-medians. A *common round effect* (the median over cells of each round's
+    deviation from the cell's epoch mean) is the drift every cell shared in that round; it is part
+    of the round-level noise, which the rounds' own spread already covers, so every epoch-level
+    estimate below subtracts the sampling noise of its epoch means *net of* that shared drift:
+
+    - σ_u² (cell level): from a robust two-way fit ``M[c, e] = a[c] + F[e] + u[c, e]`` of the epoch
+      means, the pooled residual variance less the epochs' own sampling variance;
+    - σ_F² (common mode): the variance of the epoch effects F less the shared drift's and the fit's
+      sampling noise;
+    - σ_d² (paired): the pooled between-epoch variance of each non-native cell's mean round
+      log-ratio to the native cell of its G, less the paired rounds' sampling variance (the pairing
+      cancels the shared drift there).
+
+    Each component is floored at 0. Pure; needs no clock.
+    """
+    logs = {c: _round_log_medians(s) for c, s in cells.items()}
+    epoch_of = {c: s.round_epochs() for c, s in cells.items()}
+    multi = [c for c in logs if len(set(epoch_of[c][r] for r in logs[c])) >= 2]
+    epochs = sorted({epoch_of[c][r] for c in multi for r in logs[c]})
+    if len(epochs) < 2 or not multi:
+        return NO_BETWEEN_RUN
+    means = {c: _epoch_means_and_noise(logs[c], epoch_of[c])[0] for c in multi}
+    # The drift all cells share in a round, as a deviation from each cell's epoch mean.
+    rounds = sorted({r for c in multi for r in logs[c]})
+    shared = {
+        r: float(np.median([logs[c][r] - means[c][epoch_of[c][r]] for c in multi if r in logs[c]]))
+        for r in rounds
+    }
+    round_epoch = {r: epoch_of[c][r] for c in multi for r in logs[c]}
+    net_noise = [
+        _epoch_means_and_noise({r: v - shared[r] for r, v in logs[c].items()}, epoch_of[c])[1] for c in multi
+    ]
+    mean_noise = float(np.mean(net_noise))
+    _, shared_noise = _epoch_means_and_noise(shared, round_epoch)
+    effect = dict.fromkeys(epochs, 0.0)
+    level = {c: float(np.median(list(means[c].values()))) for c in multi}
+    for _ in range(8):
+        for e in epochs:
+            devs = [means[c][e] - level[c] for c in multi if e in means[c]]
+            effect[e] = float(np.median(devs)) if devs else 0.0
+        centre = float(np.mean(list(effect.values())))
+        effect = {e: f - centre for e, f in effect.items()}
+        level = {c: float(np.median([v - effect[e] for e, v in means[c].items()])) for c in multi}
+    residuals = [v - level[c] - effect[e] for c in multi for e, v in means[c].items()]
+    dof = max(len(residuals) - len(multi) - len(epochs) + 1, 1)
+    level_var = max(float(np.sum(np.square(residuals))) / dof - mean_noise, 0.0)
+    per_epoch_cells = [sum(1 for c in multi if e in means[c]) for e in epochs]
+    # The median of C residuals has sampling variance about (π/2)·σ²/C.
+    fit_noise = float(np.mean([(math.pi / 2) * (level_var + mean_noise) / n for n in per_epoch_cells]))
+    effect_var = max(
+        float(np.sum(np.square(list(effect.values())))) / (len(epochs) - 1) - shared_noise - fit_noise,
+        0.0,
+    )
+    paired_series, paired_noise = [], []
+    for c in multi:
+        if c.kind is CellKind.NATIVE or c.native not in logs:
+            continue
+        nat = logs[c.native]
+        ratio = {r: v - nat[r] for r, v in logs[c].items() if r in nat}
+        ratio_means, noise = _epoch_means_and_noise(ratio, epoch_of[c])
+        if len(ratio_means) >= 2:
+            paired_series.append(ratio_means)
+            paired_noise.append(noise)
+    paired_var, paired_dof = _pooled_between_variance(paired_series)
+    if paired_dof:
+        paired_var = max(paired_var - float(np.mean(paired_noise)), 0.0)
+    return BetweenRun(
+        epochs=len(epochs),
+        cells=len(multi),
+        common_mode_rel=math.sqrt(effect_var),
+        common_mode_df=len(epochs) - 1,
+        level_rel=math.sqrt(level_var),
+        paired_rel=math.sqrt(paired_var),
+        paired_cells=len(paired_series),
+    )
+
+
+def _bootstrap_seed(seed: int, spec: CellSpec, n: int) -> int:
+    state = np.random.SeedSequence([seed, spec.graph_batch_size, spec.verifier_budget + 1, n]).generate_state(
+        1
+    )
+    return int(state[0])
 
 
 def summarize(
     samples: CellSamples,
     *,
+    reference: CellSamples | None = None,
+    between: BetweenRun | None = None,
     confidence: float = 0.95,
     n_boot: int = 1000,
     seed: int = 0,
     reproduction: bool = True,
-    between_run_rel: float = 0.0,
+    between_run_rel: float | None = None,
 ) -> CellSummary:
-    """Median, interval, p10/p90, IQR and warnings of one cell's kept samples.
+    """Median, intervals, paired saving, p10/p90, IQR, level model and warnings of one cell.
 
     Two or more rounds use :func:`median_interval`; a single round falls back to
-    :func:`sample_interval` and carries the ``single_round`` warning. The bootstrap is seeded from
-    ``seed`` and the cell, so the same samples always give the same summary.
+    :func:`sample_interval` and carries the ``single_round`` warning. A cell with a ``reference``
+    (its native cell) also gets its paired saving (:func:`paired_saving_interval`); when fewer than
+    two rounds pair, the saving's interval is formed from the two absolute intervals (the
+    pre-pairing way) and the cell carries ``unpaired``. Without an estimable ``between``, the
+    between-run term is ``between_run_rel`` or :data:`FALLBACK_BETWEEN_RUN_REL`
+    (``no_between_run_estimate``). Bootstraps are seeded from ``seed`` and the cell, so the same
+    samples always give the same summary.
 
     Raises:
         ValueError: no samples, or non-finite or non-positive values.
@@ -440,25 +844,45 @@ def summarize(
     bad = _check_values(values)
     if bad:
         raise ValueError(f"{samples.spec.label()}: {bad}")
-    boot_seed = np.random.SeedSequence(_bootstrap_seed(seed, samples.spec, values.size)).generate_state(1)[0]
+    boot_seed = _bootstrap_seed(seed, samples.spec, values.size)
     warnings: list[str] = []
-    groups = samples.by_round()
+    groups = samples.round_groups()
+    estimated = between is not None and between.estimated
+    fallback = between_run_rel
+    if not estimated and fallback is None:
+        fallback = FALLBACK_BETWEEN_RUN_REL
+        if reproduction:
+            warnings.append("no_between_run_estimate")
+    z = _z(confidence)
     if len(groups) >= 2:
+        epochs_of = samples.round_epochs()
         interval = median_interval(
-            groups,
+            list(groups.values()),
+            epochs=[epochs_of[r] for r in groups],
             confidence=confidence,
             n_boot=n_boot,
-            seed=int(boot_seed),
+            seed=boot_seed,
             reproduction=reproduction,
-            between_run_rel=between_run_rel,
+            between=between if estimated else None,
+            between_run_rel=between_run_rel if estimated else fallback,
         )
+        condition = median_interval(
+            list(groups.values()),
+            epochs=[epochs_of[r] for r in groups],
+            confidence=confidence,
+            n_boot=n_boot,
+            seed=boot_seed,
+            reproduction=False,
+        )
+        own = math.log(condition.high / condition.median) / z
         if len(groups) < 3:
             warnings.append("few_rounds")
-        round_meds = np.array([np.median(g) for g in groups])
+        round_meds = np.array([np.median(g) for g in groups.values()])
         if (round_meds.max() - round_meds.min()) / interval.median > 0.05:
             warnings.append("round_spread")
     else:
-        interval = sample_interval(values, confidence=confidence, n_boot=n_boot, seed=int(boot_seed))
+        interval = sample_interval(values, confidence=confidence, n_boot=n_boot, seed=boot_seed)
+        own = math.log(interval.high / interval.median) / z if interval.high > interval.median else 0.0
         warnings.append("single_round")
     p10, p25, p75, p90 = np.quantile(values, [0.10, 0.25, 0.75, 0.90])
     med = interval.median
@@ -466,6 +890,48 @@ def summarize(
         warnings.append("wide_iqr")
     if values.max() > 1.5 * med:
         warnings.append("outliers")
+    n_epochs = samples.epochs
+    if estimated:
+        assert between is not None
+        # A serving process differs from this sweep by its own shift and by this sweep's.
+        serve = math.sqrt(2.0 + 1.0 / n_epochs)
+        common = between.common_mode_scale(confidence) * between.common_mode_rel * serve
+        level = math.sqrt(own**2 + (between.level_rel * serve) ** 2)
+    else:
+        # Nothing between epochs is known: the fallback's process share is taken as common mode.
+        common = float(fallback or 0.0) / math.sqrt(2.0)
+        level = own
+    saving = SavingInterval(0.0, 0.0, 0.0, samples.rounds, 0.0, "native")
+    if reference is not None and samples.spec.kind is not CellKind.NATIVE:
+        paired = paired_saving_interval(
+            samples,
+            reference,
+            confidence=confidence,
+            n_boot=n_boot,
+            seed=boot_seed,
+            between=between if estimated else None,
+        )
+        if paired is None:
+            warnings.append("unpaired")
+            ref = summarize(
+                reference,
+                confidence=confidence,
+                n_boot=n_boot,
+                seed=seed,
+                reproduction=reproduction,
+                between=between,
+                between_run_rel=between_run_rel,
+            )
+            saving = SavingInterval(
+                1.0 - med / ref.median_ms,
+                1.0 - interval.high / ref.ci_low_ms,
+                1.0 - interval.low / ref.ci_high_ms,
+                0,
+                math.inf,
+                "unpaired_intervals",
+            )
+        else:
+            saving = paired
     return CellSummary(
         spec=samples.spec,
         median_ms=med,
@@ -478,6 +944,13 @@ def summarize(
         rounds=len(groups),
         ci_method=interval.method,
         warnings=tuple(warnings),
+        saving=saving.saving,
+        saving_ci_low=saving.low,
+        saving_ci_high=saving.high,
+        paired_rounds=saving.pairs,
+        epochs=n_epochs,
+        common_mode_rel=common,
+        level_rel=level,
     )
 
 
@@ -492,6 +965,8 @@ class CellProgress:
         taken: samples taken, throttled ones included (the cap counts these).
         visits: visits made to the cell.
         seed: the sweep seed (seeds the bootstrap).
+        reference: the kept samples of the native cell of the same G, for every other cell: its
+            precision is then judged on the paired saving.
     """
 
     samples: CellSamples
@@ -500,6 +975,7 @@ class CellProgress:
     taken: int
     visits: int
     seed: int = 0
+    reference: CellSamples | None = None
 
 
 class StoppingRule(Protocol):
@@ -534,13 +1010,39 @@ def _caps(progress: CellProgress, th: Thresholds) -> Decision | None:
 
 @dataclass(frozen=True, slots=True)
 class PrecisionRule:
-    """Adaptive stopping: stop when the interval's relative half-width ≤ ``precision_rel``.
+    """Adaptive stopping: stop when the round-level half-width ≤ ``precision_rel``.
 
-    The minimums (samples, rounds, time) must be met first; the caps and the total budget stop a
-    cell that has not reached precision (REJECT with the cap as reason).
+    A native cell is judged on its absolute interval; every other cell, given its native cell as
+    ``reference``, on its paired saving (in units of the native step), which the pairing makes far
+    tighter than either absolute interval. The between-epoch terms are not judged: more samples
+    cannot shrink them. The minimums (samples, rounds, epochs, time) must be met first; the caps and
+    the total budget stop a cell that has not reached precision (REJECT with the cap as reason).
     """
 
     thresholds: Thresholds
+
+    def _half_width(self, progress: CellProgress) -> float | None:
+        th = self.thresholds
+        seed = _bootstrap_seed(progress.seed, progress.samples.spec, len(progress.samples.raw_ms))
+        if progress.reference is not None and progress.samples.spec.kind is not CellKind.NATIVE:
+            paired = paired_saving_interval(
+                progress.samples, progress.reference, confidence=th.confidence, n_boot=th.n_boot, seed=seed
+            )
+            if paired is None:
+                return None
+            # Like the absolute interval, judged as what an independent re-sweep would agree to.
+            return paired.precision_rel * (math.sqrt(2.0) if th.reproduction else 1.0)
+        groups = progress.samples.round_groups()
+        epochs_of = progress.samples.round_epochs()
+        interval = median_interval(
+            list(groups.values()),
+            epochs=[epochs_of[r] for r in groups],
+            confidence=th.confidence,
+            n_boot=th.n_boot,
+            seed=seed,
+            reproduction=th.reproduction,
+        )
+        return math.log(interval.high / interval.median) if interval.high > interval.median else 0.0
 
     def __call__(self, progress: CellProgress) -> Decision:
         """Decide about one cell; see :class:`StoppingRule`."""
@@ -551,23 +1053,17 @@ class PrecisionRule:
         enough = (
             values.size >= th.min_samples
             and progress.samples.rounds >= max(th.min_rounds, 2)
+            and progress.samples.epochs >= th.min_epochs
             and progress.cell_seconds >= th.min_time_s
         )
         if enough:
-            # Precision is judged on the round-level interval: the between-run term of the
-            # reported interval cannot be reduced by measuring more, so it plays no part here.
-            summary = summarize(
-                progress.samples,
-                confidence=th.confidence,
-                n_boot=th.n_boot,
-                seed=progress.seed,
-                reproduction=th.reproduction,
-            )
-            if summary.half_width_rel <= th.precision_rel:
+            half = self._half_width(progress)
+            if half is not None and half <= th.precision_rel:
+                what = "paired saving" if progress.reference is not None else "interval"
                 return Decision(
                     Status.ACCEPT,
                     StopReason.PRECISION.value,
-                    f"half-width {summary.half_width_rel:.3%} <= {th.precision_rel:.3%}",
+                    f"{what} half-width {half:.3%} <= {th.precision_rel:.3%}",
                 )
         capped = _caps(progress, th)
         if capped is not None:
@@ -576,8 +1072,9 @@ class PrecisionRule:
             return Decision(
                 Status.UNKNOWN,
                 "too_few_samples",
-                f"{values.size} samples in {progress.samples.rounds} rounds; "
-                f"need {th.min_samples} in {th.min_rounds}",
+                f"{values.size} samples in {progress.samples.rounds} rounds and "
+                f"{progress.samples.epochs} epoch(s); need {th.min_samples} in {th.min_rounds} rounds "
+                f"and {th.min_epochs} epoch(s)",
             )
         return Decision(Status.UNDECIDED, "precision_not_reached")
 

@@ -43,6 +43,8 @@ from dspark_calibrate.calibrate.distributed import VISIT_FIELDS, Communicator, S
 from dspark_calibrate.calibrate.journal import Journal
 from dspark_calibrate.calibrate.ladder import CellKind, CellSpec
 from dspark_calibrate.calibrate.stats import (
+    NO_BETWEEN_RUN,
+    BetweenRun,
     CellProgress,
     CellSamples,
     CellSummary,
@@ -51,10 +53,12 @@ from dspark_calibrate.calibrate.stats import (
     PrecisionRule,
     Status,
     StoppingRule,
+    StopReason,
     Thresholds,
+    estimate_between_run,
     summarize,
 )
-from dspark_calibrate.calibrate.telemetry import THROTTLE_DROP_MASK, Telemetry
+from dspark_calibrate.calibrate.telemetry import SW_POWER_CAP, Telemetry, drop_mask, reason_names
 from dspark_calibrate.calibrate.timing import Step, Timer
 from dspark_calibrate.errors import ConfigError, MeasurementError, ProbeError
 
@@ -165,6 +169,7 @@ class SampleRow:
     power_w: float | None
     throttle_reasons: int | None
     kept: bool
+    epoch: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """Compact JSON form for the journal."""
@@ -179,6 +184,7 @@ class SampleRow:
             "power": self.power_w,
             "thr": self.throttle_reasons,
             "kept": self.kept,
+            "epoch": self.epoch,
         }
 
     @classmethod
@@ -195,6 +201,7 @@ class SampleRow:
             d["power"],
             d["thr"],
             bool(d["kept"]),
+            int(d.get("epoch", 0)),
         )
 
 
@@ -210,7 +217,9 @@ class _CellState:
 
     def kept(self) -> CellSamples:
         rows = [r for r in self.rows if r.kept]
-        return CellSamples(self.spec, tuple(r.ms for r in rows), tuple(r.round for r in rows))
+        return CellSamples(
+            self.spec, tuple(r.ms for r in rows), tuple(r.round for r in rows), tuple(r.epoch for r in rows)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +241,7 @@ class CellResult:
     temperature_c_max: float | None
     power_w_median: float | None
     source_result_sha256: str
+    power_capped: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +268,7 @@ class SweepResult:
     rounds: int
     seconds: float
     resumed: bool
+    between: BetweenRun = NO_BETWEEN_RUN
 
     @property
     def complete(self) -> bool:
@@ -296,6 +307,14 @@ class SweepResult:
                 c.temperature_c_max,
                 c.power_w_median,
                 c.source_result_sha256,
+                s.saving,
+                s.saving_ci_low,
+                s.saving_ci_high,
+                s.paired_rounds,
+                s.common_mode_rel,
+                s.level_rel,
+                s.epochs,
+                c.power_capped,
             )
             for name, value in zip(_SUMMARY_COLUMNS, values, strict=True):
                 cols[name].append(value)
@@ -304,6 +323,21 @@ class SweepResult:
     def unmeasured(self) -> tuple[CellSpec, ...]:
         """Cells without any kept sample."""
         return tuple(c.spec for c in self.cells if c.summary is None)
+
+    def throttle_summary(self) -> dict[str, Any]:
+        """What the throttle policy kept: counts, the power-capped share, the reasons seen."""
+        kept = self.samples.column("kept").to_numpy(zero_copy_only=False).astype(bool)
+        reasons = self.samples.column("throttle_reasons").to_numpy(zero_copy_only=False)
+        bits = np.nan_to_num(reasons.astype(np.float64), nan=0.0).astype(np.int64)
+        seen = int(np.bitwise_or.reduce(bits)) if bits.size else 0
+        capped = int(np.count_nonzero(kept & (bits & SW_POWER_CAP > 0)))
+        return {
+            "policy": self.config.thresholds.throttle_policy,
+            "samples_taken": int(kept.size),
+            "samples_kept": int(kept.sum()),
+            "power_capped_share": capped / int(kept.sum()) if kept.any() else 0.0,
+            "reasons_seen": reason_names(seen),
+        }
 
 
 _SUMMARY_COLUMNS = (
@@ -326,6 +360,14 @@ _SUMMARY_COLUMNS = (
     "temperature_c_max",
     "power_w_median",
     "source_result_sha256",
+    "saving",
+    "saving_ci_low",
+    "saving_ci_high",
+    "paired_rounds",
+    "common_mode_rel",
+    "level_rel",
+    "epochs",
+    "power_capped",
 )
 
 
@@ -363,6 +405,7 @@ def _samples_table(states: Iterable[_CellState]) -> pa.Table:
                 r.power_w,
                 r.throttle_reasons,
                 r.kept,
+                r.epoch,
             )
             for name, value in zip(_SAMPLE_COLUMNS, values, strict=True):
                 cols[name].append(value)
@@ -380,6 +423,7 @@ def _samples_table(states: Iterable[_CellState]) -> pa.Table:
             "power_w": pa.array(cols["power_w"], pa.float64()),
             "throttle_reasons": pa.array(cols["throttle_reasons"], pa.int64()),
             "kept": pa.array(cols["kept"], pa.bool_()),
+            "epoch": pa.array(cols["epoch"], pa.int64()),
         }
     )
 
@@ -397,6 +441,7 @@ _SAMPLE_COLUMNS = (
     "power_w",
     "throttle_reasons",
     "kept",
+    "epoch",
 )
 
 
@@ -405,13 +450,17 @@ def _median_or_none(values: Sequence[float | None], how: Callable[[np.ndarray], 
     return float(how(clean)) if clean.size else None
 
 
-def _finish_cell(st: _CellState, config: SweepConfig) -> CellResult:
+def _finish_cell(
+    st: _CellState, config: SweepConfig, between: BetweenRun, reference: CellSamples | None
+) -> CellResult:
     th = config.thresholds
     kept = st.kept()
     summary = None
     if kept.raw_ms:
         summary = summarize(
             kept,
+            reference=reference if reference is not None and reference.raw_ms else None,
+            between=between,
             confidence=th.confidence,
             n_boot=th.n_boot,
             seed=config.seed,
@@ -435,7 +484,22 @@ def _finish_cell(st: _CellState, config: SweepConfig) -> CellResult:
         temperature_c_max=_median_or_none([r.temperature_c for r in rows_kept], np.max),
         power_w_median=_median_or_none([r.power_w for r in rows_kept], np.median),
         source_result_sha256=logical_sha256(cell_table, "sweep-samples"),
+        power_capped=sum(1 for r in rows_kept if (r.throttle_reasons or 0) & SW_POWER_CAP),
     )
+
+
+def finish_cells(
+    config: SweepConfig, states: Mapping[CellSpec, _CellState]
+) -> tuple[tuple[CellResult, ...], BetweenRun]:
+    """Summarize every cell: the sweep's between-epoch components first, then each cell paired
+    with the native cell of its G."""
+    kept = {c: st.kept() for c, st in states.items()}
+    between = estimate_between_run({c: s for c, s in kept.items() if s.raw_ms})
+    results = tuple(
+        _finish_cell(states[c], config, between, None if c.kind is CellKind.NATIVE else kept.get(c.native))
+        for c in config.cells
+    )
+    return results, between
 
 
 class _Harness:
@@ -460,6 +524,10 @@ class _Harness:
         self.on_event = on_event
         self.states = {c: _CellState(c) for c in config.cells}
         self.steps: dict[CellSpec, Step] = {}
+        self.step_epoch: dict[CellSpec, int] = {}
+        # Re-capture needs a backend that can build a cell's step again (default: yes).
+        self.recapture = config.thresholds.recapture_every > 0 and bool(getattr(backend, "recapture", True))
+        self.mask = drop_mask(config.thresholds.throttle_policy)
         self.round = 0
         self.journal: Journal | None = None
         self.finished = False
@@ -496,6 +564,17 @@ class _Harness:
     def open_cells(self) -> list[CellSpec]:
         return [c for c, st in self.states.items() if st.decision is None]
 
+    def epoch(self, round_index: int) -> int:
+        """The capture epoch a round belongs to (0 without re-capture)."""
+        return round_index // self.config.thresholds.recapture_every if self.recapture else 0
+
+    def _siblings_open(self, native: CellSpec) -> bool:
+        """Whether another cell of the native cell's G still measures (the native stays to pair)."""
+        return any(
+            c.graph_batch_size == native.graph_batch_size and c != native and st.decision is None
+            for c, st in self.states.items()
+        )
+
     def sweep_seconds(self) -> float:
         return sum(st.seconds for st in self.states.values())
 
@@ -510,10 +589,17 @@ class _Harness:
     def _visit(self, cell: CellSpec) -> None:
         th = self.config.thresholds
         st = self.states[cell]
-        first = cell not in self.steps
-        warm = th.warmup_steps if st.visits == 0 else th.rewarm_steps
-        # Never take more than the per-cell cap, so a capped cell holds exactly the cap.
-        n_samples = max(1, min(th.samples_per_visit, th.max_samples_per_cell - len(st.rows)))
+        epoch = self.epoch(self.round)
+        # A new capture epoch builds the cell's step again and warms it up fully: what a new
+        # process would see (graph capture, memory placement) becomes visible to the statistics.
+        first = cell not in self.steps or self.step_epoch.get(cell) != epoch
+        warm = th.warmup_steps if first else th.rewarm_steps
+        if cell.kind is CellKind.NATIVE and len(st.rows) >= th.max_samples_per_cell:
+            # A native cell measures on past its cap while cells of its G still pair with it.
+            n_samples = th.samples_per_visit
+        else:
+            # Never take more than the per-cell cap, so a capped cell holds exactly the cap.
+            n_samples = max(1, min(th.samples_per_visit, th.max_samples_per_cell - len(st.rows)))
         readings: list[tuple[float, float, float, float]] = []
 
         def as_float(x: float | int | None) -> float:
@@ -536,7 +622,13 @@ class _Harness:
         times: list[float] = []
         try:
             if first:
+                if cell in self.steps:
+                    del self.steps[cell]
+                    release = getattr(self.backend, "release", None)
+                    if callable(release):
+                        release(cell)
                 self.steps[cell] = self.backend.prepare(cell)
+                self.step_epoch[cell] = epoch
             step = self.steps[cell]
             if warm:
                 self.timer.warm(step, warm)
@@ -580,7 +672,8 @@ class _Harness:
             ) from failure
         slowest = np.argmax(ms_all, axis=0)
         thr_all = np.nan_to_num(gathered[:, :, 4], nan=0.0).astype(np.int64)
-        throttled = np.any(thr_all & THROTTLE_DROP_MASK, axis=0)
+        # A sample is dropped when any rank reported a reason the throttle policy drops.
+        throttled = np.any(thr_all & self.mask, axis=0)
         rows = []
         for i in range(len(times)):
             rk = int(slowest[i])
@@ -595,8 +688,9 @@ class _Harness:
                     sm_clock_mhz=None if math.isnan(tel[0]) else float(tel[0]),
                     temperature_c=None if math.isnan(tel[1]) else float(tel[1]),
                     power_w=None if math.isnan(tel[2]) else float(tel[2]),
-                    throttle_reasons=None if math.isnan(tel[3]) else int(tel[3]),
-                    kept=not (th.drop_throttled and bool(throttled[i])),
+                    throttle_reasons=None if math.isnan(tel[3]) else int(np.bitwise_or.reduce(thr_all[:, i])),
+                    kept=not bool(throttled[i]),
+                    epoch=epoch,
                 )
             )
         visit_seconds = float(np.max(gathered[:, 0, 5]))
@@ -620,19 +714,64 @@ class _Harness:
         st.warmup_steps += warm
         st.visited_rounds.add(self.round)
 
+    def _check_kept_share(self) -> None:
+        """Stop at once when the throttle policy drops most samples: the budget would buy nothing.
+
+        Raises:
+            MeasurementError: the kept share is below ``min_kept_share``; names the reasons seen.
+        """
+        th = self.config.thresholds
+        rows = [r for st in self.states.values() for r in st.rows]
+        if not rows or not self.mask:
+            return
+        kept = sum(1 for r in rows if r.kept)
+        if kept / len(rows) >= th.min_kept_share:
+            return
+        bits = 0
+        for r in rows:
+            if not r.kept and r.throttle_reasons is not None:
+                bits |= r.throttle_reasons
+        names = ", ".join(reason_names(bits & self.mask)) or "none reported"
+        if th.throttle_policy == "strict" and bits & SW_POWER_CAP:
+            fix = (
+                "a GPU serving at high concurrency runs at its power cap, so measure that condition: "
+                "use --throttle-policy serving (the default)"
+            )
+        else:
+            fix = (
+                "cool the GPU or find what slows it (nvidia-smi -q -d PERFORMANCE), or keep these samples "
+                "with --throttle-policy keep-all if serving runs under the same slowdown"
+            )
+        raise MeasurementError(
+            f"throttle policy {th.throttle_policy!r} dropped {len(rows) - kept} of {len(rows)} samples "
+            f"after round {self.round} (kept {kept / len(rows):.0%} < {th.min_kept_share:.0%}); "
+            f"reasons seen: {names} (NVML clocks-event bits {hex(bits)}); {fix}. Nothing was written; "
+            "the journal keeps the samples"
+        )
+
+    def _progress(self, cell: CellSpec, total: float) -> CellProgress:
+        st = self.states[cell]
+        reference = None if cell.kind is CellKind.NATIVE else self.states[cell.native].kept()
+        return CellProgress(
+            samples=st.kept(),
+            cell_seconds=st.seconds,
+            sweep_seconds=total,
+            taken=len(st.rows),
+            visits=st.visits,
+            seed=self.config.seed,
+            reference=reference,
+        )
+
     def _decide(self) -> None:
         records = []
         total = self.sweep_seconds()
-        for cell in sorted(self.open_cells()):
+        # Non-native cells first: a native cell stops only once no cell of its G is left to pair
+        # with it (the saving of a compact cell is measured against native samples of the same
+        # rounds), unless the sweep's budget ends everything.
+        order = sorted(self.open_cells(), key=lambda c: (c.kind is CellKind.NATIVE, c))
+        for cell in order:
             st = self.states[cell]
-            progress = CellProgress(
-                samples=st.kept(),
-                cell_seconds=st.seconds,
-                sweep_seconds=total,
-                taken=len(st.rows),
-                visits=st.visits,
-                seed=self.config.seed,
-            )
+            progress = self._progress(cell, total)
             decision = self.rule(progress)
             if self.on_event is not None and progress.samples.rounds >= 2 and decision.reason != "non_finite":
                 th = self.config.thresholds
@@ -642,10 +781,18 @@ class _Harness:
                     n_boot=200,
                     seed=self.config.seed,
                     reproduction=th.reproduction,
+                    between_run_rel=0.0,
                 )
                 self.half_width[cell] = quick.half_width_rel
             if decision.status is Status.UNKNOWN and decision.reason == "non_finite":
                 raise MeasurementError(f"cell {cell.label()}: {decision.detail}")
+            if (
+                decision.stops
+                and cell.kind is CellKind.NATIVE
+                and decision.reason != StopReason.BUDGET.value
+                and self._siblings_open(cell)
+            ):
+                continue
             if decision.stops:
                 st.decision = decision
                 records.append(
@@ -666,6 +813,7 @@ class _Harness:
                 )
         records.append({"type": "round", "round": self.round})
         self._write(records)
+        self._check_kept_share()
 
     def _done(self) -> int:
         return sum(1 for st in self.states.values() if st.decision is not None)
@@ -778,10 +926,12 @@ def run_sweep(
     finally:
         if journal is not None:
             journal.close()
-    results = tuple(_finish_cell(harness.states[c], config) for c in config.cells)
+    results, between = finish_cells(config, harness.states)
     table = _samples_table(harness.states[c] for c in config.cells)
     harness._emit(SweepEvent("end", harness.round, harness._done(), len(harness.states)))
-    return SweepResult(config, results, table, harness.round, harness.sweep_seconds(), resumed)
+    return SweepResult(
+        config, results, table, harness.round, harness.sweep_seconds(), resumed, between=between
+    )
 
 
 def build_fingerprint(
@@ -877,6 +1027,8 @@ def write_sweep(
                 for c in result.cells
                 if c.summary and c.summary.warnings
             },
+            "between_run": result.between.to_dict(),
+            "throttle": result.throttle_summary(),
         }
     )
     summary_prov = replace(provenance, extra=extra)
@@ -970,7 +1122,6 @@ def result_from_imported(config: SweepConfig, imported: Any) -> SweepResult:
         ConfigError: the import holds a cell the configuration does not list.
     """
     from dspark_calibrate.calibrate.backends.import_samples import group_rounds
-    from dspark_calibrate.calibrate.stats import StopReason
 
     states = {c: _CellState(c) for c in config.cells}
     for cell, pairs in group_rounds(imported.samples).items():
@@ -981,8 +1132,9 @@ def result_from_imported(config: SweepConfig, imported: Any) -> SweepResult:
             st.rows.append(SampleRow(rnd, 0, i, ms, 1, None, None, None, None, True))
         st.visits = len({r for r, _ in pairs})
         st.decision = Decision(Status.ACCEPT, StopReason.IMPORTED.value, f"imported from {imported.source}")
-    results = tuple(_finish_cell(states[c], config) for c in config.cells)
-    return SweepResult(config, results, _samples_table(states[c] for c in config.cells), 0, 0.0, False)
+    results, between = finish_cells(config, states)
+    samples = _samples_table(states[c] for c in config.cells)
+    return SweepResult(config, results, samples, 0, 0.0, False, between=between)
 
 
 @dataclass(frozen=True, slots=True)
@@ -997,6 +1149,7 @@ class SweepRequest:
         budgets: explicit compact budgets per G.
         max_candidates: default candidates per G before thinning.
         include_control: also measure V = G·(K+1).
+        forced_k: also measure the forced-K arm of every G when the backend offers it.
         out: summary Parquet path.
         journal: journal path (default beside ``out``).
         resume: continue an interrupted sweep.
@@ -1018,6 +1171,7 @@ class SweepRequest:
     budgets: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     max_candidates: int = 48
     include_control: bool = True
+    forced_k: bool = True
     journal: Path | None = None
     resume: bool = False
     protocol: str = "adaptive"
@@ -1050,13 +1204,17 @@ def execute(
     from dspark_calibrate.calibrate.backends import load_backend
     from dspark_calibrate.calibrate.ladder import plan_cells
 
-    cells = plan_cells(
-        k=request.k,
-        ladder=request.ladder,
-        budgets=request.budgets,
-        max_per_g=request.max_candidates,
-        include_control=request.include_control,
-    )
+    def cells_for(forced_k: bool) -> tuple[CellSpec, ...]:
+        return plan_cells(
+            k=request.k,
+            ladder=request.ladder,
+            budgets=request.budgets,
+            max_per_g=request.max_candidates,
+            include_control=request.include_control,
+            include_forced_k=forced_k,
+        )
+
+    cells = cells_for(False)  # validates the ladder and budgets before any backend is loaded
     thresholds = request.thresholds
     if request.backend == IMPORT_BACKEND:
         from dspark_calibrate.calibrate.backends.import_samples import read_profiler_jsonl
@@ -1105,6 +1263,8 @@ def execute(
         options.setdefault("ladder", list(request.ladder))
     backend = load_backend(request.backend, options)
     try:
+        if request.forced_k and getattr(backend, "supports_forced_k", False):
+            cells = cells_for(True)
         fields = backend.fingerprint_fields()
         context_len = fields.pop("context_len", None)
         fingerprint = build_fingerprint(

@@ -48,8 +48,11 @@ def _parse_options(pairs: list[str]) -> dict[str, Any]:
 
 def _summary_table(result: Any) -> Table:
     table = Table(title=f"sweep: K={result.config.k}, {len(result.cells)} cells, {result.rounds} rounds")
-    for name in ("G", "V", "tokens", "median ms", "95% interval", "±%", "n", "rounds", "stop"):
-        table.add_column(name, justify="right" if name not in ("stop", "95% interval") else "left")
+    names = ("G", "V", "tokens", "median ms", "95% interval", "±%", "saving (95%)", "n", "rounds", "stop")
+    for name in names:
+        table.add_column(
+            name, justify="left" if name in ("stop", "95% interval", "saving (95%)") else "right"
+        )
     for c in result.cells:
         s = c.summary
         if s is None:
@@ -60,11 +63,17 @@ def _summary_table(result: Any) -> Table:
                 "-",
                 "-",
                 "-",
+                "-",
                 "0",
                 "0",
                 c.decision.reason,
             )
             continue
+        saving = "-"
+        if c.spec.kind.value != "native":
+            saving = f"{100 * s.saving:+.2f}% [{100 * s.saving_ci_low:+.2f}, {100 * s.saving_ci_high:+.2f}]"
+            if not s.paired_rounds:
+                saving += " unpaired"
         table.add_row(
             str(c.spec.graph_batch_size),
             str(c.spec.verifier_budget),
@@ -72,6 +81,7 @@ def _summary_table(result: Any) -> Table:
             f"{s.median_ms:.4f}",
             f"[{s.ci_low_ms:.4f}, {s.ci_high_ms:.4f}]",
             f"{100 * s.half_width_rel:.2f}",
+            saving,
             str(s.samples),
             str(s.rounds),
             c.decision.reason,
@@ -91,6 +101,8 @@ def _json_report(result: Any, output: Any) -> dict[str, Any]:
         "rounds": result.rounds,
         "sweep_seconds": result.seconds,
         "resumed": result.resumed,
+        "between_run": result.between.to_dict(),
+        "throttle": result.throttle_summary(),
         "cells": [
             {
                 "graph_batch_size": c.spec.graph_batch_size,
@@ -101,6 +113,11 @@ def _json_report(result: Any, output: Any) -> dict[str, Any]:
                 "step_time_ms": c.summary.median_ms if c.summary else None,
                 "ci_low_ms": c.summary.ci_low_ms if c.summary else None,
                 "ci_high_ms": c.summary.ci_high_ms if c.summary else None,
+                "saving": c.summary.saving if c.summary else None,
+                "saving_ci_low": c.summary.saving_ci_low if c.summary else None,
+                "saving_ci_high": c.summary.saving_ci_high if c.summary else None,
+                "paired_rounds": c.summary.paired_rounds if c.summary else 0,
+                "epochs": c.summary.epochs if c.summary else 0,
                 "samples": c.summary.samples if c.summary else 0,
                 "rounds": c.summary.rounds if c.summary else 0,
                 "warnings": list(c.summary.warnings) if c.summary else [],
@@ -137,6 +154,29 @@ def register(app: typer.Typer) -> None:
         control: Annotated[
             bool, typer.Option("--control/--no-control", help="Measure V=G*(K+1) as a control.")
         ] = True,
+        forced_k: Annotated[
+            bool,
+            typer.Option(
+                "--forced-k/--no-forced-k",
+                help="Measure the forced-K arm (confidence path on, windows forced to K) of every G "
+                "when the backend offers it; build charges its excess as the per-step overhead.",
+            ),
+        ] = True,
+        throttle_policy: Annotated[
+            str | None,
+            typer.Option(
+                help="Which throttled samples to keep: serving (default: keep power-capped samples, the "
+                "steady state of a serving GPU; drop thermal and hardware slowdowns), strict (drop every "
+                "slowdown) or keep-all.",
+            ),
+        ] = None,
+        recapture_every: Annotated[
+            int | None,
+            typer.Option(
+                help="Rounds per capture epoch: every that many rounds each cell is captured again and "
+                "fully re-warmed, so the sweep estimates its own between-run variation (0: never).",
+            ),
+        ] = None,
         protocol: Annotated[
             str, typer.Option(help="adaptive (rounds, stop on precision) or fixed (128+64).")
         ] = "adaptive",
@@ -211,6 +251,8 @@ def register(app: typer.Typer) -> None:
                 "rewarm_steps": rewarm,
                 "replays_per_sample": replays,
                 "samples_per_visit": samples_per_visit,
+                "throttle_policy": throttle_policy,
+                "recapture_every": recapture_every,
             }
             chosen = {name: v for name, v in overrides.items() if v is not None}
             if protocol == "fixed":
@@ -247,6 +289,7 @@ def register(app: typer.Typer) -> None:
                 budgets=parse_budgets(budgets or []),
                 max_candidates=max_candidates,
                 include_control=control,
+                forced_k=forced_k,
                 out=out,
                 journal=journal,
                 resume=resume,

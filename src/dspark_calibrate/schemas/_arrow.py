@@ -17,6 +17,7 @@ __all__ = [
     "ARTIFACT_KINDS",
     "KINDS",
     "SCHEMA_VERSION",
+    "SUPPORTED_SCHEMA_VERSIONS",
     "SchemaMismatch",
     "TableSpec",
     "arrow_schema",
@@ -49,84 +50,109 @@ _F64 = pa.float64()
 _STR = pa.string()
 
 _SPECS: dict[str, TableSpec] = {}
+#: Earlier schema versions that are still read and verified (never written): (kind, version).
+_LEGACY: dict[tuple[str, int], TableSpec] = {}
 
 
-def _register(kind: str, version: int, keys: tuple[str, ...], fields: list[pa.Field]) -> None:
+def _register(
+    kind: str, version: int, keys: tuple[str, ...], fields: list[pa.Field], *, legacy: bool = False
+) -> None:
     schema = pa.schema(fields)
     missing = [k for k in keys if k not in schema.names]
     if missing:  # pragma: no cover - a programming error in this module
         raise AssertionError(f"{kind}: key columns {missing} not in schema")
-    _SPECS[kind] = TableSpec(kind=kind, schema=schema, keys=keys, version=version)
+    spec = TableSpec(kind=kind, schema=schema, keys=keys, version=version)
+    if legacy:
+        _LEGACY[(kind, version)] = spec
+    else:
+        _SPECS[kind] = spec
 
 
 # Per-cell summary of a sweep (unsigned output of `sweep`; `build`/`sign` turn it into a cost table).
-# verifier_budget 0 is the native (static full-K) cell by convention (DESIGN §2).
+# verifier_budget 0 is the native (static full-K) cell by convention (DESIGN §2); -1 is the forced-K
+# arm (the engine's confidence path on, every window forced to K), measured to price the overhead.
+_SWEEP_V1 = [
+    _f("graph_batch_size", _I64),
+    _f("verifier_budget", _I64),
+    _f("tokens", _I64),  # tokens actually verified: G*(K+1) for the native cell, else V
+    _f("step_time_ms", _F64),  # median whole-step time
+    _f("ci_low_ms", _F64),
+    _f("ci_high_ms", _F64),
+    _f("p10_ms", _F64),
+    _f("p90_ms", _F64),
+    _f("iqr_ms", _F64),
+    _f("samples", _I64),
+    _f("rounds", _I64),
+    _f("dropped_throttled", _I64),
+    _f("warmup_steps", _I64),
+    _f("replays_per_sample", _I64),
+    _f("stop_reason", _STR),
+    _f("sm_clock_mhz_median", _F64, nullable=True),
+    _f("temperature_c_max", _F64, nullable=True),
+    _f("power_w_median", _F64, nullable=True),
+    _f("source_result_sha256", _STR),
+]
+# What the paired design adds (DESIGN §7, §9): the saving 1 - T(G,V)/T(G,0) from the medians, its
+# 95% interval from the rounds both cells were measured in (a prediction for a serving process),
+# how many rounds were paired (0: unpaired, priced the pre-pairing way), the relative SD of the
+# level shift common to every cell between processes, and this cell's own level SD beyond it.
+_PAIRED = [
+    _f("saving", _F64),
+    _f("saving_ci_low", _F64),
+    _f("saving_ci_high", _F64),
+    _f("paired_rounds", _I64),
+    _f("common_mode_rel", _F64),
+    _f("level_rel", _F64),
+]
+_register("sweep", 1, ("graph_batch_size", "verifier_budget"), _SWEEP_V1, legacy=True)
 _register(
     "sweep",
-    1,
+    2,
     ("graph_batch_size", "verifier_budget"),
     [
-        _f("graph_batch_size", _I64),
-        _f("verifier_budget", _I64),
-        _f("tokens", _I64),  # tokens actually verified: G*(K+1) for the native cell, else V
-        _f("step_time_ms", _F64),  # median whole-step time
-        _f("ci_low_ms", _F64),
-        _f("ci_high_ms", _F64),
-        _f("p10_ms", _F64),
-        _f("p90_ms", _F64),
-        _f("iqr_ms", _F64),
-        _f("samples", _I64),
-        _f("rounds", _I64),
-        _f("dropped_throttled", _I64),
-        _f("warmup_steps", _I64),
-        _f("replays_per_sample", _I64),
-        _f("stop_reason", _STR),
-        _f("sm_clock_mhz_median", _F64, nullable=True),
-        _f("temperature_c_max", _F64, nullable=True),
-        _f("power_w_median", _F64, nullable=True),
-        _f("source_result_sha256", _STR),
+        *_SWEEP_V1,
+        *_PAIRED,
+        _f("epochs", _I64),  # capture epochs (re-captured, re-warmed blocks of rounds) the cell spans
+        _f("power_capped", _I64),  # kept samples taken under the SW power cap (the serving condition)
     ],
 )
 
 # Raw samples of a sweep: every timed sample is kept, throttled ones flagged (kept=False).
-_register(
-    "sweep-samples",
-    1,
-    ("graph_batch_size", "verifier_budget", "round", "rank", "sample_index"),
-    [
-        _f("graph_batch_size", _I64),
-        _f("verifier_budget", _I64),
-        _f("round", _I64),
-        _f("rank", _I64),  # the slowest rank of this sample (all-reduce MAX across ranks)
-        _f("sample_index", _I64),
-        _f("step_time_ms", _F64),  # mean of `replays` back-to-back replays
-        _f("replays", _I64),
-        _f("sm_clock_mhz", _F64, nullable=True),
-        _f("temperature_c", _F64, nullable=True),
-        _f("power_w", _F64, nullable=True),
-        _f("throttle_reasons", _I64, nullable=True),
-        _f("kept", pa.bool_()),
-    ],
-)
+_SAMPLES_KEYS = ("graph_batch_size", "verifier_budget", "round", "rank", "sample_index")
+_SAMPLES_V1 = [
+    _f("graph_batch_size", _I64),
+    _f("verifier_budget", _I64),
+    _f("round", _I64),
+    _f("rank", _I64),  # the slowest rank of this sample (all-reduce MAX across ranks)
+    _f("sample_index", _I64),
+    _f("step_time_ms", _F64),  # mean of `replays` back-to-back replays
+    _f("replays", _I64),
+    _f("sm_clock_mhz", _F64, nullable=True),
+    _f("temperature_c", _F64, nullable=True),
+    _f("power_w", _F64, nullable=True),
+    _f("throttle_reasons", _I64, nullable=True),
+    _f("kept", pa.bool_()),
+]
+_register("sweep-samples", 1, _SAMPLES_KEYS, _SAMPLES_V1, legacy=True)
+# v2: the capture epoch of every sample (the block of rounds between two re-captures).
+_register("sweep-samples", 2, _SAMPLES_KEYS, [*_SAMPLES_V1, _f("epoch", _I64)])
 
 # Deployed cells with their measured whole-step times (signed).
-_register(
-    "cost-table",
-    1,
-    ("graph_batch_size", "verifier_budget"),
-    [
-        _f("graph_batch_size", _I64),
-        _f("verifier_budget", _I64),
-        _f("step_time_ms", _F64),
-        _f("ci_low_ms", _F64),
-        _f("ci_high_ms", _F64),
-        _f("p10_ms", _F64),
-        _f("p90_ms", _F64),
-        _f("samples", _I64),
-        _f("stop_reason", _STR),
-        _f("source_result_sha256", _STR),
-    ],
-)
+_COST_V1 = [
+    _f("graph_batch_size", _I64),
+    _f("verifier_budget", _I64),
+    _f("step_time_ms", _F64),
+    _f("ci_low_ms", _F64),
+    _f("ci_high_ms", _F64),
+    _f("p10_ms", _F64),
+    _f("p90_ms", _F64),
+    _f("samples", _I64),
+    _f("stop_reason", _STR),
+    _f("source_result_sha256", _STR),
+]
+_register("cost-table", 1, ("graph_batch_size", "verifier_budget"), _COST_V1, legacy=True)
+# v2: the paired savings and the level model behind build's joint uncertainty (DESIGN §9).
+_register("cost-table", 2, ("graph_batch_size", "verifier_budget"), [*_COST_V1, *_PAIRED])
 
 # Per-position confidence calibration (signed by build).
 _register(
@@ -197,24 +223,38 @@ _register(
 KINDS: tuple[str, ...] = tuple(sorted(_SPECS))
 #: Kinds that can be signed and deployed (DESIGN §4).
 ARTIFACT_KINDS: tuple[str, ...] = ("admission", "calibration", "cost-table", "sweep", "sweep-samples")
+#: The version every writer writes, per kind.
 SCHEMA_VERSION: Mapping[str, int] = MappingProxyType({k: s.version for k, s in _SPECS.items()})
+#: Every version that is still read and verified, per kind (ascending; the last one is written).
+SUPPORTED_SCHEMA_VERSIONS: Mapping[str, tuple[int, ...]] = MappingProxyType(
+    {k: tuple(sorted({s.version, *(v for (lk, v) in _LEGACY if lk == k)})) for k, s in _SPECS.items()}
+)
 
 
-def table_spec(kind: str) -> TableSpec:
-    """Return the spec of a table kind.
+def table_spec(kind: str, version: int | None = None) -> TableSpec:
+    """Return the spec of a table kind, the current version unless ``version`` names another.
 
     Raises:
-        SchemaMismatch: the kind is unknown.
+        SchemaMismatch: the kind is unknown, or the version is not supported.
     """
     try:
-        return _SPECS[kind]
+        spec = _SPECS[kind]
     except KeyError:
         raise SchemaMismatch(f"unknown table kind {kind!r}; known kinds: {', '.join(KINDS)}") from None
+    if version is None or version == spec.version:
+        return spec
+    legacy = _LEGACY.get((kind, version))
+    if legacy is None:
+        raise SchemaMismatch(
+            f"{kind} schema version {version!r} is not supported; this version reads "
+            f"{list(SUPPORTED_SCHEMA_VERSIONS[kind])}"
+        )
+    return legacy
 
 
-def arrow_schema(kind: str) -> pa.Schema:
-    """Return the Arrow schema of a table kind."""
-    return table_spec(kind).schema
+def arrow_schema(kind: str, version: int | None = None) -> pa.Schema:
+    """Return the Arrow schema of a table kind (the current version unless ``version`` is given)."""
+    return table_spec(kind, version).schema
 
 
 def key_columns(kind: str) -> tuple[str, ...]:
@@ -222,10 +262,11 @@ def key_columns(kind: str) -> tuple[str, ...]:
     return table_spec(kind).keys
 
 
-def conform_table(kind: str, table: pa.Table) -> pa.Table:
+def conform_table(kind: str, table: pa.Table, version: int | None = None) -> pa.Table:
     """Check that ``table`` has exactly the kind's columns, in order, with castable types.
 
     Safe casts only (int32 → int64, string → string); nothing is silently dropped or renamed.
+    ``version`` conforms to an earlier, still-read schema version instead of the current one.
 
     Returns:
         The table cast to the kind's schema.
@@ -234,7 +275,7 @@ def conform_table(kind: str, table: pa.Table) -> pa.Table:
         SchemaMismatch: a column is missing, extra, out of order, of the wrong type, or null where
             the schema forbids nulls.
     """
-    spec = table_spec(kind)
+    spec = table_spec(kind, version)
     want = spec.schema.names
     have = table.schema.names
     if have != want:

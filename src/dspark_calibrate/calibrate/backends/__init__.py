@@ -6,6 +6,12 @@ it also names the timer and telemetry that fit it, describes itself as JSON (tha
 enters the sweep's configuration digest and provenance) and may contribute fingerprint fields it
 can establish (GPU name, model config digest). :class:`BackendBase` supplies the defaults.
 
+Two optional capabilities (attributes with defaults in :class:`BackendBase`):
+``supports_forced_k`` — the backend can build the forced-K arm (V = −1: the engine's confidence
+path on, every window forced to K), so the sweep measures the per-step overhead; ``recapture`` —
+``prepare`` may be called again for a cell at the start of each capture epoch (``release(cell)``
+is called first so the old graph can be freed).
+
 Backends are found by :func:`load_backend` from a built-in name (``synthetic``, ``reference``,
 ``module``, ``trtllm``), an entry point in the group ``dspark_calibrate.backends``, or an import
 string ``pkg.mod:Factory``; the factory is called with the backend options as keyword arguments.
@@ -65,7 +71,7 @@ class Backend(Protocol):
     synthetic: bool
 
     def prepare(self, cell: CellSpec) -> Step:
-        """Build (capture) the step of one cell; called once per cell, before its first visit."""
+        """Build (capture) the step of one cell; called before its first visit of every epoch."""
         ...
 
     def timer(self) -> Timer:
@@ -97,6 +103,14 @@ class BackendBase:
 
     name: str = "base"
     synthetic: bool = False
+    #: The backend can build the forced-K arm (``CellKind.FORCED_K``) of every G.
+    supports_forced_k: bool = False
+    #: ``prepare`` may build a cell's step again (capture epochs).
+    recapture: bool = True
+
+    def release(self, cell: CellSpec) -> None:
+        """Forget the step built for ``cell`` before it is prepared again (default: nothing)."""
+        return None
 
     def prepare(self, cell: CellSpec) -> Step:
         """Build the step of one cell.

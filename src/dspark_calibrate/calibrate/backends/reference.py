@@ -478,7 +478,7 @@ class ReferenceBackend(BackendBase):
             )
         if self._stream is not None:
             self._stream.synchronize()
-        self._graph_refs: list[Any] = []
+        self._graph_refs: dict[CellSpec, Any] = {}
 
     def _on_stream(self) -> Any:
         import contextlib
@@ -516,8 +516,12 @@ class ReferenceBackend(BackendBase):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
                 self.model.forward(buf)
-        self._graph_refs.append((graph, buf))
+        self._graph_refs[cell] = (graph, buf)
         return graph.replay  # type: ignore[no-any-return]  # CUDAGraph.replay is a bound method
+
+    def release(self, cell: CellSpec) -> None:
+        """Drop the cell's graph and buffers before it is captured again (a new capture epoch)."""
+        self._graph_refs.pop(cell, None)
 
     def timer(self) -> Timer:
         """CUDA events on the backend stream on GPU; the host clock on CPU."""

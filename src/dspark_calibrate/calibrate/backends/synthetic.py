@@ -9,6 +9,13 @@ The model: ``T = base + per_row·G + per_tile·ceil(tokens / tile) (+ compact_ov
 staircase in V — multiplied by a slow sinusoidal drift (heat), a cold-start penalty that decays
 over the first replays after switching cells (why warm-up is needed), log-normal noise, rare
 outliers, and optional throttling that slows the step and is reported through telemetry.
+
+What separates two processes can be simulated too: ``process_rel`` draws one level shift for the
+whole backend (common to every cell: the machine, the clock state at start), ``capture_rel`` a
+shift per cell at every ``prepare`` (graph capture, memory placement). ``power_capped`` runs every
+step at the power cap (reported as the SW power-cap reason, slower by ``power_cap_slowdown_rel``):
+the steady state of a serving GPU. The forced-K arm costs the native step plus
+``confidence_path_ms``.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from dspark_calibrate.calibrate.backends import BackendBase
-from dspark_calibrate.calibrate.ladder import CellSpec
+from dspark_calibrate.calibrate.ladder import CellKind, CellSpec
 from dspark_calibrate.calibrate.telemetry import Telemetry, TelemetrySample
 from dspark_calibrate.calibrate.timing import HostTimer, Step, Timer
 from dspark_calibrate.errors import ConfigError
@@ -46,19 +53,28 @@ class SyntheticModel:
     outlier_prob: float = 0.002
     throttle_prob: float = 0.0
     throttle_slowdown_rel: float = 0.15
+    confidence_path_ms: float = 0.04
+    process_rel: float = 0.0
+    capture_rel: float = 0.0
+    power_capped: bool = False
+    power_cap_slowdown_rel: float = 0.03
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
+            if isinstance(value, bool):
+                continue
             if not math.isfinite(value) or value < 0:
                 raise ConfigError(f"synthetic model {name}={value!r} must be finite and >= 0")
         if self.tile < 1 or self.base_ms <= 0 or self.drift_period_s <= 0:
             raise ConfigError("synthetic model needs tile >= 1, base_ms > 0 and drift_period_s > 0")
 
     def expected_ms(self, cell: CellSpec) -> float:
-        """Noise-free step time of a cell."""
+        """Noise-free step time of a cell (before the process, capture and power-cap factors)."""
         t = self.base_ms + self.per_row_ms * cell.graph_batch_size
         t += self.per_tile_ms * math.ceil(cell.tokens / self.tile)
-        if cell.verifier_budget:
+        if cell.kind is CellKind.FORCED_K:
+            t += self.confidence_path_ms
+        elif cell.verifier_budget:
             t += self.compact_overhead_ms
         return t
 
@@ -84,11 +100,12 @@ class _SyntheticTelemetry:
 
     def read(self) -> TelemetrySample:
         throttled = self._backend.last_throttled
+        capped = self._backend.model.power_capped
         return TelemetrySample(
-            sm_clock_mhz=1500.0 if throttled else 1980.0,
+            sm_clock_mhz=1500.0 if throttled else (1755.0 if capped else 1980.0),
             temperature_c=60.0 + 10.0 * self._backend.drift(),
-            power_w=500.0,
-            throttle_reasons=0x20 if throttled else 0,
+            power_w=700.0 if capped else 500.0,
+            throttle_reasons=(0x20 if throttled else 0) | (0x4 if capped else 0),
         )
 
     def describe(self) -> str:
@@ -96,10 +113,10 @@ class _SyntheticTelemetry:
 
 
 class _SyntheticStep:
-    def __init__(self, backend: SyntheticBackend, cell: CellSpec) -> None:
+    def __init__(self, backend: SyntheticBackend, cell: CellSpec, capture_factor: float) -> None:
         self._backend = backend
         self._cell = cell
-        self._expected = backend.model.expected_ms(cell)
+        self._expected = backend.model.expected_ms(cell) * capture_factor * backend.process_factor
 
     def __call__(self) -> None:
         self._backend.run(self._cell, self._expected)
@@ -118,6 +135,7 @@ class SyntheticBackend(BackendBase):
 
     name = "synthetic"
     synthetic = True
+    supports_forced_k = True
 
     def __init__(
         self,
@@ -141,6 +159,11 @@ class SyntheticBackend(BackendBase):
         self._nan_at = nan_at
         self._real_delay_s = float(real_delay_s)
         self.last_throttled = False
+        # Separate streams, so simulating a process or a capture shift leaves the noise unchanged.
+        self._capture_rng = np.random.default_rng([self.seed, 1])
+        self.process_factor = math.exp(
+            float(np.random.default_rng([self.seed, 2]).normal(0.0, self.model.process_rel))
+        )
 
     def drift(self) -> float:
         """Relative drift now, in [-1, 1] (scaled by ``drift_rel`` in the model)."""
@@ -172,11 +195,14 @@ class SyntheticBackend(BackendBase):
         self.last_throttled = bool(self._rng.random() < m.throttle_prob)
         if self.last_throttled:
             factor *= 1.0 + m.throttle_slowdown_rel
+        if m.power_capped:
+            factor *= 1.0 + m.power_cap_slowdown_rel
         self.clock.advance(expected_ms * factor / 1000.0)
 
     def prepare(self, cell: CellSpec) -> Step:
-        """A step that advances the virtual clock by the modelled time."""
-        return _SyntheticStep(self, cell)
+        """A step that advances the virtual clock by the modelled time (a fresh capture shift)."""
+        capture = math.exp(float(self._capture_rng.normal(0.0, self.model.capture_rel)))
+        return _SyntheticStep(self, cell, capture)
 
     def timer(self) -> Timer:
         """A host timer on the virtual clock."""
