@@ -97,7 +97,15 @@ def test_drops_within_noise_are_undecided() -> None:
     for r in rows:
         if r["verifier_budget"]:
             t = nat * 0.999
-            r.update(step_time_ms=t, ci_low_ms=t * 0.99, ci_high_ms=t * 1.01)
+            # The paired saving's interval reaches below 0: the drop may be noise.
+            r.update(
+                step_time_ms=t,
+                ci_low_ms=t * 0.99,
+                ci_high_ms=t * 1.01,
+                saving=0.001,
+                saving_ci_low=-0.004,
+                saving_ci_high=0.006,
+            )
     decision, numbers = flatness(CellGrid.from_rows(K, rows))
     assert decision.status is Status.UNDECIDED and decision.reason == "flat_within_noise"
     assert numbers[0]["saving_fraction"] == pytest.approx(0.001)

@@ -19,6 +19,7 @@ from typing import Any
 
 from dspark_calibrate.artifacts._atomic import atomic_write_bytes, publish_directory
 from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict, sha256_hex
+from dspark_calibrate.artifacts._content import LEGACY_UNPAIRED_COSTS, Notice
 from dspark_calibrate.artifacts._logical_hash import (
     LogicalHashError,
     canonical_table_bytes,
@@ -94,6 +95,7 @@ _LAZY: dict[str, str] = {
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "LEGACY_UNPAIRED_COSTS",
     "TRTLLM_FINGERPRINT_FIELDS",
     "ArtifactReadError",
     "Finding",
@@ -102,6 +104,7 @@ __all__ = [
     "LoadedArtifact",
     "LogicalHashError",
     "ModelError",
+    "Notice",
     "Provenance",
     "ReadLimits",
     "Reason",

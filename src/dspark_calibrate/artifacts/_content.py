@@ -21,7 +21,14 @@ from dspark_calibrate.artifacts._models import TRTLLM_FINGERPRINT_FIELDS, Finger
 from dspark_calibrate.artifacts._reasons import Finding, Reason
 from dspark_calibrate.schemas import SCHEMA_VERSION, arrow_schema
 
-__all__ = ["MAX_COMPACT_PER_G", "MAX_DEPLOYED_CELLS", "Notice", "content_findings", "content_notices"]
+__all__ = [
+    "LEGACY_UNPAIRED_COSTS",
+    "MAX_COMPACT_PER_G",
+    "MAX_DEPLOYED_CELLS",
+    "Notice",
+    "content_findings",
+    "content_notices",
+]
 
 #: Engine limits on deployed cells (DESIGN §2): compact cells per G, and cells in total.
 MAX_COMPACT_PER_G = 4

@@ -40,6 +40,7 @@ import pyarrow as pa
 
 from dspark_calibrate import __version__
 from dspark_calibrate.artifacts import (
+    LEGACY_UNPAIRED_COSTS,
     TRTLLM_FINGERPRINT_FIELDS,
     ArtifactReadError,
     Fingerprint,
@@ -278,7 +279,7 @@ def load_build_inputs(sweeps: Sequence[Path], calibration: Path, workload: Path)
     rows: list[Mapping[str, Any]] = []
     for x in loaded:
         try:
-            rows.extend(conform_table("sweep", x.table).to_pylist())
+            rows.extend(conform_table("sweep", x.table, version=x.schema_version).to_pylist())
         except SchemaMismatch as exc:
             raise ConfigError(f"{x.path}: {exc}") from exc
     ladder = set(fp.rank_local_graph_batch_sizes)
@@ -369,16 +370,41 @@ def admission_summary(report: ReplayReport, workload: Workload) -> dict[str, Any
     return summary
 
 
-def _cost_table(inputs: BuildInputs, cells: Sequence[tuple[int, int]]) -> pa.Table:
-    keep = set(cells)
-    rows = [
-        r
-        for r in inputs.sweep_rows
-        if int(r["verifier_budget"]) == 0 or (int(r["graph_batch_size"]), int(r["verifier_budget"])) in keep
-    ]
-    names = arrow_schema("cost-table").names
-    rows = sorted(rows, key=lambda r: (int(r["graph_batch_size"]), int(r["verifier_budget"])))
-    return pa.Table.from_pylist([{n: r[n] for n in names} for r in rows], schema=arrow_schema("cost-table"))
+def _cost_table(inputs: BuildInputs, grid: CellGrid) -> pa.Table:
+    """The deployed cells (native + chosen compact) as measured; the paired columns come from the
+    grid, so a schema-1 sweep yields its derived, unpaired savings (paired_rounds 0)."""
+    deployed = {(c.graph_batch_size, c.verifier_budget): c for c in grid.cells}
+    rows = []
+    for r in sorted(inputs.sweep_rows, key=lambda r: (int(r["graph_batch_size"]), int(r["verifier_budget"]))):
+        cell = deployed.get((int(r["graph_batch_size"]), int(r["verifier_budget"])))
+        if cell is None:
+            continue
+        row = {n: r[n] for n in _MEASURED_COLUMNS}
+        row.update(
+            saving=cell.saving,
+            saving_ci_low=cell.saving_ci_low,
+            saving_ci_high=cell.saving_ci_high,
+            paired_rounds=cell.paired_rounds,
+            common_mode_rel=cell.common_mode_rel,
+            level_rel=cell.level_rel,
+        )
+        rows.append(row)
+    return pa.Table.from_pylist(rows, schema=arrow_schema("cost-table"))
+
+
+#: Cost-table columns copied from the sweep as measured (the rest describe the paired saving).
+_MEASURED_COLUMNS = (
+    "graph_batch_size",
+    "verifier_budget",
+    "step_time_ms",
+    "ci_low_ms",
+    "ci_high_ms",
+    "p10_ms",
+    "p90_ms",
+    "samples",
+    "stop_reason",
+    "source_result_sha256",
+)
 
 
 def _undeployed(inputs: BuildInputs, cells: Sequence[tuple[int, int]]) -> list[dict[str, Any]]:
@@ -389,7 +415,7 @@ def _undeployed(inputs: BuildInputs, cells: Sequence[tuple[int, int]]) -> list[d
         for r in sorted(
             inputs.sweep_rows, key=lambda r: (int(r["graph_batch_size"]), int(r["verifier_budget"]))
         )
-        if int(r["verifier_budget"]) != 0
+        if int(r["verifier_budget"]) > 0
         and (int(r["graph_batch_size"]), int(r["verifier_budget"])) not in keep
     ]
 
@@ -544,11 +570,13 @@ def build_bundle(
         notes.append(
             f"never deployed (V=G cannot carry a real row; V=G*(K+1) is the control): {list(grid.dropped)}"
         )
-    if options.overhead_ms is None:
+    if not final.paired:
         notes.append(
-            f"fixed confidence-path overhead: {report.economics.overhead_source}; "
-            "measure it and pass --overhead-ms"
+            f"{LEGACY_UNPAIRED_COSTS}: the sweep predates paired savings, so the economics are priced the "
+            "pre-pairing way (per-step worst case of two unpaired intervals), which refuses gains that are "
+            "real; re-run the sweep with this version"
         )
+    notes.append(f"fixed confidence-path overhead: {report.economics.overhead_source}")
     prov = Provenance(
         tool_version=__version__,
         command=tuple(options.command),
@@ -577,6 +605,16 @@ def build_bundle(
                     "safety_margin": report.economics.safety_margin_source,
                 },
                 "pessimistic_gain": report.pessimistic_gain,
+                "uncertainty_model": report.uncertainty_model,
+                "forced_k_arms": [
+                    {
+                        "graph_batch_size": c.graph_batch_size,
+                        "overhead_ms": -c.saving * final.native(c.graph_batch_size).step_time_ms,
+                        "overhead_rel": [-c.saving_ci_high, -c.saving, -c.saving_ci_low],
+                        "paired_rounds": c.paired_rounds,
+                    }
+                    for c in final.forced
+                ],
                 "reasons": dict(report.reasons),
                 "bootstrap": dict(report.bootstrap),
                 "notes": notes,
@@ -585,7 +623,7 @@ def build_bundle(
     )
     tables: dict[str, tuple[pa.Table, Mapping[str, Any]]] = {
         "cost-table": (
-            _cost_table(inputs, cells),
+            _cost_table(inputs, final),
             {"cells": len(cells) + len(final.ladder), "k": k, "candidates": _undeployed(inputs, cells)},
         ),
         "calibration": (

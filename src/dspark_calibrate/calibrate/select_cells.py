@@ -17,10 +17,14 @@ choice rule, by greedy forward selection with re-evaluation:
 Adding a cell can lower the value (the runtime ranks by group value, not by the replay's value),
 which is why every round re-evaluates instead of ranking candidates once.
 
+Only cells that save for sure are candidates: a compact cell whose paired saving interval reaches
+0 or below is never deployed (``not_significant`` in the flatness rows), so no signed table claims a
+saving its own evidence does not support.
+
 Refusals (STYLE rule 11): a flat table (no compact median below native) is REJECT, drops that are
-all within the measurement intervals are UNDECIDED, a table whose cells never change a decision
-profitably on this workload is REJECT; :func:`require_cells` turns anything but ACCEPT into a
-``ConfigError`` that gives the numbers. Pure: no I/O.
+all within the measurement intervals (no saving interval above 0) are UNDECIDED, a table whose
+cells never change a decision profitably on this workload is REJECT; :func:`require_cells` turns
+anything but ACCEPT into a ``ConfigError`` that gives the numbers. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -95,8 +99,9 @@ def flatness(grid: CellGrid) -> tuple[Decision, tuple[Mapping[str, Any], ...]]:
 
     Returns:
         REJECT ``flat`` when no compact median is below its native median, UNDECIDED
-        ``flat_within_noise`` when every drop lies within the intervals (ci_high(G,V) >= ci_low(G,0)),
-        ACCEPT ``staircase`` otherwise; and the per-G numbers.
+        ``flat_within_noise`` when no cell's saving interval lies above 0 (paired, or for a
+        schema-1 table derived from the two absolute intervals), ACCEPT ``staircase`` otherwise;
+        and the per-G numbers.
     """
     rows = []
     for g in grid.ladder:
@@ -115,7 +120,8 @@ def flatness(grid: CellGrid) -> tuple[Decision, tuple[Mapping[str, Any], ...]]:
                 "best_ms": best.step_time_ms,
                 "saving_ms": nat.step_time_ms - best.step_time_ms,
                 "saving_fraction": (nat.step_time_ms - best.step_time_ms) / nat.step_time_ms,
-                "significant": any(c.ci_high_ms < nat.ci_low_ms for c in comp),
+                "significant": any(c.saving_ci_low > 0 for c in comp),
+                "not_significant": sorted(c.verifier_budget for c in comp if c.saving_ci_low <= 0),
             }
         )
     text = "; ".join(
@@ -196,7 +202,13 @@ def select_cells(
     cur_v = np.full(s_count, -1, dtype=np.int64)
     cur_val = np.zeros(s_count)
     cur_cell = np.full(s_count, -1, dtype=np.int64)  # index into candidates
-    candidates = [(g, j, c.verifier_budget) for g in ladder for j, c in enumerate(grid.compact(g))]
+    # Only cells that save for sure: their saving interval lies above 0.
+    candidates = [
+        (g, j, c.verifier_budget)
+        for g in ladder
+        for j, c in enumerate(grid.compact(g))
+        if c.saving_ci_low > 0
+    ]
     steps_of_g = {g: np.flatnonzero(evidence.graph_batch_size == g) for g in ladder}
     chosen: list[int] = []
     per_g = dict.fromkeys(ladder, 0)

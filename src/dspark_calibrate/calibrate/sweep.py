@@ -528,6 +528,8 @@ class _Harness:
         # Re-capture needs a backend that can build a cell's step again (default: yes).
         self.recapture = config.thresholds.recapture_every > 0 and bool(getattr(backend, "recapture", True))
         self.mask = drop_mask(config.thresholds.throttle_policy)
+        self.seconds_total = 0.0  # kept equal to the sum of every cell's seconds
+        self.eta: float | None = None  # estimated once per round
         self.round = 0
         self.journal: Journal | None = None
         self.finished = False
@@ -543,6 +545,7 @@ class _Harness:
                 st.rows.extend(SampleRow.from_json(s) for s in rec["samples"])
                 st.visits += 1
                 st.seconds += float(rec["seconds"])
+                self.seconds_total += float(rec["seconds"])
                 st.warmup_steps += int(rec["warmup"])
                 st.visited_rounds.add(int(rec["round"]))
             elif kind == "stop":
@@ -576,7 +579,7 @@ class _Harness:
         )
 
     def sweep_seconds(self) -> float:
-        return sum(st.seconds for st in self.states.values())
+        return self.seconds_total
 
     def _write(self, records: Sequence[Mapping[str, Any]], *, sync: bool = True) -> None:
         if self.journal is not None:
@@ -711,6 +714,7 @@ class _Harness:
         st.rows.extend(rows)
         st.visits += 1
         st.seconds += visit_seconds
+        self.seconds_total += visit_seconds
         st.warmup_steps += warm
         st.visited_rounds.add(self.round)
 
@@ -830,7 +834,8 @@ class _Harness:
     def run(self) -> None:
         th = self.config.thresholds
         while not self.finished and self.open_cells():
-            self._emit(SweepEvent("round", self.round, self._done(), len(self.states), eta_s=self._eta()))
+            self.eta = self._eta()
+            self._emit(SweepEvent("round", self.round, self._done(), len(self.states), eta_s=self.eta))
             for cell in round_order(self.config.seed, self.round, self.open_cells()):
                 if self.round in self.states[cell].visited_rounds:
                     continue  # visited before a crash in this round
@@ -839,7 +844,7 @@ class _Harness:
                 self._visit(cell)
                 hw = self.half_width.get(cell)
                 self._emit(
-                    SweepEvent("visit", self.round, self._done(), len(self.states), cell, hw, self._eta())
+                    SweepEvent("visit", self.round, self._done(), len(self.states), cell, hw, self.eta)
                 )
             self._decide()
             self.round += 1

@@ -147,6 +147,9 @@ def draw_costs(
             np.broadcast_to(high, (draws, len(cells))),
             LEGACY,
         )
+    # The best estimate of a compact cell's cost is its native cell's times the paired saving:
+    # the pairing removed what the two medians' rounds did not share.
+    compact_point = native_point[col] * (1.0 - np.array([c.saving for c in cells]))
     common_sd = max((c.common_mode_rel for c in (*natives, *cells)), default=0.0)
     level = rng.standard_normal((draws, 1)) * common_sd
     own = rng.standard_normal((draws, len(ladder))) * np.array([c.level_rel for c in natives])
