@@ -44,11 +44,13 @@ def _check_journal_order(journal: Path, seed: int, cells: tuple[CellSpec, ...]) 
 
 def test_resume_after_backend_failure_does_not_remeasure(tmp_path: Path) -> None:
     journal = tmp_path / "j.jsonl"
+    # A precision target that cells reach in different rounds.
+    th = Thresholds.quick(precision_rel=0.004)
     whole = SyntheticBackend(seed=0)
-    run_sweep(make_config(whole)[0], whole, journal_path=None)
+    run_sweep(make_config(whole, thresholds=th)[0], whole, journal_path=None)
     # Fail late enough that some cells finished, early enough that others had not.
     broken = SyntheticBackend(seed=0, fail_at=int(0.9 * whole._steps))
-    config, _ = make_config(broken)
+    config, _ = make_config(broken, thresholds=th)
     with pytest.raises(MeasurementError):
         run_sweep(config, broken, journal_path=journal)
     before = read_journal(journal).records
