@@ -7,6 +7,7 @@ import base64
 import dataclasses
 import io
 import json
+import math
 import os
 import struct
 from collections.abc import Callable
@@ -33,16 +34,18 @@ from dspark_calibrate.artifacts import (
     require_valid,
     verify_artifact,
     verify_path,
+    write_unsigned_artifact,
 )
 from dspark_calibrate.artifacts._parquet import encode_artifact
 from dspark_calibrate.artifacts._trust import TrustRoot
-from dspark_calibrate.errors import ArtifactRejected
+from dspark_calibrate.errors import ArtifactRejected, ConfigError
 from tests.factories import (
     NOW,
     calibration_rows,
     cost_rows,
     make_cost_table,
     make_fingerprint,
+    make_provenance,
     make_table,
 )
 from tests.signing import envelope_of, make_root, make_signers, put_envelope, resign, sign_table
@@ -550,6 +553,37 @@ CASES += [
         Reason.CONTENT_INVALID,
         "ci_low_ms",
     ),
+    # --- paired savings (cost-table schema 2): no negative or NaN bound is ever signed ---
+    (
+        "saving_outside_its_interval",
+        _content_case(lambda r: [r[0], {**r[1], "saving": r[1]["saving_ci_high"] + 0.01}, *r[2:]]),
+        Reason.CONTENT_INVALID,
+        "saving",
+    ),
+    (
+        "saving_of_one_or_more",
+        _content_case(lambda r: [r[0], {**r[1], "saving": 1.0, "saving_ci_high": 1.2}, *r[2:]]),
+        Reason.CONTENT_INVALID,
+        "saving",
+    ),
+    (
+        "native_with_a_saving",
+        _content_case(lambda r: [{**r[0], "saving_ci_high": 0.001}, *r[1:]]),
+        Reason.CONTENT_INVALID,
+        "saving",
+    ),
+    (
+        "compact_saving_bound_not_above_zero",
+        _content_case(lambda r: [r[0], {**r[1], "saving_ci_low": -0.001}, *r[2:]]),
+        Reason.CONTENT_INVALID,
+        "saving_ci_low",
+    ),
+    (
+        "negative_common_mode",
+        _content_case(lambda r: [{**r[0], "common_mode_rel": -0.01}, *r[1:]]),
+        Reason.CONTENT_INVALID,
+        "common_mode_rel",
+    ),
     # --- two defects: the earlier step wins ---
     (
         "two_defects_signature_and_expiry",
@@ -812,3 +846,17 @@ def test_random_byte_flips_never_change_what_is_read(ctx: Ctx) -> None:
             assert dict(art.summary) == dict(original.summary) and art.fingerprint == original.fingerprint
     # Page-header fields the reader does not use are the rest; most flips land in content.
     assert accepted <= 400 * 0.15
+
+
+def test_a_nan_saving_bound_cannot_even_be_written(tmp_path: Path) -> None:
+    """The logical hash refuses NaN, so no NaN bound ever reaches a signature."""
+    rows = cost_rows()
+    rows[1]["saving_ci_high"] = math.nan
+    with pytest.raises(ConfigError, match="saving_ci_high"):
+        write_unsigned_artifact(
+            tmp_path / "c.parquet",
+            make_table("cost-table", rows),
+            kind="cost-table",
+            fingerprint=make_fingerprint(),
+            provenance=make_provenance(),
+        )

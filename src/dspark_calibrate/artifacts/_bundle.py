@@ -20,6 +20,7 @@ from securesystemslib.signer import Signer
 
 from dspark_calibrate.artifacts._atomic import atomic_write_bytes
 from dspark_calibrate.artifacts._canonical import canonical_json
+from dspark_calibrate.artifacts._content import Notice
 from dspark_calibrate.artifacts._envelope import (
     BUNDLE_PREDICATE_TYPE,
     EnvelopeError,
@@ -88,6 +89,11 @@ class BundleReport(FindingsOutcome):
         report = self.members.get(kind)
         return report.artifact if report is not None and report.ok else None
 
+    @property
+    def notices(self) -> tuple[Notice, ...]:
+        """The members' notices, in member order (never a rejection)."""
+        return tuple(n for _, r in sorted(self.members.items()) for n in r.notices)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         return {
@@ -100,6 +106,7 @@ class BundleReport(FindingsOutcome):
             "manifest_keyids": list(self.manifest_keyids),
             "findings": [f.to_dict() for f in self.findings],
             "members": {k: r.to_dict() for k, r in sorted(self.members.items())},
+            "notices": [n.to_dict() for n in self.notices],
         }
 
 

@@ -161,6 +161,11 @@ class VerificationReport(FindingsOutcome):
         return not self.findings and self.artifact is not None
 
     @property
+    def notices(self) -> tuple[Notice, ...]:
+        """What a consumer should know about the accepted artifact (never a rejection)."""
+        return self.artifact.notices if self.artifact is not None else ()
+
+    @property
     def message(self) -> str:
         """The first finding's message, or a one-line success summary."""
         if self.findings:

@@ -63,6 +63,7 @@ from dspark_calibrate.errors import ConfigError
 
 __all__ = [
     "FALLBACK_BETWEEN_RUN_REL",
+    "FORCED_K_PRECISION_SHARE",
     "BetweenRun",
     "CellProgress",
     "CellSamples",
@@ -84,6 +85,10 @@ __all__ = [
     "summarize",
 ]
 
+#: The forced-K arm stops at this share of the precision target: its excess over the native step
+#: is charged on every policy step, native ones included, so its error weighs as much as the
+#: whole gain (DESIGN §9), while a compact cell's error only touches the steps that choose it.
+FORCED_K_PRECISION_SHARE = 0.25
 #: Relative SD of the sweep-to-sweep difference of a cell's median used when a sweep cannot
 #: estimate its own (fewer than two capture epochs): 0.52%, measured between two H200 machine
 #: starts on a DeepSeek-V3-shaped 4-layer step (benchmarks/results/sweep_efficiency.json).
@@ -734,15 +739,36 @@ def _epoch_means_and_noise(
     return means, float(np.mean(noise)) if noise else 0.0
 
 
+#: MAD to SD for a normal distribution.
+_MAD_TO_SD = 1.482602218505602
+#: Gaussian efficiency of the MAD as a scale estimate (about 37%): a MAD over n residuals is as
+#: uncertain as an SD over 0.37 n, so its Student quantile uses that many degrees of freedom.
+_MAD_EFFICIENCY = 0.37
+
+
+def _mad_dof(dof: int) -> int:
+    return max(1, int(_MAD_EFFICIENCY * dof)) if dof else 0
+
+
+def _robust_variance(residuals: Sequence[float], dof: int) -> float:
+    """Pooled variance from residuals, robust to a few wild ones (an epoch with an outlier round):
+    ``(1.4826 · median|r|)²`` rescaled by ``n / dof`` for the residuals' lost degrees of freedom."""
+    r = np.abs(np.asarray(residuals, dtype=np.float64))
+    if r.size == 0 or dof < 1:
+        return 0.0
+    return float((_MAD_TO_SD * np.median(r)) ** 2) * r.size / dof
+
+
 def _pooled_between_variance(series: Sequence[Mapping[int, float]]) -> tuple[float, int]:
-    """Pooled variance between epochs of several per-epoch series, each about its own mean."""
-    sq, dof = 0.0, 0
+    """Robust pooled variance between epochs of several per-epoch series, each about its own mean."""
+    residuals: list[float] = []
+    dof = 0
     for m in series:
         if len(m) >= 2:
             v = np.array(list(m.values()))
-            sq += float(np.sum(np.square(v - v.mean())))
+            residuals.extend((v - v.mean()).tolist())
             dof += len(m) - 1
-    return (sq / dof if dof else 0.0), dof
+    return _robust_variance(residuals, dof), dof
 
 
 def estimate_between_run(cells: Mapping[CellSpec, CellSamples]) -> BetweenRun:
@@ -780,7 +806,7 @@ def estimate_between_run(cells: Mapping[CellSpec, CellSamples]) -> BetweenRun:
     net_noise = [
         _epoch_means_and_noise({r: v - shared[r] for r, v in logs[c].items()}, epoch_of[c])[1] for c in multi
     ]
-    mean_noise = float(np.mean(net_noise))
+    mean_noise = float(np.median(net_noise))
     _, shared_noise = _epoch_means_and_noise(shared, round_epoch)
     effect = dict.fromkeys(epochs, 0.0)
     level = {c: float(np.median(list(means[c].values()))) for c in multi}
@@ -790,10 +816,12 @@ def estimate_between_run(cells: Mapping[CellSpec, CellSamples]) -> BetweenRun:
             effect[e] = float(np.median(devs)) if devs else 0.0
         centre = float(np.mean(list(effect.values())))
         effect = {e: f - centre for e, f in effect.items()}
-        level = {c: float(np.median([v - effect[e] for e, v in means[c].items()])) for c in multi}
+        # A cell's level is the mean over its epochs (so its residuals sum to zero and their robust
+        # spread is the per-cell epoch variation); the epoch effects are medians over cells.
+        level = {c: float(np.mean([v - effect[e] for e, v in means[c].items()])) for c in multi}
     residuals = [v - level[c] - effect[e] for c in multi for e, v in means[c].items()]
     dof = max(len(residuals) - len(multi) - len(epochs) + 1, 1)
-    level_var = max(float(np.sum(np.square(residuals))) / dof - mean_noise, 0.0)
+    level_var = max(_robust_variance(residuals, dof) - mean_noise, 0.0)
     per_epoch_cells = [sum(1 for c in multi if e in means[c]) for e in epochs]
     # The median of C residuals has sampling variance about (π/2)·σ²/C.
     fit_noise = float(np.mean([(math.pi / 2) * (level_var + mean_noise) / n for n in per_epoch_cells]))
@@ -813,7 +841,7 @@ def estimate_between_run(cells: Mapping[CellSpec, CellSamples]) -> BetweenRun:
             paired_noise.append(noise)
     paired_var, paired_dof = _pooled_between_variance(paired_series)
     if paired_dof:
-        paired_var = max(paired_var - float(np.mean(paired_noise)), 0.0)
+        paired_var = max(paired_var - float(np.median(paired_noise)), 0.0)
     return BetweenRun(
         epochs=len(epochs),
         cells=len(multi),
@@ -822,8 +850,8 @@ def estimate_between_run(cells: Mapping[CellSpec, CellSamples]) -> BetweenRun:
         level_rel=math.sqrt(level_var),
         paired_rel=math.sqrt(paired_var),
         paired_cells=len(paired_series),
-        level_df=dof,
-        paired_df=paired_dof,
+        level_df=_mad_dof(dof),
+        paired_df=_mad_dof(paired_dof),
     )
 
 
@@ -1131,12 +1159,15 @@ class PrecisionRule:
         )
         if enough:
             half = self._half_width(progress)
-            if half is not None and half <= th.precision_rel:
+            target = th.precision_rel
+            if progress.samples.spec.kind is CellKind.FORCED_K:
+                target *= FORCED_K_PRECISION_SHARE
+            if half is not None and half <= target:
                 what = "paired saving" if progress.reference is not None else "interval"
                 return Decision(
                     Status.ACCEPT,
                     StopReason.PRECISION.value,
-                    f"{what} half-width {half:.3%} <= {th.precision_rel:.3%}",
+                    f"{what} half-width {half:.3%} <= {target:.3%}",
                 )
         capped = _caps(progress, th)
         if capped is not None:

@@ -278,6 +278,8 @@ def main(
         if r.ok:
             if not json_out:
                 out_console.print(f"[green]VALID[/] {r.message}")
+                for n in r.notices:
+                    err_console.print(f"[yellow]notice[/] {n.code}: {n.message}")
             continue
         err_console.print(f"[bold red]REJECTED[/] {r.code}: {r.message}")
         findings = list(r.findings)
