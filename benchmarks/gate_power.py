@@ -79,7 +79,7 @@ MODEL: dict[str, Any] = {
     "capture_rel": 0.0015,
     "confidence_path_ms": 0.15,
 }
-BUDGETS = {g: tuple(int(round(g * f)) for f in (1.5, 2.0, 2.5, 3.0, 4.0, 5.0)) for g in LADDER}
+BUDGETS = {g: tuple(round(g * f) for f in (1.5, 2.0, 2.5, 3.0, 4.0, 5.0)) for g in LADDER}
 TARGETS: Mapping[str, float | None] = {"zero": 0.0, "plus3": 0.03, "measured": None}
 
 
@@ -130,7 +130,9 @@ def _serving_costs(seed: int, grid: CellGrid) -> tuple[dict[int, float], dict[tu
     return native, compact, model.confidence_path_ms * level
 
 
-def _realised(ev: StepEvidence, guard: Any, native: Mapping[int, float], compact: Mapping[tuple[int, int], float]) -> tuple[float, float, float, float, int]:
+def _realised(
+    ev: StepEvidence, guard: Any, native: Mapping[int, float], compact: Mapping[tuple[int, int], float]
+) -> tuple[float, float, float, float, int]:
     """Static tokens and ms, dynamic tokens and ms (no overhead), steps: decisions by the signed
     medians, prices from the serving process's truth."""
     choice = choose_steps(ev, minimum_predicted_gain=DEFAULT_MINIMUM_PREDICTED_GAIN, drain_guard=guard)
@@ -140,7 +142,12 @@ def _realised(ev: StepEvidence, guard: Any, native: Mapping[int, float], compact
     v = np.where(comp, ev.columns[ar, col], 0) if ev.columns.shape[1] else np.zeros(ev.steps, dtype=np.int64)
     tokens = np.where(comp, ev.tokens[ar, col], ev.static_tokens) if ev.columns.shape[1] else ev.static_tokens
     nat = np.array([native[int(g)] for g in ev.graph_batch_size])
-    dyn = np.array([compact[(int(g), int(b))] if b else native[int(g)] for g, b in zip(ev.graph_batch_size, v, strict=True)])
+    dyn = np.array(
+        [
+            compact[(int(g), int(b))] if b else native[int(g)]
+            for g, b in zip(ev.graph_batch_size, v, strict=True)
+        ]
+    )
     return float(ev.static_tokens.sum()), float(nat.sum()), float(tokens.sum()), float(dyn.sum()), ev.steps
 
 
@@ -150,7 +157,9 @@ def run_trial(scenario: str, trial: int, settings: Settings = Settings()) -> dic
     seed = 1000 * (list(TARGETS).index(scenario) + 1) + trial
     grid = _sweep(seed, forced_k=target is None, settings=settings)
     cal = Calibration.sts(TEMPERATURES)
-    wl = synthesize_workload(k=K, steps=settings.build_steps, max_rows=32, seed=seed, temperatures=TEMPERATURES)
+    wl = synthesize_workload(
+        k=K, steps=settings.build_steps, max_rows=32, seed=seed, temperatures=TEMPERATURES
+    )
     ev = prepare_evidence(wl, grid, cal)
     guard, estimate = estimate_drain_guard(ev, minimum_predicted_gain=DEFAULT_MINIMUM_PREDICTED_GAIN)
     selection = select_cells(ev, minimum_predicted_gain=DEFAULT_MINIMUM_PREDICTED_GAIN, drain_guard=guard)
@@ -159,8 +168,12 @@ def run_trial(scenario: str, trial: int, settings: Settings = Settings()) -> dic
     final = grid.restrict(selection.cells)
     # The truth: a serving process of the same deployment on four times as much of the same traffic.
     native, compact, true_arm = _serving_costs(seed, final)
-    serve = synthesize_workload(k=K, steps=settings.serving_steps, max_rows=32, seed=seed + 500_000, temperatures=TEMPERATURES)
-    st_tok, st_ms, dy_tok, dy_ms, steps = _realised(prepare_evidence(serve, final, cal), guard, native, compact)
+    serve = synthesize_workload(
+        k=K, steps=settings.serving_steps, max_rows=32, seed=seed + 500_000, temperatures=TEMPERATURES
+    )
+    st_tok, st_ms, dy_tok, dy_ms, steps = _realised(
+        prepare_evidence(serve, final, cal), guard, native, compact
+    )
     no_overhead_gain = (dy_tok / dy_ms) / (st_tok / st_ms) - 1.0
     if target is None:
         overhead = true_arm
@@ -168,7 +181,13 @@ def run_trial(scenario: str, trial: int, settings: Settings = Settings()) -> dic
         # The overhead that makes the realised gain exactly the target.
         overhead = (dy_tok * st_ms / (st_tok * (1.0 + target)) - dy_ms) / steps
         if overhead < 0:
-            return {"scenario": scenario, "trial": trial, "selected": True, "skipped": "gain below target", "no_overhead_gain": no_overhead_gain}
+            return {
+                "scenario": scenario,
+                "trial": trial,
+                "selected": True,
+                "skipped": "gain below target",
+                "no_overhead_gain": no_overhead_gain,
+            }
     truth = (dy_tok / (dy_ms + steps * overhead)) / (st_tok / st_ms) - 1.0
     evidence = prepare_evidence(wl, final, cal, per_row=True)
     rep = replay(
@@ -221,11 +240,17 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             entry["lcb_coverage"] = float(np.mean([r["ci_low"] <= r["truth"] for r in part]))
             entry["ci_coverage"] = float(np.mean([r["ci_low"] <= r["truth"] <= r["ci_high"] for r in part]))
             entry["admit_rate"] = float(np.mean([r["admitted"] for r in part]))
-            entry["mean_abs_error_pp"] = float(100 * np.mean([abs(r["predicted_gain"] - r["truth"]) for r in part]))
+            entry["mean_abs_error_pp"] = float(
+                100 * np.mean([abs(r["predicted_gain"] - r["truth"]) for r in part])
+            )
             entry["median_ci_width_pp"] = float(100 * np.median([r["ci_high"] - r["ci_low"] for r in part]))
         out[name] = entry
     admits_zero = [r["admitted"] for r in rows if r["scenario"] == "zero" and "truth" in r]
-    admits_plus = [r["admitted"] if "truth" in r else False for r in rows if r["scenario"] == "plus3" and not r.get("skipped")]
+    admits_plus = [
+        r["admitted"] if "truth" in r else False
+        for r in rows
+        if r["scenario"] == "plus3" and not r.get("skipped")
+    ]
     out["lcb_coverage"] = out["all"].get("lcb_coverage")
     out["false_admit_rate"] = float(np.mean(admits_zero)) if admits_zero else None
     out["true_admit_rate"] = float(np.mean(admits_plus)) if admits_plus else None
@@ -273,8 +298,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     for name in (*TARGETS, "all"):
         e = summary.get(name, {})
-        print(f"{name:9s} trials {e.get('trials')} priced {e.get('priced')} lcb {e.get('lcb_coverage')} admit {e.get('admit_rate')} |err| {e.get('mean_abs_error_pp')} pp, ci width {e.get('median_ci_width_pp')} pp")
-    print(f"lcb_coverage {summary['lcb_coverage']}, false_admit_rate {summary['false_admit_rate']}, true_admit_rate {summary['true_admit_rate']}, met {met}, {wall:.0f} s")
+        print(
+            f"{name:9s} trials {e.get('trials')} priced {e.get('priced')} lcb {e.get('lcb_coverage')} admit {e.get('admit_rate')} |err| {e.get('mean_abs_error_pp')} pp, ci width {e.get('median_ci_width_pp')} pp"
+        )
+    print(
+        f"lcb_coverage {summary['lcb_coverage']}, false_admit_rate {summary['false_admit_rate']}, true_admit_rate {summary['true_admit_rate']}, met {met}, {wall:.0f} s"
+    )
     if not args.no_write:
         print(write_result("gate_power", record))
     return 0 if met else 1

@@ -14,6 +14,11 @@ Two subcommands:
              ``sweep_efficiency.json``: ratio of GPU-seconds, share of cells whose medians agree
              within 1%, coverage of job 2's medians by job 1's stated intervals (and, for contrast,
              by naive within-run sample-bootstrap intervals), and the fixed-vs-adaptive differences.
+``compare-heavy``  CPU: two separate jobs of the compute-bound (power-capped) step into the
+             ``heavy_step`` key of ``sweep_efficiency.json``: each job's absolute intervals checked
+             against the other job's medians (out of sample), the savings of the two jobs within
+             0.5 pp, each job's saving interval against the other job's saving, the power-capped
+             share of the kept samples, and the between-run components each job estimated.
 
 Run from the repository root with ``PYTHONPATH=src``; see ``benchmarks/gpu_sweep_job.sh``.
 """
@@ -33,12 +38,21 @@ from typing import Any
 import numpy as np
 
 from dspark_calibrate.artifacts import read_artifact
-from dspark_calibrate.calibrate.ladder import CellSpec, parse_ladder
-from dspark_calibrate.calibrate.stats import CellSamples, Thresholds, sample_interval, summarize
+from dspark_calibrate.calibrate.ladder import CellSpec, parse_budgets, parse_ladder
+from dspark_calibrate.calibrate.stats import (
+    CellSamples,
+    Thresholds,
+    estimate_between_run,
+    sample_interval,
+    summarize,
+)
 from dspark_calibrate.calibrate.sweep import SweepRequest, execute, samples_path
 
 TARGETS = {"ratio": 0.33, "reproducible_share": 0.95, "ci_coverage": 0.90}
 AGREE_REL = 0.01  # medians "agree" within 1%
+#: Targets of the compute-bound step's two jobs.
+HEAVY_TARGETS = {"ci_coverage_out_of_sample": 0.90, "saving_agreement_share": 0.95}
+SAVING_AGREE = 0.005  # savings "agree" within 0.5 pp
 
 
 def _commit() -> str | None:
@@ -72,8 +86,19 @@ def _thresholds(protocol: str, args: argparse.Namespace) -> Thresholds:
     if protocol == "fixed":
         return Thresholds.fixed_protocol(budget_s=args.fixed_budget)
     base = Thresholds.quick() if args.preset == "quick" else Thresholds.adaptive()
+    extra: dict[str, Any] = {}
+    if args.max_samples is not None:
+        extra["max_samples_per_cell"] = args.max_samples
+    if args.recapture_every is not None:
+        extra["recapture_every"] = args.recapture_every
     return Thresholds.from_dict(
-        {**base.to_dict(), "budget_s": args.adaptive_budget, "precision_rel": args.precision}
+        {
+            **base.to_dict(),
+            "budget_s": args.adaptive_budget,
+            "precision_rel": args.precision,
+            "throttle_policy": args.throttle_policy,
+            **extra,
+        }
     )
 
 
@@ -113,6 +138,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             seed=args.seed,
             plot=False,
             max_candidates=args.max_candidates,
+            budgets=parse_budgets(args.budgets or []),
             clock_policy=args.clock_policy,
             command=tuple(sys.argv),
         )
@@ -194,23 +220,27 @@ def _naive_intervals(summary: Path) -> dict[tuple[int, int], tuple[float, float]
     return out
 
 
-def _recomputed_intervals(
-    summary: Path, between_run_rel: float
-) -> dict[tuple[int, int], tuple[float, float]]:
-    """Reproduction intervals recomputed from the kept raw samples with this code's statistics."""
+def _recomputed_intervals(summary: Path) -> dict[tuple[int, int], tuple[float, float]]:
+    """Reproduction intervals recomputed from the kept raw samples with this code's statistics
+    (the between-epoch components estimated from the samples; samples without epochs fall back)."""
     k = read_artifact(summary).fingerprint_untrusted().max_draft_len or 1
     rows = read_artifact(samples_path(summary)).table.to_pylist()
-    by: dict[tuple[int, int], tuple[list[float], list[int]]] = {}
+    by: dict[tuple[int, int], tuple[list[float], list[int], list[int]]] = {}
     for r in rows:
         if r["kept"]:
-            vals, rounds = by.setdefault((r["graph_batch_size"], r["verifier_budget"]), ([], []))
+            vals, rounds, epochs = by.setdefault((r["graph_batch_size"], r["verifier_budget"]), ([], [], []))
             vals.append(r["step_time_ms"])
             rounds.append(r["round"])
+            epochs.append(int(r.get("epoch") or 0))
+    cells = {
+        CellSpec(g, v, k): CellSamples(CellSpec(g, v, k), tuple(vals), tuple(rounds), tuple(epochs))
+        for (g, v), (vals, rounds, epochs) in by.items()
+    }
+    between = estimate_between_run(cells)
     out = {}
-    for (g, v), (vals, rounds) in by.items():
-        spec = CellSpec(g, v, k)
-        s = summarize(CellSamples(spec, tuple(vals), tuple(rounds)), between_run_rel=between_run_rel)
-        out[(g, v)] = (s.ci_low_ms, s.ci_high_ms)
+    for spec, samples in cells.items():
+        s = summarize(samples, between=between)
+        out[spec.key] = (s.ci_low_ms, s.ci_high_ms)
     return out
 
 
@@ -236,7 +266,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     naive_cov = [naive[c][0] <= a2[c]["step_time_ms"] <= naive[c][1] for c in common if c in naive]
     # Coverage of job 2's medians by job 1's intervals recomputed from raw samples with the current
     # statistics (between-run term included); with a third job this is an out-of-sample check.
-    recomputed = _recomputed_intervals(job1 / "adaptive.parquet", Thresholds().between_run_rel)
+    recomputed = _recomputed_intervals(job1 / "adaptive.parquet")
     recomputed_cov = [
         recomputed[c][0] <= a2[c]["step_time_ms"] <= recomputed[c][1] for c in common if c in recomputed
     ]
@@ -259,7 +289,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         "ci_coverage_reverse": float(np.mean(covered_back)),
         "naive_within_run_ci_coverage": float(np.mean(naive_cov)) if naive_cov else None,
         "ci_coverage_recomputed": float(np.mean(recomputed_cov)) if recomputed_cov else None,
-        "between_run_rel": Thresholds().between_run_rel,
+        "between_run_rel": "estimated per sweep from capture epochs",
         "max_fixed_vs_adaptive_rel": float(max(abs(d) for d in diffs.values())),
         "median_fixed_vs_adaptive_rel": float(np.median([abs(d) for d in diffs.values()])),
         "fixed_vs_adaptive_rel": {f"G{g}/V{v}": d for (g, v), d in sorted(diffs.items())},
@@ -352,6 +382,86 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _paired(path: Path) -> dict[tuple[int, int], dict[str, Any]]:
+    return {c: r for c, r in _cells(path).items()}
+
+
+def cmd_compare_heavy(args: argparse.Namespace) -> int:
+    """Two separate jobs of the compute-bound step into the ``heavy_step`` key of the result JSON."""
+    dirs = [Path(args.job1), Path(args.job2)]
+    jobs = [_paired(d / "adaptive.parquet") for d in dirs]
+    metas = [json.loads((d / "adaptive.json").read_text()) for d in dirs]
+    provs = [read_artifact(d / "adaptive.parquet").provenance_untrusted().extra for d in dirs]
+    common = sorted(set(jobs[0]) & set(jobs[1]))
+    compact = [c for c in common if c[1] > 0 and jobs[0][c]["paired_rounds"] and jobs[1][c]["paired_rounds"]]
+    covered, saving_cov = [], []
+    for mine, other in ((jobs[0], jobs[1]), (jobs[1], jobs[0])):
+        covered += [mine[c]["ci_low_ms"] <= other[c]["step_time_ms"] <= mine[c]["ci_high_ms"] for c in common]
+        saving_cov += [
+            mine[c]["saving_ci_low"] <= other[c]["saving"] <= mine[c]["saving_ci_high"] for c in compact
+        ]
+    diffs = [abs(jobs[0][c]["saving"] - jobs[1][c]["saving"]) for c in compact]
+    level = [float(np.log(jobs[0][c]["step_time_ms"] / jobs[1][c]["step_time_ms"])) for c in common]
+    half = [
+        (jobs[0][c]["ci_high_ms"] - jobs[0][c]["ci_low_ms"]) / 2 / jobs[0][c]["step_time_ms"] for c in common
+    ]
+    capped = [p.get("throttle", {}).get("power_capped_share") for p in provs]
+    result: dict[str, Any] = {
+        "gpu": metas[0].get("gpu"),
+        "cells": len(common),
+        "compact_cells": len(compact),
+        "power_capped_share": min(x for x in capped if x is not None)
+        if any(x is not None for x in capped)
+        else None,
+        "power_capped_share_per_job": capped,
+        "throttle": [p.get("throttle") for p in provs],
+        "ci_coverage_out_of_sample": float(np.mean(covered)),
+        "saving_agreement_share": float(np.mean([d <= SAVING_AGREE for d in diffs])) if diffs else None,
+        "saving_prediction_coverage": float(np.mean(saving_cov)) if saving_cov else None,
+        "median_abs_saving_diff_pp": float(100 * np.median(diffs)) if diffs else None,
+        "max_abs_saving_diff_pp": float(100 * np.max(diffs)) if diffs else None,
+        "common_mode_shift_rel": float(np.median(level)),
+        "median_abs_level_diff_rel": float(np.median(np.abs(level))),
+        "median_ci_half_width_rel": float(np.median(half)),
+        "between_run": [p.get("between_run") for p in provs],
+        "gpu_seconds": [m["gpu_seconds"] for m in metas],
+        "rounds": [m["rounds"] for m in metas],
+        "stop_reasons": [m["stop_reasons"] for m in metas],
+        "targets": HEAVY_TARGETS,
+        "command": [m["command"] for m in metas],
+        "commit": metas[0].get("commit"),
+        "torch": metas[0].get("torch"),
+    }
+    result["meets"] = {
+        "ci_coverage_out_of_sample": result["ci_coverage_out_of_sample"]
+        >= HEAVY_TARGETS["ci_coverage_out_of_sample"],
+        "saving_agreement_share": (result["saving_agreement_share"] or 0.0)
+        >= HEAVY_TARGETS["saving_agreement_share"],
+    }
+    out = Path(args.out)
+    record = json.loads(out.read_text()) if out.exists() else {}
+    record["heavy_step"] = result
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    print(
+        json.dumps(
+            {
+                k: result[k]
+                for k in (
+                    "gpu",
+                    "cells",
+                    "power_capped_share",
+                    "ci_coverage_out_of_sample",
+                    "saving_agreement_share",
+                    "median_abs_saving_diff_pp",
+                    "common_mode_shift_rel",
+                )
+            }
+        )
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments and dispatch."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -373,8 +483,19 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--adaptive-budget", type=float, default=150.0, help="seconds")
     run.add_argument("--fixed-budget", type=float, default=230.0, help="seconds")
     run.add_argument("--clock-policy", default="default")
+    run.add_argument("--throttle-policy", default="serving", choices=("serving", "strict", "keep-all"))
+    run.add_argument("--recapture-every", type=int, default=None)
+    run.add_argument("--max-samples", type=int, default=None)
+    run.add_argument("--budgets", action="append", default=None, help="G:V1,V2 (repeatable)")
     run.add_argument("--out-dir", required=True)
     run.set_defaults(fn=cmd_run)
+    heavy = sub.add_parser("compare-heavy", help="two jobs of the compute-bound step -> heavy_step")
+    heavy.add_argument("--job1", required=True)
+    heavy.add_argument("--job2", required=True)
+    heavy.add_argument(
+        "--out", default=str(Path(__file__).resolve().parent / "results" / "sweep_efficiency.json")
+    )
+    heavy.set_defaults(fn=cmd_compare_heavy)
     cmp_ = sub.add_parser("compare", help="combine job 1 and job 2 into sweep_efficiency.json")
     cmp_.add_argument("--job1", required=True)
     cmp_.add_argument("--job2", required=True)

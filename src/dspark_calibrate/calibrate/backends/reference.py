@@ -38,11 +38,14 @@ from dspark_calibrate.errors import ConfigError
 
 __all__ = ["BUNDLED_CONFIGS", "ModelShape", "ReferenceBackend", "load_model_config"]
 
-#: Configs shipped with the package: a tiny one for CPU tests and a DeepSeek-V3-shaped one for GPUs.
+#: Configs shipped with the package: tiny ones for CPU tests, a DeepSeek-V3-shaped one and a
+#: Llama-3-8B-shaped dense one (a compute-bound step: a few layers of it keep an H200 at its power
+#: cap) for GPUs.
 BUNDLED_CONFIGS: Mapping[str, str] = {
     "tiny": "tiny.json",
     "mla-tiny": "mla-tiny.json",
     "deepseek-v3": "deepseek-v3.json",
+    "llama-8b": "llama-8b.json",
 }
 
 
@@ -125,7 +128,8 @@ class ModelShape:
 
 
 def load_model_config(spec: str | Path) -> tuple[dict[str, Any], str]:
-    """Load a bundled config by name (``tiny``, ``mla-tiny``, ``deepseek-v3``) or a config.json path.
+    """Load a bundled config by name (``tiny``, ``mla-tiny``, ``deepseek-v3``, ``llama-8b``) or a
+    config.json path.
 
     Returns:
         The config dict and its digest (SHA-256 of its canonical JSON).
