@@ -103,7 +103,7 @@ def flatness(grid: CellGrid) -> tuple[Decision, tuple[Mapping[str, Any], ...]]:
         schema-1 table derived from the two absolute intervals), ACCEPT ``staircase`` otherwise;
         and the per-G numbers.
     """
-    rows = []
+    rows: list[dict[str, Any]] = []
     for g in grid.ladder:
         nat = grid.native(g)
         comp = grid.compact(g)
