@@ -15,15 +15,7 @@ Example:
     >>> result.summary_table().column("step_time_ms")  # doctest: +SKIP
 """
 
-from dspark_calibrate.calibrate.build import BuildOptions, BuildResult, build_bundle, load_build_inputs
-from dspark_calibrate.calibrate.confidence import (
-    Calibration,
-    Method,
-    PositionMap,
-    parse_sts_document,
-    sts_document,
-)
-from dspark_calibrate.calibrate.fit import (
+from dspark_calibrate.calibrate.confidence.fit import (
     DriftTolerances,
     FitOptions,
     FitResult,
@@ -33,7 +25,31 @@ from dspark_calibrate.calibrate.fit import (
     run_fit,
     write_fit_outputs,
 )
-from dspark_calibrate.calibrate.ladder import (
+from dspark_calibrate.calibrate.confidence.maps import (
+    Calibration,
+    Method,
+    PositionMap,
+    parse_sts_document,
+    sts_document,
+)
+from dspark_calibrate.calibrate.confidence.metrics import MetricsReport, evaluate_predictions
+from dspark_calibrate.calibrate.confidence.synth_traces import SynthSpec, synth_traces, write_synth_traces
+from dspark_calibrate.calibrate.confidence.traces import TraceSet, read_traces
+from dspark_calibrate.calibrate.deployment.build import (
+    BuildOptions,
+    BuildResult,
+    build_bundle,
+    load_build_inputs,
+)
+from dspark_calibrate.calibrate.deployment.replay import BootstrapSettings, ReplayReport, replay
+from dspark_calibrate.calibrate.deployment.select_cells import CellSelection, select_cells
+from dspark_calibrate.calibrate.deployment.workload import (
+    Workload,
+    read_workload,
+    synthesize_workload,
+    write_workload,
+)
+from dspark_calibrate.calibrate.measurement.ladder import (
     CellKind,
     CellSpec,
     candidate_budgets,
@@ -42,19 +58,7 @@ from dspark_calibrate.calibrate.ladder import (
     parse_ladder,
     plan_cells,
 )
-from dspark_calibrate.calibrate.metrics import MetricsReport, evaluate_predictions
-from dspark_calibrate.calibrate.replay import BootstrapSettings, ReplayReport, replay
-from dspark_calibrate.calibrate.report import (
-    Report,
-    ReportThresholds,
-    build_report,
-    collect_evidence,
-    render_html,
-    render_markdown,
-    write_report,
-)
-from dspark_calibrate.calibrate.select_cells import CellSelection, select_cells
-from dspark_calibrate.calibrate.stats import (
+from dspark_calibrate.calibrate.measurement.stats import (
     CellSamples,
     CellSummary,
     Decision,
@@ -65,7 +69,7 @@ from dspark_calibrate.calibrate.stats import (
     sample_interval,
     summarize,
 )
-from dspark_calibrate.calibrate.sweep import (
+from dspark_calibrate.calibrate.measurement.sweep import (
     SweepConfig,
     SweepOutput,
     SweepRequest,
@@ -74,9 +78,15 @@ from dspark_calibrate.calibrate.sweep import (
     run_sweep,
     write_sweep,
 )
-from dspark_calibrate.calibrate.synth_traces import SynthSpec, synth_traces, write_synth_traces
-from dspark_calibrate.calibrate.traces import TraceSet, read_traces
-from dspark_calibrate.calibrate.workload import Workload, read_workload, synthesize_workload, write_workload
+from dspark_calibrate.calibrate.report.model import (
+    Report,
+    ReportThresholds,
+    build_report,
+    collect_evidence,
+    render_html,
+    render_markdown,
+    write_report,
+)
 
 __all__ = [
     "BootstrapSettings",

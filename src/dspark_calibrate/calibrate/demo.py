@@ -113,13 +113,13 @@ def run_demo(
         public_key_of,
         verify_bundle,
     )
-    from dspark_calibrate.calibrate.build import BuildOptions, build_bundle, load_build_inputs
-    from dspark_calibrate.calibrate.fit import FitOptions, run_fit
-    from dspark_calibrate.calibrate.report import write_report
-    from dspark_calibrate.calibrate.stats import Thresholds
-    from dspark_calibrate.calibrate.sweep import SweepRequest, execute
-    from dspark_calibrate.calibrate.synth_traces import SynthSpec, write_synth_traces
-    from dspark_calibrate.calibrate.workload import synthesize_workload, write_workload
+    from dspark_calibrate.calibrate.confidence.fit import FitOptions, run_fit
+    from dspark_calibrate.calibrate.confidence.synth_traces import SynthSpec, write_synth_traces
+    from dspark_calibrate.calibrate.deployment.build import BuildOptions, build_bundle, load_build_inputs
+    from dspark_calibrate.calibrate.deployment.workload import synthesize_workload, write_workload
+    from dspark_calibrate.calibrate.measurement.stats import Thresholds
+    from dspark_calibrate.calibrate.measurement.sweep import SweepRequest, execute
+    from dspark_calibrate.calibrate.report.model import write_report
     from dspark_calibrate.runtime_plugin import AdmissionPolicy, admit
 
     now = now or datetime.now(UTC)

@@ -56,7 +56,7 @@ class SentinelPolicy:
 
     Attributes:
         backend: the sweep backend, as a built-in name, entry point or ``pkg.mod:Factory`` import
-            string (``dspark_calibrate.calibrate.backends.load_backend``).
+            string (``dspark_calibrate.calibrate.measurement.backends.load_backend``).
         backend_options: keyword options for the backend factory.
         tolerance: relative widening of the stored CI (``[lo·(1-tol), hi·(1+tol)]``).
         cells: ``(G, V)`` cells to re-measure; ``None`` picks :func:`default_cells`.
@@ -305,8 +305,8 @@ def run_sentinel(
         )
     # Lazy on purpose: the calibration stack is loaded only when a sentinel runs (DESIGN §3).
     try:
-        from dspark_calibrate.calibrate.backends import load_backend
-        from dspark_calibrate.calibrate.ladder import CellSpec
+        from dspark_calibrate.calibrate.measurement.backends import load_backend
+        from dspark_calibrate.calibrate.measurement.ladder import CellSpec
     except ImportError as exc:
         return _report(
             policy,

@@ -1,0 +1,1 @@
+"""confidence stage of the calibration pipeline (see the package docstring)."""

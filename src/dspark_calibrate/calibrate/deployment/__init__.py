@@ -1,0 +1,1 @@
+"""deployment stage of the calibration pipeline (see the package docstring)."""

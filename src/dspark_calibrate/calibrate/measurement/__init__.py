@@ -1,0 +1,1 @@
+"""measurement stage of the calibration pipeline (see the package docstring)."""

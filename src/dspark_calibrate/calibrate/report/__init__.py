@@ -1,0 +1,1 @@
+"""report stage of the calibration pipeline (see the package docstring)."""
