@@ -78,7 +78,7 @@ from dspark_calibrate.calibrate.measurement.sweep import (
     run_sweep,
     write_sweep,
 )
-from dspark_calibrate.calibrate.report.model import (
+from dspark_calibrate.calibrate.report import (
     Report,
     ReportThresholds,
     build_report,

@@ -119,7 +119,7 @@ def run_demo(
     from dspark_calibrate.calibrate.deployment.workload import synthesize_workload, write_workload
     from dspark_calibrate.calibrate.measurement.stats import Thresholds
     from dspark_calibrate.calibrate.measurement.sweep import SweepRequest, execute
-    from dspark_calibrate.calibrate.report.model import write_report
+    from dspark_calibrate.calibrate.report import write_report
     from dspark_calibrate.runtime_plugin import AdmissionPolicy, admit
 
     now = now or datetime.now(UTC)

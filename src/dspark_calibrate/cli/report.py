@@ -2,7 +2,7 @@
 
 Verifies the bundle (or loose artifacts) against the pinned trust root, then writes a
 self-contained HTML page (or Markdown with ``--format md``) through
-``dspark_calibrate.calibrate.report.model.write_report``. The page is written whether or not the input
+``dspark_calibrate.calibrate.report.write_report``. The page is written whether or not the input
 verified; its first line says which.
 
 Exit codes: 0 verified; 1 the input did not verify (page still written), or ``--strict`` and the
@@ -77,7 +77,7 @@ def report(
 ) -> None:
     """Verify INPUTS and write the release report; exit 0 verified, 1 rejected, 2 usage or I/O error."""
     from dspark_calibrate.artifacts import Expectation
-    from dspark_calibrate.calibrate.report.model import write_report
+    from dspark_calibrate.calibrate.report import write_report
     from dspark_calibrate.cli.verify import expected_fingerprint
 
     if max_age_days is not None and max_age_days <= 0:

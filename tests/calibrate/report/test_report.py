@@ -29,7 +29,7 @@ from dspark_calibrate.artifacts import (
     Provenance,
     Reason,
 )
-from dspark_calibrate.calibrate.report.model import (
+from dspark_calibrate.calibrate.report import (
     REPORT_SECTIONS,
     Evidence,
     ReportThresholds,

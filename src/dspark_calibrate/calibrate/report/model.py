@@ -1,65 +1,49 @@
-"""The release report: one page a release engineer can approve a deployment from (issue 8).
+"""The release report's model: what one page shows, built from verified evidence. Pure.
 
-Three stages, split by what they touch:
-
-1. :func:`collect_evidence` (the I/O edge) reads the trust root and the inputs (a bundle directory,
-   or loose signed artifacts) and verifies them with the artifacts pipeline (``verify_bundle`` /
-   ``verify_path``). When verification fails it also reads what it can of the inputs with
-   ``read_artifact``, labelled untrusted, so the page can say *which* files were refused.
-2. :func:`build_report` (pure) turns the evidence into a :class:`Report`: the verification result,
-   identity, the cost-table analysis (savings versus the native cell, noisy and non-monotone cells,
-   stop reasons), the calibration (per-position metrics, reliability bins, survival), the admission
-   economics, and a data-driven "what to check" list. Nothing from an unverified input reaches any
-   of those sections: a report of unverifiable input carries only the findings and the untrusted
-   file list.
-3. :func:`render_html` / :func:`render_markdown` (presentation) fill the Jinja2 templates in
-   ``templates/``; plots come from :mod:`dspark_calibrate.calibrate.report.plots` as embedded PNGs.
-   The HTML has inline CSS only, no JavaScript and no external URL.
-
-:func:`write_report` runs all three and writes the page atomically; the CLI and ``make demo`` call it.
-
-Example:
-    >>> from datetime import UTC, datetime
-    >>> from pathlib import Path
-    >>> from dspark_calibrate.calibrate.report.model import collect_evidence, build_report
-    >>> now = datetime(2026, 1, 1, tzinfo=UTC)
-    >>> ev = collect_evidence([Path("/nonexistent")], Path("/nonexistent/root.json"), now=now)
-    >>> build_report(ev, now=now).headline.startswith("NOT VERIFIED")
-    True
-
-jinja2 and matplotlib are imported only when rendering; cryptography only when verifying.
+:func:`build_report` turns :class:`~dspark_calibrate.calibrate.report.evidence.Evidence` into a
+:class:`Report`: the verification result, identity, the cost-table analysis (savings versus the
+native cell, noisy and non-monotone cells, stop reasons), the calibration (per-position metrics,
+reliability bins, survival), the admission economics, and a data-driven "what to check" list.
+Nothing from an unverified input reaches any of those sections: a report of unverifiable input
+carries only the findings and the untrusted file list. The admission section reads the summary
+with the runtime's own ``AdmissionEconomics`` and gain test, so the page says what the admission
+hook will decide. No I/O, no clock; reading the inputs is :mod:`.evidence`'s job, rendering
+:mod:`.render`'s.
 """
 
 from __future__ import annotations
 
 import enum
-import hashlib
 import itertools
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import dspark_calibrate
 from dspark_calibrate.artifacts import (
-    DEFAULT_LIMITS,
     TRTLLM_FINGERPRINT_FIELDS,
-    ArtifactReadError,
     Finding,
     Fingerprint,
+    ModelError,
     Reason,
-    atomic_write_bytes,
-    read_artifact,
+)
+from dspark_calibrate.calibrate.report.evidence import (
+    MEMBER_KINDS,
+    Evidence,
+    TrustRootInfo,
+    UntrustedInput,
+    display,
 )
 from dspark_calibrate.errors import ConfigError
+from dspark_calibrate.runtime_plugin.admission import AdmissionEconomics, cross_member_findings, gain_test
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from dspark_calibrate.artifacts import Expectation, TrustRoot, VerifiedArtifact
+    from dspark_calibrate.artifacts import VerifiedArtifact
 
 __all__ = [
     "REPORT_SECTIONS",
@@ -73,27 +57,17 @@ __all__ = [
     "CostCell",
     "CostGroup",
     "CostSection",
-    "Evidence",
     "Identity",
     "MemberIdentity",
     "MetricInterval",
     "ReliabilityBin",
     "ReliabilityDiagram",
     "Report",
-    "ReportFormat",
     "ReportThresholds",
     "Severity",
     "SurvivalPoint",
-    "TrustRootInfo",
-    "UntrustedInput",
     "build_report",
-    "collect_evidence",
-    "render_html",
-    "render_markdown",
-    "write_report",
 ]
-
-ReportFormat = Literal["html", "md"]
 
 #: Section ids of the HTML page (anchors) and headings of the Markdown page, in page order.
 REPORT_SECTIONS: tuple[str, ...] = (
@@ -103,22 +77,6 @@ REPORT_SECTIONS: tuple[str, ...] = (
     "calibration",
     "admission",
     "what-to-check",
-)
-
-#: Member kinds a report covers, in page order (DESIGN §4 bundle members).
-_KINDS: tuple[str, ...] = ("cost-table", "calibration", "admission")
-#: Files read per input directory when listing untrusted inputs (a bundle has at most three members;
-#: the cap keeps a mistaken directory argument from reading a whole data folder).
-_MAX_UNTRUSTED_FILES = 8
-#: Largest ``root.json`` read, in bytes (the same cap as the runtime admission hook's).
-MAX_TRUST_ROOT_BYTES = 1 << 20
-#: Footer claims shown for untrusted inputs (enough to recognise a file; never used for a decision).
-_CLAIMED_FIELDS: tuple[str, ...] = (
-    "gpu",
-    "gpu_count",
-    "topology",
-    "max_draft_len",
-    "rank_local_graph_batch_sizes",
 )
 
 
@@ -204,288 +162,6 @@ class Check:
             "section": self.section,
             "message": self.message,
         }
-
-
-# ---------------------------------------------------------------------------------------------
-# Evidence (what was read and verified)
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class TrustRootInfo:
-    """The trust root the inputs were verified against."""
-
-    path: str
-    version: int
-    digest: str
-    expires: datetime
-    artifact_threshold: int
-    artifact_keyids: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class UntrustedInput:
-    """A file as read without verification: facts about its bytes plus the footer's claims.
-
-    Attributes:
-        path: the file.
-        file_bytes: its size, or ``None`` when it could not be read.
-        file_sha256: SHA-256 of its bytes, or ``None``.
-        claimed_kind: the unsigned footer's kind, or ``None``.
-        claimed_rows: rows in the table, or ``None``.
-        claims: selected unsigned footer fingerprint fields, as display strings.
-        read_error: why it could not be read as an artifact, if so.
-    """
-
-    path: str
-    file_bytes: int | None
-    file_sha256: str | None
-    claimed_kind: str | None = None
-    claimed_rows: int | None = None
-    claims: tuple[tuple[str, str], ...] = ()
-    read_error: str | None = None
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """The outcome of reading and verifying the inputs.
-
-    Attributes:
-        inputs: the paths given, in order.
-        trust_root: the trust root used, or ``None`` when it could not be loaded.
-        findings: every reason the inputs were refused, in pipeline order (empty = verified).
-        artifacts: the verified members by kind (empty unless ``findings`` is empty).
-        bundle_version: the bundle manifest's version, when the input was a bundle.
-        manifest_keyids: keys that signed the bundle manifest.
-        untrusted: what could be read of the inputs when verification failed.
-    """
-
-    inputs: tuple[Path, ...]
-    trust_root: TrustRootInfo | None
-    findings: tuple[Finding, ...]
-    artifacts: Mapping[str, VerifiedArtifact] = field(default_factory=dict)
-    bundle_version: int | None = None
-    manifest_keyids: tuple[str, ...] = ()
-    untrusted: tuple[UntrustedInput, ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        """True when every input verified."""
-        return not self.findings and bool(self.artifacts)
-
-    @property
-    def is_bundle(self) -> bool:
-        """True when the input was a bundle (a signed manifest binds the members)."""
-        return self.bundle_version is not None
-
-
-def _file_facts(path: Path) -> tuple[int | None, str | None]:
-    """Size and SHA-256 of a file; the digest is skipped above the artifact size limit."""
-    try:
-        size = path.stat().st_size
-        if not path.is_file() or size > DEFAULT_LIMITS.max_file_bytes:
-            return size, None
-        data = path.read_bytes()
-    except OSError:
-        return None, None
-    return len(data), hashlib.sha256(data).hexdigest()
-
-
-def _display(value: Any) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, (list, tuple)):
-        return ", ".join(str(v) for v in value)
-    return str(value)
-
-
-def _untrusted_file(path: Path) -> UntrustedInput:
-    size, digest = _file_facts(path)
-    try:
-        loaded = read_artifact(path)
-    except ArtifactReadError as exc:
-        return UntrustedInput(str(path), size, digest, read_error=f"{exc.reason.value}: {exc}")
-    fp = loaded.metadata.get("fingerprint")
-    claims = tuple((k, _display(fp.get(k))) for k in _CLAIMED_FIELDS) if isinstance(fp, Mapping) else ()
-    return UntrustedInput(
-        str(path), size, digest, claimed_kind=loaded.kind, claimed_rows=loaded.table.num_rows, claims=claims
-    )
-
-
-def _untrusted_inputs(inputs: Sequence[Path]) -> tuple[UntrustedInput, ...]:
-    out: list[UntrustedInput] = []
-    for path in inputs:
-        if path.is_dir():
-            for member in sorted(path.glob("*.parquet"))[:_MAX_UNTRUSTED_FILES]:
-                out.append(_untrusted_file(member))
-            manifest = path / "bundle.dsse.json"
-            size, digest = _file_facts(manifest)
-            out.append(
-                UntrustedInput(
-                    str(manifest),
-                    size,
-                    digest,
-                    claimed_kind="bundle manifest" if size is not None else None,
-                    read_error=None if size is not None else "IO_ERROR: not found or unreadable",
-                )
-            )
-        elif path.exists():
-            out.append(_untrusted_file(path))
-        else:
-            out.append(UntrustedInput(str(path), None, None, read_error="IO_ERROR: not found"))
-    return tuple(out)
-
-
-def _load_root(
-    trust_root: Path | str | TrustRoot, now: datetime
-) -> tuple[TrustRoot | None, TrustRootInfo | None, Finding | None]:
-    from dspark_calibrate.artifacts import TrustRootError, load_trust_root
-
-    if isinstance(trust_root, (str, Path)):
-        trust_root = Path(trust_root)
-        try:
-            if trust_root.stat().st_size > MAX_TRUST_ROOT_BYTES:
-                return (
-                    None,
-                    None,
-                    Finding(
-                        Reason.TRUST_ROOT_INVALID,
-                        f"{trust_root}: larger than {MAX_TRUST_ROOT_BYTES} bytes; not a trust root",
-                        field="trust_root",
-                    ),
-                )
-            data = trust_root.read_bytes()
-        except OSError as exc:
-            return (
-                None,
-                None,
-                Finding(
-                    Reason.IO_ERROR,
-                    f"{trust_root}: cannot read the trust root ({exc.strerror or exc})",
-                    field="trust_root",
-                ),
-            )
-        try:
-            root = load_trust_root(data, now=now)
-        except TrustRootError as exc:
-            return None, None, Finding(exc.reason, f"{trust_root}: {exc}", field="trust_root")
-        where = str(trust_root)
-    else:
-        root = trust_root
-        where = "(given)"
-        if root.is_expired(now):
-            return (
-                None,
-                None,
-                Finding(
-                    Reason.TRUST_ROOT_EXPIRED,
-                    f"trust root v{root.version} expired at {root.expires.isoformat()}; rotate it",
-                    field="trust_root",
-                ),
-            )
-    info = TrustRootInfo(
-        path=where,
-        version=root.version,
-        digest=root.digest(),
-        expires=root.expires,
-        artifact_threshold=root.artifact_threshold,
-        artifact_keyids=tuple(sorted(root.artifact_keys)),
-    )
-    return root, info, None
-
-
-def collect_evidence(
-    inputs: Sequence[Path | str],
-    trust_root: Path | str | TrustRoot,
-    *,
-    now: datetime,
-    expected: Expectation | None = None,
-) -> Evidence:
-    """Read and verify the inputs; the I/O edge of the report.
-
-    A directory is verified as a bundle (``verify_bundle``: manifest and every member). Files are
-    verified one by one (``verify_path``) and must then be distinct kinds with one fingerprint.
-    Nothing raises for bad evidence: every problem becomes a finding.
-
-    Args:
-        inputs: one bundle directory, or one to three signed artifact files.
-        trust_root: the pinned ``root.json`` path, or an already-loaded trust root.
-        now: the verification time (timezone-aware).
-        expected: kind-independent expectations (fingerprint binding, synthetic policy, maximum age).
-
-    Returns:
-        The evidence; ``evidence.ok`` only when the trust root loaded and every input verified.
-
-    Raises:
-        ConfigError: no input, or a bundle directory mixed with other inputs.
-    """
-    from dspark_calibrate.artifacts import Expectation as _Expectation
-    from dspark_calibrate.artifacts import verify_bundle, verify_path
-
-    paths = tuple(Path(p) for p in inputs)
-    if not paths:
-        raise ConfigError("give a bundle directory or signed artifact files to report on")
-    if len(paths) > 1 and any(p.is_dir() for p in paths):
-        raise ConfigError("give either one bundle directory or artifact files, not both")
-    expect = expected if expected is not None else _Expectation()
-    root, info, problem = _load_root(trust_root, now)
-    if root is None:
-        assert problem is not None
-        return Evidence(paths, None, (problem,), untrusted=_untrusted_inputs(paths))
-    if paths[0].is_dir():
-        bundle = verify_bundle(paths[0], root, now=now, expected=expect)
-        if not bundle.ok:
-            return Evidence(paths, info, bundle.findings, untrusted=_untrusted_inputs(paths))
-        members = {k: a for k in _KINDS if (a := bundle.artifact(k)) is not None}
-        return Evidence(
-            paths, info, (), members, bundle_version=bundle.version, manifest_keyids=bundle.manifest_keyids
-        )
-    findings: list[Finding] = []
-    members = {}
-    for path in paths:
-        report = verify_path(path, root, now=now, expected=expect)
-        if not report.ok or report.artifact is None:
-            findings.extend(report.findings)
-            continue
-        art = report.artifact
-        if art.kind in members:
-            findings.append(
-                Finding(
-                    Reason.BUNDLE_INVALID,
-                    f"{path}: a second {art.kind} artifact (first: {members[art.kind].path}); "
-                    "give one per kind",
-                    field=art.kind,
-                )
-            )
-        elif art.kind not in _KINDS:
-            findings.append(
-                Finding(
-                    Reason.KIND_MISMATCH,
-                    f"{path}: is a {art.kind} artifact; the report covers {', '.join(_KINDS)}",
-                    field="kind",
-                    expected=list(_KINDS),
-                    actual=art.kind,
-                )
-            )
-        else:
-            members[art.kind] = art
-    if not findings and members:
-        first_kind = next(k for k in _KINDS if k in members)
-        first = members[first_kind].fingerprint
-        for art in members.values():
-            diff = [name for name, _, _ in first.diff(art.fingerprint)]
-            if diff:
-                findings.append(
-                    Finding(
-                        Reason.CROSS_MEMBER_MISMATCH,
-                        f"{art.path}: fingerprint differs from {members[first_kind].path.name} in {diff}; "
-                        "these artifacts describe different deployments",
-                        field=diff[0],
-                    )
-                )
-    if findings:
-        return Evidence(paths, info, tuple(findings), untrusted=_untrusted_inputs(paths))
-    return Evidence(paths, info, (), members)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -926,11 +602,11 @@ def _finite(value: Any) -> float | None:
 def _identity(evidence: Evidence) -> Identity:
     from dspark_calibrate.artifacts import BINDING_FIELDS
 
-    arts = [evidence.artifacts[k] for k in _KINDS if k in evidence.artifacts]
+    arts = [evidence.artifacts[k] for k in MEMBER_KINDS if k in evidence.artifacts]
     fp = arts[0].fingerprint
     fp_dict = fp.to_dict()
     rows = tuple(
-        (name, _display(fp_dict[name]), name in BINDING_FIELDS, name in TRTLLM_FINGERPRINT_FIELDS)
+        (name, display(fp_dict[name]), name in BINDING_FIELDS, name in TRTLLM_FINGERPRINT_FIELDS)
         for name in Fingerprint.field_names()
     )
     members = tuple(
@@ -1250,9 +926,6 @@ def _calibration_section(art: VerifiedArtifact) -> CalibrationSection:
 
 
 def _admission_section(art: VerifiedArtifact) -> AdmissionSection:
-    from dspark_calibrate.artifacts import ModelError
-    from dspark_calibrate.runtime_plugin.admission import AdmissionEconomics, gain_test
-
     s = art.summary
     problems: list[str] = []
 
@@ -1297,7 +970,7 @@ def _admission_section(art: VerifiedArtifact) -> AdmissionSection:
             rule = choices > 0 and recomputed > 0
     guard_raw = s.get("drain_guard")
     guard = (
-        tuple((str(key), _display(val)) for key, val in sorted(guard_raw.items()))
+        tuple((str(key), display(val)) for key, val in sorted(guard_raw.items()))
         if isinstance(guard_raw, Mapping)
         else None
     )
@@ -1357,8 +1030,6 @@ def _admission_section(art: VerifiedArtifact) -> AdmissionSection:
 
 
 def _runtime_findings(evidence: Evidence) -> tuple[Finding, ...]:
-    from dspark_calibrate.runtime_plugin.admission import cross_member_findings
-
     ct, cal = evidence.artifacts.get("cost-table"), evidence.artifacts.get("calibration")
     if ct is None or cal is None:
         return ()
@@ -1844,7 +1515,7 @@ def build_report(evidence: Evidence, *, now: datetime, thresholds: ReportThresho
         checks += _admission_checks(admission, cost, th)
     ordered = _sorted_checks(checks)
     what = f"bundle v{evidence.bundle_version}" if evidence.is_bundle else "artifacts"
-    kinds = ", ".join(k for k in _KINDS if k in arts)
+    kinds = ", ".join(k for k in MEMBER_KINDS if k in arts)
     signers = sorted({kid for a in arts.values() for kid in a.signer_keyids} | set(evidence.manifest_keyids))
     root = evidence.trust_root
     n_block = sum(1 for c in ordered if c.severity is Severity.BLOCKER)
@@ -1870,153 +1541,3 @@ def build_report(evidence: Evidence, *, now: datetime, thresholds: ReportThresho
         untrusted=(),
         thresholds=th,
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# Rendering
-# ---------------------------------------------------------------------------------------------
-
-
-def _fmt(value: Any, spec: str = ".4g") -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return "—" if not math.isfinite(value) else format(value, spec)
-    return str(value)
-
-
-def _fmt_pct(value: float | None, digits: int = 1) -> str:
-    return "—" if value is None else f"{100.0 * value:.{digits}f}%"
-
-
-def _exact(value: Any) -> str:
-    """The exact value for ``data-value`` attributes (floats round-trip through ``repr``)."""
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return repr(value) if isinstance(value, float) else str(value)
-
-
-def _heat(saving: float | None) -> str:
-    """Background of a heat-map cell: white at 0, green for savings, red for losses (±30 % saturates)."""
-    if saving is None:
-        return "#f4f4f4"
-    x = max(-1.0, min(1.0, saving / 0.30))
-    target = (0x63, 0xBE, 0x7B) if x >= 0 else (0xF8, 0x69, 0x6B)
-    a = abs(x)
-    r, g, b = (round(255 + (t - 255) * a) for t in target)
-    return f"#{r:02x}{g:02x}{b:02x}"
-
-
-def _mdcell(value: Any) -> str:
-    return str(value).replace("|", "\\|").replace("\n", " ")
-
-
-def _environment(kind: ReportFormat) -> Any:
-    try:
-        import jinja2
-    except ImportError as exc:
-        raise ConfigError(
-            "the report needs jinja2; install the 'plots' extra (pip install 'dspark-calibrate[plots]')"
-        ) from exc
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("dspark_calibrate.calibrate.report", "templates"),
-        autoescape=kind == "html",
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-    )
-    env.filters.update(fmt=_fmt, pct=_fmt_pct, exact=_exact, mdcell=_mdcell, heat=_heat)
-    env.globals.update(Severity=Severity, sections=REPORT_SECTIONS)
-    return env
-
-
-def _template_context(report: Report) -> dict[str, Any]:
-    heat_columns: tuple[float, ...] = ()
-    heat_rows: tuple[tuple[int, tuple[CostCell | None, ...]], ...] = ()
-    if report.cost is not None:
-        heat_columns, heat_rows = report.cost.heatmap()
-    return {
-        "r": report,
-        "heat_columns": heat_columns,
-        "heat_rows": heat_rows,
-        "generated": report.generated_at.replace(microsecond=0).isoformat(),
-    }
-
-
-def render_html(report: Report, *, plots: bool = True) -> str:
-    """Render the self-contained HTML page (inline CSS, embedded PNGs, no script, no external URL).
-
-    Args:
-        report: from :func:`build_report`.
-        plots: embed matplotlib plots (needs matplotlib); without them the tables carry every number.
-
-    Raises:
-        ConfigError: jinja2 (or, with ``plots``, matplotlib) is not installed.
-    """
-    images: Mapping[str, str] = {}
-    if plots and report.verified:
-        from dspark_calibrate.calibrate.report.plots import render_plots
-
-        images = render_plots(report)
-    env = _environment("html")
-    text: str = env.get_template("report.html.j2").render(**_template_context(report), images=images)
-    return text
-
-
-def render_markdown(report: Report) -> str:
-    """Render the Markdown page (tables only; the plots are in the HTML form).
-
-    Raises:
-        ConfigError: jinja2 is not installed.
-    """
-    env = _environment("md")
-    text: str = env.get_template("report.md.j2").render(**_template_context(report), images={})
-    return text
-
-
-def write_report(
-    inputs: Sequence[Path | str],
-    trust_root: Path | str | TrustRoot,
-    out: Path | str,
-    *,
-    now: datetime,
-    fmt: ReportFormat = "html",
-    expected: Expectation | None = None,
-    thresholds: ReportThresholds | None = None,
-    plots: bool = True,
-) -> Report:
-    """Verify the inputs, build the report and write it atomically to ``out``.
-
-    The page is written whether or not the inputs verified; its first line says which.
-
-    Args:
-        inputs: a bundle directory, or signed artifact files.
-        trust_root: the pinned ``root.json`` path (or a loaded trust root).
-        out: the page to write.
-        now: verification and report time (timezone-aware).
-        fmt: ``html`` or ``md``.
-        expected: fingerprint binding and synthetic policy for verification.
-        thresholds: what the "what to check" list flags.
-        plots: embed plots in the HTML form.
-
-    Returns:
-        The report model (``report.verified`` says whether the inputs verified).
-
-    Raises:
-        ConfigError: bad arguments, a missing renderer dependency, or ``out`` cannot be written.
-    """
-    if fmt not in ("html", "md"):
-        raise ConfigError(f"--format {fmt!r}: choose html or md")
-    evidence = collect_evidence(inputs, trust_root, now=now, expected=expected)
-    report = build_report(evidence, now=now, thresholds=thresholds)
-    text = render_html(report, plots=plots) if fmt == "html" else render_markdown(report)
-    try:
-        atomic_write_bytes(Path(out), text.encode("utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{out}: cannot write the report ({exc.strerror or exc})") from exc
-    return report

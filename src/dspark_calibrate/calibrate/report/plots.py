@@ -13,17 +13,16 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from dspark_calibrate.calibrate._png import new_figure, png_bytes
+from dspark_calibrate.calibrate.report.model import (
+    AdmissionSection,
+    CalibrationSection,
+    CostSection,
+    Report,
+)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
-
-    from dspark_calibrate.calibrate.report.model import (
-        AdmissionSection,
-        CalibrationSection,
-        CostSection,
-        Report,
-    )
 
 __all__ = [
     "plot_bucket_gain",
