@@ -11,15 +11,9 @@ Example:
     (False, 'FINGERPRINT_MISSING:gpu')
 """
 
-from dspark_calibrate.runtime_plugin.admission import (
-    STATIC_ENGINE_CONFIG,
-    AdmissionDecision,
-    AdmissionEconomics,
-    AdmissionPolicy,
-    GainStatus,
-    GainVerdict,
-    admit,
-)
+from dspark_calibrate.runtime_plugin.admission import AdmissionPolicy, admit
+from dspark_calibrate.runtime_plugin.admission_decision import STATIC_ENGINE_CONFIG, AdmissionDecision
+from dspark_calibrate.runtime_plugin.economics import AdmissionEconomics, GainStatus, GainVerdict
 from dspark_calibrate.runtime_plugin.engine import DynamicVerifier
 from dspark_calibrate.runtime_plugin.live import (
     GpuInfo,
