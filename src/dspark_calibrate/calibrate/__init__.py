@@ -61,8 +61,6 @@ from dspark_calibrate.calibrate.measurement.ladder import (
 from dspark_calibrate.calibrate.measurement.stats import (
     CellSamples,
     CellSummary,
-    Decision,
-    Status,
     StopReason,
     Thresholds,
     median_interval,
@@ -87,6 +85,7 @@ from dspark_calibrate.calibrate.report import (
     render_markdown,
     write_report,
 )
+from dspark_calibrate.decision import Decision, Status
 
 __all__ = [
     "BootstrapSettings",

@@ -188,7 +188,7 @@ def fit(
         run_evaluate,
         run_fit,
     )
-    from dspark_calibrate.calibrate.measurement.stats import Status
+    from dspark_calibrate.decision import Status
 
     if not traces:
         fail_usage("--traces is required: pass trace files or directories (Parquet, JSONL, recorder .pt)")

@@ -59,6 +59,7 @@ from dspark_calibrate.artifacts import (
     Reason,
     sha256_hex,
 )
+from dspark_calibrate.decision import Status
 from dspark_calibrate.errors import ConfigError, ProbeError
 from dspark_calibrate.runtime_plugin.admission_decision import STATIC_ENGINE_CONFIG, AdmissionDecision
 from dspark_calibrate.runtime_plugin.economics import (
@@ -555,14 +556,14 @@ def _decide(
         run.info["economics"] = econ
     if policy.min_gain_lower_bound is not None:
         verdict = gain_test(econ, policy.min_gain_lower_bound)
-        if verdict.status is not GainStatus.ACCEPT:
+        if verdict.status is not Status.ACCEPT:
             run.done()
             return run.inactive(
                 [
                     Finding(
                         Reason.GAIN_NOT_PROVEN,
                         f"{adm.path if adm is not None else bundle_path}: gain test {verdict.status.value}: "
-                        f"{verdict.reason}",
+                        f"{verdict.detail}",
                         field="predicted_gain_ci_low",
                         expected=f"> {policy.min_gain_lower_bound}",
                         actual=econ.predicted_gain_ci_low if econ is not None else None,

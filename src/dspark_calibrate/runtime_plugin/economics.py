@@ -2,13 +2,13 @@
 
 :class:`AdmissionEconomics` reads and validates the signed summary of an ``admission`` artifact
 (DESIGN §6 receipt fields); :func:`gain_test` decides whether dynamic verification is proven to
-pay. The admission hook, the release report and ``build``'s replay all use these, so what the page
+pay, through :func:`classify_gain`, the package's one gain classifier. The admission hook, the
+release report and ``build``'s replay all use these, so what the page
 and the build say is what the runtime decides.
 """
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Any
 
 from dspark_calibrate.artifacts import ModelError, is_sha256_hex
+from dspark_calibrate.decision import Decision, Status
 from dspark_calibrate.schemas import ADMISSION_SUMMARY_KEYS
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "AdmissionEconomics",
     "GainStatus",
     "GainVerdict",
+    "classify_gain",
     "gain_test",
 ]
 
@@ -160,57 +162,86 @@ class AdmissionEconomics:
         }
 
 
-class GainStatus(enum.StrEnum):
-    """Outcome of the gain test (STYLE rule 11)."""
-
-    ACCEPT = "ACCEPT"
-    REJECT = "REJECT"
-    UNDECIDED = "UNDECIDED"
-    UNKNOWN = "UNKNOWN"
+#: The gain test's outcome is the package's one four-state decision (:mod:`dspark_calibrate.decision`);
+#: these names stay for callers that imported them from the admission hook.
+GainStatus = Status
+GainVerdict = Decision
 
 
-@dataclass(frozen=True, slots=True)
-class GainVerdict:
-    """The gain test's status and why."""
+def classify_gain(
+    gain: float,
+    ci_low: float,
+    ci_high: float,
+    *,
+    admitted: bool,
+    minimum: float = 0.0,
+    drain_guard: bool = True,
+) -> Decision:
+    """Classify a predicted goodput gain and its interval (STYLE rule 11). Pure.
 
-    status: GainStatus
-    reason: str
+    The one gain classifier: ``build``'s replay calls it with ``minimum`` 0, the admission hook
+    (through :func:`gain_test`) with the signed ``minimum_predicted_gain``. Checks, in order:
+
+    - UNKNOWN ``non_finite``: no finite estimate or interval;
+    - REJECT ``no_gain``: the whole interval is at or below ``minimum``;
+    - REJECT ``not_admitted``: the receipt rule does not admit (no compact step, or the net value
+      after overhead and margin is not positive);
+    - REJECT ``no_drain_guard``: the engine never picks a compact cell without one;
+    - ACCEPT ``gain_proven``: the interval lies above ``minimum``;
+    - UNDECIDED ``ci_straddles_zero`` / ``ci_straddles_minimum``: the interval straddles it (a
+      longer workload would be needed). Only the caller decides what that means.
+
+    Args:
+        gain: the predicted relative gain (0.05 = 5 % more goodput than static K).
+        ci_low, ci_high: its 95 % interval.
+        admitted: the receipt rule's verdict.
+        minimum: the bar the interval must clear.
+        drain_guard: whether a drain guard accompanies the cells.
+    """
+    interval = f"gain {gain:+.2%}, 95% CI [{ci_low:+.2%}, {ci_high:+.2%}]"
+    if not all(math.isfinite(x) for x in (gain, ci_low, ci_high, minimum)):
+        return Decision(Status.UNKNOWN, "non_finite", "no finite gain estimate")
+    if ci_high <= minimum:
+        return Decision(Status.REJECT, "no_gain", f"{interval} at or below {minimum:+.2%}")
+    if not admitted:
+        return Decision(
+            Status.REJECT,
+            "not_admitted",
+            f"gain {gain:+.2%} does not cover the overhead and margin (no compact step, or net value <= 0)",
+        )
+    if not drain_guard:
+        return Decision(
+            Status.REJECT,
+            "no_drain_guard",
+            "no drain guard accompanies the cells; the engine never picks a compact cell without one",
+        )
+    if ci_low > minimum:
+        return Decision(Status.ACCEPT, "gain_proven", interval)
+    return Decision(
+        Status.UNDECIDED,
+        "ci_straddles_zero" if minimum == 0 else "ci_straddles_minimum",
+        f"{interval} straddles {minimum:+.2%}; replay a longer workload to narrow it",
+    )
 
 
-def gain_test(econ: AdmissionEconomics | None, minimum: float) -> GainVerdict:
+def gain_test(econ: AdmissionEconomics | None, minimum: float) -> Decision:
     """Is dynamic verification proven to pay on the recorded workload? Pure.
 
-    ACCEPT: the receipt rule holds, a drain guard is present and the CI lower bound exceeds
-    ``minimum``. REJECT: the receipt rule fails or the whole CI is at or below ``minimum``.
-    UNDECIDED: the CI straddles ``minimum`` (more workload would be needed). UNKNOWN: no economics.
-    Only ACCEPT activates; the caller decides nothing else.
+    :func:`classify_gain` over the signed economics: ACCEPT only when the receipt rule holds, a
+    drain guard is present and the CI lower bound exceeds ``minimum``; UNKNOWN
+    (``no_admission_artifact``) when there are no economics. Only ACCEPT activates.
     """
     if econ is None:
-        return GainVerdict(
-            GainStatus.UNKNOWN, "the bundle carries no admission artifact, so no gain is proven"
+        return Decision(
+            Status.UNKNOWN,
+            "no_admission_artifact",
+            "the bundle carries no admission artifact, so no gain is proven",
         )
-    lo, hi = econ.predicted_gain_ci_low, econ.predicted_gain_ci_high
-    if not econ.receipt_rule():
-        return GainVerdict(
-            GainStatus.REJECT,
-            f"compact choices {econ.compact_choices} of {econ.policy_steps} steps, net value "
-            f"{econ.recomputed_net_ms():.4g} ms after overhead and margin; dynamic verification does not pay",
-        )
-    if econ.drain_guard is None:
-        return GainVerdict(
-            GainStatus.REJECT,
-            "no drain guard in the admission summary; the engine never picks a compact cell without one",
-        )
-    if hi <= minimum:
-        return GainVerdict(
-            GainStatus.REJECT, f"predicted gain CI [{lo:.4g}, {hi:.4g}] is at or below {minimum:.4g}"
-        )
-    if lo <= minimum:
-        return GainVerdict(
-            GainStatus.UNDECIDED,
-            f"predicted gain CI [{lo:.4g}, {hi:.4g}] straddles the minimum {minimum:.4g}; "
-            "replay a longer workload to narrow it",
-        )
-    return GainVerdict(
-        GainStatus.ACCEPT, f"predicted gain {econ.predicted_gain:.4g}, CI [{lo:.4g}, {hi:.4g}]"
+    return classify_gain(
+        econ.predicted_gain,
+        econ.predicted_gain_ci_low,
+        econ.predicted_gain_ci_high,
+        admitted=econ.receipt_rule(),
+        minimum=minimum,
+        drain_guard=econ.drain_guard is not None,
     )

@@ -62,7 +62,7 @@ from dspark_calibrate.calibrate.confidence.metrics import (
     paired_nll_difference,
 )
 from dspark_calibrate.calibrate.confidence.traces import Notice, TraceSet, read_traces
-from dspark_calibrate.calibrate.measurement.stats import Decision, Status
+from dspark_calibrate.decision import Decision, Status
 from dspark_calibrate.errors import ConfigError
 
 __all__ = [

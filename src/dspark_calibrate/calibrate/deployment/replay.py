@@ -35,8 +35,9 @@ import numpy as np
 
 from dspark_calibrate.artifacts import canonical_json
 from dspark_calibrate.calibrate.deployment.workload import Workload
-from dspark_calibrate.calibrate.measurement.stats import Decision, Status
+from dspark_calibrate.decision import Decision
 from dspark_calibrate.errors import ConfigError
+from dspark_calibrate.runtime_plugin.economics import classify_gain
 from dspark_calibrate.runtime_plugin.planner import (
     DEFAULT_MIN_VERIFY_LEN,
     DEFAULT_MINIMUM_PREDICTED_GAIN,
@@ -647,29 +648,9 @@ def gain_decision(gain: float, ci_low: float, ci_high: float, *, admitted: bool)
 
     ACCEPT: admitted and the interval lies above 0. REJECT: the interval lies at or below 0, or
     the receipt rule does not admit. UNDECIDED: admitted but the interval straddles 0.
-    UNKNOWN: no finite estimate.
+    UNKNOWN: no finite estimate. The runtime's own classifier (``economics.classify_gain``).
     """
-    if not all(math.isfinite(x) for x in (gain, ci_low, ci_high)):
-        return Decision(Status.UNKNOWN, "non_finite", "the replay produced no finite gain")
-    if ci_high <= 0:
-        return Decision(
-            Status.REJECT,
-            "no_gain",
-            f"gain {gain:+.2%}, 95% CI [{ci_low:+.2%}, {ci_high:+.2%}] at or below 0",
-        )
-    if not admitted:
-        return Decision(
-            Status.REJECT,
-            "not_admitted",
-            f"gain {gain:+.2%} does not cover the overhead and margin (net value <= 0)",
-        )
-    if ci_low > 0:
-        return Decision(
-            Status.ACCEPT, "gain_proven", f"gain {gain:+.2%}, 95% CI [{ci_low:+.2%}, {ci_high:+.2%}]"
-        )
-    return Decision(
-        Status.UNDECIDED, "ci_straddles_zero", f"gain {gain:+.2%}, 95% CI [{ci_low:+.2%}, {ci_high:+.2%}]"
-    )
+    return classify_gain(gain, ci_low, ci_high, admitted=admitted)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from dspark_calibrate.calibrate.deployment.replay import CellGrid, StepEvidence, choose_steps
-from dspark_calibrate.calibrate.measurement.stats import Decision, Status
+from dspark_calibrate.decision import Decision, Status
 from dspark_calibrate.errors import ConfigError
 from dspark_calibrate.runtime_plugin.planner import (
     MAX_COMPACT_CELLS_PER_G,

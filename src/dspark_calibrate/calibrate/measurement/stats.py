@@ -49,6 +49,7 @@ import numpy as np
 from scipy.special import ndtri, stdtrit
 
 from dspark_calibrate.calibrate.measurement.ladder import CellSpec
+from dspark_calibrate.decision import Decision, Status
 from dspark_calibrate.errors import ConfigError
 
 __all__ = [
@@ -69,15 +70,6 @@ __all__ = [
 ]
 
 
-class Status(enum.StrEnum):
-    """Outcome of a statistical decision (STYLE rule 11)."""
-
-    ACCEPT = "ACCEPT"
-    REJECT = "REJECT"
-    UNDECIDED = "UNDECIDED"
-    UNKNOWN = "UNKNOWN"
-
-
 class StopReason(enum.StrEnum):
     """Why a cell stopped measuring; stored per cell in the ``stop_reason`` column."""
 
@@ -87,27 +79,6 @@ class StopReason(enum.StrEnum):
     BUDGET = "budget"  # the sweep's total budget ran out first
     FIXED_PROTOCOL = "fixed_protocol"  # the fixed 128 + 64 protocol completed
     IMPORTED = "imported"  # summarized from samples another tool measured
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """A statistical decision with its reason.
-
-    Attributes:
-        status: ACCEPT / REJECT / UNDECIDED / UNKNOWN.
-        reason: a stable short code (for stopping: a :class:`StopReason` value, or
-            ``precision_not_reached`` / ``too_few_samples`` / ``non_finite``).
-        detail: one human-readable line.
-    """
-
-    status: Status
-    reason: str
-    detail: str = ""
-
-    @property
-    def stops(self) -> bool:
-        """True when the caller should stop measuring (ACCEPT or REJECT)."""
-        return self.status in (Status.ACCEPT, Status.REJECT)
 
 
 @dataclass(frozen=True, slots=True)

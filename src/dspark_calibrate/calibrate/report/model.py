@@ -998,7 +998,7 @@ def _admission_section(art: VerifiedArtifact) -> AdmissionSection:
         econ = AdmissionEconomics.from_summary(s)
         minimum = econ.minimum_predicted_gain
         verdict = gain_test(econ, minimum)
-        status, reason = verdict.status.value, verdict.reason
+        status, reason = verdict.status.value, verdict.detail
     except ModelError as exc:
         status, reason = "UNKNOWN", f"the runtime cannot read this summary: {exc}"
     return AdmissionSection(
