@@ -22,9 +22,9 @@ from dspark_calibrate.calibrate.confidence.maps import (
     STS_GRID,
     T_MAX,
     T_MIN,
-    Calibration,
+    FittedCalibration,
+    FittedPositionMap,
     Method,
-    PositionMap,
     build_risk_sets,
     compress_risk_set,
     fit_calibration,
@@ -65,7 +65,7 @@ def rel_err(a: np.ndarray, b: np.ndarray | tuple[float, ...]) -> np.ndarray:
 
 def test_sts_is_tensorrt_llm_semantics() -> None:
     x = np.array([[-3.0, 0.5, 2.0], [1.0, -1.0, 0.0]], dtype=np.float32)
-    cal = Calibration.from_temperatures([0.5, 2.0, 1.5])
+    cal = FittedCalibration.from_temperatures([0.5, 2.0, 1.5])
     p = expit(x.astype(np.float64) / np.array([0.5, 2.0, 1.5]))
     np.testing.assert_allclose(cal.conditional(x), p, rtol=0, atol=0)
     np.testing.assert_allclose(cal.survival(x), np.cumprod(p, axis=1), rtol=1e-15)
@@ -150,7 +150,9 @@ param_sets = st.one_of(
 def test_survival_non_increasing_for_any_parameters(
     maps: list[tuple[Method, tuple[float, ...]]], xs: list[float]
 ) -> None:
-    cal = Calibration("mixed", tuple(PositionMap(j, m, p, None, 0) for j, (m, p) in enumerate(maps, start=1)))
+    cal = FittedCalibration(
+        "mixed", tuple(FittedPositionMap(j, m, p, None, 0) for j, (m, p) in enumerate(maps, start=1))
+    )
     logits = np.repeat(np.asarray(xs, dtype=np.float32)[:, None], cal.k, axis=1)
     s = cal.survival(logits)
     assert np.all(np.diff(s, axis=1) <= 0) and np.all((s >= 0) & (s <= 1))
@@ -339,20 +341,20 @@ BAD_MAPS = [
 def test_position_map_rejects_impossible_values(name: str, kwargs: dict[str, Any], message: str) -> None:
     kwargs = {"temperature": None, "risk_set_size": 0, **kwargs}
     with pytest.raises(ValueError, match=message):
-        PositionMap(**kwargs)
+        FittedPositionMap(**kwargs)
 
 
 def test_calibration_round_trips(small_rounds: TraceSet) -> None:
     rs = build_risk_sets(small_rounds.logits, small_rounds.accepted, small_rounds.verified)
     for method in (Method.STS, Method.PLATT, Method.BETA, Method.ISOTONIC):
         cal = fit_calibration(rs, method)
-        again = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
+        again = FittedCalibration.from_dict(json.loads(json.dumps(cal.to_dict())))
         assert again == cal
         np.testing.assert_array_equal(
             again.survival(small_rounds.logits[:100]), cal.survival(small_rounds.logits[:100])
         )
     with pytest.raises(ValueError, match=r"1\.\.K in order"):
-        Calibration("sts", (PositionMap(2, Method.STS, (1.0,), 1.0, 0),))
+        FittedCalibration("sts", (FittedPositionMap(2, Method.STS, (1.0,), 1.0, 0),))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -41,9 +41,9 @@ from dspark_calibrate.artifacts import (
 from dspark_calibrate.calibrate.confidence.maps import (
     METHOD_CHOICES,
     STS_MIN_NUM_SAMPLES,
-    Calibration,
+    FittedCalibration,
+    FittedPositionMap,
     Method,
-    PositionMap,
     StsDocument,
     build_risk_sets,
     fit_calibration,
@@ -296,7 +296,7 @@ def split_by_request(traces: TraceSet, *, holdout: float, seed: int, folds: int)
 class BaselineResult:
     """The grid baseline fitted on the same fit set and scored on the same held-out requests."""
 
-    calibration: Calibration
+    calibration: FittedCalibration
     metrics: MetricsReport
     seconds: float
 
@@ -319,7 +319,7 @@ class FitResult:
         synthetic: True when any input was generated.
     """
 
-    calibration: Calibration
+    calibration: FittedCalibration
     options: FitOptions
     before: MetricsReport
     after: MetricsReport
@@ -467,9 +467,9 @@ class FitResult:
         }
 
 
-def _identity(k: int) -> Calibration:
-    return Calibration(
-        "identity", tuple(PositionMap(j, Method.IDENTITY, (), 1.0, 0) for j in range(1, k + 1))
+def _identity(k: int) -> FittedCalibration:
+    return FittedCalibration(
+        "identity", tuple(FittedPositionMap(j, Method.IDENTITY, (), 1.0, 0) for j in range(1, k + 1))
     )
 
 
@@ -537,7 +537,7 @@ def fit_traces(traces: TraceSet, options: FitOptions | None = None) -> FitResult
     acc_h, ver_h, req_h = traces.accepted[hold], traces.verified[hold], traces.request[hold]
     obs = observe(acc_h, ver_h, req_h, traces.k)
 
-    def score(cal: Calibration) -> MetricsReport:
+    def score(cal: FittedCalibration) -> MetricsReport:
         return evaluate_predictions(
             cal.conditional(logits_h), acc_h, ver_h, req_h,
             n_bins=opts.n_bins, bootstrap=opts.bootstrap, seed=opts.seed, outcomes=obs,
@@ -768,7 +768,7 @@ class LoadedCalibration:
         path: where it was read from.
     """
 
-    calibration: Calibration
+    calibration: FittedCalibration
     reference_ece: tuple[float | None, ...]
     reference_nll: float | None
     path: str
@@ -786,7 +786,7 @@ def load_calibration(path: Path | str) -> LoadedCalibration:
             doc = parse_sts_document(p.read_bytes(), where=str(p))
         except OSError as exc:
             raise ConfigError(f"{p}: cannot read ({exc.strerror or exc})") from exc
-        cal = Calibration.from_temperatures(doc.temperatures)
+        cal = FittedCalibration.from_temperatures(doc.temperatures)
         return LoadedCalibration(cal, (doc.ece_after,) * cal.k, None, str(p))
     try:
         loaded = read_artifact(p)
@@ -799,7 +799,7 @@ def load_calibration(path: Path | str) -> LoadedCalibration:
     try:
         rows = sorted(loaded.table.to_pylist(), key=lambda r: int(r["position"]))
         maps = tuple(
-            PositionMap(
+            FittedPositionMap(
                 position=int(r["position"]),
                 method=Method(r["method"]),
                 params=tuple(r["params"] or ()),
@@ -809,7 +809,7 @@ def load_calibration(path: Path | str) -> LoadedCalibration:
             for r in rows
         )
         summary = loaded.metadata.get("summary") or {}
-        cal = Calibration(str(summary.get("method", maps[0].method.value if maps else "unknown")), maps)
+        cal = FittedCalibration(str(summary.get("method", maps[0].method.value if maps else "unknown")), maps)
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"{p}: calibration rows are invalid ({exc}); re-run fit") from exc
     ref_ece = tuple(

@@ -1,8 +1,8 @@
 """Confidence calibrators: raw draft logits → conditional acceptance p_j and prefix survival S_j.
 
-One interface for every method (DESIGN §2, §8): a :class:`Calibration` holds one
-:class:`PositionMap` per draft position, transforms (n, K) logits into p_j, and S_j is always the
-running product of p_1..p_j, so survival is non-increasing by construction. Methods:
+One interface for every method (DESIGN §2, §8): a :class:`FittedCalibration` holds one
+:class:`FittedPositionMap` per draft position, transforms (n, K) logits into p_j, and S_j is always
+the running product of p_1..p_j, so survival is non-increasing by construction. Methods:
 
 - ``sts``: p_j = sigmoid(logit_j / T_j), TensorRT-LLM's exact semantics. Fitted by maximum
   likelihood on each position's risk set with a safeguarded Newton solve on 1/T_j (the
@@ -53,9 +53,9 @@ __all__ = [
     "STS_MIN_NUM_SAMPLES",
     "T_MAX",
     "T_MIN",
-    "Calibration",
+    "FittedCalibration",
+    "FittedPositionMap",
     "Method",
-    "PositionMap",
     "RiskSet",
     "StsDocument",
     "build_risk_sets",
@@ -257,8 +257,11 @@ _PARAM_COUNT: Mapping[Method, int | None] = {
 
 
 @dataclass(frozen=True, slots=True)
-class PositionMap:
-    """The calibration map of one draft position.
+class FittedPositionMap:
+    """The fitted calibration map of one draft position, with what the fit saw.
+
+    The runtime's map (``runtime_plugin.planner.PositionMap``) is the ``method`` and ``params``
+    alone; this one also carries the risk-set size, the STS approximation and any fallback note.
 
     Attributes:
         position: 1..K.
@@ -338,7 +341,7 @@ class PositionMap:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> PositionMap:
+    def from_dict(cls, data: Mapping[str, Any]) -> FittedPositionMap:
         """Inverse of :meth:`to_dict`.
 
         Raises:
@@ -355,8 +358,11 @@ class PositionMap:
 
 
 @dataclass(frozen=True, slots=True)
-class Calibration:
-    """A per-position calibration of a K-position draft block.
+class FittedCalibration:
+    """The result of fitting a K-position draft block: one fitted map per position.
+
+    The runtime's selector takes ``runtime_plugin.planner.Calibration`` (maps only), built from
+    the signed ``calibration`` table this result is written to.
 
     Attributes:
         method: the method that was asked for or selected (a row may have fallen back).
@@ -364,7 +370,7 @@ class Calibration:
     """
 
     method: str
-    positions: tuple[PositionMap, ...] = field(default_factory=tuple)
+    positions: tuple[FittedPositionMap, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         if not self.positions:
@@ -422,23 +428,24 @@ class Calibration:
         return {"method": self.method, "k": self.k, "positions": [p.to_dict() for p in self.positions]}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Calibration:
+    def from_dict(cls, data: Mapping[str, Any]) -> FittedCalibration:
         """Inverse of :meth:`to_dict`.
 
         Raises:
             ValueError: invalid positions.
         """
         return cls(
-            method=str(data["method"]), positions=tuple(PositionMap.from_dict(p) for p in data["positions"])
+            method=str(data["method"]),
+            positions=tuple(FittedPositionMap.from_dict(p) for p in data["positions"]),
         )
 
     @classmethod
-    def from_temperatures(cls, temperatures: Sequence[float], *, method: str = "sts") -> Calibration:
+    def from_temperatures(cls, temperatures: Sequence[float], *, method: str = "sts") -> FittedCalibration:
         """An STS calibration from T_1..T_K (e.g. from an ``sts.json``)."""
         return cls(
             method=method,
             positions=tuple(
-                PositionMap(j, Method.STS, (float(t),), float(t), 0)
+                FittedPositionMap(j, Method.STS, (float(t),), float(t), 0)
                 for j, t in enumerate(temperatures, start=1)
             ),
         )
@@ -532,30 +539,34 @@ def _newton_logistic(
     return theta, float(np.abs(g).max()) < 1e-6
 
 
-def _fit_sts(rs: RiskSet, note: str = "") -> PositionMap:
+def _fit_sts(rs: RiskSet, note: str = "") -> FittedPositionMap:
     a, bound_note = _sts_slope(rs.x, rs.y, rs.w)
     t = 1.0 / a
-    return PositionMap(rs.position, Method.STS, (t,), t, rs.size, _join(note, bound_note))
+    return FittedPositionMap(rs.position, Method.STS, (t,), t, rs.size, _join(note, bound_note))
 
 
 def _join(*notes: str) -> str:
     return "; ".join(n for n in notes if n)
 
 
-def _fit_platt(rs: RiskSet, note: str = "") -> PositionMap:
+def _fit_platt(rs: RiskSet, note: str = "") -> FittedPositionMap:
     F = np.column_stack([rs.x, np.ones_like(rs.x)])
     theta, ok = _newton_logistic(F, rs.y, rs.w, np.array([1.0, 0.0]))
     if not ok:
         return _fit_sts(rs, _join(note, "platt fit did not converge; STS used"))
-    return PositionMap(rs.position, Method.PLATT, (float(theta[0]), float(theta[1])), None, rs.size, note)
+    return FittedPositionMap(
+        rs.position, Method.PLATT, (float(theta[0]), float(theta[1])), None, rs.size, note
+    )
 
 
-def _fit_beta(rs: RiskSet, note: str = "") -> PositionMap:
+def _fit_beta(rs: RiskSet, note: str = "") -> FittedPositionMap:
     f1, f2 = _beta_features(rs.x)
     one = np.ones_like(rs.x)
     theta, ok = _newton_logistic(np.column_stack([f1, f2, one]), rs.y, rs.w, np.array([1.0, 1.0, 0.0]))
     if ok and theta[0] >= 0 and theta[1] >= 0:
-        return PositionMap(rs.position, Method.BETA, tuple(float(t) for t in theta), None, rs.size, note)
+        return FittedPositionMap(
+            rs.position, Method.BETA, tuple(float(t) for t in theta), None, rs.size, note
+        )
     if ok:
         # Kull et al.: a negative shape coefficient is set to zero and the rest refitted, which
         # keeps the map monotone in the logit.
@@ -564,11 +575,11 @@ def _fit_beta(rs: RiskSet, note: str = "") -> PositionMap:
         sub, ok2 = _newton_logistic(np.column_stack([keep_feature, one]), rs.y, rs.w, np.array([1.0, 0.0]))
         if ok2 and sub[0] >= 0:
             params = (0.0, float(sub[0]), float(sub[1])) if drop == 0 else (float(sub[0]), 0.0, float(sub[1]))
-            return PositionMap(rs.position, Method.BETA, params, None, rs.size, note)
+            return FittedPositionMap(rs.position, Method.BETA, params, None, rs.size, note)
     return _fit_sts(rs, _join(note, "beta fit did not converge to a monotone map; STS used"))
 
 
-def _fit_isotonic(rs: RiskSet, note: str = "") -> PositionMap:
+def _fit_isotonic(rs: RiskSet, note: str = "") -> FittedPositionMap:
     ux, inv = np.unique(rs.x, return_inverse=True)
     inv = inv.reshape(-1)
     weights = np.bincount(inv, weights=rs.w)
@@ -584,18 +595,18 @@ def _fit_isotonic(rs: RiskSet, note: str = "") -> PositionMap:
     kp = np.repeat(rate, 2)
     keep = np.r_[True, np.diff(kx) > 0]
     kx, kp = kx[keep], kp[keep]
-    return PositionMap(rs.position, Method.ISOTONIC, (*kx.tolist(), *kp.tolist()), None, rs.size, note)
+    return FittedPositionMap(rs.position, Method.ISOTONIC, (*kx.tolist(), *kp.tolist()), None, rs.size, note)
 
 
-def _with_sts_approximation(pm: PositionMap, rs: RiskSet) -> PositionMap:
+def _with_sts_approximation(pm: FittedPositionMap, rs: RiskSet) -> FittedPositionMap:
     if pm.method in (Method.STS, Method.IDENTITY) or rs.size == 0:
         return pm
     q = pm.conditional(rs.x)
     a, _ = _sts_slope(rs.x, q, rs.w)
-    return PositionMap(pm.position, pm.method, pm.params, 1.0 / a, pm.risk_set_size, pm.note)
+    return FittedPositionMap(pm.position, pm.method, pm.params, 1.0 / a, pm.risk_set_size, pm.note)
 
 
-def fit_position(rs: RiskSet, method: Method, *, sts_approx: bool = True) -> PositionMap:
+def fit_position(rs: RiskSet, method: Method, *, sts_approx: bool = True) -> FittedPositionMap:
     """Fit one position's map, falling back to simpler maps where the data cannot carry it.
 
     Fallbacks (each recorded in ``note``): empty risk set → identity (T = 1); isotonic below
@@ -608,7 +619,7 @@ def fit_position(rs: RiskSet, method: Method, *, sts_approx: bool = True) -> Pos
         sts_approx: also compute the best STS approximation of non-STS maps.
     """
     if rs.size == 0:
-        return PositionMap(
+        return FittedPositionMap(
             rs.position,
             Method.IDENTITY,
             (),
@@ -644,10 +655,10 @@ def fit_position(rs: RiskSet, method: Method, *, sts_approx: bool = True) -> Pos
     return _with_sts_approximation(pm, rs) if sts_approx else pm
 
 
-def _fit_platt_shared(risk_sets: Sequence[RiskSet], sts_approx: bool) -> tuple[PositionMap, ...]:
+def _fit_platt_shared(risk_sets: Sequence[RiskSet], sts_approx: bool) -> tuple[FittedPositionMap, ...]:
     """Platt maps with one slope shared by the eligible positions and an intercept each."""
     eligible = [rs for rs in risk_sets if rs.size >= PARAMETRIC_MIN_RISK_SET and not rs.degenerate]
-    maps: dict[int, PositionMap] = {}
+    maps: dict[int, FittedPositionMap] = {}
     if eligible:
         m = len(eligible)
         x = np.concatenate([rs.x for rs in eligible])
@@ -661,7 +672,7 @@ def _fit_platt_shared(risk_sets: Sequence[RiskSet], sts_approx: bool) -> tuple[P
         theta, ok = _newton_logistic(np.column_stack([x, onehot]), y, w, np.r_[1.0, np.zeros(m)])
         for i, rs in enumerate(eligible):
             if ok:
-                maps[rs.position] = PositionMap(
+                maps[rs.position] = FittedPositionMap(
                     rs.position,
                     Method.PLATT,
                     (float(theta[0]), float(theta[1 + i])),
@@ -680,7 +691,7 @@ def _fit_platt_shared(risk_sets: Sequence[RiskSet], sts_approx: bool) -> tuple[P
 
 def fit_calibration(
     risk_sets: Sequence[RiskSet], method: Method, *, shared_slope: bool = False, sts_approx: bool = True
-) -> Calibration:
+) -> FittedCalibration:
     """Fit one map per position.
 
     Args:
@@ -690,13 +701,13 @@ def fit_calibration(
         sts_approx: compute the best STS approximation of non-STS maps.
     """
     if method is Method.PLATT and shared_slope:
-        return Calibration(method.value, _fit_platt_shared(risk_sets, sts_approx))
-    return Calibration(
+        return FittedCalibration(method.value, _fit_platt_shared(risk_sets, sts_approx))
+    return FittedCalibration(
         method.value, tuple(fit_position(rs, method, sts_approx=sts_approx) for rs in risk_sets)
     )
 
 
-def risk_set_nll(pm: PositionMap, rs: RiskSet) -> float:
+def risk_set_nll(pm: FittedPositionMap, rs: RiskSet) -> float:
     """Summed Bernoulli NLL (nats) of a map on a risk set's points."""
     if rs.size == 0:
         return 0.0
@@ -749,7 +760,7 @@ def fit_sts_grid(
     *,
     grid: Sequence[float] = STS_GRID,
     n_bins: int = ECE_BINS,
-) -> Calibration:
+) -> FittedCalibration:
     """The grid baseline: per position, left to right, the grid temperature minimising the
     equal-width ECE of the running product S_j against 1[A ≥ j] (rounds with verified ≥ j).
 
@@ -763,7 +774,9 @@ def fit_sts_grid(
         lab = verified >= j
         risk = int(((accepted >= j - 1) & lab).sum())
         if not lab.any():
-            maps.append(PositionMap(j, Method.IDENTITY, (), 1.0, 0, "no labelled rounds; identity map (T=1)"))
+            maps.append(
+                FittedPositionMap(j, Method.IDENTITY, (), 1.0, 0, "no labelled rounds; identity map (T=1)")
+            )
             continue
         x = logits[lab, j - 1].astype(np.float32, copy=False)
         sp = s_prev[lab]
@@ -773,9 +786,9 @@ def fit_sts_grid(
             e = binned_ece(sp * expit(x * np.float32(1.0 / t)), y, n_bins)
             if e < best_e:
                 best_t, best_e = float(t), e
-        maps.append(PositionMap(j, Method.STS, (best_t,), best_t, risk, "grid baseline"))
+        maps.append(FittedPositionMap(j, Method.STS, (best_t,), best_t, risk, "grid baseline"))
         s_prev *= expit(logits[:, j - 1] * np.float32(1.0 / best_t))
-    return Calibration("sts-grid", tuple(maps))
+    return FittedCalibration("sts-grid", tuple(maps))
 
 
 # --------------------------------------------------------------------------------------------
