@@ -19,6 +19,7 @@ from typing import Any
 
 from dspark_calibrate.artifacts._atomic import atomic_write_bytes, publish_directory
 from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict, sha256_hex
+from dspark_calibrate.artifacts._inputs import read_fingerprint
 from dspark_calibrate.artifacts._logical_hash import (
     LogicalHashError,
     canonical_table_bytes,
@@ -114,6 +115,7 @@ __all__ = [
     "logical_sha256",
     "logical_sha256_keys",
     "read_artifact",
+    "read_fingerprint",
     "sha256_hex",
     "publish_directory",
     "write_unsigned_artifact",

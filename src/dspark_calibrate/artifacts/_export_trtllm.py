@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dspark_calibrate.artifacts._atomic import atomic_write_bytes, publish_directory
 from dspark_calibrate.artifacts._bundle import BundleReport
 from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict, sha256_hex
 from dspark_calibrate.artifacts._models import (
@@ -897,8 +898,6 @@ def export_trtllm(
         ConfigError: unverified bundle, bad selector identity, existing directory, I/O failure.
         ExportRejected: the rendered package breaks a consumer rule (nothing is written).
     """
-    from dspark_calibrate.artifacts._atomic import atomic_write_bytes, publish_directory
-
     out = Path(out_dir)
     inputs = TrtllmInputs.from_bundle(bundle_report)
     rendered = render_trtllm(

@@ -10,6 +10,8 @@ import importlib
 
 import typer
 
+from dspark_calibrate.cli.verify import verify_app
+
 __all__ = ["build_calibrate_app", "calibrate_main", "verify_main"]
 
 #: Command modules of ``dspark-calibrate``, each with ``register(app)``.
@@ -48,6 +50,4 @@ def calibrate_main() -> None:
 
 def verify_main() -> None:
     """Console-script entry point for ``dspark-verify``."""
-    from dspark_calibrate.cli.verify import verify_app
-
     verify_app()

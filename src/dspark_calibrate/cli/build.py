@@ -28,6 +28,7 @@ from dspark_calibrate.cli._common import (
     print_json,
     utcnow,
 )
+from dspark_calibrate.cli.trust import load_root_or_exit, signers_from_keys
 from dspark_calibrate.errors import DsparkError
 
 if TYPE_CHECKING:
@@ -166,7 +167,6 @@ def build(
     from dspark_calibrate.calibrate.deployment.build import BuildOptions, build_bundle, load_build_inputs
     from dspark_calibrate.calibrate.deployment.replay import BootstrapSettings
     from dspark_calibrate.calibrate.deployment.select_cells import SelectionRefused
-    from dspark_calibrate.cli.trust import load_root_or_exit, signers_from_keys
 
     root = load_root_or_exit(trust_root)
     now = utcnow()

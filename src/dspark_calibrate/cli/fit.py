@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+import dspark_calibrate
 from dspark_calibrate.cli._common import (
     EXIT_OK,
     EXIT_REJECTED,
@@ -24,6 +25,7 @@ from dspark_calibrate.cli._common import (
     print_json,
     utcnow,
 )
+from dspark_calibrate.decision import Status
 from dspark_calibrate.errors import ConfigError, DsparkError
 
 __all__ = ["register"]
@@ -180,7 +182,6 @@ def fit(
     json_out: JsonFlag = False,
 ) -> None:
     """Calibrate the confidence head into prefix-survival probabilities (or check drift with --evaluate)."""
-    import dspark_calibrate
     from dspark_calibrate.calibrate.confidence.fit import (
         DriftTolerances,
         FitOptions,
@@ -188,7 +189,6 @@ def fit(
         run_evaluate,
         run_fit,
     )
-    from dspark_calibrate.decision import Status
 
     if not traces:
         fail_usage("--traces is required: pass trace files or directories (Parquet, JSONL, recorder .pt)")

@@ -29,15 +29,14 @@ import pyarrow as pa
 from dspark_calibrate.artifacts import (
     ArtifactReadError,
     Fingerprint,
-    JsonError,
-    ModelError,
     Provenance,
     atomic_write_bytes,
     canonical_json,
-    loads_strict,
     read_artifact,
+    read_fingerprint,
     write_unsigned_artifact,
 )
+from dspark_calibrate.calibrate.confidence.fit_plot import reliability_png, survival_png
 from dspark_calibrate.calibrate.confidence.maps import (
     METHOD_CHOICES,
     STS_MIN_NUM_SAMPLES,
@@ -64,6 +63,7 @@ from dspark_calibrate.calibrate.confidence.metrics import (
 from dspark_calibrate.calibrate.confidence.traces import Notice, TraceSet, read_traces
 from dspark_calibrate.decision import Decision, Status
 from dspark_calibrate.errors import ConfigError
+from dspark_calibrate.schemas import arrow_schema
 
 __all__ = [
     "CALIBRATION_FILE",
@@ -368,8 +368,6 @@ class FitResult:
             rows["brier_after"].append(a.brier)
             rows["ece_before"].append(b.ece.value)
             rows["ece_after"].append(a.ece.value)
-        from dspark_calibrate.schemas import arrow_schema
-
         return pa.Table.from_pydict(rows, schema=arrow_schema("calibration"))
 
     def sts(self, *, dataset: str | None = None) -> StsDocument:
@@ -616,22 +614,9 @@ class FitOutputs:
         }
 
 
-def load_fingerprint(path: Path | str) -> Fingerprint:
-    """Read a fingerprint JSON file (the fields of ``Fingerprint``; unknown fields refused).
-
-    Raises:
-        ConfigError: unreadable, not JSON, or an invalid field.
-    """
-    p = Path(path)
-    try:
-        data = loads_strict(p.read_bytes(), what=str(p))
-        return Fingerprint.from_dict(data)
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read fingerprint ({exc.strerror or exc})") from exc
-    except (JsonError, ModelError) as exc:
-        raise ConfigError(
-            f"{p}: invalid fingerprint: {exc}; see Fingerprint's fields in docs/fit.md"
-        ) from exc
+#: The package's one fingerprint-file reader (``artifacts.read_fingerprint``), under the name ``fit``
+#: has always exported.
+load_fingerprint = read_fingerprint
 
 
 def _bind_fingerprint(fingerprint: Fingerprint | None, k: int) -> Fingerprint:
@@ -697,8 +682,6 @@ def write_fit_outputs(
     atomic_write_bytes(report_path, canonical_json(report))
     plot_paths: tuple[Path, ...] = ()
     if plots:
-        from dspark_calibrate.calibrate.confidence.fit_plot import reliability_png, survival_png
-
         title = f"{result.calibration.method} · {result.holdout_rounds} held-out rounds"
         rel = out / RELIABILITY_PNG
         atomic_write_bytes(rel, reliability_png(result.before, result.after, title=title))

@@ -40,6 +40,7 @@ import numpy as np
 from scipy.optimize import isotonic_regression
 from scipy.special import expit, log_expit
 
+from dspark_calibrate.artifacts import JsonError, loads_strict
 from dspark_calibrate.calibrate.confidence.metrics import ECE_BINS, PROB_EPS, binned_ece
 from dspark_calibrate.errors import ConfigError
 
@@ -943,8 +944,6 @@ def parse_sts_document(data: bytes | str, *, where: str = "sts.json", k: int | N
     Raises:
         ConfigError: anything TensorRT-LLM would not accept, or that this package does not write.
     """
-    from dspark_calibrate.artifacts import JsonError, loads_strict
-
     try:
         obj = loads_strict(data, what=where)
     except JsonError as exc:

@@ -63,7 +63,7 @@ from dspark_calibrate.calibrate.deployment.replay import (
 )
 from dspark_calibrate.calibrate.deployment.select_cells import CellSelection, require_cells, select_cells
 from dspark_calibrate.calibrate.deployment.workload import Workload, read_workload
-from dspark_calibrate.errors import ConfigError
+from dspark_calibrate.errors import ArtifactRejected, ConfigError
 from dspark_calibrate.runtime_plugin.planner import (
     DEFAULT_MIN_VERIFY_LEN,
     DEFAULT_MINIMUM_PREDICTED_GAIN,
@@ -486,7 +486,6 @@ def build_bundle(
         verify_path,
         write_bundle,
     )
-    from dspark_calibrate.errors import ArtifactRejected
 
     out_dir = Path(out_dir)
     if inputs.synthetic and not options.allow_synthetic:

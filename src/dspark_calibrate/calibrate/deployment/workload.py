@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dspark_calibrate import __version__
 from dspark_calibrate.artifacts import (
     ArtifactReadError,
     Fingerprint,
@@ -269,8 +270,6 @@ def write_workload(
     Raises:
         ConfigError: the table cannot be written.
     """
-    from dspark_calibrate import __version__
-
     fp = (
         fingerprint
         or workload.fingerprint

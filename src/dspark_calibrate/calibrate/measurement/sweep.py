@@ -38,10 +38,16 @@ from dspark_calibrate.artifacts import (
     sha256_hex,
     write_unsigned_artifact,
 )
-from dspark_calibrate.calibrate.measurement.backends import Backend
-from dspark_calibrate.calibrate.measurement.distributed import VISIT_FIELDS, Communicator, SingleProcess
+from dspark_calibrate.calibrate.measurement.backends import Backend, load_backend
+from dspark_calibrate.calibrate.measurement.backends.import_samples import group_rounds, read_profiler_jsonl
+from dspark_calibrate.calibrate.measurement.distributed import (
+    VISIT_FIELDS,
+    Communicator,
+    SingleProcess,
+    from_environment,
+)
 from dspark_calibrate.calibrate.measurement.journal import Journal
-from dspark_calibrate.calibrate.measurement.ladder import CellKind, CellSpec
+from dspark_calibrate.calibrate.measurement.ladder import CellKind, CellSpec, plan_cells
 from dspark_calibrate.calibrate.measurement.stats import (
     CellProgress,
     CellSamples,
@@ -51,9 +57,11 @@ from dspark_calibrate.calibrate.measurement.stats import (
     PrecisionRule,
     Status,
     StoppingRule,
+    StopReason,
     Thresholds,
     summarize,
 )
+from dspark_calibrate.calibrate.measurement.sweep_plot import plot_sweep
 from dspark_calibrate.calibrate.measurement.telemetry import THROTTLE_DROP_MASK, Telemetry
 from dspark_calibrate.calibrate.measurement.timing import Step, Timer
 from dspark_calibrate.errors import ConfigError, MeasurementError, ProbeError
@@ -969,8 +977,6 @@ def result_from_imported(config: SweepConfig, imported: Any) -> SweepResult:
     Raises:
         ConfigError: the import holds a cell the configuration does not list.
     """
-    from dspark_calibrate.calibrate.measurement.backends.import_samples import group_rounds
-    from dspark_calibrate.calibrate.measurement.stats import StopReason
 
     states = {c: _CellState(c) for c in config.cells}
     for cell, pairs in group_rounds(imported.samples).items():
@@ -1047,8 +1053,6 @@ def execute(
         ConfigError: bad request (ladder, budgets, backend, fingerprint, journal).
         MeasurementError: the measurement failed.
     """
-    from dspark_calibrate.calibrate.measurement.backends import load_backend
-    from dspark_calibrate.calibrate.measurement.ladder import plan_cells
 
     cells = plan_cells(
         k=request.k,
@@ -1059,8 +1063,6 @@ def execute(
     )
     thresholds = request.thresholds
     if request.backend == IMPORT_BACKEND:
-        from dspark_calibrate.calibrate.measurement.backends.import_samples import read_profiler_jsonl
-
         if request.input is None:
             raise ConfigError("--backend import-samples needs --input PROFILE.jsonl")
         imported = read_profiler_jsonl(request.input, k=request.k, ladder=request.ladder)
@@ -1097,8 +1099,6 @@ def execute(
         return result, _maybe_plot(result, output, request.plot)
 
     if comm is None:
-        from dspark_calibrate.calibrate.measurement.distributed import from_environment
-
         comm = from_environment()
     options = dict(request.backend_options)
     if request.backend == "trtllm":
@@ -1147,8 +1147,6 @@ def execute(
 def _maybe_plot(result: SweepResult, output: SweepOutput, plot: bool) -> SweepOutput:
     if not plot:
         return output
-    from dspark_calibrate.calibrate.measurement.sweep_plot import plot_sweep
-
     png = output.summary_path.with_suffix(".png")
-    plot_sweep(result, png)
+    plot_sweep(result.config.k, result.config.ladder, [(c.spec, c.summary) for c in result.cells], png)
     return replace(output, plot_path=png)
