@@ -63,9 +63,11 @@ _LAZY: dict[str, str] = {
     # trust root and state
     "TrustRoot": "_trust",
     "TrustRootError": "_trust",
+    "TrustRootUnreadable": "_trust",
     "init_root": "_trust",
     "rotate_root": "_trust",
     "load_trust_root": "_trust",
+    "read_trust_root": "_trust",
     "RollbackState": "_state",
     "StateError": "_state",
     # signing, bundles, verification

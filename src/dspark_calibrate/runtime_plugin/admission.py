@@ -4,8 +4,8 @@ evidence, and fall back to static K on any doubt (DESIGN §4–§6, STYLE rule 1
 ``admit(bundle, trust_root, ...)`` runs in the serving process (or just before it starts) and
 returns an :class:`AdmissionDecision`; it never raises. Checks, in order:
 
-    (1) trust root: ``root.json`` bytes loaded and verified (signatures, expiry), or a given
-        ``TrustRoot`` checked for expiry at ``now``
+    (1) trust root: ``root.json`` read and verified by ``artifacts.read_trust_root`` (bounded,
+        regular files only; signatures, expiry), or a given ``TrustRoot`` checked for expiry
     (2) live deployment: the given context, or collected by ``live.collect_live`` (explicit engine
         arguments win over probes)
     (3) the bundle, through the artifacts pipeline (``verify_bundle``): manifest and every member —
@@ -29,7 +29,7 @@ The decision record lives in :mod:`.admission_decision` and the economics and ga
 :mod:`.economics` (both re-exported here), so that the engine adapters and rank agreement can use
 them without importing this module.
 
-I/O here: reading ``root.json`` and the bundle manifest's bytes (for its digest), and the clock
+I/O here: reading the bundle manifest's bytes (for its digest), and the clock
 when ``now`` is not given. Verification I/O belongs to the artifacts pipeline; the checks in steps
 (4) and (5) are pure functions.
 """
@@ -101,8 +101,6 @@ logger = logging.getLogger(__name__)
 #: firmware updates; a month is the longest we let a table stand without re-measurement, even when
 #: its signed expiry is later.
 DEFAULT_MAX_ARTIFACT_AGE = timedelta(days=30)
-#: Largest ``root.json`` read from disk, in bytes (the trust root parser's own cap).
-MAX_TRUST_ROOT_FILE_BYTES = 1 << 20
 #: The required bundle members by default: the gain test needs the admission artifact.
 _ALL_MEMBERS: tuple[str, ...] = ("admission", "calibration", "cost-table")
 
@@ -318,6 +316,8 @@ class _Run:
 def _read_bounded(path: Path, limit: int) -> bytes:
     """Up to ``limit + 1`` bytes of a regular file (a FIFO or device is refused, never waited on).
 
+    Reads the bundle manifest for its digest; the trust root goes through ``read_trust_root``.
+
     Raises:
         OSError: missing, unreadable, or not a regular file.
     """
@@ -340,7 +340,7 @@ def _read_bounded(path: Path, limit: int) -> bytes:
 
 def _load_root(trust_root: Any, now: datetime) -> tuple[TrustRoot | None, Finding | None]:
     """Step (1): a path is read and verified; a loaded root is checked for expiry."""
-    from dspark_calibrate.artifacts import TrustRoot, TrustRootError, load_trust_root
+    from dspark_calibrate.artifacts import TrustRoot, TrustRootError, read_trust_root
 
     if isinstance(trust_root, TrustRoot):
         if trust_root.is_expired(now):
@@ -353,24 +353,10 @@ def _load_root(trust_root: Any, now: datetime) -> tuple[TrustRoot | None, Findin
         return trust_root, None
     if not isinstance(trust_root, (str, Path)):
         raise TypeError(f"trust_root must be a path or a TrustRoot, got {type(trust_root).__name__}")
-    path = Path(trust_root)
     try:
-        data = _read_bounded(path, MAX_TRUST_ROOT_FILE_BYTES)
-    except OSError as exc:
-        return None, Finding(
-            Reason.TRUST_ROOT_INVALID,
-            f"{path}: cannot read the trust root ({exc.strerror or exc}); pass the pinned root.json",
-            field="trust_root",
-        )
-    if len(data) > MAX_TRUST_ROOT_FILE_BYTES:
-        return None, Finding(
-            Reason.TRUST_ROOT_INVALID,
-            f"{path}: larger than {MAX_TRUST_ROOT_FILE_BYTES} bytes; not a trust root",
-        )
-    try:
-        return load_trust_root(data, now=now), None
+        return read_trust_root(trust_root, now=now), None
     except TrustRootError as exc:
-        return None, Finding(exc.reason, f"{path}: {exc}", field="trust_root")
+        return None, Finding(exc.reason, str(exc), field="trust_root")
 
 
 def _resolve_live(live: LiveSpec) -> LiveContext:

@@ -772,19 +772,31 @@ def test_untrusted_inputs_listed_as_claims(tmp_path: Path, keys: tuple[Any, ...]
 
 
 @pytest.mark.parametrize(
-    ("make_root_file", "reason"),
+    ("make_root_file", "reason", "io_error"),
     [
-        pytest.param(lambda p, keys: None, Reason.IO_ERROR, id="missing"),
-        pytest.param(lambda p, keys: p.write_bytes(b"{not json"), Reason.TRUST_ROOT_INVALID, id="not-json"),
+        # Unreadable is the same TRUST_ROOT_INVALID the admission hook reports, and still an I/O
+        # error for the exit code (a wrong path, not bad evidence).
+        pytest.param(lambda p, keys: None, Reason.TRUST_ROOT_INVALID, True, id="missing"),
+        pytest.param(lambda p, keys: p.mkdir(), Reason.TRUST_ROOT_INVALID, True, id="directory"),
+        pytest.param(
+            lambda p, keys: p.write_bytes(b"{not json"), Reason.TRUST_ROOT_INVALID, False, id="not-json"
+        ),
+        pytest.param(
+            lambda p, keys: p.write_bytes(b" " * ((1 << 20) + 1)),
+            Reason.TRUST_ROOT_INVALID,
+            False,
+            id="too-large",
+        ),
         pytest.param(
             lambda p, keys: p.write_bytes(make_root(keys, expires=NOW + timedelta(minutes=10)).to_bytes()),
             Reason.TRUST_ROOT_EXPIRED,
+            False,
             id="expired",
         ),
     ],
 )
 def test_bad_trust_root(
-    tmp_path: Path, keys: tuple[Any, ...], bundle: Path, make_root_file: Any, reason: Reason
+    tmp_path: Path, keys: tuple[Any, ...], bundle: Path, make_root_file: Any, reason: Reason, io_error: bool
 ) -> None:
     root = tmp_path / "root.json"
     make_root_file(root, keys)
@@ -793,7 +805,7 @@ def test_bad_trust_root(
     assert report.findings[0].field == "trust_root"
     assert report.trust_root is None
     _assert_untrusted_page((tmp_path / "r.html").read_text(encoding="utf-8"), reason)
-    assert report.io_error is (reason is Reason.IO_ERROR)
+    assert report.io_error is io_error
 
 
 def test_missing_input_is_an_io_error(tmp_path: Path, root_path: Path) -> None:

@@ -44,8 +44,6 @@ MEMBER_KINDS: tuple[str, ...] = ("cost-table", "calibration", "admission")
 #: Files read per input directory when listing untrusted inputs (a bundle has at most three members;
 #: the cap keeps a mistaken directory argument from reading a whole data folder).
 _MAX_UNTRUSTED_FILES = 8
-#: Largest ``root.json`` read, in bytes (the same cap as the runtime admission hook's).
-MAX_TRUST_ROOT_BYTES = 1 << 20
 #: Footer claims shown for untrusted inputs (enough to recognise a file; never used for a decision).
 _CLAIMED_FIELDS: tuple[str, ...] = (
     "gpu",
@@ -103,6 +101,7 @@ class Evidence:
         bundle_version: the bundle manifest's version, when the input was a bundle.
         manifest_keyids: keys that signed the bundle manifest.
         untrusted: what could be read of the inputs when verification failed.
+        trust_root_unreadable: the trust root file could not be read (a wrong path, not bad evidence).
     """
 
     inputs: tuple[Path, ...]
@@ -112,6 +111,7 @@ class Evidence:
     bundle_version: int | None = None
     manifest_keyids: tuple[str, ...] = ()
     untrusted: tuple[UntrustedInput, ...] = ()
+    trust_root_unreadable: bool = False
 
     @property
     def ok(self) -> bool:
@@ -184,37 +184,16 @@ def _untrusted_inputs(inputs: Sequence[Path]) -> tuple[UntrustedInput, ...]:
 
 def _load_root(
     trust_root: Path | str | TrustRoot, now: datetime
-) -> tuple[TrustRoot | None, TrustRootInfo | None, Finding | None]:
-    from dspark_calibrate.artifacts import TrustRootError, load_trust_root
+) -> tuple[TrustRoot | None, TrustRootInfo | None, Finding | None, bool]:
+    """The trust root, what the page shows of it, or the finding; and whether the file was unreadable."""
+    from dspark_calibrate.artifacts import TrustRootError, TrustRootUnreadable, read_trust_root
 
     if isinstance(trust_root, (str, Path)):
-        trust_root = Path(trust_root)
         try:
-            if trust_root.stat().st_size > MAX_TRUST_ROOT_BYTES:
-                return (
-                    None,
-                    None,
-                    Finding(
-                        Reason.TRUST_ROOT_INVALID,
-                        f"{trust_root}: larger than {MAX_TRUST_ROOT_BYTES} bytes; not a trust root",
-                        field="trust_root",
-                    ),
-                )
-            data = trust_root.read_bytes()
-        except OSError as exc:
-            return (
-                None,
-                None,
-                Finding(
-                    Reason.IO_ERROR,
-                    f"{trust_root}: cannot read the trust root ({exc.strerror or exc})",
-                    field="trust_root",
-                ),
-            )
-        try:
-            root = load_trust_root(data, now=now)
+            root = read_trust_root(trust_root, now=now)
         except TrustRootError as exc:
-            return None, None, Finding(exc.reason, f"{trust_root}: {exc}", field="trust_root")
+            unreadable = isinstance(exc, TrustRootUnreadable)
+            return None, None, Finding(exc.reason, str(exc), field="trust_root"), unreadable
         where = str(trust_root)
     else:
         root = trust_root
@@ -228,6 +207,7 @@ def _load_root(
                     f"trust root v{root.version} expired at {root.expires.isoformat()}; rotate it",
                     field="trust_root",
                 ),
+                False,
             )
     info = TrustRootInfo(
         path=where,
@@ -237,7 +217,7 @@ def _load_root(
         artifact_threshold=root.artifact_threshold,
         artifact_keyids=tuple(sorted(root.artifact_keys)),
     )
-    return root, info, None
+    return root, info, None, False
 
 
 def collect_evidence(
@@ -274,10 +254,12 @@ def collect_evidence(
     if len(paths) > 1 and any(p.is_dir() for p in paths):
         raise ConfigError("give either one bundle directory or artifact files, not both")
     expect = expected if expected is not None else _Expectation()
-    root, info, problem = _load_root(trust_root, now)
+    root, info, problem, unreadable = _load_root(trust_root, now)
     if root is None:
         assert problem is not None
-        return Evidence(paths, None, (problem,), untrusted=_untrusted_inputs(paths))
+        return Evidence(
+            paths, None, (problem,), untrusted=_untrusted_inputs(paths), trust_root_unreadable=unreadable
+        )
     if paths[0].is_dir():
         bundle = verify_bundle(paths[0], root, now=now, expected=expect)
         if not bundle.ok:

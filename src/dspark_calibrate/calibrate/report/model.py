@@ -530,6 +530,7 @@ class Report:
         runtime_findings: what the runtime's cross-member checks say about verified members.
         checks: the "what to check" list, blockers first.
         untrusted: the inputs as read without verification (only when not verified).
+        trust_root_unreadable: the trust root file could not be read.
     """
 
     verified: bool
@@ -547,6 +548,7 @@ class Report:
     checks: tuple[Check, ...]
     untrusted: tuple[UntrustedInput, ...]
     thresholds: ReportThresholds
+    trust_root_unreadable: bool = False
 
     @property
     def blockers(self) -> tuple[Check, ...]:
@@ -555,8 +557,10 @@ class Report:
 
     @property
     def io_error(self) -> bool:
-        """True when the first finding is an I/O error (the CLI exits 2)."""
-        return bool(self.findings) and self.findings[0].reason is Reason.IO_ERROR
+        """True when an input or the trust root could not be read (the CLI exits 2)."""
+        return bool(self.findings) and (
+            self.findings[0].reason is Reason.IO_ERROR or self.trust_root_unreadable
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready summary (for ``--json``)."""
@@ -1495,6 +1499,7 @@ def build_report(evidence: Evidence, *, now: datetime, thresholds: ReportThresho
             checks=_sorted_checks(_verification_checks(findings)),
             untrusted=evidence.untrusted,
             thresholds=th,
+            trust_root_unreadable=evidence.trust_root_unreadable,
         )
     arts = evidence.artifacts
     identity = _identity(evidence)
