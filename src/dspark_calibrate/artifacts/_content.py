@@ -15,13 +15,9 @@ import pyarrow as pa
 
 from dspark_calibrate.artifacts._models import TRTLLM_FINGERPRINT_FIELDS, Fingerprint
 from dspark_calibrate.artifacts._reasons import Finding, Reason
-from dspark_calibrate.schemas import arrow_schema
+from dspark_calibrate.schemas import MAX_COMPACT_CELLS_PER_G, MAX_COST_TABLE_ROWS, arrow_schema
 
-__all__ = ["MAX_COMPACT_PER_G", "MAX_DEPLOYED_CELLS", "content_findings"]
-
-#: Engine limits on deployed cells (DESIGN §2): compact cells per G, and cells in total.
-MAX_COMPACT_PER_G = 4
-MAX_DEPLOYED_CELLS = 32
+__all__ = ["content_findings"]
 
 
 def _schema(kind: str, table: pa.Table, where: str) -> list[Finding]:
@@ -111,19 +107,19 @@ def _cost_table(table: pa.Table, fp: Fingerprint, where: str) -> list[Finding]:
                 )
             )
     per_g = Counter(gi for gi, vi in zip(gl, vl, strict=True) if vi != 0)
-    over = {x: n for x, n in per_g.items() if n > MAX_COMPACT_PER_G}
+    over = {x: n for x, n in per_g.items() if n > MAX_COMPACT_CELLS_PER_G}
     if over:
         out.append(
             Finding(
                 Reason.CONTENT_INVALID,
-                f"{where}: more than {MAX_COMPACT_PER_G} compact cells for G {sorted(over)} (engine limit)",
+                f"{where}: more than {MAX_COMPACT_CELLS_PER_G} compact cells for G {sorted(over)} (engine limit)",
             )
         )
-    if table.num_rows > MAX_DEPLOYED_CELLS:
+    if table.num_rows > MAX_COST_TABLE_ROWS:
         out.append(
             Finding(
                 Reason.CONTENT_INVALID,
-                f"{where}: {table.num_rows} cells, above the engine limit of {MAX_DEPLOYED_CELLS}",
+                f"{where}: {table.num_rows} cells, above the engine limit of {MAX_COST_TABLE_ROWS}",
             )
         )
     if np.any(t <= 0) or np.any(lo <= 0):

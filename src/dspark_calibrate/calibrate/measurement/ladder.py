@@ -21,6 +21,11 @@ from dataclasses import dataclass
 
 from dspark_calibrate.errors import ConfigError
 
+# Compact cells TensorRT-LLM deploys per G and in total (engine limits, DESIGN §2; defined in
+# ``schemas``). ``build`` enforces them; the sweep measures more candidates so that selection has
+# a choice.
+from dspark_calibrate.schemas import MAX_COMPACT_CELLS_PER_G, MAX_COMPACT_CELLS_TOTAL
+
 __all__ = [
     "MAX_COMPACT_CELLS_PER_G",
     "MAX_COMPACT_CELLS_TOTAL",
@@ -35,10 +40,6 @@ __all__ = [
     "validate_ladder",
 ]
 
-#: Compact cells TensorRT-LLM deploys per G and in total (engine limits, DESIGN §2). ``build``
-#: enforces them; the sweep measures more candidates so that selection has a choice.
-MAX_COMPACT_CELLS_PER_G = 4
-MAX_COMPACT_CELLS_TOTAL = 32
 #: Largest rank-local graph batch size accepted (rows); far above any captured decode ladder, it
 #: only catches typos such as a global size passed as a rank-local one times a thousand.
 MAX_GRAPH_BATCH_SIZE = 4096
