@@ -43,6 +43,7 @@ from dspark_calibrate.artifacts._parquet import (
     write_unsigned_artifact,
 )
 from dspark_calibrate.artifacts._reasons import Finding, Reason
+from dspark_calibrate.artifacts._state import RollbackState, StateError
 
 # Names served lazily from modules that import cryptography / securesystemslib / tuf.
 _LAZY: dict[str, str] = {
@@ -60,7 +61,7 @@ _LAZY: dict[str, str] = {
     "STATEMENT_TYPE": "_envelope",
     "EnvelopeError": "_envelope",
     "pae": "_envelope",
-    # trust root and state
+    # trust root
     "TrustRoot": "_trust",
     "TrustRootError": "_trust",
     "TrustRootUnreadable": "_trust",
@@ -68,8 +69,6 @@ _LAZY: dict[str, str] = {
     "rotate_root": "_trust",
     "load_trust_root": "_trust",
     "read_trust_root": "_trust",
-    "RollbackState": "_state",
-    "StateError": "_state",
     # signing, bundles, verification
     "sign_artifact": "_sign",
     "SignedArtifact": "_sign",
@@ -108,6 +107,8 @@ __all__ = [
     "Provenance",
     "ReadLimits",
     "Reason",
+    "RollbackState",
+    "StateError",
     "atomic_write_bytes",
     "canonical_json",
     "canonical_table_bytes",

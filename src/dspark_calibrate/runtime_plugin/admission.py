@@ -57,6 +57,7 @@ from dspark_calibrate.artifacts import (
     ModelError,
     ReadLimits,
     Reason,
+    RollbackState,
     sha256_hex,
 )
 from dspark_calibrate.decision import Status
@@ -439,7 +440,7 @@ def _decide(
     bundle: Path | str, trust_root: Any, live: LiveSpec, policy: AdmissionPolicy, now: datetime, run: _Run
 ) -> AdmissionDecision:
     """Steps (1)–(6); returns the local decision (rank agreement comes after)."""
-    from dspark_calibrate.artifacts import Expectation, RollbackState, verify_bundle
+    from dspark_calibrate.artifacts import Expectation, verify_bundle
 
     if now.tzinfo is None:
         raise TypeError("now must be timezone-aware")
