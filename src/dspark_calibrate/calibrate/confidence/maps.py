@@ -42,7 +42,7 @@ from scipy.special import expit, log_expit
 
 from dspark_calibrate.artifacts import JsonError, loads_strict
 from dspark_calibrate.calibrate.confidence.metrics import ECE_BINS, PROB_EPS, binned_ece
-from dspark_calibrate.errors import ConfigError
+from dspark_calibrate.errors import ConfigError, InvalidValueError
 
 __all__ = [
     "FIT_METHODS",
@@ -286,31 +286,33 @@ class FittedPositionMap:
         object.__setattr__(self, "params", tuple(float(p) for p in self.params))
         where = f"position {self.position}"
         if self.position < 1:
-            raise ValueError(f"{where}: position must be >= 1")
+            raise InvalidValueError(f"{where}: position must be >= 1")
         if not all(math.isfinite(p) for p in self.params):
-            raise ValueError(f"{where}: params must be finite, got {list(self.params)}")
+            raise InvalidValueError(f"{where}: params must be finite, got {list(self.params)}")
         expected = _PARAM_COUNT[self.method]
         if expected is not None and len(self.params) != expected:
-            raise ValueError(f"{where}: {self.method.value} takes {expected} params, got {len(self.params)}")
+            raise InvalidValueError(
+                f"{where}: {self.method.value} takes {expected} params, got {len(self.params)}"
+            )
         if self.method is Method.STS and not self.params[0] > 0:
-            raise ValueError(f"{where}: STS temperature must be > 0, got {self.params[0]}")
+            raise InvalidValueError(f"{where}: STS temperature must be > 0, got {self.params[0]}")
         if self.method is Method.BETA and (self.params[0] < 0 or self.params[1] < 0):
-            raise ValueError(f"{where}: beta map needs a, b >= 0 (monotone), got {list(self.params)}")
+            raise InvalidValueError(f"{where}: beta map needs a, b >= 0 (monotone), got {list(self.params)}")
         if self.method is Method.ISOTONIC:
             m = len(self.params) // 2
             if len(self.params) % 2 or m == 0:
-                raise ValueError(
+                raise InvalidValueError(
                     f"{where}: isotonic params are x_1..x_m then p_1..p_m, got {len(self.params)} values"
                 )
             kx, kp = np.array(self.params[:m]), np.array(self.params[m:])
             if (np.diff(kx) <= 0).any() or (np.diff(kp) < 0).any() or (kp < 0).any() or (kp > 1).any():
-                raise ValueError(
+                raise InvalidValueError(
                     f"{where}: isotonic knots must have increasing x and non-decreasing p in [0, 1]"
                 )
         if self.temperature is not None and not (math.isfinite(self.temperature) and self.temperature > 0):
-            raise ValueError(f"{where}: temperature must be finite and > 0, got {self.temperature}")
+            raise InvalidValueError(f"{where}: temperature must be finite and > 0, got {self.temperature}")
         if self.risk_set_size < 0:
-            raise ValueError(f"{where}: risk_set_size must be >= 0")
+            raise InvalidValueError(f"{where}: risk_set_size must be >= 0")
 
     def conditional(self, x: np.ndarray) -> np.ndarray:
         """p_j for logits ``x`` of this position (float64)."""
@@ -346,7 +348,7 @@ class FittedPositionMap:
         """Inverse of :meth:`to_dict`.
 
         Raises:
-            ValueError: unknown method or invalid params.
+            InvalidValueError: unknown method or invalid params.
         """
         return cls(
             position=int(data["position"]),
@@ -375,9 +377,9 @@ class FittedCalibration:
 
     def __post_init__(self) -> None:
         if not self.positions:
-            raise ValueError("a calibration needs at least one position")
+            raise InvalidValueError("a calibration needs at least one position")
         if [p.position for p in self.positions] != list(range(1, len(self.positions) + 1)):
-            raise ValueError("calibration positions must be 1..K in order")
+            raise InvalidValueError("calibration positions must be 1..K in order")
 
     @property
     def k(self) -> int:
@@ -388,10 +390,10 @@ class FittedCalibration:
         """(n, K) conditional acceptance probabilities p_j.
 
         Raises:
-            ValueError: ``logits`` does not have K columns.
+            InvalidValueError: ``logits`` does not have K columns.
         """
         if logits.ndim != 2 or logits.shape[1] != self.k:
-            raise ValueError(f"logits have shape {logits.shape}; this calibration needs (n, {self.k})")
+            raise InvalidValueError(f"logits have shape {logits.shape}; this calibration needs (n, {self.k})")
         out = np.empty(logits.shape, dtype=np.float64)
         for pm in self.positions:
             out[:, pm.position - 1] = pm.conditional(logits[:, pm.position - 1])
@@ -410,7 +412,7 @@ class FittedCalibration:
         """T_1..T_K: exact for STS positions, the best STS approximation elsewhere.
 
         Raises:
-            ValueError: a position has no temperature.
+            InvalidValueError: a position has no temperature.
         """
         temps = []
         for p in self.positions:
@@ -419,7 +421,7 @@ class FittedCalibration:
             elif p.method is Method.IDENTITY:
                 temps.append(p.temperature if p.temperature is not None else 1.0)
             elif p.temperature is None:
-                raise ValueError(f"position {p.position}: no STS approximation was computed")
+                raise InvalidValueError(f"position {p.position}: no STS approximation was computed")
             else:
                 temps.append(p.temperature)
         return tuple(temps)
@@ -433,7 +435,7 @@ class FittedCalibration:
         """Inverse of :meth:`to_dict`.
 
         Raises:
-            ValueError: invalid positions.
+            InvalidValueError: invalid positions.
         """
         return cls(
             method=str(data["method"]),
@@ -652,7 +654,7 @@ def fit_position(rs: RiskSet, method: Method, *, sts_approx: bool = True) -> Fit
     elif method is Method.ISOTONIC:
         pm = _fit_isotonic(rs, note)
     else:
-        raise ValueError(f"cannot fit method {method.value!r}")
+        raise InvalidValueError(f"cannot fit method {method.value!r}")
     return _with_sts_approximation(pm, rs) if sts_approx else pm
 
 

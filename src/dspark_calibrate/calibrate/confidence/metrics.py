@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from dspark_calibrate.errors import InvalidValueError
+
 __all__ = [
     "BOOTSTRAP_REPLICATES",
     "CI_CONFIDENCE",
@@ -460,7 +462,9 @@ def evaluate_predictions(
     n, k = p.shape
     obs = outcomes if outcomes is not None else observe(accepted, verified, request, k)
     if obs.rounds != n or obs.k != k:
-        raise ValueError(f"outcomes describe {obs.rounds} rounds of K={obs.k}, predictions are {p.shape}")
+        raise InvalidValueError(
+            f"outcomes describe {obs.rounds} rounds of K={obs.k}, predictions are {p.shape}"
+        )
     s = np.cumprod(p, axis=1)
     rr, r = obs.request_index, obs.requests
     terms = _log_likelihood_terms(p, obs)

@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dspark_calibrate.artifacts import atomic_write_bytes, canonical_json
-from dspark_calibrate.errors import ConfigError
+from dspark_calibrate.errors import ConfigError, InvalidValueError
 from dspark_calibrate.schemas import SCHEMA_VERSION, arrow_schema
 
 __all__ = [
@@ -263,10 +263,10 @@ class TraceSet:
     def __post_init__(self) -> None:
         n = self.round.shape[0]
         if self.logits.ndim != 2 or self.logits.shape != (n, self.k):
-            raise ValueError(f"logits must have shape ({n}, {self.k}), got {self.logits.shape}")
+            raise InvalidValueError(f"logits must have shape ({n}, {self.k}), got {self.logits.shape}")
         for name in ("request", "accepted", "verified"):
             if getattr(self, name).shape != (n,):
-                raise ValueError(f"{name} must have shape ({n},), got {getattr(self, name).shape}")
+                raise InvalidValueError(f"{name} must have shape ({n},), got {getattr(self, name).shape}")
 
     @classmethod
     def from_arrays(
