@@ -2,7 +2,10 @@
 
 Everything that needs ``cryptography`` (keys, envelopes, trust root, signing, verification) loads
 lazily on first use, so ``dspark_calibrate.calibrate`` can write unsigned artifacts on GPU images
-without it (DESIGN §3).
+without it (DESIGN §3). The file readers of small trusted inputs live here too:
+``read_trust_root`` (the one way to read a ``root.json``) and ``read_fingerprint``.
+
+May import: ``schemas`` and ``errors``; nothing of ``runtime_plugin``, ``calibrate`` or ``cli``.
 
 Example:
     >>> import pyarrow as pa
