@@ -29,9 +29,9 @@ The decision record lives in :mod:`.admission_decision` and the economics and ga
 :mod:`.economics` (both re-exported here), so that the engine adapters and rank agreement can use
 them without importing this module.
 
-I/O here: reading the bundle manifest's bytes (for its digest), and the clock
-when ``now`` is not given. Verification I/O belongs to the artifacts pipeline; the checks in steps
-(4) and (5) are pure functions.
+I/O here: reading ``root.json`` (``artifacts.read_trust_root``), the bundle manifest's bytes (for
+its digest), and the clock when ``now`` is not given. Verification I/O belongs to the artifacts
+pipeline; the checks in steps (4) and (5) are pure functions.
 """
 
 from __future__ import annotations

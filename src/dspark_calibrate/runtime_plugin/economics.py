@@ -3,8 +3,8 @@
 :class:`AdmissionEconomics` reads and validates the signed summary of an ``admission`` artifact
 (DESIGN §6 receipt fields); :func:`gain_test` decides whether dynamic verification is proven to
 pay, through :func:`classify_gain`, the package's one gain classifier. The admission hook, the
-release report and ``build``'s replay all use these, so what the page
-and the build say is what the runtime decides.
+release report and ``build``'s replay all use these, so what the page and the build say is what
+the runtime decides.
 """
 
 from __future__ import annotations
