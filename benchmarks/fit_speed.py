@@ -32,9 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dspark_calibrate.calibrate.fit import FitOptions, fit_traces
-from dspark_calibrate.calibrate.synth_traces import SynthSpec, write_synth_traces
-from dspark_calibrate.calibrate.traces import read_traces
+from dspark_calibrate.calibrate.confidence.fit import FitOptions, fit_traces
+from dspark_calibrate.calibrate.confidence.synth_traces import SynthSpec, write_synth_traces
+from dspark_calibrate.calibrate.confidence.traces import read_traces
 
 TARGET_SECONDS = 10.0  # the target for 10M rounds, K=5, on 2 cores
 

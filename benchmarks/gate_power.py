@@ -43,9 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import write_result
 
-from dspark_calibrate.calibrate.backends.synthetic import SyntheticBackend, SyntheticModel
-from dspark_calibrate.calibrate.ladder import CellSpec, plan_cells
-from dspark_calibrate.calibrate.replay import (
+from dspark_calibrate.calibrate.deployment.replay import (
     BootstrapSettings,
     CellGrid,
     StepEvidence,
@@ -54,10 +52,12 @@ from dspark_calibrate.calibrate.replay import (
     prepare_evidence,
     replay,
 )
-from dspark_calibrate.calibrate.select_cells import select_cells
-from dspark_calibrate.calibrate.stats import Status, Thresholds
-from dspark_calibrate.calibrate.sweep import SweepConfig, build_fingerprint, run_sweep
-from dspark_calibrate.calibrate.workload import synthesize_workload
+from dspark_calibrate.calibrate.deployment.select_cells import select_cells
+from dspark_calibrate.calibrate.deployment.workload import synthesize_workload
+from dspark_calibrate.calibrate.measurement.backends.synthetic import SyntheticBackend, SyntheticModel
+from dspark_calibrate.calibrate.measurement.ladder import CellSpec, plan_cells
+from dspark_calibrate.calibrate.measurement.stats import Status, Thresholds
+from dspark_calibrate.calibrate.measurement.sweep import SweepConfig, build_fingerprint, run_sweep
 from dspark_calibrate.runtime_plugin.planner import DEFAULT_MINIMUM_PREDICTED_GAIN, Calibration
 
 K = 5

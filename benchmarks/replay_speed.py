@@ -27,14 +27,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_result
 from planner_speed import time_step
 
-from dspark_calibrate.calibrate.replay import (
+from dspark_calibrate.calibrate.deployment.replay import (
     BootstrapSettings,
     CellGrid,
     estimate_drain_guard,
     prepare_evidence,
     replay,
 )
-from dspark_calibrate.calibrate.workload import synthesize_workload
+from dspark_calibrate.calibrate.deployment.workload import synthesize_workload
 from dspark_calibrate.runtime_plugin.planner import Calibration
 
 K = 5

@@ -38,15 +38,15 @@ from typing import Any
 import numpy as np
 
 from dspark_calibrate.artifacts import read_artifact
-from dspark_calibrate.calibrate.ladder import CellSpec, parse_budgets, parse_ladder
-from dspark_calibrate.calibrate.stats import (
+from dspark_calibrate.calibrate.measurement.ladder import CellSpec, parse_budgets, parse_ladder
+from dspark_calibrate.calibrate.measurement.stats import (
     CellSamples,
     Thresholds,
     estimate_between_run,
     sample_interval,
     summarize,
 )
-from dspark_calibrate.calibrate.sweep import SweepRequest, execute, samples_path
+from dspark_calibrate.calibrate.measurement.sweep import SweepRequest, execute, samples_path
 
 TARGETS = {"ratio": 0.33, "reproducible_share": 0.95, "ci_coverage": 0.90}
 AGREE_REL = 0.01  # medians "agree" within 1%

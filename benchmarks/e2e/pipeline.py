@@ -248,7 +248,7 @@ def run_sweep_stage(
 # -- traces and workloads -----------------------------------------------------------------------
 def write_trace_file(records: Sequence[StepRecord], path: Path, k: int, *, source: str) -> int:
     """Write the recorded draft rounds as a trace Parquet file; returns the rounds written."""
-    from dspark_calibrate.calibrate.traces import TraceBatch, trace_footer, write_trace_parquet
+    from dspark_calibrate.calibrate.confidence.traces import TraceBatch, trace_footer, write_trace_parquet
 
     batch = TraceBatch(
         request_id=pa.array([request_key(r.request) for r in records], pa.string()),
@@ -265,7 +265,7 @@ def write_workload_file(
     records: Sequence[StepRecord], path: Path, fingerprint: Fingerprint, *, source: str
 ) -> Any:
     """Write the recorded static steps as a ``workload`` artifact; returns the toolkit ``Workload``."""
-    from dspark_calibrate.calibrate.workload import workload_from_arrays, write_workload
+    from dspark_calibrate.calibrate.deployment.workload import workload_from_arrays, write_workload
 
     workload = workload_from_arrays(
         step=np.array([r.step for r in records], dtype=np.int64),
@@ -296,7 +296,7 @@ def run_fit_stage(
     """
     import importlib.util
 
-    from dspark_calibrate.calibrate.fit import FitOptions, run_fit
+    from dspark_calibrate.calibrate.confidence.fit import FitOptions, run_fit
 
     result, outputs, _ = run_fit(
         [trace_path],
@@ -458,8 +458,8 @@ def build_level(
     import importlib.util
 
     from dspark_calibrate.artifacts import load_signer, load_trust_root
-    from dspark_calibrate.calibrate.build import BuildOptions, build_bundle, load_build_inputs
-    from dspark_calibrate.calibrate.replay import BootstrapSettings
+    from dspark_calibrate.calibrate.deployment.build import BuildOptions, build_bundle, load_build_inputs
+    from dspark_calibrate.calibrate.deployment.replay import BootstrapSettings
     from dspark_calibrate.errors import ConfigError
 
     now = datetime.now(UTC).replace(microsecond=0)

@@ -252,8 +252,8 @@ def _preflight() -> None:
     missing = [name for name in REQUIRED_MODULES if importlib.util.find_spec(name) is None]
     broken = []
     for module in (
-        "dspark_calibrate.calibrate.build",
-        "dspark_calibrate.calibrate.fit",
+        "dspark_calibrate.calibrate.deployment.build",
+        "dspark_calibrate.calibrate.confidence.fit",
         "dspark_calibrate.runtime_plugin.admission",
         "dspark_calibrate.runtime_plugin.engine",
     ):

@@ -35,9 +35,13 @@ def test_a_pre_pairing_cost_table_carries_its_notice() -> None:
     """Schema-1 cost tables verify, and every consumer is told they were priced the old way."""
     folder, now = VECTORS[0]
     root = load_trust_root((COMPAT / folder / "trust-root.json").read_bytes(), now=now)
-    report = verify_bundle(COMPAT / folder / "bundle", root, now=now, expected=Expectation(allow_synthetic=True))
+    report = verify_bundle(
+        COMPAT / folder / "bundle", root, now=now, expected=Expectation(allow_synthetic=True)
+    )
     assert [n.code for n in report.notices] == [LEGACY_UNPAIRED_COSTS]
     cost = report.to_dict()["members"]["cost-table"]["artifact"]
     assert cost["schema_version"] == 1
     assert [n["code"] for n in cost["notices"]] == [LEGACY_UNPAIRED_COSTS]
-    assert report.to_dict()["notices"][0]["message"].startswith(str(COMPAT / folder / "bundle" / "cost-table.parquet"))
+    assert report.to_dict()["notices"][0]["message"].startswith(
+        str(COMPAT / folder / "bundle" / "cost-table.parquet")
+    )

@@ -578,7 +578,7 @@ def test_two_defects_are_both_reported() -> None:
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Path]:
-    from dspark_calibrate.calibrate.build import build_bundle, load_build_inputs
+    from dspark_calibrate.calibrate.deployment.build import build_bundle, load_build_inputs
     from tests.calibrate.build_factories import build_files, build_options
     from tests.signing import make_root, make_signers
 
@@ -683,7 +683,7 @@ def test_cli_export(bundle: tuple[Path, Any, Path], tmp_path: Path) -> None:
 
 
 def test_sts_file_reads_with_the_projects_strict_parser() -> None:
-    from dspark_calibrate.calibrate.confidence import parse_sts_document
+    from dspark_calibrate.calibrate.confidence.maps import parse_sts_document
 
     doc = parse_sts_document(golden_files()[STS_FILE], k=K)
     assert doc.temperatures == (1.1, 1.2, 1.3, 1.4, 1.5) and doc.num_samples == 40_000

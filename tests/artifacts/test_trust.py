@@ -5,8 +5,10 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,10 +22,13 @@ from dspark_calibrate.artifacts._envelope import parse_envelope, sign_envelope, 
 from dspark_calibrate.artifacts._reasons import Reason
 from dspark_calibrate.artifacts._trust import (
     MAX_ROOT_CHAIN,
+    MAX_TRUST_ROOT_BYTES,
     TrustRoot,
     TrustRootError,
+    TrustRootUnreadable,
     init_root,
     load_trust_root,
+    read_trust_root,
     rotate_root,
     verify_root_chain,
 )
@@ -615,3 +620,53 @@ def test_is_expired_follows_tuf() -> None:
     root = make_root(expires=LATER)
     assert not root.is_expired(LATER - timedelta(seconds=1))
     assert root.is_expired(LATER)
+
+
+# -- reading a trust root from a path (the one reader every caller uses) ---------------------------
+
+
+def test_read_trust_root_reads_and_verifies(tmp_path: Path) -> None:
+    root = make_root()
+    path = tmp_path / "root.json"
+    path.write_bytes(root.to_bytes())
+    assert read_trust_root(path, now=NOW).digest() == root.digest()
+    assert read_trust_root(str(path), now=NOW).version == root.version
+
+
+def _fifo(p: Path) -> None:
+    os.mkfifo(p)
+
+
+READ_FAULTS: list[tuple[str, Callable[[Path], object], Reason, bool]] = [
+    ("missing", lambda p: None, Reason.TRUST_ROOT_INVALID, True),
+    ("directory", lambda p: p.mkdir(), Reason.TRUST_ROOT_INVALID, True),
+    ("fifo", _fifo, Reason.TRUST_ROOT_INVALID, True),
+    (
+        "too-large",
+        lambda p: p.write_bytes(b" " * (MAX_TRUST_ROOT_BYTES + 1)),
+        Reason.TRUST_ROOT_INVALID,
+        False,
+    ),
+    ("not-json", lambda p: p.write_bytes(b"{root"), Reason.TRUST_ROOT_INVALID, False),
+    (
+        "expired",
+        lambda p: p.write_bytes(make_root(expires=NOW + timedelta(hours=1)).to_bytes()),
+        Reason.TRUST_ROOT_EXPIRED,
+        False,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("make", "reason", "unreadable"), [r[1:] for r in READ_FAULTS], ids=[r[0] for r in READ_FAULTS]
+)
+def test_read_trust_root_refuses(
+    tmp_path: Path, make: Callable[[Path], object], reason: Reason, unreadable: bool
+) -> None:
+    path = tmp_path / "root.json"
+    make(path)
+    with pytest.raises(TrustRootError) as info:
+        read_trust_root(path, now=NOW + timedelta(days=1))
+    assert info.value.reason is reason
+    assert isinstance(info.value, TrustRootUnreadable) is unreadable
+    assert str(info.value).startswith(str(path))

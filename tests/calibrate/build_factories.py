@@ -16,9 +16,9 @@ from typing import Any
 import pyarrow as pa
 
 from dspark_calibrate.artifacts import Fingerprint, Provenance, sha256_hex, write_unsigned_artifact
-from dspark_calibrate.calibrate.build import BuildOptions
-from dspark_calibrate.calibrate.replay import BootstrapSettings
-from dspark_calibrate.calibrate.workload import Workload, synthesize_workload, write_workload
+from dspark_calibrate.calibrate.deployment.build import BuildOptions
+from dspark_calibrate.calibrate.deployment.replay import BootstrapSettings
+from dspark_calibrate.calibrate.deployment.workload import Workload, synthesize_workload, write_workload
 from dspark_calibrate.schemas import arrow_schema
 from tests.factories import LADDER, NOW, K, make_fingerprint, make_provenance
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from dspark_calibrate.calibrate.backends.synthetic import SyntheticBackend
-from dspark_calibrate.calibrate.ladder import plan_cells
-from dspark_calibrate.calibrate.stats import Thresholds
-from dspark_calibrate.calibrate.sweep import SweepConfig, build_fingerprint
+from dspark_calibrate.calibrate.measurement.backends.synthetic import SyntheticBackend
+from dspark_calibrate.calibrate.measurement.ladder import plan_cells
+from dspark_calibrate.calibrate.measurement.stats import Thresholds
+from dspark_calibrate.calibrate.measurement.sweep import SweepConfig, build_fingerprint
 
 
 class FakeClock:

@@ -40,7 +40,7 @@ def test_without_matplotlib_the_error_says_how_to_install_or_skip(monkeypatch: p
         ConfigError, match=r"the sweep plot: matplotlib is not installed.*'plots' extra.*--no-plot"
     ):
         new_figure(1.0, 1.0, what="the sweep plot", skip_flag="--no-plot")
-    from dspark_calibrate.calibrate.build import _plots
+    from dspark_calibrate.calibrate.deployment.build import _plots
 
     report = SimpleNamespace(per_cell=[{"graph_batch_size": 8, "verifier_budget": 16}])
     paths, notes = _plots(Path("/nonexistent"), report)  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dspark_calibrate.cli import build_calibrate_app
-from tests.calibrate.test_report import Page, make_report_bundle
+from tests.calibrate.report.test_report import Page, make_report_bundle
 from tests.factories import make_provenance
 from tests.signing import make_root, make_signers
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from dspark_calibrate.calibrate.backends import BackendBase
-from dspark_calibrate.calibrate.ladder import CellSpec
-from dspark_calibrate.calibrate.timing import Step, Timer
+from dspark_calibrate.calibrate.measurement.backends import BackendBase
+from dspark_calibrate.calibrate.measurement.ladder import CellSpec
+from dspark_calibrate.calibrate.measurement.timing import Step, Timer
 from dspark_calibrate.errors import MeasurementError
 
 

@@ -25,6 +25,7 @@ import pytest
 from filelock import FileLock
 
 from dspark_calibrate.artifacts import BUNDLE_MANIFEST, Reason, load_trust_root
+from dspark_calibrate.calibrate.measurement.sentinel_backend import load_sentinel_backend
 from dspark_calibrate.errors import ProbeError
 from dspark_calibrate.runtime_plugin.admission import (
     STATIC_ENGINE_CONFIG,
@@ -301,7 +302,13 @@ def without_summary_key(key: str) -> Callable[[Ctx], dict[str, Any]]:
 
 def sentinel(backend: str, **options: Any) -> Callable[[Ctx], dict[str, Any]]:
     def inject(c: Ctx) -> dict[str, Any]:
-        return {"policy": c.policy(sentinel=SentinelPolicy(backend=backend, backend_options=options))}
+        return {
+            "policy": c.policy(
+                sentinel=SentinelPolicy(
+                    backend=backend, backend_options=options, loader=load_sentinel_backend
+                )
+            )
+        }
 
     return inject
 
@@ -573,7 +580,9 @@ def test_sentinel_passes_and_reports_cost(ctx: Ctx) -> None:
     decision = run_admit(
         ctx,
         policy=ctx.policy(
-            sentinel=SentinelPolicy(backend=f"{FAKE}:ScaledBackend", backend_options={"scale": 1.02})
+            sentinel=SentinelPolicy(
+                backend=f"{FAKE}:ScaledBackend", backend_options={"scale": 1.02}, loader=load_sentinel_backend
+            )
         ),
     )
     assert decision.active, decision.message

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
 from dspark_calibrate.artifacts import Reason
+from dspark_calibrate.calibrate.measurement.sentinel_backend import load_sentinel_backend
 from dspark_calibrate.errors import ConfigError
 from dspark_calibrate.runtime_plugin.sentinel import (
     SentinelPolicy,
@@ -19,6 +21,11 @@ from dspark_calibrate.runtime_plugin.sentinel import (
 from tests.factories import K, make_cost_table
 
 FAKE = "tests.runtime_plugin.fake_backends"
+
+
+def _policy(**kwargs: Any) -> SentinelPolicy:
+    """A policy whose backends are the sweep backends, as a serving process would pass them."""
+    return SentinelPolicy(loader=load_sentinel_backend, **kwargs)
 
 
 def _cell(g: int = 32, v: int = 0, t: float = 10.0, lo: float = 9.9, hi: float = 10.1) -> StoredCell:
@@ -57,9 +64,7 @@ def test_judge_widens_the_stored_ci_by_the_tolerance(samples: list[float], ok: b
 
 
 def test_run_sentinel_passes_on_agreeing_hardware() -> None:
-    report = run_sentinel(
-        make_cost_table(), K, SentinelPolicy(backend=f"{FAKE}:ScaledBackend", samples=3, warmup=1)
-    )
+    report = run_sentinel(make_cost_table(), K, _policy(backend=f"{FAKE}:ScaledBackend", samples=3, warmup=1))
     assert report.ok and not report.findings
     assert [(c.cell.graph_batch_size, c.cell.verifier_budget) for c in report.checks] == [(32, 0), (32, 64)]
     assert all(len(c.samples_ms) == 3 for c in report.checks)
@@ -67,25 +72,37 @@ def test_run_sentinel_passes_on_agreeing_hardware() -> None:
 
 
 def test_run_sentinel_explicit_cells_and_unknown_cells() -> None:
-    policy = SentinelPolicy(backend=f"{FAKE}:ScaledBackend", cells=((8, 16),), backend_options={"scale": 0.8})
+    policy = _policy(backend=f"{FAKE}:ScaledBackend", cells=((8, 16),), backend_options={"scale": 0.8})
     report = run_sentinel(make_cost_table(), K, policy)
     assert not report.ok and report.findings[0].field == "G8V16"
-    missing = run_sentinel(
-        make_cost_table(), K, SentinelPolicy(backend=f"{FAKE}:ScaledBackend", cells=((8, 24),))
-    )
+    missing = run_sentinel(make_cost_table(), K, _policy(backend=f"{FAKE}:ScaledBackend", cells=((8, 24),)))
     assert missing.findings[0].reason is Reason.SENTINEL_FAILED and missing.findings[0].field == "cells"
 
 
 def test_backend_options_the_factory_refuses_are_an_import_error() -> None:
-    policy = SentinelPolicy(backend=f"{FAKE}:ScaledBackend", backend_options={"no_such_option": 1})
+    policy = _policy(backend=f"{FAKE}:ScaledBackend", backend_options={"no_such_option": 1})
+    assert run_sentinel(make_cost_table(), K, policy).findings[0].reason is Reason.BACKEND_IMPORT_ERROR
+
+
+def test_without_a_loader_the_sentinel_fails_closed() -> None:
+    report = run_sentinel(make_cost_table(), K, SentinelPolicy(backend=f"{FAKE}:ScaledBackend"))
+    assert not report.ok and report.findings[0].reason is Reason.BACKEND_IMPORT_ERROR
+    assert report.findings[0].field == "loader" and not report.checks
+
+
+def test_a_loader_that_cannot_import_is_an_import_error() -> None:
+    def broken(spec: str, options: Any) -> Any:
+        raise ImportError(f"no module for {spec}")
+
+    policy = SentinelPolicy(backend="pkg.mod:Factory", loader=broken)
     assert run_sentinel(make_cost_table(), K, policy).findings[0].reason is Reason.BACKEND_IMPORT_ERROR
 
 
 def test_synthetic_backend_needs_explicit_permission() -> None:
     base = {"backend": f"{FAKE}:ScaledBackend", "backend_options": {"synthetic": True}}
-    refused = run_sentinel(make_cost_table(), K, SentinelPolicy(**base))
+    refused = run_sentinel(make_cost_table(), K, _policy(**base))
     assert refused.findings[0].reason is Reason.SYNTHETIC_REFUSED
-    assert run_sentinel(make_cost_table(), K, SentinelPolicy(**base, allow_synthetic=True)).ok
+    assert run_sentinel(make_cost_table(), K, _policy(**base, allow_synthetic=True)).ok
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,10 @@
 
 Everything that needs ``cryptography`` (keys, envelopes, trust root, signing, verification) loads
 lazily on first use, so ``dspark_calibrate.calibrate`` can write unsigned artifacts on GPU images
-without it (DESIGN §3).
+without it (DESIGN §3). The file readers of small trusted inputs live here too:
+``read_trust_root`` (the one way to read a ``root.json``) and ``read_fingerprint``.
+
+May import: ``schemas`` and ``errors``; nothing of ``runtime_plugin``, ``calibrate`` or ``cli``.
 
 Example:
     >>> import pyarrow as pa
@@ -19,7 +22,8 @@ from typing import Any
 
 from dspark_calibrate.artifacts._atomic import atomic_write_bytes, publish_directory
 from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict, sha256_hex
-from dspark_calibrate.artifacts._content import LEGACY_UNPAIRED_COSTS, Notice
+from dspark_calibrate.artifacts._content import LEGACY_UNPAIRED_COSTS, ArtifactNotice
+from dspark_calibrate.artifacts._inputs import read_fingerprint
 from dspark_calibrate.artifacts._logical_hash import (
     LogicalHashError,
     canonical_table_bytes,
@@ -43,6 +47,7 @@ from dspark_calibrate.artifacts._parquet import (
     write_unsigned_artifact,
 )
 from dspark_calibrate.artifacts._reasons import Finding, Reason
+from dspark_calibrate.artifacts._state import RollbackState, StateError
 
 # Names served lazily from modules that import cryptography / securesystemslib / tuf.
 _LAZY: dict[str, str] = {
@@ -60,14 +65,14 @@ _LAZY: dict[str, str] = {
     "STATEMENT_TYPE": "_envelope",
     "EnvelopeError": "_envelope",
     "pae": "_envelope",
-    # trust root and state
+    # trust root
     "TrustRoot": "_trust",
     "TrustRootError": "_trust",
+    "TrustRootUnreadable": "_trust",
     "init_root": "_trust",
     "rotate_root": "_trust",
     "load_trust_root": "_trust",
-    "RollbackState": "_state",
-    "StateError": "_state",
+    "read_trust_root": "_trust",
     # signing, bundles, verification
     "sign_artifact": "_sign",
     "SignedArtifact": "_sign",
@@ -104,10 +109,12 @@ __all__ = [
     "LoadedArtifact",
     "LogicalHashError",
     "ModelError",
-    "Notice",
+    "ArtifactNotice",
     "Provenance",
     "ReadLimits",
     "Reason",
+    "RollbackState",
+    "StateError",
     "atomic_write_bytes",
     "canonical_json",
     "canonical_table_bytes",
@@ -117,6 +124,7 @@ __all__ = [
     "logical_sha256",
     "logical_sha256_keys",
     "read_artifact",
+    "read_fingerprint",
     "sha256_hex",
     "publish_directory",
     "write_unsigned_artifact",

@@ -20,7 +20,7 @@ from securesystemslib.signer import Signer
 
 from dspark_calibrate.artifacts._atomic import atomic_write_bytes
 from dspark_calibrate.artifacts._canonical import canonical_json
-from dspark_calibrate.artifacts._content import Notice
+from dspark_calibrate.artifacts._content import ArtifactNotice
 from dspark_calibrate.artifacts._envelope import (
     BUNDLE_PREDICATE_TYPE,
     EnvelopeError,
@@ -90,7 +90,7 @@ class BundleReport(FindingsOutcome):
         return report.artifact if report is not None and report.ok else None
 
     @property
-    def notices(self) -> tuple[Notice, ...]:
+    def notices(self) -> tuple[ArtifactNotice, ...]:
         """The members' notices, in member order (never a rejection)."""
         return tuple(n for _, r in sorted(self.members.items()) for n in r.notices)
 

@@ -14,6 +14,8 @@ import json
 import math
 from typing import Any
 
+from dspark_calibrate.errors import InvalidValueError
+
 __all__ = [
     "MAX_JSON_DEPTH",
     "JsonError",
@@ -26,8 +28,10 @@ __all__ = [
 MAX_JSON_DEPTH = 32
 
 
-class JsonError(ValueError):
+class JsonError(InvalidValueError):
     """Untrusted JSON that is not acceptable (syntax, duplicate key, NaN, depth, top-level type)."""
+
+    default_code = "JSON_INVALID"
 
 
 def _check_finite(obj: Any, depth: int = 0) -> None:

@@ -19,24 +19,18 @@ import pyarrow as pa
 
 from dspark_calibrate.artifacts._models import TRTLLM_FINGERPRINT_FIELDS, Fingerprint
 from dspark_calibrate.artifacts._reasons import Finding, Reason
-from dspark_calibrate.schemas import SCHEMA_VERSION, arrow_schema
+from dspark_calibrate.schemas import (
+    MAX_COMPACT_CELLS_PER_G,
+    MAX_COST_TABLE_ROWS,
+    SCHEMA_VERSION,
+    arrow_schema,
+)
 
-__all__ = [
-    "LEGACY_UNPAIRED_COSTS",
-    "MAX_COMPACT_PER_G",
-    "MAX_DEPLOYED_CELLS",
-    "Notice",
-    "content_findings",
-    "content_notices",
-]
-
-#: Engine limits on deployed cells (DESIGN §2): compact cells per G, and cells in total.
-MAX_COMPACT_PER_G = 4
-MAX_DEPLOYED_CELLS = 32
+__all__ = ["LEGACY_UNPAIRED_COSTS", "ArtifactNotice", "content_findings", "content_notices"]
 
 
 @dataclass(frozen=True, slots=True)
-class Notice:
+class ArtifactNotice:
     """Something a consumer should know about an accepted artifact (never a rejection).
 
     Attributes:
@@ -52,15 +46,15 @@ class Notice:
         return {"code": self.code, "message": self.message}
 
 
-#: Notice codes (stable, like reason codes).
+#: ArtifactNotice codes (stable, like reason codes).
 LEGACY_UNPAIRED_COSTS = "LEGACY_UNPAIRED_COSTS"
 
 
-def content_notices(kind: str, schema_version: int, *, where: str) -> tuple[Notice, ...]:
+def content_notices(kind: str, schema_version: int, *, where: str) -> tuple[ArtifactNotice, ...]:
     """Notices for an accepted artifact of ``kind`` written under ``schema_version``."""
     if kind == "cost-table" and schema_version < 2:
         return (
-            Notice(
+            ArtifactNotice(
                 LEGACY_UNPAIRED_COSTS,
                 f"{where}: cost-table schema {schema_version} predates paired savings; its economics were "
                 "priced the pre-pairing way (per-step worst case of two unpaired intervals), which refuses "
@@ -157,19 +151,19 @@ def _cost_table(table: pa.Table, fp: Fingerprint, where: str) -> list[Finding]:
                 )
             )
     per_g = Counter(gi for gi, vi in zip(gl, vl, strict=True) if vi != 0)
-    over = {x: n for x, n in per_g.items() if n > MAX_COMPACT_PER_G}
+    over = {x: n for x, n in per_g.items() if n > MAX_COMPACT_CELLS_PER_G}
     if over:
         out.append(
             Finding(
                 Reason.CONTENT_INVALID,
-                f"{where}: more than {MAX_COMPACT_PER_G} compact cells for G {sorted(over)} (engine limit)",
+                f"{where}: more than {MAX_COMPACT_CELLS_PER_G} compact cells for G {sorted(over)} (engine limit)",
             )
         )
-    if table.num_rows > MAX_DEPLOYED_CELLS:
+    if table.num_rows > MAX_COST_TABLE_ROWS:
         out.append(
             Finding(
                 Reason.CONTENT_INVALID,
-                f"{where}: {table.num_rows} cells, above the engine limit of {MAX_DEPLOYED_CELLS}",
+                f"{where}: {table.num_rows} cells, above the engine limit of {MAX_COST_TABLE_ROWS}",
             )
         )
     if np.any(t <= 0) or np.any(lo <= 0):

@@ -30,7 +30,7 @@ from securesystemslib.signer import Key, Signer
 from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict
 from dspark_calibrate.artifacts._keys import tally_signatures
 from dspark_calibrate.artifacts._reasons import Finding, Reason
-from dspark_calibrate.errors import ConfigError, DsparkError
+from dspark_calibrate.errors import ConfigError, DsparkError, InvalidValueError
 
 __all__ = [
     "BUNDLE_PREDICATE_TYPE",
@@ -173,10 +173,10 @@ def b64decode_strict(text: str) -> bytes:
     it yields, so a signature or payload has exactly one spelling.
 
     Raises:
-        ValueError: anything else.
+        InvalidValueError: anything else.
     """
     if not isinstance(text, str):
-        raise ValueError(f"expected a base64 string, got {type(text).__name__}")
+        raise InvalidValueError(f"expected a base64 string, got {type(text).__name__}")
     if _STD_ALPHABET.match(text):
         encode = base64.standard_b64encode
         normalised = text
@@ -184,21 +184,21 @@ def b64decode_strict(text: str) -> bytes:
         encode = base64.urlsafe_b64encode
         normalised = text.replace("-", "+").replace("_", "/")
     else:
-        raise ValueError("not base64 (characters outside one base64 alphabet)")
+        raise InvalidValueError("not base64 (characters outside one base64 alphabet)")
     unpadded = normalised.rstrip("=")
     if len(unpadded) % 4 == 1:
-        raise ValueError("not base64 (impossible length)")
+        raise InvalidValueError("not base64 (impossible length)")
     padded = unpadded + "=" * (-len(unpadded) % 4)
     if normalised != unpadded and normalised != padded:
-        raise ValueError("not base64 (wrong padding)")
+        raise InvalidValueError("not base64 (wrong padding)")
     try:
         data = base64.b64decode(padded, validate=True)
     except binascii.Error as exc:
-        raise ValueError(f"not base64 ({exc})") from exc
+        raise InvalidValueError(f"not base64 ({exc})") from exc
     canonical = encode(data).decode("ascii")
     if text not in (canonical, canonical.rstrip("=")):
         # Same bytes, other spelling: non-zero trailing bits.
-        raise ValueError("not canonical base64 (non-zero trailing bits)")
+        raise InvalidValueError("not canonical base64 (non-zero trailing bits)")
     return data
 
 
@@ -220,14 +220,14 @@ def make_statement(
             change what gets signed).
 
     Raises:
-        ValueError: an empty name or predicate type, or a digest that is not lowercase hex.
+        InvalidValueError: an empty name or predicate type, or a digest that is not lowercase hex.
     """
     if not isinstance(subject_name, str) or not subject_name:
-        raise ValueError(f"subject name must be a non-empty string, got {subject_name!r}")
+        raise InvalidValueError(f"subject name must be a non-empty string, got {subject_name!r}")
     if not isinstance(sha256, str) or not _SHA256_HEX.match(sha256):
-        raise ValueError(f"subject digest must be 64 lowercase hex characters, got {sha256!r}")
+        raise InvalidValueError(f"subject digest must be 64 lowercase hex characters, got {sha256!r}")
     if not isinstance(predicate_type, str) or not predicate_type:
-        raise ValueError(f"predicateType must be a non-empty string, got {predicate_type!r}")
+        raise InvalidValueError(f"predicateType must be a non-empty string, got {predicate_type!r}")
     return {
         "_type": STATEMENT_TYPE,
         "subject": [{"name": subject_name, "digest": {"sha256": sha256}}],
@@ -417,10 +417,10 @@ def verify_signatures(env: ParsedEnvelope, keys: Mapping[str, Key], threshold: i
         The accepted keyids and the findings (empty when acceptable).
 
     Raises:
-        ValueError: ``threshold`` < 1 (a caller bug; a trust root never has one).
+        InvalidValueError: ``threshold`` < 1 (a caller bug; a trust root never has one).
     """
     if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
-        raise ValueError(f"signature threshold must be an integer >= 1, got {threshold!r}")
+        raise InvalidValueError(f"signature threshold must be an integer >= 1, got {threshold!r}")
     tally = tally_signatures(env.pae(), env.signatures, keys)
     accepted, invalid = tally.accepted_keyids, tally.invalid_keyids
     findings: list[Finding] = []

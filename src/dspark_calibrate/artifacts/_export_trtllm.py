@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dspark_calibrate.artifacts._atomic import atomic_write_bytes, publish_directory
 from dspark_calibrate.artifacts._bundle import BundleReport
 from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict, sha256_hex
 from dspark_calibrate.artifacts._models import (
@@ -44,6 +45,7 @@ from dspark_calibrate.artifacts._models import (
 )
 from dspark_calibrate.artifacts._reasons import Finding, Reason
 from dspark_calibrate.errors import ArtifactRejected, ConfigError
+from dspark_calibrate.schemas import MAX_COMPACT_CELLS_PER_G, MAX_COMPACT_CELLS_TOTAL
 
 __all__ = [
     "ADMISSION_BODY_FIELDS",
@@ -133,8 +135,6 @@ _YAML_PATHS = {
     "confidence_sps_live_fingerprint_path": LIVE_FILE,
     "confidence_admission_receipt_path": RECEIPT_FILE,
 }
-_MAX_COMPACT_PER_G = 4
-_MAX_COMPACT_TOTAL = 32
 _PRINTABLE = re.compile(r"^[\x20-\x7e]+$")
 _DEFAULT_DEPLOY_DIR = "/etc/dspark/trtllm"
 
@@ -597,16 +597,16 @@ def _check_sps(c: _Check, sps: Any) -> tuple[int | None, dict[int, list[int]], d
             if g in vs[1:]:
                 c.fail(f, "v_equals_g", f"G={g}: V=G can never carry a real row; do not deploy it")
             compact = [v for v in vs[1:] if v < g * (k + 1)]
-            if len(compact) > _MAX_COMPACT_PER_G:
+            if len(compact) > MAX_COMPACT_CELLS_PER_G:
                 c.fail(
                     f,
                     "cell_limits",
-                    f"G={g} has {len(compact)} compact cells (engine limit {_MAX_COMPACT_PER_G})",
+                    f"G={g} has {len(compact)} compact cells (engine limit {MAX_COMPACT_CELLS_PER_G})",
                 )
     if k is not None:
         total = sum(1 for g, vs in cells.items() for v in vs[1:] if v < g * (k + 1))
-        if total > _MAX_COMPACT_TOTAL:
-            c.fail(f, "cell_limits", f"{total} compact cells (engine limit {_MAX_COMPACT_TOTAL})")
+        if total > MAX_COMPACT_CELLS_TOTAL:
+            c.fail(f, "cell_limits", f"{total} compact cells (engine limit {MAX_COMPACT_CELLS_TOTAL})")
     if fp_ok and set(cells) != set(fp["rank_local_graph_batch_sizes"]):
         c.fail(
             f,
@@ -897,8 +897,6 @@ def export_trtllm(
         ConfigError: unverified bundle, bad selector identity, existing directory, I/O failure.
         ExportRejected: the rendered package breaks a consumer rule (nothing is written).
     """
-    from dspark_calibrate.artifacts._atomic import atomic_write_bytes, publish_directory
-
     out = Path(out_dir)
     inputs = TrtllmInputs.from_bundle(bundle_report)
     rendered = render_trtllm(

@@ -49,7 +49,7 @@ from securesystemslib.signer import (
 )
 
 from dspark_calibrate.artifacts._atomic import atomic_write_bytes
-from dspark_calibrate.errors import ConfigError
+from dspark_calibrate.errors import ConfigError, InvalidValueError
 
 __all__ = [
     "MAX_KEY_FILE_BYTES",
@@ -132,16 +132,16 @@ def check_supported_key(key: Key) -> None:
     """Refuse a public key whose type or scheme this project does not accept.
 
     Raises:
-        ValueError: the key is not an :class:`SSlibKey` of a supported (keytype, scheme), or its
+        InvalidValueError: the key is not an :class:`SSlibKey` of a supported (keytype, scheme), or its
             value cannot be decoded. The message names the keyid and the scheme, never the value.
     """
     if not isinstance(key, SSlibKey):
-        raise ValueError(
+        raise InvalidValueError(
             f"key {key.keyid}: type {type(key).__name__} is not supported (need a plain public key)"
         )
     if (key.keytype, key.scheme) not in SUPPORTED_SCHEMES:
         allowed = ", ".join(f"{t}/{s}" for t, s in sorted(SUPPORTED_SCHEMES))
-        raise ValueError(
+        raise InvalidValueError(
             f"key {key.keyid}: {key.keytype}/{key.scheme} is not supported; use one of {allowed}"
         )
     key_identity(key)
@@ -151,9 +151,9 @@ def _crypto_public_key(key: Key) -> PublicKeyTypes:
     """Decode the public key value of an SSlibKey of a supported scheme with pyca/cryptography."""
     public = key.keyval.get("public") if isinstance(key.keyval, Mapping) else None
     if not isinstance(public, str):
-        raise ValueError(f"key {key.keyid}: keyval.public must be a string")
+        raise InvalidValueError(f"key {key.keyid}: keyval.public must be a string")
     if key.keytype not in ("ed25519", "ecdsa"):
-        raise ValueError(f"key {key.keyid}: keytype {key.keytype!r} is not supported")
+        raise InvalidValueError(f"key {key.keyid}: keytype {key.keytype!r} is not supported")
     loaded: PublicKeyTypes
     try:
         if key.keytype == "ed25519":
@@ -161,12 +161,14 @@ def _crypto_public_key(key: Key) -> PublicKeyTypes:
         else:
             loaded = load_pem_public_key(public.encode("ascii"))
     except (ValueError, UnicodeEncodeError, UnsupportedAlgorithm) as exc:
-        raise ValueError(f"key {key.keyid}: keyval.public does not decode as an {key.keytype} key") from exc
+        raise InvalidValueError(
+            f"key {key.keyid}: keyval.public does not decode as an {key.keytype} key"
+        ) from exc
     if key.keytype == "ecdsa" and not (
         isinstance(loaded, ec.EllipticCurvePublicKey) and isinstance(loaded.curve, ec.SECP256R1)
     ):
         # The scheme fixes the curve; a key of another curve or type under it is refused.
-        raise ValueError(f"key {key.keyid}: keyval.public is not a P-256 public key")
+        raise InvalidValueError(f"key {key.keyid}: keyval.public is not a P-256 public key")
     return loaded
 
 
@@ -178,7 +180,7 @@ def key_identity(key: Key) -> bytes:
     deliberately not part of the identity: one key holder is one vote.
 
     Raises:
-        ValueError: the key is not of a supported type or its value does not decode.
+        InvalidValueError: the key is not of a supported type or its value does not decode.
     """
     public = key.keyval.get("public") if isinstance(key.keyval, Mapping) else None
     if isinstance(public, str):

@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dspark_calibrate.errors import InvalidValueError
 from dspark_calibrate.schemas import key_columns
 
 __all__ = [
@@ -38,8 +39,10 @@ _INT_TYPES = {
 _FLOAT_TYPES = {"halffloat": "float16", "float": "float32", "double": "float64"}
 
 
-class LogicalHashError(ValueError):
+class LogicalHashError(InvalidValueError):
     """The table cannot be hashed: unsupported type, NaN/Inf, null or duplicate key, bad key name."""
+
+    default_code = "LOGICAL_HASH_INVALID"
 
 
 def type_tag(typ: pa.DataType) -> str:

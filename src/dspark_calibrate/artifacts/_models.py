@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from dspark_calibrate.artifacts._canonical import canonical_json, sha256_hex
+from dspark_calibrate.errors import InvalidValueError
 
 __all__ = [
     "TRTLLM_FINGERPRINT_FIELDS",
@@ -41,8 +42,10 @@ TRTLLM_FINGERPRINT_FIELDS: tuple[str, ...] = (
 )
 
 
-class ModelError(ValueError):
+class ModelError(InvalidValueError):
     """A model field holds an impossible value; the message names the field."""
+
+    default_code = "MODEL_INVALID"
 
 
 def is_sha256_hex(value: object) -> bool:

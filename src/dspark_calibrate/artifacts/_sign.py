@@ -29,7 +29,7 @@ from dspark_calibrate.artifacts._parquet import (
     encode_artifact,
     footer_metadata,
 )
-from dspark_calibrate.errors import ConfigError
+from dspark_calibrate.errors import ConfigError, InvalidValueError
 from dspark_calibrate.schemas import ARTIFACT_KINDS, SCHEMA_VERSION, SchemaMismatch, conform_table
 
 __all__ = ["SignedArtifact", "build_predicate", "format_time", "parse_time", "series_of", "sign_artifact"]
@@ -38,7 +38,7 @@ __all__ = ["SignedArtifact", "build_predicate", "format_time", "parse_time", "se
 def format_time(t: datetime) -> str:
     """RFC 3339 UTC with second precision and a ``Z`` suffix (the only form we sign)."""
     if t.tzinfo is None:
-        raise ValueError("timestamps must be timezone-aware")
+        raise InvalidValueError("timestamps must be timezone-aware")
     return t.astimezone(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -49,10 +49,10 @@ def parse_time(text: str) -> datetime:
     """Parse the signed timestamp form ``YYYY-MM-DDTHH:MM:SSZ``.
 
     Raises:
-        ValueError: any other form.
+        InvalidValueError: any other form.
     """
     if not isinstance(text, str) or not _SIGNED_TIME.match(text):
-        raise ValueError(f"timestamp {text!r} is not of the form YYYY-MM-DDTHH:MM:SSZ")
+        raise InvalidValueError(f"timestamp {text!r} is not of the form YYYY-MM-DDTHH:MM:SSZ")
     return datetime.fromisoformat(text[:-1]).replace(tzinfo=UTC)
 
 

@@ -26,6 +26,7 @@ import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -35,6 +36,7 @@ from tuf.api.metadata import Metadata, Role, Root
 
 from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict
 from dspark_calibrate.artifacts._keys import check_supported_key, key_identity, tally_signatures
+from dspark_calibrate.artifacts._parquet import _TooLarge, read_regular_file
 from dspark_calibrate.artifacts._reasons import Reason
 from dspark_calibrate.errors import ConfigError, DsparkError
 
@@ -45,8 +47,10 @@ __all__ = [
     "ROOT_ROLE",
     "TrustRoot",
     "TrustRootError",
+    "TrustRootUnreadable",
     "init_root",
     "load_trust_root",
+    "read_trust_root",
     "rotate_root",
     "verify_root_chain",
 ]
@@ -75,6 +79,14 @@ class TrustRootError(DsparkError):
     def __init__(self, reason: Reason, message: str) -> None:
         self.reason = reason
         super().__init__(message)
+
+
+class TrustRootUnreadable(TrustRootError):
+    """The trust root file could not be read: missing, not a regular file, or an I/O error.
+
+    Its reason is ``TRUST_ROOT_INVALID``, like every root that cannot be used; the class lets a
+    command line tell a wrong path (exit 2) from a bad root (exit 1).
+    """
 
 
 def _invalid(message: str) -> TrustRootError:
@@ -378,6 +390,39 @@ def load_trust_root(data: bytes, *, now: datetime, previous: TrustRoot | None = 
     trust_root = _verify(_parse(data), previous)
     _check_expiry(trust_root, now)
     return trust_root
+
+
+def read_trust_root(path: Path | str, *, now: datetime, previous: TrustRoot | None = None) -> TrustRoot:
+    """Read ``root.json`` from ``path`` and verify it: the one way every caller reads a trust root.
+
+    The file is opened non-blocking and checked on the open descriptor, so a FIFO or device put
+    where the root should be is refused instead of hanging a serving start; at most
+    :data:`MAX_TRUST_ROOT_BYTES` are read. Then :func:`load_trust_root`.
+
+    Args:
+        path: the pinned ``root.json``.
+        now: the current time (timezone-aware).
+        previous: the currently trusted root, when the file is meant to rotate it.
+
+    Raises:
+        TrustRootUnreadable: missing, unreadable or not a regular file (``TRUST_ROOT_INVALID``).
+        TrustRootError: larger than the cap (``TRUST_ROOT_INVALID``), or what
+            :func:`load_trust_root` raises; every message starts with the path.
+    """
+    p = Path(path)
+    try:
+        data = read_regular_file(p, MAX_TRUST_ROOT_BYTES)
+    except _TooLarge:
+        raise _invalid(f"{p}: larger than {MAX_TRUST_ROOT_BYTES} bytes; not a trust root") from None
+    except OSError as exc:
+        raise TrustRootUnreadable(
+            Reason.TRUST_ROOT_INVALID,
+            f"{p}: cannot read the trust root ({exc.strerror or exc}); pass the pinned root.json",
+        ) from exc
+    try:
+        return load_trust_root(data, now=now, previous=previous)
+    except TrustRootError as exc:
+        raise TrustRootError(exc.reason, f"{p}: {exc}") from exc
 
 
 def verify_root_chain(pinned: TrustRoot, chain: Sequence[bytes], now: datetime) -> TrustRoot:

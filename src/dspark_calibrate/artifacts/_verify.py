@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 
 from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict
-from dspark_calibrate.artifacts._content import Notice, content_findings, content_notices
+from dspark_calibrate.artifacts._content import ArtifactNotice, content_findings, content_notices
 from dspark_calibrate.artifacts._envelope import (
     PAYLOAD_TYPE,
     PREDICATE_TYPE,
@@ -141,7 +141,7 @@ class VerifiedArtifact:
     table: pa.Table
     logical_sha256: str
     signer_keyids: tuple[str, ...]
-    notices: tuple[Notice, ...] = ()
+    notices: tuple[ArtifactNotice, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,7 @@ class VerificationReport(FindingsOutcome):
         return not self.findings and self.artifact is not None
 
     @property
-    def notices(self) -> tuple[Notice, ...]:
+    def notices(self) -> tuple[ArtifactNotice, ...]:
         """What a consumer should know about the accepted artifact (never a rejection)."""
         return self.artifact.notices if self.artifact is not None else ()
 

@@ -1,10 +1,21 @@
-"""Calibration side of dspark-calibrate: sweep, confidence fit, workload replay, build, report.
+"""The calibration side of dspark-calibrate: one sub-package per pipeline stage.
 
-``sweep`` measures the step time T(G, V) of every native and candidate cell of the graph ladder
-(DESIGN §7) and writes unsigned ``sweep`` / ``sweep-samples`` artifacts; ``fit`` turns draft-round
-traces into an unsigned ``calibration`` table (DESIGN §8). Signing is ``build``'s job: importing
-this package needs no ``cryptography``. torch is imported only by the backends, collectives and the
+    measurement/  sweep the graph ladder: T(G, V) per cell, with intervals   (DESIGN §7)
+    confidence/   traces → a per-position calibration of the draft's confidence  (DESIGN §8)
+    deployment/   workload, replay, cell selection, the signed bundle        (DESIGN §6)
+    report/       the release report: verify the bundle, model it, render one page
+    demo.py       every stage on CPU, on synthetic data
+
+Arrows between the stages point one way: ``deployment`` may use ``measurement`` and
+``confidence``; ``report`` may read every stage below it; ``demo`` composes them all;
+``measurement`` and ``confidence`` use neither each other nor the later stages. Below the
+stages: ``runtime_plugin`` (its pure planner and economics, which ``build`` and the report replay so
+that they cannot disagree with serving), ``artifacts``, ``schemas``, ``decision`` and ``errors``
+(``tests/test_layering.py`` checks all of it). Signing is ``build``'s job: importing this package
+needs no ``cryptography``. torch is imported only by the backends, collectives and the
 recorder-shard reader that need it.
+
+This package re-exports each stage's main entry points; the stage sub-packages list their own.
 
 Example:
     >>> from pathlib import Path
@@ -15,35 +26,66 @@ Example:
     >>> result.summary_table().column("step_time_ms")  # doctest: +SKIP
 """
 
-from dspark_calibrate.calibrate.build import BuildOptions, BuildResult, build_bundle, load_build_inputs
 from dspark_calibrate.calibrate.confidence import (
-    Calibration,
-    Method,
-    PositionMap,
-    parse_sts_document,
-    sts_document,
-)
-from dspark_calibrate.calibrate.fit import (
     DriftTolerances,
     FitOptions,
     FitResult,
+    FittedCalibration,
+    FittedPositionMap,
+    Method,
+    MetricsReport,
+    SynthSpec,
+    TraceSet,
     evaluate_drift,
+    evaluate_predictions,
     fit_traces,
+    parse_sts_document,
+    read_traces,
     run_evaluate,
     run_fit,
+    sts_document,
+    synth_traces,
     write_fit_outputs,
+    write_synth_traces,
 )
-from dspark_calibrate.calibrate.ladder import (
+from dspark_calibrate.calibrate.deployment import (
+    BootstrapSettings,
+    BuildOptions,
+    BuildResult,
+    CellSelection,
+    ReplayReport,
+    Workload,
+    build_bundle,
+    load_build_inputs,
+    read_workload,
+    replay,
+    select_cells,
+    synthesize_workload,
+    write_workload,
+)
+from dspark_calibrate.calibrate.measurement import (
     CellKind,
+    CellSamples,
     CellSpec,
+    CellSummary,
+    StopReason,
+    SweepConfig,
+    SweepOutput,
+    SweepRequest,
+    SweepResult,
+    Thresholds,
     candidate_budgets,
+    execute,
     legal_compact_budgets,
+    median_interval,
     parse_budgets,
     parse_ladder,
     plan_cells,
+    run_sweep,
+    sample_interval,
+    summarize,
+    write_sweep,
 )
-from dspark_calibrate.calibrate.metrics import MetricsReport, evaluate_predictions
-from dspark_calibrate.calibrate.replay import BootstrapSettings, ReplayReport, replay
 from dspark_calibrate.calibrate.report import (
     Report,
     ReportThresholds,
@@ -53,30 +95,12 @@ from dspark_calibrate.calibrate.report import (
     render_markdown,
     write_report,
 )
-from dspark_calibrate.calibrate.select_cells import CellSelection, select_cells
-from dspark_calibrate.calibrate.stats import (
-    CellSamples,
-    CellSummary,
-    Decision,
-    Status,
-    StopReason,
-    Thresholds,
-    median_interval,
-    sample_interval,
-    summarize,
-)
-from dspark_calibrate.calibrate.sweep import (
-    SweepConfig,
-    SweepOutput,
-    SweepRequest,
-    SweepResult,
-    execute,
-    run_sweep,
-    write_sweep,
-)
-from dspark_calibrate.calibrate.synth_traces import SynthSpec, synth_traces, write_synth_traces
-from dspark_calibrate.calibrate.traces import TraceSet, read_traces
-from dspark_calibrate.calibrate.workload import Workload, read_workload, synthesize_workload, write_workload
+from dspark_calibrate.decision import Decision, Status
+
+#: Earlier names of the fitted calibration types, kept for existing callers. They are not the
+#: runtime's ``runtime_plugin.Calibration`` / ``PositionMap`` (the selector's maps).
+Calibration = FittedCalibration
+PositionMap = FittedPositionMap
 
 __all__ = [
     "BootstrapSettings",
@@ -92,6 +116,8 @@ __all__ = [
     "DriftTolerances",
     "FitOptions",
     "FitResult",
+    "FittedCalibration",
+    "FittedPositionMap",
     "Method",
     "MetricsReport",
     "PositionMap",

@@ -19,7 +19,15 @@ from typing import Any
 
 from dspark_calibrate import __version__
 from dspark_calibrate.artifacts import Fingerprint, Provenance, canonical_json, detached_envelope_path
+from dspark_calibrate.calibrate.confidence.fit import FitOptions, run_fit
+from dspark_calibrate.calibrate.confidence.synth_traces import SynthSpec, write_synth_traces
+from dspark_calibrate.calibrate.deployment.build import BuildOptions, build_bundle, load_build_inputs
+from dspark_calibrate.calibrate.deployment.workload import synthesize_workload, write_workload
+from dspark_calibrate.calibrate.measurement.stats import Thresholds
+from dspark_calibrate.calibrate.measurement.sweep import SweepRequest, execute
+from dspark_calibrate.calibrate.report import write_report
 from dspark_calibrate.errors import ConfigError
+from dspark_calibrate.runtime_plugin import AdmissionPolicy, admit
 
 __all__ = ["DEMO_MARKER", "DEMO_SELECTOR_IDENTITY", "DemoResult", "demo_fingerprint", "run_demo"]
 
@@ -113,14 +121,6 @@ def run_demo(
         public_key_of,
         verify_bundle,
     )
-    from dspark_calibrate.calibrate.build import BuildOptions, build_bundle, load_build_inputs
-    from dspark_calibrate.calibrate.fit import FitOptions, run_fit
-    from dspark_calibrate.calibrate.report import write_report
-    from dspark_calibrate.calibrate.stats import Thresholds
-    from dspark_calibrate.calibrate.sweep import SweepRequest, execute
-    from dspark_calibrate.calibrate.synth_traces import SynthSpec, write_synth_traces
-    from dspark_calibrate.calibrate.workload import synthesize_workload, write_workload
-    from dspark_calibrate.runtime_plugin import AdmissionPolicy, admit
 
     now = now or datetime.now(UTC)
     out = Path(out)

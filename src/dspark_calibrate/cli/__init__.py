@@ -1,7 +1,9 @@
 """Command-line apps ``dspark-calibrate`` and ``dspark-verify``: thin shells over the library.
 
 Each command module exposes ``register(app)``; the ``dspark-calibrate`` app is assembled on first
-use so that ``dspark-verify`` starts without importing the calibration stack.
+use so that ``dspark-verify`` starts without importing the calibration stack. May import every
+layer; a command imports the library it calls inside its own body, so that building the app (for
+``--help`` and every command) does not load pyarrow, scipy or the calibration stack.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import importlib
 
 import typer
+
+from dspark_calibrate.cli.verify import verify_app
 
 __all__ = ["build_calibrate_app", "calibrate_main", "verify_main"]
 
@@ -48,6 +52,4 @@ def calibrate_main() -> None:
 
 def verify_main() -> None:
     """Console-script entry point for ``dspark-verify``."""
-    from dspark_calibrate.cli.verify import verify_app
-
     verify_app()

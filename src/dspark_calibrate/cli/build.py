@@ -28,10 +28,11 @@ from dspark_calibrate.cli._common import (
     print_json,
     utcnow,
 )
+from dspark_calibrate.cli.trust import load_root_or_exit, signers_from_keys
 from dspark_calibrate.errors import DsparkError
 
 if TYPE_CHECKING:
-    from dspark_calibrate.calibrate.build import BuildResult
+    from dspark_calibrate.calibrate.deployment.build import BuildResult
 
 __all__ = ["register", "render_build"]
 
@@ -163,10 +164,9 @@ def build(
     json_out: JsonFlag = False,
 ) -> None:
     """Build a signed bundle (cost-table, calibration, admission + manifest) and verify it."""
-    from dspark_calibrate.calibrate.build import BuildOptions, build_bundle, load_build_inputs
-    from dspark_calibrate.calibrate.replay import BootstrapSettings
-    from dspark_calibrate.calibrate.select_cells import SelectionRefused
-    from dspark_calibrate.cli.trust import load_root_or_exit, signers_from_keys
+    from dspark_calibrate.calibrate.deployment.build import BuildOptions, build_bundle, load_build_inputs
+    from dspark_calibrate.calibrate.deployment.replay import BootstrapSettings
+    from dspark_calibrate.calibrate.deployment.select_cells import SelectionRefused
 
     root = load_root_or_exit(trust_root)
     now = utcnow()

@@ -28,6 +28,7 @@ from dspark_calibrate.cli._common import (
     print_json,
     utcnow,
 )
+from dspark_calibrate.cli.trust import load_root_or_exit
 from dspark_calibrate.errors import DsparkError
 
 __all__ = ["export_app", "register"]
@@ -60,17 +61,21 @@ def trtllm(
 ) -> None:
     """Verify BUNDLE, then write sps_table.json, sts.json, live_fingerprint.json, admission_receipt.json and
     extra_llm_api_options.yaml into --out."""
-    from dspark_calibrate.artifacts import Expectation, is_sha256_hex, verify_bundle
-    from dspark_calibrate.artifacts._export_trtllm import ExportRejected, export_trtllm
-    from dspark_calibrate.cli.trust import load_root_or_exit
-    from dspark_calibrate.cli.verify import expected_fingerprint
+    from dspark_calibrate.artifacts import (
+        Expectation,
+        ExportRejected,
+        export_trtllm,
+        is_sha256_hex,
+        read_fingerprint,
+        verify_bundle,
+    )
 
     if selector_identity is None or not is_sha256_hex(selector_identity):
         shown = "missing" if selector_identity is None else repr(selector_identity)
         fail_usage(f"--selector-identity is {shown}; a receipt is never written without it. {_SELECTOR_HELP}")
     root = load_root_or_exit(trust_root)
     try:
-        live = expected_fingerprint(live_fingerprint) if live_fingerprint is not None else None
+        live = read_fingerprint(live_fingerprint) if live_fingerprint is not None else None
     except DsparkError as exc:
         fail_usage(str(exc))
     report = verify_bundle(

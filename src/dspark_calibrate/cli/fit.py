@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+import dspark_calibrate
 from dspark_calibrate.cli._common import (
     EXIT_OK,
     EXIT_REJECTED,
@@ -24,6 +25,7 @@ from dspark_calibrate.cli._common import (
     print_json,
     utcnow,
 )
+from dspark_calibrate.decision import Status
 from dspark_calibrate.errors import ConfigError, DsparkError
 
 __all__ = ["register"]
@@ -180,15 +182,13 @@ def fit(
     json_out: JsonFlag = False,
 ) -> None:
     """Calibrate the confidence head into prefix-survival probabilities (or check drift with --evaluate)."""
-    import dspark_calibrate
-    from dspark_calibrate.calibrate.fit import (
+    from dspark_calibrate.calibrate.confidence.fit import (
         DriftTolerances,
         FitOptions,
         load_fingerprint,
         run_evaluate,
         run_fit,
     )
-    from dspark_calibrate.calibrate.stats import Status
 
     if not traces:
         fail_usage("--traces is required: pass trace files or directories (Parquet, JSONL, recorder .pt)")
@@ -303,7 +303,7 @@ def synth(
     json_out: JsonFlag = False,
 ) -> None:
     """Generate synthetic traces from a known ground truth (for recovery tests and demos)."""
-    from dspark_calibrate.calibrate.synth_traces import SynthSpec, write_synth_traces
+    from dspark_calibrate.calibrate.confidence.synth_traces import SynthSpec, write_synth_traces
 
     try:
         if out.suffix.lower() not in (".parquet", ".pq"):

@@ -76,15 +76,14 @@ def report(
     json_out: JsonFlag = False,
 ) -> None:
     """Verify INPUTS and write the release report; exit 0 verified, 1 rejected, 2 usage or I/O error."""
-    from dspark_calibrate.artifacts import Expectation
+    from dspark_calibrate.artifacts import Expectation, read_fingerprint
     from dspark_calibrate.calibrate.report import write_report
-    from dspark_calibrate.cli.verify import expected_fingerprint
 
     if max_age_days is not None and max_age_days <= 0:
         fail_usage(f"--max-age-days {max_age_days} must be positive")
     target = out if out is not None else Path(f"report.{fmt.value}")
     try:
-        fingerprint = expected_fingerprint(expect_fingerprint) if expect_fingerprint is not None else None
+        fingerprint = read_fingerprint(expect_fingerprint) if expect_fingerprint is not None else None
         expected = Expectation(
             fingerprint=fingerprint,
             allow_synthetic=allow_synthetic,

@@ -1,7 +1,7 @@
 """``dspark-calibrate sweep``: measure T(G, V) over the graph ladder and write an unsigned sweep.
 
-Thin: parses options into a :class:`~dspark_calibrate.calibrate.sweep.SweepRequest`, calls
-:func:`~dspark_calibrate.calibrate.sweep.execute`, renders a progress bar and a summary table (or
+Thin: parses options into a :class:`~dspark_calibrate.calibrate.measurement.sweep.SweepRequest`, calls
+:func:`~dspark_calibrate.calibrate.measurement.sweep.execute`, renders a progress bar and a summary table (or
 ``--json``). Exit codes: 0 every cell measured, 1 a measurement failed (or, with
 ``--require-precision``, a cell stopped short of the precision target), 2 usage or I/O error.
 """
@@ -231,10 +231,10 @@ def register(app: typer.Typer) -> None:
         as_json: JsonFlag = False,
     ) -> None:
         """Measure T(G, V) for the native and candidate cells of every G, with honest intervals."""
-        from dspark_calibrate.artifacts import Fingerprint, JsonError, ModelError, loads_strict
-        from dspark_calibrate.calibrate.ladder import parse_budgets, parse_ladder
-        from dspark_calibrate.calibrate.stats import Thresholds
-        from dspark_calibrate.calibrate.sweep import SweepEvent, SweepRequest, execute
+        from dspark_calibrate.artifacts import read_fingerprint
+        from dspark_calibrate.calibrate.measurement.ladder import parse_budgets, parse_ladder
+        from dspark_calibrate.calibrate.measurement.stats import Thresholds
+        from dspark_calibrate.calibrate.measurement.sweep import SweepEvent, SweepRequest, execute
 
         try:
             if preset not in ("default", "quick"):
@@ -271,16 +271,7 @@ def register(app: typer.Typer) -> None:
             ):
                 if value is not None:
                     options[key] = str(value) if isinstance(value, Path) else value
-            base_fp = None
-            if fingerprint is not None:
-                try:
-                    base_fp = Fingerprint.from_dict(
-                        loads_strict(fingerprint.read_bytes(), what=str(fingerprint))
-                    )
-                except OSError as exc:
-                    raise ConfigError(f"{fingerprint}: cannot read: {exc}") from exc
-                except (JsonError, ModelError) as exc:
-                    raise ConfigError(f"{fingerprint}: {exc}") from exc
+            base_fp = read_fingerprint(fingerprint) if fingerprint is not None else None
             request = SweepRequest(
                 backend=backend,
                 backend_options=options,

@@ -58,16 +58,14 @@ def signers_from_keys(paths: list[Path], passphrase_env: str | None) -> list[Any
 
 def load_root_or_exit(path: Path) -> TrustRoot:
     """Read and verify a trust root; exit 2 if unreadable, 1 if invalid or expired."""
-    from dspark_calibrate.artifacts import TrustRootError, load_trust_root
+    from dspark_calibrate.artifacts import TrustRootError, TrustRootUnreadable, read_trust_root
 
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        fail_usage(f"{path}: cannot read trust root ({exc.strerror or exc})")
-    try:
-        return load_trust_root(data, now=utcnow())
+        return read_trust_root(path, now=utcnow())
+    except TrustRootUnreadable as exc:
+        fail_usage(str(exc))
     except TrustRootError as exc:
-        err_console.print(f"[bold red]{exc.reason.value}[/] {path}: {exc}")
+        err_console.print(f"[bold red]{exc.reason.value}[/] {exc}")
         exit_with(EXIT_REJECTED)
 
 

@@ -29,6 +29,7 @@ from dspark_calibrate.cli._common import (
     print_json,
     utcnow,
 )
+from dspark_calibrate.cli.trust import load_root_or_exit
 from dspark_calibrate.cli.verify_runtime import (
     BaseOptionsOption,
     EmitTrtllmOption,
@@ -38,12 +39,12 @@ from dspark_calibrate.cli.verify_runtime import (
     run_runtime,
     runtime_requested,
 )
-from dspark_calibrate.errors import ConfigError, DsparkError
+from dspark_calibrate.errors import DsparkError
 
 if TYPE_CHECKING:
-    from dspark_calibrate.artifacts import Finding, Fingerprint
+    from dspark_calibrate.artifacts import Finding
 
-__all__ = ["LiveOptions", "expected_fingerprint", "verify_app"]
+__all__ = ["LiveOptions", "verify_app"]
 
 verify_app = typer.Typer(
     name="dspark-verify",
@@ -93,25 +94,6 @@ class LiveOptions:
             runtime_snapshot=self.runtime_snapshot,
             model_config=self.model_config,
         )
-
-
-def expected_fingerprint(path: Path) -> Fingerprint:
-    """Read an expected fingerprint: our fingerprint JSON or TensorRT-LLM's live_fingerprint.json.
-
-    Raises:
-        ConfigError: unreadable, not JSON, or not a fingerprint.
-    """
-    from dspark_calibrate.artifacts import Fingerprint, JsonError, ModelError, loads_strict
-
-    try:
-        data = loads_strict(path.read_bytes(), what=str(path))
-        if isinstance(data, dict) and isinstance(data.get("fingerprint"), dict):
-            data = data["fingerprint"]
-        return Fingerprint.from_dict(data)
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from exc
-    except (JsonError, ModelError) as exc:
-        raise ConfigError(f"{path}: not a fingerprint ({exc}); pass a fingerprint JSON object") from exc
 
 
 def _diff_table(findings: list[Finding]) -> Table | None:
@@ -223,10 +205,10 @@ def main(
         Expectation,
         Reason,
         RollbackState,
+        read_fingerprint,
         verify_bundle,
         verify_path,
     )
-    from dspark_calibrate.cli.trust import load_root_or_exit
 
     if expect_fingerprint is not None and live:
         fail_usage("give either --expect-fingerprint or --live, not both")
@@ -238,7 +220,7 @@ def main(
     try:
         fingerprint = None
         if expect_fingerprint is not None:
-            fingerprint = expected_fingerprint(expect_fingerprint)
+            fingerprint = read_fingerprint(expect_fingerprint)
         elif live:
             ctx = live_options.collect()
             fingerprint = ctx.fingerprint

@@ -167,7 +167,7 @@ def run_runtime(
         live_options: ``verify.LiveOptions`` with the ``--live-*`` values.
         Other arguments: the ``dspark-verify`` options of the same names.
     """
-    from dspark_calibrate.artifacts import Reason
+    from dspark_calibrate.artifacts import Reason, read_fingerprint
     from dspark_calibrate.runtime_plugin.admission import DEFAULT_MAX_ARTIFACT_AGE, AdmissionPolicy, admit
     from dspark_calibrate.runtime_plugin.trtllm import (
         decoding_fields,
@@ -191,9 +191,7 @@ def run_runtime(
     policy: AdmissionPolicy | None = None
     try:
         if expect_fingerprint is not None:
-            from dspark_calibrate.cli.verify import expected_fingerprint
-
-            live = expected_fingerprint(expect_fingerprint)
+            live = read_fingerprint(expect_fingerprint)
         else:
             live = _live_arguments(live_options)
         policy = AdmissionPolicy(

@@ -49,7 +49,7 @@ def synth(
     json_out: JsonFlag = False,
 ) -> None:
     """Generate a synthetic workload (marked synthetic: build needs --allow-synthetic)."""
-    from dspark_calibrate.calibrate.workload import synthesize_workload, write_workload
+    from dspark_calibrate.calibrate.deployment.workload import synthesize_workload, write_workload
 
     try:
         temps = [float(t) for t in temperatures.split(",")] if temperatures else None
@@ -75,7 +75,7 @@ def import_trtllm(
     json_out: JsonFlag = False,
 ) -> None:
     """Convert TensorRT-LLM recorder shards into a workload (approximate when step ids are absent)."""
-    from dspark_calibrate.calibrate.workload import read_recorder_shards, write_workload
+    from dspark_calibrate.calibrate.deployment.workload import read_recorder_shards, write_workload
 
     try:
         w = read_recorder_shards(shards)

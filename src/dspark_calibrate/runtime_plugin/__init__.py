@@ -4,6 +4,14 @@ Light by design: importing this package pulls in neither torch nor ``dspark_cali
 (a serving process must not pay for what it does not use). ``admit`` never raises: on any doubt it
 returns an inactive decision with a reason code and the static-K engine configuration.
 
+May import: ``artifacts``, ``schemas``, ``decision`` and ``errors``; never ``calibrate``. What it
+needs from above at run time is handed to it: a sentinel's backend comes from
+``SentinelPolicy.loader`` (``calibrate.measurement.load_sentinel_backend`` for the sweep backends).
+``calibrate`` in turn replays this package's pure planner and economics, so build and serving
+cannot disagree. Modules: ``admission`` (the hook), ``admission_decision`` (its record),
+``economics`` (the signed summary and the gain test), ``planner`` (selector and allocator),
+``engine`` and ``trtllm`` (adapters), ``live``, ``sentinel``, ``ranks``.
+
 Example:
     >>> from dspark_calibrate.runtime_plugin import admit, collect_live
     >>> decision = admit("bundle/", "trust-root.json", live={"max_draft_len": 5})  # doctest: +SKIP
@@ -11,15 +19,9 @@ Example:
     (False, 'FINGERPRINT_MISSING:gpu')
 """
 
-from dspark_calibrate.runtime_plugin.admission import (
-    STATIC_ENGINE_CONFIG,
-    AdmissionDecision,
-    AdmissionEconomics,
-    AdmissionPolicy,
-    GainStatus,
-    GainVerdict,
-    admit,
-)
+from dspark_calibrate.runtime_plugin.admission import AdmissionPolicy, admit
+from dspark_calibrate.runtime_plugin.admission_decision import STATIC_ENGINE_CONFIG, AdmissionDecision
+from dspark_calibrate.runtime_plugin.economics import AdmissionEconomics, GainStatus, GainVerdict
 from dspark_calibrate.runtime_plugin.engine import DynamicVerifier
 from dspark_calibrate.runtime_plugin.live import (
     GpuInfo,
@@ -39,7 +41,12 @@ from dspark_calibrate.runtime_plugin.planner import (
     select,
 )
 from dspark_calibrate.runtime_plugin.ranks import agree
-from dspark_calibrate.runtime_plugin.sentinel import SentinelPolicy, SentinelReport
+from dspark_calibrate.runtime_plugin.sentinel import (
+    SentinelBackend,
+    SentinelLoader,
+    SentinelPolicy,
+    SentinelReport,
+)
 from dspark_calibrate.runtime_plugin.trtllm import (
     TrtllmOptions,
     decoding_fields,
@@ -62,6 +69,8 @@ __all__ = [
     "LiveContext",
     "LiveEnvironment",
     "Plan",
+    "SentinelBackend",
+    "SentinelLoader",
     "SentinelPolicy",
     "SentinelReport",
     "StepRows",

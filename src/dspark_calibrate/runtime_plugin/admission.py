@@ -4,8 +4,8 @@ evidence, and fall back to static K on any doubt (DESIGN §4–§6, STYLE rule 1
 ``admit(bundle, trust_root, ...)`` runs in the serving process (or just before it starts) and
 returns an :class:`AdmissionDecision`; it never raises. Checks, in order:
 
-    (1) trust root: ``root.json`` bytes loaded and verified (signatures, expiry), or a given
-        ``TrustRoot`` checked for expiry at ``now``
+    (1) trust root: ``root.json`` read and verified by ``artifacts.read_trust_root`` (bounded,
+        regular files only; signatures, expiry), or a given ``TrustRoot`` checked for expiry
     (2) live deployment: the given context, or collected by ``live.collect_live`` (explicit engine
         arguments win over probes)
     (3) the bundle, through the artifacts pipeline (``verify_bundle``): manifest and every member —
@@ -25,14 +25,17 @@ then one structured log line and the optional metrics callback. The only broad `
 package lives in :func:`admit`: an unexpected exception anywhere becomes an inactive decision with
 ``INTERNAL_ERROR`` and the exception's repr, logged once.
 
-I/O here: reading ``root.json`` and the bundle manifest's bytes (for its digest), and the clock
-when ``now`` is not given. Verification I/O belongs to the artifacts pipeline; the checks in steps
-(4) and (5) are pure functions.
+The decision record lives in :mod:`.admission_decision` and the economics and gain test in
+:mod:`.economics` (both re-exported here), so that the engine adapters and rank agreement can use
+them without importing this module.
+
+I/O here: reading ``root.json`` (``artifacts.read_trust_root``), the bundle manifest's bytes (for
+its digest), and the clock when ``now`` is not given. Verification I/O belongs to the artifacts
+pipeline; the checks in steps (4) and (5) are pure functions.
 """
 
 from __future__ import annotations
 
-import enum
 import errno
 import json
 import logging
@@ -41,13 +44,12 @@ import os
 import stat
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-import dspark_calibrate
 from dspark_calibrate.artifacts import (
     DEFAULT_LIMITS,
     Finding,
@@ -55,20 +57,28 @@ from dspark_calibrate.artifacts import (
     ModelError,
     ReadLimits,
     Reason,
-    canonical_json,
-    is_sha256_hex,
+    RollbackState,
     sha256_hex,
 )
+from dspark_calibrate.decision import Status
 from dspark_calibrate.errors import ConfigError, ProbeError
+from dspark_calibrate.runtime_plugin.admission_decision import STATIC_ENGINE_CONFIG, AdmissionDecision
+from dspark_calibrate.runtime_plugin.economics import (
+    ADMISSION_SUMMARY_FIELDS,
+    AdmissionEconomics,
+    GainStatus,
+    GainVerdict,
+    gain_test,
+)
 from dspark_calibrate.runtime_plugin.engine import planner_inputs
 from dspark_calibrate.runtime_plugin.live import LiveContext, collect_live
-from dspark_calibrate.runtime_plugin.sentinel import SentinelPolicy, SentinelReport, run_sentinel
-from dspark_calibrate.schemas import ADMISSION_SUMMARY_KEYS
+from dspark_calibrate.runtime_plugin.ranks import agree
+from dspark_calibrate.runtime_plugin.sentinel import SentinelPolicy, run_sentinel
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from dspark_calibrate.artifacts import BundleReport, TrustRoot, VerifiedArtifact
+    from dspark_calibrate.artifacts import TrustRoot, VerifiedArtifact
 
 __all__ = [
     "ADMISSION_SUMMARY_FIELDS",
@@ -92,22 +102,8 @@ logger = logging.getLogger(__name__)
 #: firmware updates; a month is the longest we let a table stand without re-measurement, even when
 #: its signed expiry is later.
 DEFAULT_MAX_ARTIFACT_AGE = timedelta(days=30)
-#: Largest ``root.json`` read from disk, in bytes (the trust root parser's own cap).
-MAX_TRUST_ROOT_FILE_BYTES = 1 << 20
 #: The required bundle members by default: the gain test needs the admission artifact.
 _ALL_MEMBERS: tuple[str, ...] = ("admission", "calibration", "cost-table")
-
-#: Engine configuration of every inactive decision: static K, nothing else.
-STATIC_ENGINE_CONFIG: Mapping[str, Any] = MappingProxyType({"enable_confidence_scheduling": False})
-
-#: The keys of the admission artifact's signed summary (``schemas.ADMISSION_SUMMARY_KEYS``) that
-#: the hook reads and therefore requires; the goodputs and per-bucket detail are for reports.
-ADMISSION_SUMMARY_FIELDS: tuple[str, ...] = tuple(
-    k
-    for k in ADMISSION_SUMMARY_KEYS
-    if k
-    not in ("static_goodput_tok_per_ms", "dynamic_goodput_tok_per_ms", "workload_approximate", "per_bucket")
-)
 
 #: What ``live=`` accepts: a collected context, a fingerprint, or ``collect_live`` keyword arguments.
 LiveSpec = LiveContext | Fingerprint | Mapping[str, Any] | None
@@ -199,191 +195,6 @@ class AdmissionPolicy:
 
 
 # ---------------------------------------------------------------------------------------------
-# Economics (pure)
-# ---------------------------------------------------------------------------------------------
-
-
-def _number(summary: Mapping[str, Any], name: str, *, minimum: float | None = None) -> float:
-    value = summary[name]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ModelError(f"summary.{name} must be a finite number, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ModelError(f"summary.{name} must be >= {minimum}, got {value!r}")
-    return float(value)
-
-
-def _integer(summary: Mapping[str, Any], name: str, *, minimum: int) -> int:
-    value = summary[name]
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ModelError(f"summary.{name} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
-@dataclass(frozen=True, slots=True)
-class AdmissionEconomics:
-    """The admission artifact's signed workload economics (DESIGN §6 receipt fields).
-
-    Gains are relative (0.05 = 5 % more goodput than static K); amounts are ms summed over the
-    replayed workload.
-    """
-
-    predicted_gain: float
-    predicted_gain_ci_low: float
-    predicted_gain_ci_high: float
-    compact_step_share: float
-    policy_steps: int
-    compact_choices: int
-    gross_compact_value_ms_lower_bound: float
-    fixed_confidence_path_overhead_ms_upper_bound: float
-    safety_margin_ms: float
-    net_value_ms: float
-    admitted: bool
-    minimum_predicted_gain: float
-    drain_guard: Mapping[str, Any] | None
-    workload_identity_sha256: str
-    selector_replay_sha256: str
-
-    @classmethod
-    def from_summary(cls, summary: Mapping[str, Any]) -> AdmissionEconomics:
-        """Read and validate the signed summary (extra keys are ignored, never used).
-
-        Raises:
-            ModelError: a key is missing or holds an impossible value; the message names it.
-        """
-        missing = [k for k in ADMISSION_SUMMARY_FIELDS if k not in summary]
-        if missing:
-            raise ModelError(f"summary lacks {missing}; rebuild the bundle with `dspark-calibrate build`")
-        steps = _integer(summary, "policy_steps", minimum=1)
-        choices = _integer(summary, "compact_choices", minimum=0)
-        if choices > steps:
-            raise ModelError(f"summary.compact_choices {choices} exceeds policy_steps {steps}")
-        admitted = summary["admitted"]
-        if not isinstance(admitted, bool):
-            raise ModelError(f"summary.admitted must be a boolean, got {admitted!r}")
-        guard = summary["drain_guard"]
-        if guard is not None and not isinstance(guard, Mapping):
-            raise ModelError(f"summary.drain_guard must be an object or null, got {type(guard).__name__}")
-        for name in ("workload_identity_sha256", "selector_replay_sha256"):
-            if not is_sha256_hex(summary[name]):
-                raise ModelError(f"summary.{name} must be 64 lowercase hex characters, got {summary[name]!r}")
-        share = _number(summary, "compact_step_share", minimum=0.0)
-        if share > 1:
-            raise ModelError(f"summary.compact_step_share must be in [0, 1], got {share!r}")
-        econ = cls(
-            predicted_gain=_number(summary, "predicted_gain"),
-            predicted_gain_ci_low=_number(summary, "predicted_gain_ci_low"),
-            predicted_gain_ci_high=_number(summary, "predicted_gain_ci_high"),
-            compact_step_share=share,
-            policy_steps=steps,
-            compact_choices=choices,
-            gross_compact_value_ms_lower_bound=_number(
-                summary, "gross_compact_value_ms_lower_bound", minimum=0.0
-            ),
-            fixed_confidence_path_overhead_ms_upper_bound=_number(
-                summary, "fixed_confidence_path_overhead_ms_upper_bound", minimum=0.0
-            ),
-            safety_margin_ms=_number(summary, "safety_margin_ms", minimum=0.0),
-            net_value_ms=_number(summary, "net_value_ms"),
-            admitted=admitted,
-            minimum_predicted_gain=_number(summary, "minimum_predicted_gain", minimum=0.0),
-            drain_guard=None if guard is None else MappingProxyType(dict(guard)),
-            workload_identity_sha256=summary["workload_identity_sha256"],
-            selector_replay_sha256=summary["selector_replay_sha256"],
-        )
-        if not econ.predicted_gain_ci_low <= econ.predicted_gain_ci_high:
-            raise ModelError(
-                f"summary.predicted_gain_ci_low {econ.predicted_gain_ci_low} exceeds "
-                f"ci_high {econ.predicted_gain_ci_high}"
-            )
-        if econ.admitted != econ.receipt_rule():
-            raise ModelError(
-                f"summary.admitted is {econ.admitted} but the receipt rule (compact_choices > 0 and gross − "
-                f"policy_steps·overhead − margin > 0) gives {econ.receipt_rule()}"
-            )
-        return econ
-
-    def recomputed_net_ms(self) -> float:
-        """gross lower bound − policy_steps · overhead upper bound − safety margin (DESIGN §6)."""
-        return (
-            self.gross_compact_value_ms_lower_bound
-            - self.policy_steps * self.fixed_confidence_path_overhead_ms_upper_bound
-            - self.safety_margin_ms
-        )
-
-    def receipt_rule(self) -> bool:
-        """TensorRT-LLM's ``admitted`` rule, recomputed from the amounts."""
-        return self.compact_choices > 0 and self.recomputed_net_ms() > 0
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {
-            "predicted_gain": self.predicted_gain,
-            "predicted_gain_ci": [self.predicted_gain_ci_low, self.predicted_gain_ci_high],
-            "compact_step_share": self.compact_step_share,
-            "policy_steps": self.policy_steps,
-            "compact_choices": self.compact_choices,
-            "net_value_ms": self.net_value_ms,
-            "admitted": self.admitted,
-        }
-
-
-class GainStatus(enum.StrEnum):
-    """Outcome of the gain test (STYLE rule 11)."""
-
-    ACCEPT = "ACCEPT"
-    REJECT = "REJECT"
-    UNDECIDED = "UNDECIDED"
-    UNKNOWN = "UNKNOWN"
-
-
-@dataclass(frozen=True, slots=True)
-class GainVerdict:
-    """The gain test's status and why."""
-
-    status: GainStatus
-    reason: str
-
-
-def gain_test(econ: AdmissionEconomics | None, minimum: float) -> GainVerdict:
-    """Is dynamic verification proven to pay on the recorded workload? Pure.
-
-    ACCEPT: the receipt rule holds, a drain guard is present and the CI lower bound exceeds
-    ``minimum``. REJECT: the receipt rule fails or the whole CI is at or below ``minimum``.
-    UNDECIDED: the CI straddles ``minimum`` (more workload would be needed). UNKNOWN: no economics.
-    Only ACCEPT activates; the caller decides nothing else.
-    """
-    if econ is None:
-        return GainVerdict(
-            GainStatus.UNKNOWN, "the bundle carries no admission artifact, so no gain is proven"
-        )
-    lo, hi = econ.predicted_gain_ci_low, econ.predicted_gain_ci_high
-    if not econ.receipt_rule():
-        return GainVerdict(
-            GainStatus.REJECT,
-            f"compact choices {econ.compact_choices} of {econ.policy_steps} steps, net value "
-            f"{econ.recomputed_net_ms():.4g} ms after overhead and margin; dynamic verification does not pay",
-        )
-    if econ.drain_guard is None:
-        return GainVerdict(
-            GainStatus.REJECT,
-            "no drain guard in the admission summary; the engine never picks a compact cell without one",
-        )
-    if hi <= minimum:
-        return GainVerdict(
-            GainStatus.REJECT, f"predicted gain CI [{lo:.4g}, {hi:.4g}] is at or below {minimum:.4g}"
-        )
-    if lo <= minimum:
-        return GainVerdict(
-            GainStatus.UNDECIDED,
-            f"predicted gain CI [{lo:.4g}, {hi:.4g}] straddles the minimum {minimum:.4g}; "
-            "replay a longer workload to narrow it",
-        )
-    return GainVerdict(
-        GainStatus.ACCEPT, f"predicted gain {econ.predicted_gain:.4g}, CI [{lo:.4g}, {hi:.4g}]"
-    )
-
-
-# ---------------------------------------------------------------------------------------------
 # Cross-member checks (pure)
 # ---------------------------------------------------------------------------------------------
 
@@ -447,20 +258,6 @@ def cross_member_findings(
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# The decision
-# ---------------------------------------------------------------------------------------------
-
-
-def _plain(obj: Any) -> Any:
-    """Read-only containers → JSON-ready ones."""
-    if isinstance(obj, Mapping):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (tuple, list)):
-        return [_plain(v) for v in obj]
-    return obj
-
-
 def _frozen(obj: Any) -> Any:
     """JSON-like containers → read-only ones."""
     if isinstance(obj, Mapping):
@@ -468,134 +265,6 @@ def _frozen(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return tuple(_frozen(v) for v in obj)
     return obj
-
-
-@dataclass(frozen=True, slots=True)
-class AdmissionDecision:
-    """What the engine should run, and why.
-
-    Attributes:
-        active: dynamic verification may be enabled; False means static K.
-        reason: the first reason (``Reason.OK`` when active).
-        reason_code: the reason with its field, e.g. ``FINGERPRINT_MISMATCH:gpu``.
-        message: one human line naming the file, the field and the fix.
-        findings: every finding of the failing step, in pipeline order.
-        cost_table, calibration, admission: the verified members (read-only), when they verified.
-        economics: the admission artifact's economics, when parsed.
-        engine_config: engine-neutral fields to hand the engine (:data:`STATIC_ENGINE_CONFIG` when
-            inactive); adapters such as ``trtllm.decoding_fields`` translate them.
-        timings_ms: per-check wall time in ms (``total`` included).
-        bundle_path: the bundle directory or manifest given.
-        bundle_sha256: SHA-256 of the manifest file's bytes (``bundle.dsse.json``), when readable.
-        bundle_version: the verified manifest's version.
-        trust_root_version, trust_root_sha256: the trust root used.
-        live_fingerprint: the live fingerprint bound against.
-        sentinel: the sentinel's report, when it ran.
-        decided_at: the ``now`` of the decision.
-        bundle_report: the full verification report (for exporters; not part of equality).
-    """
-
-    active: bool
-    reason: Reason
-    reason_code: str
-    message: str
-    findings: tuple[Finding, ...] = ()
-    cost_table: VerifiedArtifact | None = None
-    calibration: VerifiedArtifact | None = None
-    admission: VerifiedArtifact | None = None
-    economics: AdmissionEconomics | None = None
-    engine_config: Mapping[str, Any] = field(default_factory=lambda: STATIC_ENGINE_CONFIG)
-    timings_ms: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
-    bundle_path: Path | None = None
-    bundle_sha256: str | None = None
-    bundle_version: int | None = None
-    trust_root_version: int | None = None
-    trust_root_sha256: str | None = None
-    live_fingerprint: Fingerprint | None = None
-    sentinel: SentinelReport | None = None
-    decided_at: datetime | None = None
-    bundle_report: BundleReport | None = field(default=None, repr=False, compare=False)
-
-    def __bool__(self) -> bool:
-        return self.active
-
-    @property
-    def members(self) -> Mapping[str, VerifiedArtifact]:
-        """The verified members by kind."""
-        out = {
-            k: a
-            for k, a in (
-                ("cost-table", self.cost_table),
-                ("calibration", self.calibration),
-                ("admission", self.admission),
-            )
-            if a is not None
-        }
-        return MappingProxyType(out)
-
-    def agreement_digest(self) -> str:
-        """SHA-256 of what the engine will do: active or not, its configuration, the bundle when active.
-
-        Ranks compare this (``ranks.agree``); inactive decisions digest equal whatever their reason.
-        """
-        body = {
-            "active": self.active,
-            "engine_config": _plain(self.engine_config),
-            "bundle_sha256": self.bundle_sha256 if self.active else None,
-        }
-        return sha256_hex(canonical_json(body))
-
-    def fallback(self, finding: Finding) -> AdmissionDecision:
-        """This decision made inactive for ``finding`` (members kept for diagnostics)."""
-        return replace(
-            self,
-            active=False,
-            reason=finding.reason,
-            reason_code=finding.code,
-            message=finding.message,
-            findings=(finding,),
-            engine_config=STATIC_ENGINE_CONFIG,
-        )
-
-    def with_timing(self, name: str, seconds: float) -> AdmissionDecision:
-        """A copy with one more timing entry (ms)."""
-        timings = dict(self.timings_ms)
-        timings[name] = round(seconds * 1e3, 4)
-        return replace(self, timings_ms=MappingProxyType(timings))
-
-    def log_record(self) -> dict[str, Any]:
-        """The structured fields of the decision's log line and metrics callback (JSON-ready)."""
-        return {
-            "event": "dspark.admission",
-            "active": self.active,
-            "reason_code": self.reason_code,
-            "message": self.message,
-            "bundle": str(self.bundle_path) if self.bundle_path is not None else None,
-            "bundle_sha256": self.bundle_sha256,
-            "bundle_version": self.bundle_version,
-            "member_versions": {k: a.version for k, a in sorted(self.members.items())},
-            "member_sha256": {k: a.logical_sha256 for k, a in sorted(self.members.items())},
-            "trust_root_version": self.trust_root_version,
-            "trust_root_sha256": self.trust_root_sha256,
-            "tool_version": dspark_calibrate.__version__,
-            "timings_ms": {k: v for k, v in self.timings_ms.items() if "." not in k},
-            "sentinel_cost_ms": round(self.sentinel.cost_s * 1e3, 3) if self.sentinel is not None else None,
-            "decided_at": self.decided_at.isoformat() if self.decided_at is not None else None,
-        }
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (for ``--json`` and reports)."""
-        return {
-            **self.log_record(),
-            "timings_ms": dict(self.timings_ms),
-            "findings": [f.to_dict() for f in self.findings],
-            "engine_config": _plain(self.engine_config),
-            "economics": self.economics.to_dict() if self.economics is not None else None,
-            "live_fingerprint": self.live_fingerprint.to_dict()
-            if self.live_fingerprint is not None
-            else None,
-            "sentinel": self.sentinel.to_dict() if self.sentinel is not None else None,
-        }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -648,6 +317,8 @@ class _Run:
 def _read_bounded(path: Path, limit: int) -> bytes:
     """Up to ``limit + 1`` bytes of a regular file (a FIFO or device is refused, never waited on).
 
+    Reads the bundle manifest for its digest; the trust root goes through ``read_trust_root``.
+
     Raises:
         OSError: missing, unreadable, or not a regular file.
     """
@@ -670,7 +341,7 @@ def _read_bounded(path: Path, limit: int) -> bytes:
 
 def _load_root(trust_root: Any, now: datetime) -> tuple[TrustRoot | None, Finding | None]:
     """Step (1): a path is read and verified; a loaded root is checked for expiry."""
-    from dspark_calibrate.artifacts import TrustRoot, TrustRootError, load_trust_root
+    from dspark_calibrate.artifacts import TrustRoot, TrustRootError, read_trust_root
 
     if isinstance(trust_root, TrustRoot):
         if trust_root.is_expired(now):
@@ -683,24 +354,10 @@ def _load_root(trust_root: Any, now: datetime) -> tuple[TrustRoot | None, Findin
         return trust_root, None
     if not isinstance(trust_root, (str, Path)):
         raise TypeError(f"trust_root must be a path or a TrustRoot, got {type(trust_root).__name__}")
-    path = Path(trust_root)
     try:
-        data = _read_bounded(path, MAX_TRUST_ROOT_FILE_BYTES)
-    except OSError as exc:
-        return None, Finding(
-            Reason.TRUST_ROOT_INVALID,
-            f"{path}: cannot read the trust root ({exc.strerror or exc}); pass the pinned root.json",
-            field="trust_root",
-        )
-    if len(data) > MAX_TRUST_ROOT_FILE_BYTES:
-        return None, Finding(
-            Reason.TRUST_ROOT_INVALID,
-            f"{path}: larger than {MAX_TRUST_ROOT_FILE_BYTES} bytes; not a trust root",
-        )
-    try:
-        return load_trust_root(data, now=now), None
+        return read_trust_root(trust_root, now=now), None
     except TrustRootError as exc:
-        return None, Finding(exc.reason, f"{path}: {exc}", field="trust_root")
+        return None, Finding(exc.reason, str(exc), field="trust_root")
 
 
 def _resolve_live(live: LiveSpec) -> LiveContext:
@@ -783,7 +440,7 @@ def _decide(
     bundle: Path | str, trust_root: Any, live: LiveSpec, policy: AdmissionPolicy, now: datetime, run: _Run
 ) -> AdmissionDecision:
     """Steps (1)–(6); returns the local decision (rank agreement comes after)."""
-    from dspark_calibrate.artifacts import Expectation, RollbackState, verify_bundle
+    from dspark_calibrate.artifacts import Expectation, verify_bundle
 
     if now.tzinfo is None:
         raise TypeError("now must be timezone-aware")
@@ -886,14 +543,14 @@ def _decide(
         run.info["economics"] = econ
     if policy.min_gain_lower_bound is not None:
         verdict = gain_test(econ, policy.min_gain_lower_bound)
-        if verdict.status is not GainStatus.ACCEPT:
+        if verdict.status is not Status.ACCEPT:
             run.done()
             return run.inactive(
                 [
                     Finding(
                         Reason.GAIN_NOT_PROVEN,
                         f"{adm.path if adm is not None else bundle_path}: gain test {verdict.status.value}: "
-                        f"{verdict.reason}",
+                        f"{verdict.detail}",
                         field="predicted_gain_ci_low",
                         expected=f"> {policy.min_gain_lower_bound}",
                         actual=econ.predicted_gain_ci_low if econ is not None else None,
@@ -1008,8 +665,6 @@ def admit(
             elif phase == "agree":
                 assert decision is not None
                 if policy is not None and policy.rank_agreement:
-                    from dspark_calibrate.runtime_plugin.ranks import agree
-
                     run.enter("rank_agreement")
                     started = time.perf_counter()
                     decision = agree(decision).with_timing("rank_agreement", time.perf_counter() - started)

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from dspark_calibrate.errors import ConfigError
+from dspark_calibrate.runtime_plugin.admission_decision import AdmissionDecision
+from dspark_calibrate.runtime_plugin.economics import AdmissionEconomics
 from dspark_calibrate.runtime_plugin.planner import (
     DEFAULT_MIN_VERIFY_LEN,
     DEFAULT_MINIMUM_PREDICTED_GAIN,
@@ -30,8 +32,6 @@ from dspark_calibrate.runtime_plugin.planner import (
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-    from dspark_calibrate.runtime_plugin.admission import AdmissionDecision, AdmissionEconomics
 
 __all__ = ["DRAIN_GUARD_FIELDS", "DynamicVerifier", "planner_inputs"]
 

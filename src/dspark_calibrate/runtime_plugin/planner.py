@@ -51,6 +51,10 @@ import numpy as np
 
 from dspark_calibrate.errors import ConfigError
 
+# Engine limits on deployed compact cells (TensorRT-LLM's exact SPS table refuses more); defined
+# once in ``schemas`` and re-exported here under the planner's names.
+from dspark_calibrate.schemas import MAX_COMPACT_CELLS_PER_G, MAX_COMPACT_CELLS_TOTAL
+
 __all__ = [
     "CALIBRATION_METHODS",
     "DEFAULT_MINIMUM_PREDICTED_GAIN",
@@ -81,9 +85,6 @@ __all__ = [
 
 #: The verifier budget that names the native (static full-K) cell (DESIGN §2).
 NATIVE_BUDGET = 0
-#: Engine limits on deployed compact cells (TensorRT-LLM's exact SPS table refuses more).
-MAX_COMPACT_CELLS_PER_G = 4
-MAX_COMPACT_CELLS_TOTAL = 32
 #: The consumer's typical minimum predicted gain of a compact cell over native (1%).
 DEFAULT_MINIMUM_PREDICTED_GAIN = 0.01
 #: Every request verifies at least this many draft positions (the engine's default floor).

@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dspark_calibrate.artifacts import Finding, Reason
-
-if TYPE_CHECKING:
-    from dspark_calibrate.runtime_plugin.admission import AdmissionDecision
+from dspark_calibrate.runtime_plugin.admission_decision import AdmissionDecision
 
 __all__ = ["Gather", "agree", "distributed_ready", "gather_digests", "reconcile"]
 

@@ -2,13 +2,15 @@
 
 A signed cost table can be authentic, fresh and bound to the right fingerprint and still be wrong
 for this host (a firmware update, a throttled part, a changed clock policy). The sentinel times a
-few cells (by default the largest G's native cell and one of its compact cells) through a sweep
-backend given by import string, and fails when a measured median falls outside the stored CI of
-the median widened by a relative tolerance. Its cost (wall time) is reported.
+few cells (by default the largest G's native cell and one of its compact cells) through a backend,
+and fails when a measured median falls outside the stored CI of the median widened by a relative
+tolerance. Its cost (wall time) is reported.
 
 The judgement (:func:`judge`) is a pure function of the stored cells and the measured samples.
-The backend is imported lazily inside :func:`run_sentinel`, so ``dspark_calibrate.calibrate`` is
-loaded only when a sentinel actually runs (DESIGN §3).
+The backend comes from the caller: :attr:`SentinelPolicy.loader` builds it from the policy's
+backend name and options (``dspark_calibrate.calibrate.measurement.load_sentinel_backend`` adapts
+the sweep backends). This module never imports the calibration stack; a serving process pays for
+it only if its loader does, and only when a sentinel runs (DESIGN §3).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dspark_calibrate.artifacts import Finding, Reason
 from dspark_calibrate.errors import ConfigError, MeasurementError
@@ -31,6 +33,8 @@ __all__ = [
     "DEFAULT_SENTINEL_SAMPLES",
     "DEFAULT_SENTINEL_TOLERANCE",
     "CellCheck",
+    "SentinelBackend",
+    "SentinelLoader",
     "SentinelPolicy",
     "SentinelReport",
     "StoredCell",
@@ -50,14 +54,53 @@ DEFAULT_SENTINEL_TOLERANCE = 0.05
 DEFAULT_SENTINEL_SAMPLES = 9
 
 
+class SentinelBackend(Protocol):
+    """What the sentinel needs from a backend: time a few steps of one cell on this host."""
+
+    @property
+    def synthetic(self) -> bool:
+        """True when the times are modelled, not measured (refused unless the policy allows it)."""
+        ...
+
+    def measure(
+        self,
+        graph_batch_size: int,
+        verifier_budget: int,
+        max_draft_len: int,
+        *,
+        warmup: int,
+        replays: int,
+        samples: int,
+    ) -> Sequence[float]:
+        """Prepare the cell, run ``warmup`` untimed steps, return ``samples`` timed samples (ms).
+
+        Raises:
+            MeasurementError: the step could not be timed (a vanished GPU, non-finite times).
+            ConfigError: the backend cannot build this cell.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release what the backend holds (graphs, engines)."""
+        ...
+
+
+#: Builds the backend a policy names from ``(backend, backend_options)``; raises ``ConfigError``
+#: (or ``ImportError``) when it cannot.
+SentinelLoader = Callable[[str, Mapping[str, Any]], SentinelBackend]
+
+
 @dataclass(frozen=True, slots=True)
 class SentinelPolicy:
     """How the sentinel runs.
 
     Attributes:
-        backend: the sweep backend, as a built-in name, entry point or ``pkg.mod:Factory`` import
-            string (``dspark_calibrate.calibrate.backends.load_backend``).
+        backend: the backend to re-measure with, as the loader names it (for the sweep backends: a
+            built-in name, entry point or ``pkg.mod:Factory`` import string); it is also reported.
         backend_options: keyword options for the backend factory.
+        loader: builds the backend from ``backend`` and ``backend_options``, e.g.
+            ``dspark_calibrate.calibrate.measurement.load_sentinel_backend``. Without one the
+            sentinel fails with ``BACKEND_IMPORT_ERROR`` (static K).
         tolerance: relative widening of the stored CI (``[lo·(1-tol), hi·(1+tol)]``).
         cells: ``(G, V)`` cells to re-measure; ``None`` picks :func:`default_cells`.
         samples: timed samples per cell (the median is judged).
@@ -68,6 +111,7 @@ class SentinelPolicy:
 
     backend: str
     backend_options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    loader: SentinelLoader | None = field(default=None, compare=False)
     tolerance: float = DEFAULT_SENTINEL_TOLERANCE
     cells: tuple[tuple[int, int], ...] | None = None
     samples: int = DEFAULT_SENTINEL_SAMPLES
@@ -280,9 +324,10 @@ def run_sentinel(
         clock: wall clock for the reported cost (injected in tests).
 
     Returns:
-        The report. A backend that cannot be imported or constructed gives ``BACKEND_IMPORT_ERROR``;
-        a synthetic backend under a strict policy ``SYNTHETIC_REFUSED``; a cell absent from the
-        table, a ``MeasurementError`` or a median outside the widened CI ``SENTINEL_FAILED``.
+        The report. No loader, or a backend it cannot import or construct, gives
+        ``BACKEND_IMPORT_ERROR``; a synthetic backend under a strict policy ``SYNTHETIC_REFUSED``; a
+        cell absent from the table, a ``MeasurementError`` or a median outside the widened CI
+        ``SENTINEL_FAILED``.
         Any other exception propagates to the admission boundary.
     """
     started = clock()
@@ -303,24 +348,23 @@ def run_sentinel(
                 )
             ],
         )
-    # Lazy on purpose: the calibration stack is loaded only when a sentinel runs (DESIGN §3).
-    try:
-        from dspark_calibrate.calibrate.backends import load_backend
-        from dspark_calibrate.calibrate.ladder import CellSpec
-    except ImportError as exc:
+    if policy.loader is None:
         return _report(
             policy,
             started,
             clock,
             [
                 Finding(
-                    Reason.BACKEND_IMPORT_ERROR, f"sentinel: the sweep backends cannot be imported ({exc})"
+                    Reason.BACKEND_IMPORT_ERROR,
+                    "sentinel: no backend loader given; pass SentinelPolicy(loader=...), e.g. "
+                    "dspark_calibrate.calibrate.measurement.load_sentinel_backend",
+                    field="loader",
                 )
             ],
         )
     try:
-        backend = load_backend(policy.backend, policy.backend_options)
-    except ConfigError as exc:
+        backend = policy.loader(policy.backend, policy.backend_options)
+    except (ConfigError, ImportError) as exc:
         return _report(
             policy,
             started,
@@ -341,13 +385,18 @@ def run_sentinel(
                     )
                 ],
             )
-        timer = backend.timer()
         samples: dict[tuple[int, int], list[float]] = {}
         for g, v in wanted:
-            step = backend.prepare(CellSpec(g, v, max_draft_len))
-            if policy.warmup:
-                timer.warm(step, policy.warmup)
-            samples[(g, v)] = timer.measure(step, replays=policy.replays, samples=policy.samples)
+            samples[(g, v)] = list(
+                backend.measure(
+                    g,
+                    v,
+                    max_draft_len,
+                    warmup=policy.warmup,
+                    replays=policy.replays,
+                    samples=policy.samples,
+                )
+            )
     except (MeasurementError, ConfigError) as exc:
         return _report(policy, started, clock, [Finding(Reason.SENTINEL_FAILED, f"sentinel: {exc}")])
     finally:

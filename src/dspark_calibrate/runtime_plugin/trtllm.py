@@ -42,7 +42,7 @@ from dspark_calibrate.artifacts import (
 from dspark_calibrate.errors import ConfigError, DsparkError
 
 if TYPE_CHECKING:
-    from dspark_calibrate.runtime_plugin.admission import AdmissionDecision
+    from dspark_calibrate.runtime_plugin.admission_decision import AdmissionDecision
 
 __all__ = [
     "CONFIDENCE_FIELDS",

@@ -1,4 +1,6 @@
-"""Arrow schemas, JSON Schemas and the logical-hash specification (imports nothing of ours).
+"""Arrow schemas, JSON Schemas, the logical-hash specification and the engine's cell limits.
+
+Imports nothing of ours.
 
 Example:
     >>> from dspark_calibrate.schemas import arrow_schema, key_columns
@@ -27,12 +29,20 @@ from dspark_calibrate.schemas._json import (
     json_schema,
     logical_hash_spec,
 )
+from dspark_calibrate.schemas._limits import (
+    MAX_COMPACT_CELLS_PER_G,
+    MAX_COMPACT_CELLS_TOTAL,
+    MAX_COST_TABLE_ROWS,
+)
 
 __all__ = [
     "ADMISSION_SUMMARY_KEYS",
     "ARTIFACT_KINDS",
     "DRAIN_GUARD_SUMMARY_KEYS",
     "KINDS",
+    "MAX_COMPACT_CELLS_PER_G",
+    "MAX_COMPACT_CELLS_TOTAL",
+    "MAX_COST_TABLE_ROWS",
     "PER_BUCKET_KEYS",
     "SCHEMA_VERSION",
     "SUPPORTED_SCHEMA_VERSIONS",

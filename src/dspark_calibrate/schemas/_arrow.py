@@ -13,6 +13,8 @@ from types import MappingProxyType
 
 import pyarrow as pa
 
+from dspark_calibrate.errors import InvalidValueError
+
 __all__ = [
     "ARTIFACT_KINDS",
     "KINDS",
@@ -27,8 +29,10 @@ __all__ = [
 ]
 
 
-class SchemaMismatch(ValueError):
+class SchemaMismatch(InvalidValueError):
     """A table does not match its kind's schema. The message names the column and the fix."""
+
+    default_code = "SCHEMA_MISMATCH"
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,8 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from dspark_calibrate.errors import InvalidValueError
+
 __all__ = [
     "ADMISSION_SUMMARY_KEYS",
     "DRAIN_GUARD_SUMMARY_KEYS",
@@ -68,10 +70,10 @@ def json_schema(name: str) -> dict[str, Any]:
     """Return a shipped JSON Schema (draft 2020-12) by name: fingerprint, predicate or bundle.
 
     Raises:
-        KeyError: unknown name.
+        InvalidValueError: unknown name.
     """
     if name not in JSON_SCHEMAS:
-        raise KeyError(f"unknown JSON Schema {name!r}; known: {', '.join(JSON_SCHEMAS)}")
+        raise InvalidValueError(f"unknown JSON Schema {name!r}; known: {', '.join(JSON_SCHEMAS)}")
     text = resources.files(__package__).joinpath(f"{name}.schema.json").read_text("utf-8")
     data: dict[str, Any] = json.loads(text)
     return data

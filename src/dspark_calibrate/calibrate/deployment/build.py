@@ -1,0 +1,703 @@
+"""``build``: turn measurements, a calibration and a workload into a signed, verified bundle.
+
+Inputs: one or more unsigned ``sweep`` summaries (same deployment), an unsigned ``calibration``
+table (from ``fit``), a ``workload`` trace, signers and the pinned trust root. Steps:
+
+1. load and cross-check the inputs (one fingerprint, one K, every G with a native cell, the
+   calibration fitted for this K and not for another deployment, synthetic input refused unless
+   allowed);
+2. evaluate every workload step under every measured candidate cell, estimate the drain-guard
+   inputs, and select at most 4 compact cells per G (``select_cells``), refusing flat tables and
+   tables that never change a decision;
+3. replay static K and dynamic verification with the chosen cells (``replay``): goodput, gain,
+   bootstrap CI, receipt economics;
+4. write ``cost-table.parquet`` (the chosen sweep cells, native included, times as measured),
+   ``calibration.parquet`` and ``admission.parquet`` (per-cell replay statistics; the economics in
+   the signed summary, keys :data:`ADMISSION_SUMMARY_KEYS`), sign them, verify each with the one
+   verification pipeline, write and verify the bundle manifest; plots and ``report/build.json``;
+5. publish by renaming the finished temporary directory: nothing is left behind on failure.
+
+The replay applies the calibration the runtime applies: TensorRT-LLM uses STS temperatures, so by
+default the calibration table's ``temperature`` column (the fit's STS temperature or its best STS
+approximation) drives the replay; the fitted maps can be used instead for other engines.
+
+``cryptography`` is imported only inside :func:`build_bundle` (signing is build's job; the rest of
+``calibrate`` must run without it).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from dspark_calibrate import __version__
+from dspark_calibrate.artifacts import (
+    LEGACY_UNPAIRED_COSTS,
+    TRTLLM_FINGERPRINT_FIELDS,
+    ArtifactReadError,
+    Fingerprint,
+    LoadedArtifact,
+    Provenance,
+    atomic_write_bytes,
+    canonical_json,
+    logical_sha256,
+    publish_directory,
+    read_artifact,
+    write_unsigned_artifact,
+)
+from dspark_calibrate.calibrate._png import new_figure, png_bytes
+from dspark_calibrate.calibrate.deployment.replay import (
+    BootstrapSettings,
+    CellGrid,
+    ReplayReport,
+    estimate_drain_guard,
+    prepare_evidence,
+    replay,
+)
+from dspark_calibrate.calibrate.deployment.select_cells import CellSelection, require_cells, select_cells
+from dspark_calibrate.calibrate.deployment.workload import Workload, read_workload
+from dspark_calibrate.errors import ArtifactRejected, ConfigError
+from dspark_calibrate.runtime_plugin.planner import (
+    DEFAULT_MIN_VERIFY_LEN,
+    DEFAULT_MINIMUM_PREDICTED_GAIN,
+    Calibration,
+)
+from dspark_calibrate.schemas import (
+    ADMISSION_SUMMARY_KEYS,
+    DRAIN_GUARD_SUMMARY_KEYS,
+    PER_BUCKET_KEYS,
+    SchemaMismatch,
+    arrow_schema,
+    conform_table,
+)
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+    from securesystemslib.signer import Signer
+
+    from dspark_calibrate.artifacts import BundleReport, TrustRoot
+
+__all__ = [
+    "ADMISSION_SUMMARY_KEYS",
+    "BUNDLE_FILES",
+    "DRAIN_GUARD_SUMMARY_KEYS",
+    "PER_BUCKET_KEYS",
+    "BuildInputs",
+    "BuildOptions",
+    "BuildResult",
+    "admission_summary",
+    "build_bundle",
+    "load_build_inputs",
+]
+
+#: Member file names inside a bundle directory.
+BUNDLE_FILES: Mapping[str, str] = {
+    "cost-table": "cost-table.parquet",
+    "calibration": "calibration.parquet",
+    "admission": "admission.parquet",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class BuildOptions:
+    """How to build (all recorded in the artifacts' provenance).
+
+    Attributes:
+        version: version of every artifact and of the manifest in their series.
+        issued_at, expires_at: the signed validity window.
+        minimum_predicted_gain: the runtime margin written into the export (>= 0).
+        min_verify_len: the runtime's verify floor.
+        overhead_ms: fixed confidence-path overhead per policy step (None: conservative default).
+        safety_margin_ms: the receipt's safety margin (None: default).
+        minimum_group_value_ms: the drain guard's threshold.
+        loss_multiplier: the drain guard's loss multiplier (None: estimated from the workload).
+        bootstrap: resampling settings.
+        calibration_use: ``sts`` (what TensorRT-LLM applies) or ``native`` (the fitted maps).
+        allow_synthetic: accept synthetic inputs (demos, tests).
+        plots: write PNG plots (needs matplotlib).
+        force: replace an existing output directory.
+        command: the command line, for provenance.
+    """
+
+    version: int
+    issued_at: datetime
+    expires_at: datetime
+    minimum_predicted_gain: float = DEFAULT_MINIMUM_PREDICTED_GAIN
+    min_verify_len: int = DEFAULT_MIN_VERIFY_LEN
+    overhead_ms: float | None = None
+    safety_margin_ms: float | None = None
+    minimum_group_value_ms: float = 0.0
+    loss_multiplier: float | None = None
+    bootstrap: BootstrapSettings = field(default_factory=BootstrapSettings)
+    calibration_use: str = "sts"
+    allow_synthetic: bool = False
+    plots: bool = True
+    force: bool = False
+    command: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("minimum_predicted_gain", "minimum_group_value_ms"):
+            x = getattr(self, name)
+            if not math.isfinite(x) or x < 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be finite and >= 0, got {x}")
+        for name in ("overhead_ms", "safety_margin_ms"):
+            x = getattr(self, name)
+            if x is not None and (not math.isfinite(x) or x < 0):
+                raise ConfigError(f"--{name.replace('_', '-')} must be finite and >= 0, got {x}")
+        if self.loss_multiplier is not None and (
+            not math.isfinite(self.loss_multiplier) or self.loss_multiplier <= 0
+        ):
+            raise ConfigError(f"--loss-multiplier must be finite and > 0, got {self.loss_multiplier}")
+        if self.calibration_use not in ("sts", "native"):
+            raise ConfigError(f"--calibration-use must be sts or native, got {self.calibration_use!r}")
+        if self.expires_at <= self.issued_at:
+            raise ConfigError("--expires must be later than the issue time")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (for provenance)."""
+        return {
+            "minimum_predicted_gain": self.minimum_predicted_gain,
+            "min_verify_len": self.min_verify_len,
+            "overhead_ms": self.overhead_ms,
+            "safety_margin_ms": self.safety_margin_ms,
+            "minimum_group_value_ms": self.minimum_group_value_ms,
+            "loss_multiplier": self.loss_multiplier,
+            "bootstrap": self.bootstrap.to_dict(),
+            "calibration_use": self.calibration_use,
+            "allow_synthetic": self.allow_synthetic,
+        }
+
+
+@dataclass(frozen=True, eq=False)
+class BuildInputs:
+    """The loaded, cross-checked inputs of a build."""
+
+    fingerprint: Fingerprint
+    sweep_rows: tuple[Mapping[str, Any], ...]
+    sweep_provenance: Provenance
+    sweep_sources: tuple[Mapping[str, Any], ...]
+    calibration_table: pa.Table
+    calibration_source: Mapping[str, Any]
+    workload: Workload
+    synthetic: bool
+    notes: tuple[str, ...]
+    calibration_summary: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def k(self) -> int:
+        """The draft length K."""
+        assert self.fingerprint.max_draft_len is not None
+        return self.fingerprint.max_draft_len
+
+
+@dataclass(frozen=True, eq=False)
+class BuildResult:
+    """What :func:`build_bundle` produced (the bundle is already verified)."""
+
+    out_dir: Path
+    fingerprint: Fingerprint
+    selection: CellSelection
+    report: ReplayReport
+    summary: Mapping[str, Any]
+    files: tuple[Path, ...]
+    plots: tuple[Path, ...]
+    bundle: BundleReport
+    notes: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (for ``--json`` and ``report/build.json``)."""
+        out: dict[str, Any] = _json_safe(
+            {
+                "out_dir": str(self.out_dir),
+                "valid": self.bundle.ok,
+                "bundle": self.bundle.to_dict(),
+                "fingerprint_digest": self.fingerprint.digest(),
+                "summary": dict(self.summary),
+                "selection": self.selection.to_dict(),
+                "replay": self.report.to_dict(),
+                "files": [str(p) for p in self.files],
+                "plots": [str(p) for p in self.plots],
+                "notes": list(self.notes),
+            }
+        )
+        return out
+
+
+def _json_safe(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def _read(path: Path, kind: str, what: str) -> LoadedArtifact:
+    try:
+        loaded = read_artifact(path)
+    except ArtifactReadError as exc:
+        raise ConfigError(f"{what} {exc}") from exc
+    if loaded.kind != kind:
+        raise ConfigError(f"{path}: is a {loaded.kind!r} artifact, expected {kind!r} ({what})")
+    return loaded
+
+
+def load_build_inputs(sweeps: Sequence[Path], calibration: Path, workload: Path) -> BuildInputs:
+    """Read and cross-check the inputs of a build.
+
+    Raises:
+        ConfigError: unreadable files, another kind, fingerprints or K that disagree, a G without
+            a native cell, a calibration for another deployment, a workload from another K.
+    """
+    if not sweeps:
+        raise ConfigError("give at least one sweep summary (--sweep)")
+    loaded = [_read(Path(p), "sweep", "--sweep") for p in sweeps]
+    fps = [x.fingerprint_untrusted() for x in loaded]
+    fp = fps[0]
+    for x, other in zip(loaded[1:], fps[1:], strict=True):
+        diff = fp.diff(other)
+        if diff:
+            names = ", ".join(f"{n}: {a!r} vs {b!r}" for n, a, b in diff)
+            raise ConfigError(f"{x.path}: sweep of another deployment than {loaded[0].path} ({names})")
+    missing = fp.missing(TRTLLM_FINGERPRINT_FIELDS)
+    if missing:
+        raise ConfigError(
+            f"{loaded[0].path}: fingerprint lacks {list(missing)}; TensorRT-LLM binds all ten engine fields, "
+            "re-run the sweep with them (--gpu, --topology, --source-head, ...)"
+        )
+    k = fp.max_draft_len
+    assert k is not None and fp.rank_local_graph_batch_sizes is not None
+    rows: list[Mapping[str, Any]] = []
+    for x in loaded:
+        try:
+            rows.extend(conform_table("sweep", x.table, version=x.schema_version).to_pylist())
+        except SchemaMismatch as exc:
+            raise ConfigError(f"{x.path}: {exc}") from exc
+    ladder = set(fp.rank_local_graph_batch_sizes)
+    have_native = {int(r["graph_batch_size"]) for r in rows if int(r["verifier_budget"]) == 0}
+    outside = sorted({int(r["graph_batch_size"]) for r in rows} - ladder)
+    if outside:
+        raise ConfigError(f"sweep cells use G {outside} outside the fingerprint ladder {sorted(ladder)}")
+    no_native = sorted(ladder - have_native)
+    if no_native:
+        raise ConfigError(f"G {no_native} has no measured native cell (V=0); re-run the sweep for those G")
+    cal = _read(Path(calibration), "calibration", "--calibration")
+    try:
+        cal_table = conform_table("calibration", cal.table)
+    except SchemaMismatch as exc:
+        raise ConfigError(f"{cal.path}: {exc}") from exc
+    positions = sorted(int(p) for p in cal_table.column("position").to_pylist())
+    if positions != list(range(1, k + 1)):
+        raise ConfigError(
+            f"{cal.path}: calibration covers positions {positions}, the deployment has K={k}; "
+            "fit it for this drafter"
+        )
+    cal_fp = cal.fingerprint_untrusted()
+    clash = [(n, a, b) for n, a, b in fp.diff(cal_fp) if a is not None and b is not None]
+    if clash:
+        names = ", ".join(f"{n}: {b!r} (deployment {a!r})" for n, a, b in clash)
+        raise ConfigError(
+            f"{cal.path}: calibration was fitted for another deployment ({names}); fit it for this one"
+        )
+    wl = read_workload(workload, k=k)
+    synthetic = any(x.provenance_untrusted().synthetic for x in loaded)
+    synthetic = synthetic or cal.provenance_untrusted().synthetic or wl.synthetic
+    notes = list(wl.notes)
+    methods = sorted(set(cal_table.column("method").to_pylist()) - {"sts"})
+    if methods:
+        notes.append(
+            f"calibration methods {methods}: TensorRT-LLM applies STS, so the replay and the export use each "
+            "position's best STS approximation (the temperature column)"
+        )
+    return BuildInputs(
+        fingerprint=fp,
+        sweep_rows=tuple(rows),
+        sweep_provenance=loaded[0].provenance_untrusted(),
+        sweep_sources=tuple(
+            {"path": str(x.path), "logical_sha256": logical_sha256(x.table, "sweep")} for x in loaded
+        ),
+        calibration_table=cal_table,
+        # fit's held-out metrics, reliability bins and survival curves travel into the signed
+        # calibration so a reviewer can judge it from the bundle alone.
+        calibration_summary=dict(cal.metadata.get("summary") or {}),
+        calibration_source={
+            "path": str(cal.path),
+            "logical_sha256": logical_sha256(cal_table, "calibration"),
+        },
+        workload=wl,
+        synthetic=synthetic,
+        notes=tuple(notes),
+    )
+
+
+def admission_summary(report: ReplayReport, workload: Workload) -> dict[str, Any]:
+    """The signed summary of the admission artifact, with exactly :data:`ADMISSION_SUMMARY_KEYS`."""
+    e = report.economics
+    summary = {
+        "predicted_gain": report.predicted_gain,
+        "predicted_gain_ci_low": report.predicted_gain_ci_low,
+        "predicted_gain_ci_high": report.predicted_gain_ci_high,
+        "static_goodput_tok_per_ms": report.static_goodput_tok_per_ms,
+        "dynamic_goodput_tok_per_ms": report.dynamic_goodput_tok_per_ms,
+        "compact_step_share": report.compact_step_share,
+        "policy_steps": e.policy_steps,
+        "compact_choices": e.compact_choices,
+        "gross_compact_value_ms_lower_bound": e.gross_compact_value_ms_lower_bound,
+        "fixed_confidence_path_overhead_ms_upper_bound": e.fixed_confidence_path_overhead_ms_upper_bound,
+        "safety_margin_ms": e.safety_margin_ms,
+        "net_value_ms": e.net_value_ms,
+        "admitted": e.admitted,
+        "minimum_predicted_gain": report.minimum_predicted_gain,
+        "drain_guard": report.drain_guard.to_dict(),
+        "workload_identity_sha256": workload.identity_sha256,
+        "selector_replay_sha256": report.selector_replay_sha256,
+        "workload_approximate": workload.approximate,
+        "per_bucket": [{k: b[k] for k in PER_BUCKET_KEYS} for b in report.per_bucket],
+    }
+    bad = [k for k, v in summary.items() if isinstance(v, float) and not math.isfinite(v)]
+    if bad:
+        raise ConfigError(f"the replay produced non-finite {bad}; the workload is too small to estimate them")
+    assert tuple(summary) == ADMISSION_SUMMARY_KEYS
+    return summary
+
+
+def _cost_table(inputs: BuildInputs, grid: CellGrid) -> pa.Table:
+    """The deployed cells (native + chosen compact) as measured; the paired columns come from the
+    grid, so a schema-1 sweep yields its derived, unpaired savings (paired_rounds 0)."""
+    deployed = {(c.graph_batch_size, c.verifier_budget): c for c in grid.cells}
+    rows = []
+    for r in sorted(inputs.sweep_rows, key=lambda r: (int(r["graph_batch_size"]), int(r["verifier_budget"]))):
+        cell = deployed.get((int(r["graph_batch_size"]), int(r["verifier_budget"])))
+        if cell is None:
+            continue
+        row = {n: r[n] for n in _MEASURED_COLUMNS}
+        row.update(
+            saving=cell.saving,
+            saving_ci_low=cell.saving_ci_low,
+            saving_ci_high=cell.saving_ci_high,
+            paired_rounds=cell.paired_rounds,
+            common_mode_rel=cell.common_mode_rel,
+            level_rel=cell.level_rel,
+        )
+        rows.append(row)
+    return pa.Table.from_pylist(rows, schema=arrow_schema("cost-table"))
+
+
+#: Cost-table columns copied from the sweep as measured (the rest describe the paired saving).
+_MEASURED_COLUMNS = (
+    "graph_batch_size",
+    "verifier_budget",
+    "step_time_ms",
+    "ci_low_ms",
+    "ci_high_ms",
+    "p10_ms",
+    "p90_ms",
+    "samples",
+    "stop_reason",
+    "source_result_sha256",
+)
+
+
+def _undeployed(inputs: BuildInputs, cells: Sequence[tuple[int, int]]) -> list[dict[str, Any]]:
+    """Measured compact cells that were not deployed (shown beside the deployed ones in reports)."""
+    keep = set(cells)
+    return [
+        {n: r[n] for n in ("graph_batch_size", "verifier_budget", "step_time_ms", "ci_low_ms", "ci_high_ms")}
+        for r in sorted(
+            inputs.sweep_rows, key=lambda r: (int(r["graph_batch_size"]), int(r["verifier_budget"]))
+        )
+        if int(r["verifier_budget"]) > 0
+        and (int(r["graph_batch_size"]), int(r["verifier_budget"])) not in keep
+    ]
+
+
+def _admission_table(report: ReplayReport, cells: Sequence[tuple[int, int]]) -> pa.Table:
+    keep = set(cells)
+    rows = [
+        {
+            k: c[k]
+            for k in (
+                "graph_batch_size",
+                "verifier_budget",
+                "chosen_steps",
+                "value_ms",
+                "value_ms_lower_bound",
+            )
+        }
+        for c in report.per_cell
+        if c["verifier_budget"] == 0 or (c["graph_batch_size"], c["verifier_budget"]) in keep
+    ]
+    return pa.Table.from_pylist(rows, schema=arrow_schema("admission"))
+
+
+def _plots(directory: Path, report: ReplayReport) -> tuple[list[Path], list[str]]:
+    cells = [c for c in report.per_cell if c["verifier_budget"]]
+    try:
+        fig = _figure(max(4.0, 0.6 * len(cells) + 2), 3.2)
+    except ConfigError as exc:
+        return [], [f"plots skipped: {exc}"]
+    out = []
+    ax = fig.add_subplot()
+    labels = [f"{c['graph_batch_size']}/{c['verifier_budget']}" for c in cells]
+    values = [c["value_ms"] for c in cells]
+    lows = [c["value_ms_lower_bound"] for c in cells]
+    ax.bar(labels, values, color="#4C78A8", label="replayed value")
+    ax.scatter(labels, lows, color="#E45756", marker="_", s=200, label="95% lower bound", zorder=3)
+    ax.set_xlabel("cell G/V")
+    ax.set_ylabel("value over the workload (ms)")
+    ax.set_title("value per deployed compact cell")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out.append(_write_png(fig, directory / "value_per_cell.png"))
+    fig = _figure(5.5, 3.2)
+    ax = fig.add_subplot()
+    names = ["all"] + [str(b["graph_batch_size"]) for b in report.per_bucket]
+    mids = [report.predicted_gain] + [b["predicted_gain"] for b in report.per_bucket]
+    los = [report.predicted_gain_ci_low] + [b["ci_low"] for b in report.per_bucket]
+    his = [report.predicted_gain_ci_high] + [b["ci_high"] for b in report.per_bucket]
+    err = [
+        [100 * max(0.0, m - lo) for m, lo in zip(mids, los, strict=True)],
+        [100 * max(0.0, hi - m) for m, hi in zip(mids, his, strict=True)],
+    ]
+    ax.errorbar(names, [100 * m for m in mids], yerr=err, fmt="o", capsize=4, color="#54A24B")
+    ax.axhline(0.0, color="grey", lw=0.8)
+    ax.axhline(100 * report.minimum_predicted_gain, color="#E45756", lw=0.8, ls="--", label="minimum gain")
+    ax.set_xlabel("graph batch size")
+    ax.set_ylabel("predicted goodput gain (%)")
+    ax.set_title("predicted gain with 95% CI")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out.append(_write_png(fig, directory / "predicted_gain.png"))
+    return out, []
+
+
+def _figure(width: float, height: float) -> Figure:
+    return new_figure(width, height, dpi=110, what="build plots", skip_flag="--no-plots")
+
+
+def _write_png(fig: Figure, path: Path) -> Path:
+    atomic_write_bytes(path, png_bytes(fig))
+    return path
+
+
+def build_bundle(
+    inputs: BuildInputs,
+    out_dir: Path,
+    *,
+    signers: Sequence[Signer],
+    trust_root: TrustRoot,
+    options: BuildOptions,
+) -> BuildResult:
+    """Select, replay, sign, verify and publish a bundle (see the module docstring).
+
+    Raises:
+        ConfigError: bad inputs, a refused selection, synthetic input without permission, an
+            existing output without ``force``, or a bundle that does not verify (nothing is left
+            behind).
+    """
+    from dspark_calibrate.artifacts import (
+        Expectation,
+        require_valid,
+        sign_artifact,
+        verify_bundle,
+        verify_path,
+        write_bundle,
+    )
+
+    out_dir = Path(out_dir)
+    if inputs.synthetic and not options.allow_synthetic:
+        raise ConfigError(
+            "an input is synthetic (a synthetic sweep backend or generated workload); pass --allow-synthetic "
+            "for demos and tests only"
+        )
+    if out_dir.exists() and not options.force:
+        raise ConfigError(f"{out_dir} exists; choose another --out or pass --force to replace it")
+    if not signers:
+        raise ConfigError("no signing key given: pass --key")
+    fp, k = inputs.fingerprint, inputs.k
+    # (2) candidates, drain guard, selection
+    grid = CellGrid.from_rows(k, inputs.sweep_rows)
+    calibration = Calibration.from_rows(inputs.calibration_table.to_pylist(), use=options.calibration_use)
+    evidence = prepare_evidence(inputs.workload, grid, calibration, min_verify_len=options.min_verify_len)
+    guard, estimate = estimate_drain_guard(
+        evidence,
+        minimum_predicted_gain=options.minimum_predicted_gain,
+        minimum_group_value_ms=options.minimum_group_value_ms,
+        loss_multiplier=options.loss_multiplier,
+    )
+    selection = select_cells(
+        evidence, minimum_predicted_gain=options.minimum_predicted_gain, drain_guard=guard
+    )
+    cells = require_cells(selection)
+    del evidence
+    # (3) replay the deployed table
+    final = grid.restrict(cells)
+    evidence = prepare_evidence(
+        inputs.workload, final, calibration, min_verify_len=options.min_verify_len, per_row=True
+    )
+    header = {
+        "cells": [[c.graph_batch_size, c.verifier_budget, c.step_time_ms] for c in final.cells],
+        "calibration": {
+            "use": options.calibration_use,
+            "maps": [[m.method, list(m.params)] for m in calibration.maps],
+        },
+        "workload_identity_sha256": inputs.workload.identity_sha256,
+    }
+    report = replay(
+        evidence,
+        minimum_predicted_gain=options.minimum_predicted_gain,
+        drain_guard=guard,
+        drain_guard_estimate=estimate,
+        overhead_ms=options.overhead_ms,
+        safety_margin_ms=options.safety_margin_ms,
+        bootstrap=options.bootstrap,
+        header=header,
+    )
+    del evidence
+    summary = admission_summary(report, inputs.workload)
+    notes = list(inputs.notes)
+    if grid.dropped:
+        notes.append(
+            f"never deployed (V=G cannot carry a real row; V=G*(K+1) is the control): {list(grid.dropped)}"
+        )
+    if not final.paired:
+        notes.append(
+            f"{LEGACY_UNPAIRED_COSTS}: the sweep predates paired savings, so the economics are priced the "
+            "pre-pairing way (per-step worst case of two unpaired intervals), which refuses gains that are "
+            "real; re-run the sweep with this version"
+        )
+    notes.append(f"fixed confidence-path overhead: {report.economics.overhead_source}")
+    prov = Provenance(
+        tool_version=__version__,
+        command=tuple(options.command),
+        backend=inputs.sweep_provenance.backend,
+        synthetic=inputs.synthetic,
+        clock_policy=inputs.sweep_provenance.clock_policy,
+        stopping_rule=inputs.sweep_provenance.stopping_rule,
+        created_at=options.issued_at.isoformat(timespec="seconds"),
+        extra=_json_safe(
+            {
+                "build_options": options.to_dict(),
+                "inputs": {
+                    "sweeps": list(inputs.sweep_sources),
+                    "calibration": dict(inputs.calibration_source),
+                    "workload": {
+                        "source": inputs.workload.source,
+                        "workload_identity_sha256": inputs.workload.identity_sha256,
+                        "approximate": inputs.workload.approximate,
+                        "synthetic": inputs.workload.synthetic,
+                    },
+                },
+                "selection": selection.to_dict(),
+                "drain_guard_estimate": dict(estimate),
+                "economics_sources": {
+                    "overhead": report.economics.overhead_source,
+                    "safety_margin": report.economics.safety_margin_source,
+                },
+                "pessimistic_gain": report.pessimistic_gain,
+                "uncertainty_model": report.uncertainty_model,
+                "forced_k_arms": [
+                    {
+                        "graph_batch_size": c.graph_batch_size,
+                        "overhead_ms": -c.saving * final.native(c.graph_batch_size).step_time_ms,
+                        "overhead_rel": [-c.saving_ci_high, -c.saving, -c.saving_ci_low],
+                        "paired_rounds": c.paired_rounds,
+                    }
+                    for c in final.forced
+                ],
+                "reasons": dict(report.reasons),
+                "bootstrap": dict(report.bootstrap),
+                "notes": notes,
+            }
+        ),
+    )
+    tables: dict[str, tuple[pa.Table, Mapping[str, Any]]] = {
+        "cost-table": (
+            _cost_table(inputs, final),
+            {"cells": len(cells) + len(final.ladder), "k": k, "candidates": _undeployed(inputs, cells)},
+        ),
+        "calibration": (
+            inputs.calibration_table,
+            {**inputs.calibration_summary, "k": k, "use": options.calibration_use},
+        ),
+        "admission": (_admission_table(report, cells), summary),
+    }
+    tmp = out_dir.parent / f".{out_dir.name}.build-{secrets.token_hex(6)}"
+    published = False
+    try:
+        tmp.mkdir(parents=True)
+        # (4) write, sign and verify each member, then the manifest
+        members = {}
+        expected_kw = {"fingerprint": fp, "allow_synthetic": options.allow_synthetic}
+        for kind, (table, member_summary) in tables.items():
+            path = tmp / BUNDLE_FILES[kind]
+            write_unsigned_artifact(
+                path, table, kind=kind, fingerprint=fp, provenance=prov, summary=member_summary
+            )
+            sign_artifact(
+                read_artifact(path),
+                list(signers),
+                version=options.version,
+                issued_at=options.issued_at,
+                expires_at=options.expires_at,
+            )
+            report_v = verify_path(
+                path, trust_root, now=options.issued_at, expected=Expectation(kind=kind, **expected_kw)
+            )
+            try:
+                members[kind] = require_valid(report_v)
+            except ArtifactRejected as exc:
+                raise ConfigError(
+                    f"self-check failed for {BUNDLE_FILES[kind]}: {exc}; "
+                    "is the signing key in the trust root?"
+                ) from exc
+        write_bundle(
+            tmp,
+            members,
+            list(signers),
+            version=options.version,
+            issued_at=options.issued_at,
+            expires_at=options.expires_at,
+        )
+        check = verify_bundle(tmp, trust_root, now=options.issued_at, expected=Expectation(**expected_kw))
+        if not check.ok:
+            raise ConfigError(f"self-check of the bundle failed: {check.code}: {check.message}")
+        report_dir = tmp / "report"
+        report_dir.mkdir()
+        plot_paths: list[Path] = []
+        if options.plots:
+            plot_paths, plot_notes = _plots(report_dir, report)
+            notes.extend(plot_notes)
+        # (5) publish
+        publish_directory(tmp, out_dir)
+        published = True
+    except OSError as exc:
+        raise ConfigError(f"{out_dir}: cannot write the bundle ({exc.strerror or exc})") from exc
+    finally:
+        if not published:
+            shutil.rmtree(tmp, ignore_errors=True)
+    final_check = verify_bundle(
+        out_dir, trust_root, now=options.issued_at, expected=Expectation(**expected_kw)
+    )
+    result = BuildResult(
+        out_dir=out_dir,
+        fingerprint=fp,
+        selection=selection,
+        report=report,
+        summary=summary,
+        files=tuple(out_dir / f for f in (*BUNDLE_FILES.values(), "bundle.dsse.json")),
+        plots=tuple(out_dir / "report" / p.name for p in plot_paths),
+        bundle=final_check,
+        notes=tuple(notes),
+    )
+    atomic_write_bytes(out_dir / "report" / "build.json", canonical_json(result.to_dict()))
+    return result

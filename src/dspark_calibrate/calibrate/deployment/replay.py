@@ -1,0 +1,1072 @@
+"""Replay static K and dynamic verification over a recorded workload, with honest uncertainty.
+
+For every recorded step the replay decides what the runtime's exact-SPS selector would have
+chosen (the same pure pieces as ``runtime_plugin.planner``: cell geometry, ranking, selection rule)
+and prices both policies with the measured cost table, exact cells only:
+
+- tokens: static K emits ``A + 1`` per row (A = accepted length under full verification); a verify
+  window w emits ``min(A, w) + 1``;
+- time: the step's measured T(G, 0) or T(G, V) (median); a pessimistic variant shrinks every
+  compact saving to ``ci_low(G, 0) - ci_high(G, V)``;
+- goodput: tokens / ms for both, the gain, a 95% interval from two bootstraps (blocks of
+  consecutive steps; whole requests) of which the wider bounds are reported;
+- receipt economics: policy steps, compact choices, a lower bound on the gross compact value, the
+  fixed confidence-path overhead, a safety margin, the net value and the admitted decision
+  (TensorRT-LLM's rule, recomputed by :func:`admission_rule`);
+- drain-guard inputs estimated from the workload (:func:`estimate_drain_guard`).
+
+Value of a compact step (ms): ``T(G,0) - T(G,V) - lost_tokens * static_ms_per_token``, i.e. the
+time the step saved minus the time static K would need for the tokens it did not emit. Summed
+over all steps it equals the workload's wall-time saving at equal output.
+
+Vectorised over steps (groups of equal row count are ranked together); pure: the workload, the
+cells and the calibration come in as values, nothing is read or written here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dspark_calibrate.artifacts import canonical_json
+from dspark_calibrate.calibrate.deployment.cells import CellGrid, CellTime
+from dspark_calibrate.calibrate.deployment.uncertainty import (
+    LEGACY,
+    OverheadModel,
+    constant_overhead,
+    draw_costs,
+    measured_overhead,
+)
+from dspark_calibrate.calibrate.deployment.workload import Workload
+from dspark_calibrate.decision import Decision
+from dspark_calibrate.errors import ConfigError
+from dspark_calibrate.runtime_plugin.economics import classify_gain
+from dspark_calibrate.runtime_plugin.planner import (
+    DEFAULT_MIN_VERIFY_LEN,
+    DEFAULT_MINIMUM_PREDICTED_GAIN,
+    NATIVE_BUDGET,
+    REASON_CODES,
+    Calibration,
+    CellChoice,
+    DrainGuard,
+    SelectReason,
+    cell_geometry,
+    choose_cells,
+)
+
+__all__ = [
+    "DEFAULT_OVERHEAD_FRACTION",
+    "DEFAULT_SAFETY_MARGIN_FRACTION",
+    "TAIL_QUANTILE",
+    "BootstrapSettings",
+    "CellGrid",
+    "CellTime",
+    "Economics",
+    "ReplayReport",
+    "StepEvidence",
+    "admission_rule",
+    "choose_steps",
+    "estimate_drain_guard",
+    "gain_decision",
+    "prepare_evidence",
+    "replay",
+    "selector_replay_sha256",
+]
+
+#: Default fixed confidence-path overhead per policy step, as a fraction of the workload's mean
+#: native step time (1%): the runtime pays curve preparation and a wider policy allgather on every
+#: step, native or compact. Conservative for whole steps of tens of ms; replace it with a measured
+#: upper bound (``--overhead-ms``) when you have one.
+DEFAULT_OVERHEAD_FRACTION = 0.01
+#: Default safety margin, as a fraction of the replayed static wall time (0.5%).
+DEFAULT_SAFETY_MARGIN_FRACTION = 0.005
+#: Quantile of finished requests' final graph sizes used as the drain tail G (conservative: a
+#: larger G has a slower native step, so the guard charges more for a lost token).
+TAIL_QUANTILE = 0.9
+#: Format tag of the selector-replay digest (documented in docs/build.md).
+REPLAY_DIGEST_FORMAT = "dspark-calibrate/selector-replay/v1"
+
+
+# ---------------------------------------------------------------------------------------------
+# Evidence: per step, per candidate cell
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class StepEvidence:
+    """What every policy step would yield and emit under native and each candidate cell.
+
+    Steps whose rows exceed the largest G are left out (``skipped_steps``): they run without a
+    graph and no measured cost applies. Columns are the candidate V of the step's G, by V.
+
+    Attributes:
+        grid: the candidate cells.
+        min_verify_len: the verify floor.
+        num_ranks: ranks of the deployment.
+        step_id, graph_batch_size, rows, static_tokens, native_yield: (S,).
+        columns: (S, J) V of each column (-1: no cell).
+        compact_yield, max_loss: (S, J) float64 (aggregated over ranks like the runtime).
+        feasible: (S, J) every rank (idle ones included) can carry the cell.
+        tokens: (S, J) realized tokens under the cell.
+        skipped_steps: steps above the ladder.
+        finished_graph_batch_size: final-step G of every request that finished inside the trace.
+        row_step, row_request, row_static_tokens, row_tokens: per row (only with ``per_row``);
+            row_step is -1 for rows of skipped steps.
+    """
+
+    grid: CellGrid
+    min_verify_len: int
+    num_ranks: int
+    step_id: np.ndarray
+    graph_batch_size: np.ndarray
+    rows: np.ndarray
+    static_tokens: np.ndarray
+    native_yield: np.ndarray
+    columns: np.ndarray
+    compact_yield: np.ndarray
+    max_loss: np.ndarray
+    feasible: np.ndarray
+    tokens: np.ndarray
+    skipped_steps: int
+    finished_graph_batch_size: np.ndarray
+    row_step: np.ndarray | None = None
+    row_request: np.ndarray | None = None
+    row_static_tokens: np.ndarray | None = None
+    row_tokens: np.ndarray | None = None
+
+    @property
+    def steps(self) -> int:
+        """Policy steps (steps with a captured graph)."""
+        return int(self.step_id.shape[0])
+
+    def times(self, which: str = "median") -> tuple[np.ndarray, np.ndarray]:
+        """(native_ms (S,), compact_ms (S, J)) for ``median``, ``low`` or ``high`` cell times."""
+        attr = {"median": "step_time_ms", "low": "ci_low_ms", "high": "ci_high_ms"}[which]
+        ladder = self.grid.ladder
+        nat = np.array([getattr(self.grid.native(g), attr) for g in ladder])
+        idx = np.searchsorted(np.array(ladder), self.graph_batch_size)
+        native = nat[idx]
+        j = self.columns.shape[1]
+        table = np.full((len(ladder), max(j, 1)), np.inf)
+        for i, g in enumerate(ladder):
+            for c, cell in enumerate(self.grid.compact(g)):
+                table[i, c] = getattr(cell, attr)
+        return native, table[idx][:, :j]
+
+
+def _chunks(index: np.ndarray, size: int) -> Iterable[np.ndarray]:
+    for i in range(0, index.shape[0], size):
+        yield index[i : i + size]
+
+
+def prepare_evidence(
+    workload: Workload,
+    grid: CellGrid,
+    calibration: Calibration,
+    *,
+    min_verify_len: int = DEFAULT_MIN_VERIFY_LEN,
+    per_row: bool = False,
+    chunk_rows: int = 1 << 21,
+) -> StepEvidence:
+    """Evaluate every policy step under native and under every candidate cell of its G.
+
+    Args:
+        workload: the recorded steps.
+        grid: candidate cells (native per G plus compact candidates).
+        calibration: the map the runtime applies to the logits.
+        min_verify_len: the runtime's verify floor.
+        per_row: also keep per-row tokens per column (for the request bootstrap); use with a
+            deployed table (few columns), not with a sweep's candidate set.
+        chunk_rows: rows processed at once (bounds memory).
+
+    Raises:
+        ConfigError: K differs between workload, grid and calibration, or no step fits the ladder.
+    """
+    k = grid.k
+    if workload.k != k or calibration.k != k:
+        raise ConfigError(
+            f"K mismatch: cost cells K={k}, calibration K={calibration.k}, workload K={workload.k}; "
+            "all three must come from the same deployment"
+        )
+    floor = int(min_verify_len)
+    if not 1 <= floor <= k:
+        raise ConfigError(f"min_verify_len must be in [1, K={k}], got {floor}")
+    cols = k - floor
+    a = workload.arrays()
+    n = a.step.shape[0]
+    new_group = np.r_[True, (a.step[1:] != a.step[:-1]) | (a.rank[1:] != a.rank[:-1])]
+    g_start = np.flatnonzero(new_group)
+    g_count = np.diff(np.r_[g_start, n])
+    g_step = a.step[g_start]
+    n_groups = g_start.shape[0]
+    new_step = np.r_[True, g_step[1:] != g_step[:-1]]
+    s_first = np.flatnonzero(new_step)
+    s_groups = np.diff(np.r_[s_first, n_groups])
+    step_of_group = np.cumsum(new_step) - 1
+    s_max = np.maximum.reduceat(g_count, s_first)
+    ladder = np.array(grid.ladder, dtype=np.int64)
+    pos = np.searchsorted(ladder, s_max, side="left")
+    over = pos >= ladder.shape[0]
+    s_g = np.where(over, 0, ladder[np.minimum(pos, ladder.shape[0] - 1)])
+    if not np.any(~over):
+        raise ConfigError(
+            f"no workload step fits the graph ladder {grid.ladder} (largest step has "
+            f"{int(s_max.max())} rows on a "
+            "rank); record the workload on this deployment"
+        )
+    g_g = s_g[step_of_group]
+    budgets = {int(g): [c.verifier_budget for c in grid.compact(int(g))] for g in ladder}
+    j_max = max((len(v) for v in budgets.values()), default=0)
+    g_base = np.zeros(n_groups)
+    g_full = np.zeros(n_groups)
+    g_base_tokens = np.zeros(n_groups, dtype=np.int64)
+    g_static = np.zeros(n_groups, dtype=np.int64)
+    g_yield = np.zeros((n_groups, j_max))
+    g_tokens = np.zeros((n_groups, j_max), dtype=np.int64)
+    g_feas = np.zeros((n_groups, j_max), dtype=bool)
+    row_tokens = np.zeros((n, j_max), dtype=np.int16) if per_row else None
+    positions = np.arange(floor + 1, k + 1)
+    for c in np.unique(g_count):
+        c = int(c)
+        members = np.flatnonzero((g_count == c) & (g_g > 0))
+        for chunk in _chunks(members, max(1, chunk_rows // c)):
+            m = chunk.shape[0]
+            idx = g_start[chunk][:, None] + np.arange(c)[None, :]  # (m, c) rows, canonical order
+            lg = a.logits[idx.reshape(-1)]  # (m*c, K)
+            surv = calibration.survival_t(np.ascontiguousarray(lg.T, dtype=np.float64)).reshape(k, m, c)
+            cand = np.ascontiguousarray(surv[floor:].transpose(1, 0, 2)).reshape(m, cols * c)
+            base_terms = np.ascontiguousarray(surv[:floor].transpose(1, 0, 2)).reshape(m, floor * c)
+            base = c + np.cumsum(base_terms, axis=1)[:, -1]
+            order = np.argsort(-cand, axis=1, kind="stable")
+            ranked = np.take_along_axis(cand, order, axis=1)
+            prefix = np.zeros((m, cols * c + 1))
+            np.cumsum(ranked, axis=1, out=prefix[:, 1:])
+            acc = a.accepted[idx]  # (m, c)
+            ind = (acc[:, None, :] >= positions[None, :, None]).reshape(m, cols * c)
+            aprefix = np.zeros((m, cols * c + 1), dtype=np.int64)
+            np.cumsum(np.take_along_axis(ind, order, axis=1), axis=1, out=aprefix[:, 1:])
+            base_tok = c + np.minimum(acc, floor).sum(axis=1)
+            g_base[chunk] = base
+            g_full[chunk] = base + prefix[:, cols * c]
+            g_base_tokens[chunk] = base_tok
+            g_static[chunk] = c + acc.sum(axis=1)
+            gg = g_g[chunk]
+            for g in np.unique(gg):
+                sel = np.flatnonzero(gg == g)
+                for j, v in enumerate(budgets[int(g)]):
+                    geo = cell_geometry(c, int(g), v, min_verify_len=floor, max_draft_len=k)
+                    if geo is None:
+                        continue
+                    e = geo.extra
+                    rows_sel = chunk[sel]
+                    g_yield[rows_sel, j] = base[sel] + prefix[sel, e]
+                    g_tokens[rows_sel, j] = base_tok[sel] + aprefix[sel, e]
+                    g_feas[rows_sel, j] = True
+                    if row_tokens is not None:
+                        granted = np.zeros((sel.shape[0], c), dtype=np.int64)
+                        if e > 0:
+                            picked = order[sel, :e] % c
+                            flat = (np.arange(sel.shape[0])[:, None] * c + picked).reshape(-1)
+                            granted = np.bincount(flat, minlength=sel.shape[0] * c).reshape(sel.shape[0], c)
+                        w = floor + granted
+                        row_tokens[idx[sel].reshape(-1), j] = (1 + np.minimum(acc[sel], w)).reshape(-1)
+    # Aggregate groups (ranks) into steps, summing sequentially in rank order like the runtime.
+    n_steps_all = s_first.shape[0]
+    r_max = int(s_groups.max())
+    local = np.arange(n_groups) - s_first[step_of_group]
+
+    def seq_sum(values: np.ndarray) -> np.ndarray:
+        if r_max == 1:
+            return values.copy()
+        mat = np.zeros((n_steps_all, r_max, *values.shape[1:]))
+        mat[step_of_group, local] = values
+        out: np.ndarray = np.cumsum(mat, axis=1)[:, -1]
+        return out
+
+    native_yield = seq_sum(g_full)
+    compact_yield = seq_sum(g_yield)
+    if j_max:
+        feasible = np.logical_and.reduceat(g_feas, s_first, axis=0)
+        with np.errstate(invalid="ignore"):
+            loss = (g_full[:, None] - g_yield) / g_count[:, None]
+        max_loss = np.maximum.reduceat(loss, s_first, axis=0)
+        tokens = np.add.reduceat(g_tokens, s_first, axis=0)
+    else:
+        feasible = np.zeros((n_steps_all, 0), dtype=bool)
+        max_loss = np.zeros((n_steps_all, 0))
+        tokens = np.zeros((n_steps_all, 0), dtype=np.int64)
+    static_tokens = np.add.reduceat(g_static, s_first)
+    rows = np.add.reduceat(g_count, s_first)
+    columns = np.full((n_steps_all, j_max), -1, dtype=np.int64)
+    idle = s_groups < workload.num_ranks
+    for g, vs in budgets.items():
+        in_g = s_g == g
+        for j, v in enumerate(vs):
+            columns[in_g, j] = v
+            idle_ok = cell_geometry(0, g, v, min_verify_len=floor, max_draft_len=k) is not None
+            if not idle_ok:
+                feasible[in_g & idle, j] = False
+    feasible &= columns >= 0
+    max_loss = np.where(feasible, max_loss, 0.0)
+    compact_yield = np.where(feasible, compact_yield, 0.0)
+    # Drain tail: final-step G of requests that finished before the trace ended.
+    last_step = int(a.step.max())
+    order_r = np.lexsort((a.step, a.request))
+    req_sorted = a.request[order_r]
+    is_last = np.r_[req_sorted[1:] != req_sorted[:-1], True]
+    last_rows = order_r[is_last]
+    finished = a.step[last_rows] < last_step
+    step_index = np.searchsorted(g_step[s_first], a.step[last_rows[finished]])
+    finished_g = s_g[step_index]
+    finished_g = finished_g[finished_g > 0]
+    keep = ~over
+    row_step = row_request = row_static = None
+    if per_row:
+        step_of_row = np.repeat(step_of_group, g_count)
+        policy_index = np.cumsum(keep) - 1
+        row_step = np.where(keep[step_of_row], policy_index[step_of_row], -1)
+        row_request = a.request
+        row_static = a.accepted + 1
+    return StepEvidence(
+        grid=grid,
+        min_verify_len=floor,
+        num_ranks=workload.num_ranks,
+        step_id=g_step[s_first][keep],
+        graph_batch_size=s_g[keep],
+        rows=rows[keep],
+        static_tokens=static_tokens[keep],
+        native_yield=native_yield[keep],
+        columns=columns[keep],
+        compact_yield=compact_yield[keep],
+        max_loss=max_loss[keep],
+        feasible=feasible[keep],
+        tokens=tokens[keep],
+        skipped_steps=int(over.sum()),
+        finished_graph_batch_size=finished_g,
+        row_step=row_step,
+        row_request=row_request,
+        row_static_tokens=row_static,
+        row_tokens=row_tokens,
+    )
+
+
+def choose_steps(
+    evidence: StepEvidence,
+    *,
+    minimum_predicted_gain: float,
+    drain_guard: DrainGuard | None,
+    allowed: np.ndarray | None = None,
+) -> CellChoice:
+    """The runtime's choice on every policy step.
+
+    Args:
+        evidence: from :func:`prepare_evidence`.
+        minimum_predicted_gain: the table's margin.
+        drain_guard: the table's guard (None: native everywhere).
+        allowed: optional (S, J) or (J_all,)-style mask of columns that are deployed.
+    """
+    native_ms, compact_ms = evidence.times("median")
+    feasible = evidence.feasible if allowed is None else evidence.feasible & allowed
+    tail = None
+    if drain_guard is not None:
+        tail = evidence.grid.native(drain_guard.tail_graph_batch_size).step_time_ms
+    choice = choose_cells(
+        native_yield=evidence.native_yield,
+        native_ms=native_ms,
+        compact_yield=evidence.compact_yield,
+        compact_ms=compact_ms,
+        max_loss=evidence.max_loss,
+        feasible=feasible,
+        budgets=evidence.columns,
+        minimum_predicted_gain=minimum_predicted_gain,
+        drain_guard=drain_guard,
+        tail_native_ms=tail,
+    )
+    no_cells = (
+        (evidence.columns < 0).all(axis=1) if evidence.columns.shape[1] else np.ones(evidence.steps, bool)
+    )
+    if allowed is not None and evidence.columns.shape[1]:
+        no_cells |= ~(allowed & (evidence.columns >= 0)).any(axis=1)
+    choice.reason[no_cells] = REASON_CODES.index(SelectReason.NO_COMPACT_CELLS)
+    return choice
+
+
+# ---------------------------------------------------------------------------------------------
+# Drain guard, admission rule, digests
+# ---------------------------------------------------------------------------------------------
+
+
+def estimate_drain_guard(
+    evidence: StepEvidence,
+    *,
+    minimum_predicted_gain: float,
+    minimum_group_value_ms: float = 0.0,
+    loss_multiplier: float | None = None,
+) -> tuple[DrainGuard, dict[str, Any]]:
+    """Estimate the drain guard's inputs from the workload.
+
+    - ``mean_output_tokens_per_request_iteration``: static-K tokens per request per step.
+    - ``tail_graph_batch_size``: the 90% quantile (nearest rank, on the ladder) of the graph size
+      at the final step of requests that finished inside the trace (all policy steps if none did).
+    - ``loss_multiplier`` (unless given): realized lost tokens / predicted yield loss over every
+      (step, candidate) that passes the margin, floored at 1 so the guard is never looser than
+      the calibration's own prediction.
+
+    Returns:
+        The guard and a JSON-ready account of the estimate.
+    """
+    mean_out = float(evidence.static_tokens.sum()) / float(evidence.rows.sum())
+    source = evidence.finished_graph_batch_size
+    basis = "finished requests"
+    if source.size == 0:
+        source, basis = evidence.graph_batch_size, "all policy steps (no request finished inside the trace)"
+    tail = int(np.sort(source)[max(0, math.ceil(TAIL_QUANTILE * source.size) - 1)])
+    ratio = None
+    if loss_multiplier is None:
+        native_ms, compact_ms = evidence.times("median")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            score = np.where(evidence.feasible, evidence.compact_yield / compact_ms, -np.inf)
+        nscore = evidence.native_yield / native_ms
+        passes = (
+            evidence.feasible
+            & (score > nscore[:, None])
+            & (score >= nscore[:, None] * (1.0 + minimum_predicted_gain))
+        )
+        predicted = np.where(passes, evidence.native_yield[:, None] - evidence.compact_yield, 0.0).sum()
+        realized = np.where(passes, evidence.static_tokens[:, None] - evidence.tokens, 0).sum()
+        ratio = float(realized / predicted) if predicted > 0 else None
+        loss_multiplier = max(1.0, ratio) if ratio is not None else 1.0
+    guard = DrainGuard(
+        loss_multiplier=float(loss_multiplier),
+        mean_output_tokens_per_request_iteration=mean_out,
+        minimum_group_value_ms=float(minimum_group_value_ms),
+        tail_graph_batch_size=tail,
+    )
+    account = {
+        "mean_output_tokens_per_request_iteration": mean_out,
+        "tail_graph_batch_size": tail,
+        "tail_basis": basis,
+        "tail_quantile": TAIL_QUANTILE,
+        "realized_to_predicted_loss_ratio": ratio,
+        "loss_multiplier": guard.loss_multiplier,
+        "minimum_group_value_ms": guard.minimum_group_value_ms,
+    }
+    return guard, account
+
+
+def admission_rule(
+    *,
+    policy_steps: int,
+    compact_choices: int,
+    gross_compact_value_ms_lower_bound: float,
+    fixed_confidence_path_overhead_ms_upper_bound: float,
+    safety_margin_ms: float,
+) -> tuple[bool, float]:
+    """The consumer's admission rule: (admitted, net value in ms).
+
+    ``net = gross - policy_steps * overhead - margin``; admitted when compact_choices > 0 and
+    net > 0. Every policy step pays the overhead, native ones included.
+
+    Raises:
+        ConfigError: counts or amounts out of range (the consumer refuses them too).
+    """
+    if isinstance(policy_steps, bool) or not isinstance(policy_steps, int) or policy_steps < 1:
+        raise ConfigError(f"policy_steps must be an integer >= 1, got {policy_steps!r}")
+    if (
+        isinstance(compact_choices, bool)
+        or not isinstance(compact_choices, int)
+        or not 0 <= compact_choices <= policy_steps
+    ):
+        raise ConfigError(f"compact_choices must be an integer in [0, policy_steps], got {compact_choices!r}")
+    for name, x in (
+        ("gross_compact_value_ms_lower_bound", gross_compact_value_ms_lower_bound),
+        ("fixed_confidence_path_overhead_ms_upper_bound", fixed_confidence_path_overhead_ms_upper_bound),
+        ("safety_margin_ms", safety_margin_ms),
+    ):
+        if not math.isfinite(x) or x < 0:
+            raise ConfigError(f"{name} must be finite and >= 0, got {x!r}")
+    net = (
+        gross_compact_value_ms_lower_bound
+        - policy_steps * fixed_confidence_path_overhead_ms_upper_bound
+        - safety_margin_ms
+    )
+    return compact_choices > 0 and net > 0, net
+
+
+def selector_replay_sha256(
+    *,
+    step_id: np.ndarray,
+    graph_batch_size: np.ndarray,
+    verifier_budget: np.ndarray,
+    header: Mapping[str, Any],
+) -> str:
+    """SHA-256 of a replay's decisions: canonical JSON header, a newline, then the step ids, Gs and
+    Vs as int64 little-endian arrays (in that order)."""
+    h = hashlib.sha256()
+    h.update(canonical_json({"format": REPLAY_DIGEST_FORMAT, **dict(header)}))
+    h.update(b"\n")
+    for arr in (step_id, graph_batch_size, verifier_budget):
+        h.update(np.ascontiguousarray(arr, dtype="<i8").tobytes())
+    return h.hexdigest()
+
+
+def gain_decision(gain: float, ci_low: float, ci_high: float, *, admitted: bool) -> Decision:
+    """Classify the predicted gain (STYLE rule 11): the caller decides what UNDECIDED means.
+
+    ACCEPT: admitted and the interval lies above 0. REJECT: the interval lies at or below 0, or
+    the receipt rule does not admit. UNDECIDED: admitted but the interval straddles 0.
+    UNKNOWN: no finite estimate. The runtime's own classifier (``economics.classify_gain``).
+    """
+    return classify_gain(gain, ci_low, ci_high, admitted=admitted)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bootstrap
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BootstrapSettings:
+    """Resampling settings (recorded in the build's provenance).
+
+    Attributes:
+        resamples: bootstrap replicates.
+        block_steps: steps per block (default: round(S ** (1/3)), at least 1).
+        seed: the generator seed.
+        confidence: the interval's level.
+        chunk: replicates drawn at once (bounds memory).
+    """
+
+    resamples: int = 1000
+    block_steps: int | None = None
+    seed: int = 0
+    confidence: float = 0.95
+    chunk: int = 100
+
+    def __post_init__(self) -> None:
+        if self.resamples < 10:
+            raise ConfigError(f"bootstrap resamples must be >= 10, got {self.resamples}")
+        if self.block_steps is not None and self.block_steps < 1:
+            raise ConfigError(f"bootstrap block_steps must be >= 1, got {self.block_steps}")
+        if not 0.5 < self.confidence < 1:
+            raise ConfigError(f"bootstrap confidence must be in (0.5, 1), got {self.confidence}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "resamples": self.resamples,
+            "block_steps": self.block_steps,
+            "seed": self.seed,
+            "confidence": self.confidence,
+        }
+
+
+def _resample_sums(rng: np.random.Generator, items: np.ndarray, settings: BootstrapSettings) -> np.ndarray:
+    """(resamples, q) sums of ``items`` (n, q) under multinomial resampling of the n items."""
+    n = items.shape[0]
+    out = np.empty((settings.resamples, items.shape[1]))
+    for start in range(0, settings.resamples, settings.chunk):
+        size = min(settings.chunk, settings.resamples - start)
+        draws = rng.integers(0, n, size=(size, n))
+        offsets = (np.arange(size) * n)[:, None]
+        counts = np.bincount((draws + offsets).reshape(-1), minlength=size * n).reshape(size, n)
+        out[start : start + size] = counts @ items
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The replay
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Economics:
+    """The receipt's economics (TensorRT-LLM's admission inputs) and their outcome."""
+
+    policy_steps: int
+    compact_choices: int
+    gross_compact_value_ms: float
+    gross_compact_value_ms_lower_bound: float
+    fixed_confidence_path_overhead_ms_upper_bound: float
+    overhead_source: str
+    safety_margin_ms: float
+    safety_margin_source: str
+    net_value_ms: float
+    admitted: bool
+
+
+@dataclass(frozen=True, eq=False)
+class ReplayReport:
+    """Everything a replay found. Per-step arrays have one entry per policy step."""
+
+    policy_steps: int
+    skipped_steps: int
+    static_goodput_tok_per_ms: float
+    dynamic_goodput_tok_per_ms: float
+    predicted_gain: float
+    predicted_gain_ci_low: float
+    predicted_gain_ci_high: float
+    pessimistic_gain: float
+    compact_step_share: float
+    economics: Economics
+    drain_guard: DrainGuard
+    drain_guard_estimate: Mapping[str, Any]
+    minimum_predicted_gain: float
+    per_bucket: tuple[Mapping[str, Any], ...]
+    per_cell: tuple[Mapping[str, Any], ...]
+    reasons: Mapping[str, int]
+    selector_replay_sha256: str
+    bootstrap: Mapping[str, Any]
+    decision: Decision
+    step_id: np.ndarray
+    graph_batch_size: np.ndarray
+    verifier_budget: np.ndarray
+    uncertainty_model: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (without the per-step arrays)."""
+        e = self.economics
+        return {
+            "policy_steps": self.policy_steps,
+            "skipped_steps": self.skipped_steps,
+            "static_goodput_tok_per_ms": self.static_goodput_tok_per_ms,
+            "dynamic_goodput_tok_per_ms": self.dynamic_goodput_tok_per_ms,
+            "predicted_gain": self.predicted_gain,
+            "predicted_gain_ci_low": self.predicted_gain_ci_low,
+            "predicted_gain_ci_high": self.predicted_gain_ci_high,
+            "pessimistic_gain": self.pessimistic_gain,
+            "uncertainty_model": self.uncertainty_model,
+            "compact_step_share": self.compact_step_share,
+            "economics": {
+                "policy_steps": e.policy_steps,
+                "compact_choices": e.compact_choices,
+                "gross_compact_value_ms": e.gross_compact_value_ms,
+                "gross_compact_value_ms_lower_bound": e.gross_compact_value_ms_lower_bound,
+                "fixed_confidence_path_overhead_ms_upper_bound": (
+                    e.fixed_confidence_path_overhead_ms_upper_bound
+                ),
+                "overhead_source": e.overhead_source,
+                "safety_margin_ms": e.safety_margin_ms,
+                "safety_margin_source": e.safety_margin_source,
+                "net_value_ms": e.net_value_ms,
+                "admitted": e.admitted,
+            },
+            "drain_guard": self.drain_guard.to_dict(),
+            "drain_guard_estimate": dict(self.drain_guard_estimate),
+            "minimum_predicted_gain": self.minimum_predicted_gain,
+            "per_bucket": [dict(b) for b in self.per_bucket],
+            "per_cell": [dict(c) for c in self.per_cell],
+            "reasons": dict(self.reasons),
+            "selector_replay_sha256": self.selector_replay_sha256,
+            "bootstrap": dict(self.bootstrap),
+            "decision": {
+                "status": self.decision.status.value,
+                "reason": self.decision.reason,
+                "detail": self.decision.detail,
+            },
+        }
+
+
+def _overhead_model(evidence: StepEvidence, overhead_ms: float | None) -> OverheadModel:
+    """The per-step overhead: user-given, else the sweep's forced-K arms, else the default."""
+    size = len(evidence.grid.ladder)
+    if overhead_ms is not None:
+        return constant_overhead(float(overhead_ms), size, "user-supplied")
+    measured = measured_overhead(evidence.grid)
+    if measured is not None:
+        return measured
+    native_ms, _ = evidence.times("median")
+    mean_native = float(native_ms.mean()) if evidence.steps else 0.0
+    return constant_overhead(
+        DEFAULT_OVERHEAD_FRACTION * mean_native,
+        size,
+        f"default: {DEFAULT_OVERHEAD_FRACTION:.0%} of the mean native step ({mean_native:.4g} ms); "
+        "measure the forced-K arm in the sweep or pass --overhead-ms",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """Column layout of the per-unit workload features (see :func:`_features`)."""
+
+    n_g: int
+    n_c: int
+    cell_g: np.ndarray  # (C,) ladder index of each compact cell
+
+    @property
+    def width(self) -> int:
+        return 4 * self.n_g + 2 * self.n_c
+
+
+def _features(
+    lay: _Layout,
+    unit: np.ndarray,
+    n_units: int,
+    g_index: np.ndarray,
+    c_index: np.ndarray,
+    weight: np.ndarray,
+    static_tokens: np.ndarray,
+    dynamic_tokens: np.ndarray,
+) -> np.ndarray:
+    """(U, F) workload features per resampling unit: per G the policy steps, the steps left native,
+    static and dynamic tokens; per compact cell the steps that chose it and the tokens they lost.
+    ``weight`` is each entry's share of a step (1 per step; 1/rows per row of a step)."""
+    f = lay.width
+    flat = unit * f
+    out = np.bincount(flat + g_index, weights=weight, minlength=n_units * f)
+    native = c_index < 0
+    out += np.bincount(
+        flat[native] + lay.n_g + g_index[native], weights=weight[native], minlength=n_units * f
+    )
+    out += np.bincount(flat + 2 * lay.n_g + g_index, weights=static_tokens, minlength=n_units * f)
+    out += np.bincount(flat + 3 * lay.n_g + g_index, weights=dynamic_tokens, minlength=n_units * f)
+    comp = ~native
+    if np.any(comp):
+        base = flat[comp] + 4 * lay.n_g + c_index[comp]
+        out += np.bincount(base, weights=weight[comp], minlength=n_units * f)
+        lost = (static_tokens - dynamic_tokens)[comp]
+        out += np.bincount(base + lay.n_c, weights=lost, minlength=n_units * f)
+    features: np.ndarray = out.reshape(n_units, f)
+    return features
+
+
+def _evaluate(
+    lay: _Layout,
+    agg: np.ndarray,
+    native: np.ndarray,
+    compact: np.ndarray,
+    overhead: np.ndarray,
+    gross_native: np.ndarray,
+    gross_compact: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """Gain, gross value, mean overhead, per-G gains and per-cell values of aggregated features.
+
+    ``agg`` is (..., F); the cost arrays broadcast against it ((G,) and (C,) for a point, (B, G)
+    and (B, C) for draws). Value of a compact step: the time it saved minus the time static K
+    needs for the tokens it did not emit.
+    """
+    g, c = lay.n_g, lay.n_c
+    steps_g, native_g = agg[..., :g], agg[..., g : 2 * g]
+    static_tok_g, dyn_tok_g = agg[..., 2 * g : 3 * g], agg[..., 3 * g : 4 * g]
+    steps_c, lost_c = agg[..., 4 * g : 4 * g + c], agg[..., 4 * g + c :]
+    onehot = np.zeros((c, g))
+    onehot[np.arange(c), lay.cell_g] = 1.0
+    static_ms_g = steps_g * native
+    dyn_ms_g = native_g * native + (steps_c * compact) @ onehot + steps_g * overhead
+    with np.errstate(divide="ignore", invalid="ignore"):
+        static_ms, dyn_ms = static_ms_g.sum(-1), dyn_ms_g.sum(-1)
+        static_tok, dyn_tok = static_tok_g.sum(-1), dyn_tok_g.sum(-1)
+        gain = (dyn_tok / dyn_ms) / (static_tok / static_ms) - 1.0
+        gain_g = (dyn_tok_g / dyn_ms_g) / (static_tok_g / static_ms_g) - 1.0
+        ms_per_token = (steps_g * gross_native).sum(-1) / static_tok
+        saved = gross_native[..., lay.cell_g] - gross_compact
+        value_c = steps_c * saved - lost_c * ms_per_token[..., None]
+        overhead_mean = (steps_g * overhead).sum(-1) / steps_g.sum(-1)
+    return {
+        "gain": gain,
+        "gain_g": gain_g,
+        "gross": value_c.sum(-1),
+        "value_c": value_c,
+        "overhead": overhead_mean,
+        "static_ms": static_ms,
+        "dyn_ms": dyn_ms,
+        "static_tok": static_tok,
+        "dyn_tok": dyn_tok,
+    }
+
+
+@dataclass(frozen=True, eq=False)
+class _Choice:
+    """The runtime's choice on every policy step, in the shapes the pricing needs."""
+
+    reason: np.ndarray
+    compact: np.ndarray  # (S,) bool
+    column: np.ndarray  # (S,) evidence column (0 where native)
+    verifier_budget: np.ndarray  # (S,)
+    tokens: np.ndarray  # (S,) tokens emitted under the choice
+    g_index: np.ndarray  # (S,) ladder index
+    c_index: np.ndarray  # (S,) deployed compact cell index, -1 native
+    cells: tuple[tuple[int, int], ...]  # deployed compact cells, indexed by c_index
+
+
+def _choose(evidence: StepEvidence, choice: CellChoice) -> _Choice:
+    ev = evidence
+    compact = choice.column >= 0
+    col = np.where(compact, choice.column, 0)
+    ar = np.arange(ev.steps)
+    if ev.columns.shape[1]:
+        v = np.where(compact, ev.columns[ar, col], NATIVE_BUDGET)
+        tokens = np.where(compact, ev.tokens[ar, col], ev.static_tokens)
+    else:
+        v, tokens = np.zeros(ev.steps, dtype=np.int64), ev.static_tokens.copy()
+    ladder = np.array(ev.grid.ladder)
+    g_index = np.searchsorted(ladder, ev.graph_batch_size)
+    cells = ev.grid.compact_keys()
+    lookup = {cell: i for i, cell in enumerate(cells)}
+    c_index = np.array(
+        [lookup[(int(g), int(b))] if b else -1 for g, b in zip(ev.graph_batch_size, v, strict=True)],
+        dtype=np.int64,
+    )
+    return _Choice(choice.reason, compact, col, v, tokens, g_index, c_index, cells)
+
+
+def _row_features(evidence: StepEvidence, ch: _Choice, lay: _Layout) -> tuple[np.ndarray, int] | None:
+    """Per-request features (whole requests resampled; each row carries its share of its step)."""
+    ev = evidence
+    if ev.row_step is None or ev.row_tokens is None or ev.row_request is None or ev.row_static_tokens is None:
+        return None
+    valid = ev.row_step >= 0
+    rs = ev.row_step[valid]
+    static = ev.row_static_tokens[valid].astype(np.float64)
+    granted = (
+        ev.row_tokens[valid][np.arange(rs.shape[0]), ch.column[rs]] if ev.row_tokens.shape[1] else static
+    )
+    dynamic = np.where(ch.compact[rs], granted, static).astype(np.float64)
+    _, unit = np.unique(ev.row_request[valid], return_inverse=True)
+    n_units = int(unit.max()) + 1 if unit.size else 0
+    x = _features(lay, unit, n_units, ch.g_index[rs], ch.c_index[rs], 1.0 / ev.rows[rs], static, dynamic)
+    return x, n_units
+
+
+def _quantile(values: np.ndarray, q: float) -> float:
+    return float(np.nanquantile(values, q))
+
+
+def _pessimistic_gain(
+    lay: _Layout, totals: np.ndarray, grid: CellGrid, cells: tuple[tuple[int, int], ...], overhead: np.ndarray
+) -> float:
+    """Gain with every deployed saving at the low end of its interval (a stress case, not a bound)."""
+    ladder = grid.ladder
+    native = np.array([grid.native(g).step_time_ms for g in ladder])
+    by_key = {(c.graph_batch_size, c.verifier_budget): c for g in ladder for c in grid.compact(g)}
+    low = np.array([1.0 - by_key[k].saving_ci_low for k in cells])
+    compact = native[lay.cell_g] * low
+    return float(_evaluate(lay, totals, native, compact, overhead, native, compact)["gain"])
+
+
+def replay(
+    evidence: StepEvidence,
+    *,
+    minimum_predicted_gain: float = DEFAULT_MINIMUM_PREDICTED_GAIN,
+    drain_guard: DrainGuard,
+    drain_guard_estimate: Mapping[str, Any] | None = None,
+    allowed: np.ndarray | None = None,
+    overhead_ms: float | None = None,
+    safety_margin_ms: float | None = None,
+    bootstrap: BootstrapSettings = BootstrapSettings(),
+    header: Mapping[str, Any] | None = None,
+) -> ReplayReport:
+    """Replay both policies over the evidence and state gain, interval and economics jointly.
+
+    Decisions come from the runtime's own rule on the signed medians; prices come from one joint
+    resampling of the workload (blocks of steps, and whole requests when the evidence has rows)
+    and of the cost table (:mod:`~dspark_calibrate.calibrate.deployment.uncertainty`). The gain's interval,
+    the per-bucket intervals, each cell's value bound, the gross compact value's lower bound and
+    the overhead's upper bound are quantiles of the same replicates; the wider of the two
+    workload schemes is reported.
+
+    Args:
+        evidence: from :func:`prepare_evidence` (``per_row=True`` adds the request bootstrap).
+        minimum_predicted_gain: the table's margin.
+        drain_guard: the table's drain guard.
+        drain_guard_estimate: how the guard was estimated (reported as is).
+        allowed: columns deployed (default all of the evidence's grid).
+        overhead_ms: fixed confidence-path overhead per policy step (default: the sweep's
+            forced-K arms when measured, else 1% of the mean native step time).
+        safety_margin_ms: the receipt's safety margin (default: 0.5% of the static wall time).
+        bootstrap: resampling settings.
+        header: extra fields of the selector-replay digest header (calibration, cells, ...).
+    """
+    ev = evidence
+    s_count = ev.steps
+    choice = choose_steps(
+        ev, minimum_predicted_gain=minimum_predicted_gain, drain_guard=drain_guard, allowed=allowed
+    )
+    ch = _choose(ev, choice)
+    ladder = ev.grid.ladder
+    lay = _Layout(
+        len(ladder), len(ch.cells), np.array([ladder.index(g) for g, _ in ch.cells], dtype=np.int64)
+    )
+    overhead = _overhead_model(ev, overhead_ms)
+    rng = np.random.default_rng(bootstrap.seed)
+    costs = draw_costs(
+        ev.grid, ch.cells, overhead, draws=bootstrap.resamples, rng=rng, confidence=bootstrap.confidence
+    )
+    block = bootstrap.block_steps or max(1, round(s_count ** (1.0 / 3.0)))
+    n_blocks = -(-s_count // block) if s_count else 0
+    x_blocks = _features(
+        lay,
+        np.arange(s_count) // block,
+        n_blocks,
+        ch.g_index,
+        ch.c_index,
+        np.ones(s_count),
+        ev.static_tokens.astype(np.float64),
+        ch.tokens.astype(np.float64),
+    )
+    totals = x_blocks.sum(axis=0)
+    point = _evaluate(
+        lay,
+        totals,
+        costs.native_point,
+        costs.compact_point,
+        costs.overhead_point,
+        costs.native_point,
+        costs.compact_point,
+    )
+    alpha = (1.0 - bootstrap.confidence) / 2.0
+    schemes = {"blocks of steps": x_blocks}
+    rows = _row_features(ev, ch, lay)
+    if rows is not None:
+        schemes["requests"] = rows[0]
+    results = {}
+    for name, x in schemes.items():
+        agg = _resample_sums(rng, x, bootstrap)
+        results[name] = _evaluate(
+            lay, agg, costs.native, costs.compact, costs.overhead, costs.gross_native, costs.gross_compact
+        )
+    ci_low = min(_quantile(r["gain"], alpha) for r in results.values())
+    ci_high = max(_quantile(r["gain"], 1 - alpha) for r in results.values())
+    gross_low = min(_quantile(r["gross"], alpha) for r in results.values())
+    if costs.model == LEGACY:
+        # The pre-pairing bound: also no higher than the pessimistic point value.
+        pess = _evaluate(
+            lay,
+            totals,
+            costs.native_point,
+            costs.compact_point,
+            costs.overhead_point,
+            costs.gross_native[0],
+            costs.gross_compact[0],
+        )
+        gross_low = min(gross_low, float(pess["gross"]))
+    gross_lb = max(0.0, gross_low)
+    if overhead.measured:
+        overhead_ub = max(_quantile(r["overhead"], 1 - alpha) for r in results.values())
+        overhead_src = (
+            f"{overhead.source}; upper {1 - alpha:.1%} bound of the per-step mean over the joint resampling"
+        )
+    else:
+        overhead_ub, overhead_src = float(point["overhead"]), overhead.source
+    compact_choices = int(ch.compact.sum())
+    static_ms = float(point["static_ms"])
+    if safety_margin_ms is None:
+        margin, margin_src = (
+            DEFAULT_SAFETY_MARGIN_FRACTION * static_ms,
+            f"default: {DEFAULT_SAFETY_MARGIN_FRACTION:.1%} of the static wall time",
+        )
+    else:
+        margin, margin_src = float(safety_margin_ms), "user-supplied"
+    admitted, net = admission_rule(
+        policy_steps=max(1, s_count),
+        compact_choices=compact_choices,
+        gross_compact_value_ms_lower_bound=gross_lb,
+        fixed_confidence_path_overhead_ms_upper_bound=overhead_ub,
+        safety_margin_ms=margin,
+    )
+    economics = Economics(
+        policy_steps=s_count,
+        compact_choices=compact_choices,
+        gross_compact_value_ms=float(point["gross"]),
+        gross_compact_value_ms_lower_bound=gross_lb,
+        fixed_confidence_path_overhead_ms_upper_bound=overhead_ub,
+        overhead_source=overhead_src,
+        safety_margin_ms=margin,
+        safety_margin_source=margin_src,
+        net_value_ms=net,
+        admitted=admitted,
+    )
+    blocks = results["blocks of steps"]
+    per_bucket = []
+    for i, g in enumerate(ladder):
+        steps = int(totals[i])
+        if steps == 0:
+            continue
+        per_bucket.append(
+            {
+                "graph_batch_size": int(g),
+                "steps": steps,
+                "predicted_gain": float(point["gain_g"][i]),
+                "ci_low": _quantile(blocks["gain_g"][:, i], alpha),
+                "ci_high": _quantile(blocks["gain_g"][:, i], 1 - alpha),
+                "compact_share": float(1.0 - totals[lay.n_g + i] / totals[i]),
+            }
+        )
+    per_cell = []
+    for g in ladder:
+        i = ladder.index(g)
+        per_cell.append(
+            {
+                "graph_batch_size": int(g),
+                "verifier_budget": NATIVE_BUDGET,
+                "chosen_steps": int(totals[lay.n_g + i]),
+                "value_ms": 0.0,
+                "value_ms_lower_bound": 0.0,
+            }
+        )
+        for j, cell in enumerate(ch.cells):
+            if cell[0] != g:
+                continue
+            chosen = int(totals[4 * lay.n_g + j])
+            per_cell.append(
+                {
+                    "graph_batch_size": int(g),
+                    "verifier_budget": int(cell[1]),
+                    "chosen_steps": chosen,
+                    "value_ms": float(point["value_c"][j]),
+                    "value_ms_lower_bound": _quantile(blocks["value_c"][:, j], alpha) if chosen else 0.0,
+                }
+            )
+    reasons = {
+        r.value: int(np.sum(choice.reason == i))
+        for i, r in enumerate(REASON_CODES)
+        if np.any(choice.reason == i)
+    }
+    digest = selector_replay_sha256(
+        step_id=ev.step_id,
+        graph_batch_size=ev.graph_batch_size,
+        verifier_budget=ch.verifier_budget,
+        header={
+            "k": ev.grid.k,
+            "min_verify_len": ev.min_verify_len,
+            "minimum_predicted_gain": minimum_predicted_gain,
+            "drain_guard": drain_guard.to_dict(),
+            **dict(header or {}),
+        },
+    )
+    gain = float(point["gain"])
+    return ReplayReport(
+        policy_steps=s_count,
+        skipped_steps=ev.skipped_steps,
+        static_goodput_tok_per_ms=float(point["static_tok"] / point["static_ms"]),
+        dynamic_goodput_tok_per_ms=float(point["dyn_tok"] / point["dyn_ms"]),
+        predicted_gain=gain,
+        predicted_gain_ci_low=ci_low,
+        predicted_gain_ci_high=ci_high,
+        pessimistic_gain=_pessimistic_gain(lay, totals, ev.grid, ch.cells, costs.overhead_point),
+        compact_step_share=compact_choices / s_count if s_count else 0.0,
+        economics=economics,
+        drain_guard=drain_guard,
+        drain_guard_estimate=dict(drain_guard_estimate or {}),
+        minimum_predicted_gain=float(minimum_predicted_gain),
+        per_bucket=tuple(per_bucket),
+        per_cell=tuple(per_cell),
+        reasons=reasons,
+        selector_replay_sha256=digest,
+        bootstrap={
+            **bootstrap.to_dict(),
+            "block_steps": block,
+            "methods": list(schemes),
+            "uncertainty_model": costs.model,
+        },
+        decision=gain_decision(gain, ci_low, ci_high, admitted=admitted),
+        step_id=ev.step_id,
+        graph_batch_size=ev.graph_batch_size,
+        verifier_budget=ch.verifier_budget,
+        uncertainty_model=costs.model,
+    )

@@ -1,0 +1,221 @@
+"""The synthetic backend: an analytic staircase cost model with noise, on a virtual clock.
+
+For tests, demos and CI on CPU. Nothing is executed: each step advances a virtual clock by the
+modelled step time, so a sweep of hundreds of cells runs in well under a second and is exactly
+reproducible from its seed. Everything it produces is marked synthetic (verification refuses it
+unless explicitly allowed).
+
+The model: ``T = base + per_row·G + per_tile·ceil(tokens / tile) (+ compact_overhead)`` — a
+staircase in V — multiplied by a slow sinusoidal drift (heat), a cold-start penalty that decays
+over the first replays after switching cells (why warm-up is needed), log-normal noise, rare
+outliers, and optional throttling that slows the step and is reported through telemetry.
+
+What separates two processes can be simulated too: ``process_rel`` draws one level shift for the
+whole backend (common to every cell: the machine, the clock state at start), ``capture_rel`` a
+shift per cell at every ``prepare`` (graph capture, memory placement). ``power_capped`` runs every
+step at the power cap (reported as the SW power-cap reason, slower by ``power_cap_slowdown_rel``):
+the steady state of a serving GPU. The forced-K arm costs the native step plus
+``confidence_path_ms``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from dspark_calibrate.calibrate.measurement.backends import BackendBase
+from dspark_calibrate.calibrate.measurement.ladder import CellKind, CellSpec
+from dspark_calibrate.calibrate.measurement.telemetry import Telemetry, TelemetrySample
+from dspark_calibrate.calibrate.measurement.timing import HostTimer, Step, Timer
+from dspark_calibrate.errors import ConfigError
+
+__all__ = ["SyntheticBackend", "SyntheticModel", "VirtualClock"]
+
+
+@dataclass(frozen=True, slots=True)
+class SyntheticModel:
+    """Parameters of the synthetic cost model (times in ms, rates relative)."""
+
+    base_ms: float = 4.0
+    per_row_ms: float = 0.02
+    per_tile_ms: float = 0.25
+    tile: int = 16
+    compact_overhead_ms: float = 0.05
+    noise_rel: float = 0.003
+    drift_rel: float = 0.004
+    drift_period_s: float = 30.0
+    cold_penalty_rel: float = 0.05
+    cold_decay_steps: float = 0.7
+    outlier_prob: float = 0.002
+    throttle_prob: float = 0.0
+    throttle_slowdown_rel: float = 0.15
+    confidence_path_ms: float = 0.04
+    process_rel: float = 0.0
+    capture_rel: float = 0.0
+    power_capped: bool = False
+    power_cap_slowdown_rel: float = 0.03
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if isinstance(value, bool):
+                continue
+            if not math.isfinite(value) or value < 0:
+                raise ConfigError(f"synthetic model {name}={value!r} must be finite and >= 0")
+        if self.tile < 1 or self.base_ms <= 0 or self.drift_period_s <= 0:
+            raise ConfigError("synthetic model needs tile >= 1, base_ms > 0 and drift_period_s > 0")
+
+    def expected_ms(self, cell: CellSpec) -> float:
+        """Noise-free step time of a cell (before the process, capture and power-cap factors)."""
+        t = self.base_ms + self.per_row_ms * cell.graph_batch_size
+        t += self.per_tile_ms * math.ceil(cell.tokens / self.tile)
+        if cell.kind is CellKind.FORCED_K:
+            t += self.confidence_path_ms
+        elif cell.verifier_budget:
+            t += self.compact_overhead_ms
+        return t
+
+
+class VirtualClock:
+    """A clock that only moves when told to (seconds)."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self.t = start
+
+    def __call__(self) -> float:
+        """Current virtual time."""
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        """Move forward by ``seconds``."""
+        self.t += seconds
+
+
+class _SyntheticTelemetry:
+    def __init__(self, backend: SyntheticBackend) -> None:
+        self._backend = backend
+
+    def read(self) -> TelemetrySample:
+        throttled = self._backend.last_throttled
+        capped = self._backend.model.power_capped
+        return TelemetrySample(
+            sm_clock_mhz=1500.0 if throttled else (1755.0 if capped else 1980.0),
+            temperature_c=60.0 + 10.0 * self._backend.drift(),
+            power_w=700.0 if capped else 500.0,
+            throttle_reasons=(0x20 if throttled else 0) | (0x4 if capped else 0),
+        )
+
+    def describe(self) -> str:
+        return "synthetic"
+
+
+class _SyntheticStep:
+    def __init__(self, backend: SyntheticBackend, cell: CellSpec, capture_factor: float) -> None:
+        self._backend = backend
+        self._cell = cell
+        self._expected = backend.model.expected_ms(cell) * capture_factor * backend.process_factor
+
+    def __call__(self) -> None:
+        self._backend.run(self._cell, self._expected)
+
+
+class SyntheticBackend(BackendBase):
+    """Analytic staircase backend on a :class:`VirtualClock`.
+
+    Args:
+        seed: noise seed.
+        fail_at: raise ``RuntimeError`` on this step number (tests of failure handling).
+        nan_at: return NaN timings from this step number on (tests of non-finite handling).
+        real_delay_s: also sleep this long per step in real time (tests that kill a running sweep).
+        **model: overrides of :class:`SyntheticModel` fields.
+    """
+
+    name = "synthetic"
+    synthetic = True
+    supports_forced_k = True
+
+    def __init__(
+        self,
+        seed: int = 0,
+        fail_at: int | None = None,
+        nan_at: int | None = None,
+        real_delay_s: float = 0.0,
+        **model: Any,
+    ) -> None:
+        unknown = sorted(set(model) - set(SyntheticModel.__dataclass_fields__))
+        if unknown:
+            raise ConfigError(f"synthetic backend: unknown option(s) {unknown}")
+        self.model = SyntheticModel(**model)
+        self.seed = int(seed)
+        self.clock = VirtualClock()
+        self._rng = np.random.default_rng(self.seed)
+        self._last: CellSpec | None = None
+        self._since_switch = 0
+        self._steps = 0
+        self._fail_at = fail_at
+        self._nan_at = nan_at
+        self._real_delay_s = float(real_delay_s)
+        self.last_throttled = False
+        # Separate streams, so simulating a process or a capture shift leaves the noise unchanged.
+        self._capture_rng = np.random.default_rng([self.seed, 1])
+        self.process_factor = math.exp(
+            float(np.random.default_rng([self.seed, 2]).normal(0.0, self.model.process_rel))
+        )
+
+    def drift(self) -> float:
+        """Relative drift now, in [-1, 1] (scaled by ``drift_rel`` in the model)."""
+        return math.sin(2 * math.pi * self.clock() / self.model.drift_period_s)
+
+    def run(self, cell: CellSpec, expected_ms: float) -> None:
+        """Advance the clock by one modelled step of ``cell``.
+
+        Raises:
+            RuntimeError: at step ``fail_at`` (simulated device loss).
+        """
+        self._steps += 1
+        if self._real_delay_s:
+            time.sleep(self._real_delay_s)
+        if self._fail_at is not None and self._steps >= self._fail_at:
+            raise RuntimeError(f"synthetic device lost at step {self._steps}")
+        if self._nan_at is not None and self._steps >= self._nan_at:
+            self.clock.advance(math.nan)
+            return
+        m = self.model
+        if cell != self._last:
+            self._last, self._since_switch = cell, 0
+        cold = m.cold_penalty_rel * math.exp(-self._since_switch / max(m.cold_decay_steps, 1e-9))
+        self._since_switch += 1
+        factor = 1.0 + m.drift_rel * self.drift() + cold
+        factor *= math.exp(self._rng.normal(0.0, m.noise_rel))
+        if self._rng.random() < m.outlier_prob:
+            factor *= 1.0 + self._rng.uniform(0.2, 1.0)
+        self.last_throttled = bool(self._rng.random() < m.throttle_prob)
+        if self.last_throttled:
+            factor *= 1.0 + m.throttle_slowdown_rel
+        if m.power_capped:
+            factor *= 1.0 + m.power_cap_slowdown_rel
+        self.clock.advance(expected_ms * factor / 1000.0)
+
+    def prepare(self, cell: CellSpec) -> Step:
+        """A step that advances the virtual clock by the modelled time (a fresh capture shift)."""
+        capture = math.exp(float(self._capture_rng.normal(0.0, self.model.capture_rel)))
+        return _SyntheticStep(self, cell, capture)
+
+    def timer(self) -> Timer:
+        """A host timer on the virtual clock."""
+        return HostTimer(clock=self.clock)
+
+    def telemetry(self) -> Telemetry:
+        """Synthetic readings that report throttling when the model throttled."""
+        return _SyntheticTelemetry(self)
+
+    def describe(self) -> dict[str, Any]:
+        """Name, seed and model parameters."""
+        return {"name": self.name, "seed": self.seed, "model": asdict(self.model)}
+
+    def fingerprint_fields(self) -> dict[str, Any]:
+        """``gpu`` = ``synthetic``."""
+        return {"gpu": "synthetic"}

@@ -1,0 +1,1317 @@
+"""The sweep harness: measure T(G, V) for every cell, to a stated precision, resumably, across ranks.
+
+:func:`run_sweep` drives one backend through interleaved, randomized rounds (DESIGN §7): every
+round visits each open cell once in a seeded random order; a visit re-warms the cell (its first
+visit also prepares it and runs the full warm-up), takes a few samples, reads telemetry after each
+and appends the visit to the journal (fsynced). After each round the injected stopping rule decides
+per cell (:mod:`~dspark_calibrate.calibrate.measurement.stats`). Everything that takes time (timer, backend,
+telemetry, communicator) is injected, so the loop runs on CPU with a virtual clock.
+
+:func:`write_sweep` turns a :class:`SweepResult` into the two unsigned artifacts: the per-cell
+summary (kind ``sweep``) and the raw samples (kind ``sweep-samples``, ``<stem>.samples.parquet``),
+both written atomically; the summary's provenance records the samples file's logical hash.
+:func:`sweep` does both for the CLI. Signing is ``build``'s job; this module never imports
+``cryptography``.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from dspark_calibrate import __version__
+from dspark_calibrate.artifacts import (
+    Fingerprint,
+    ModelError,
+    Provenance,
+    canonical_json,
+    logical_sha256,
+    sha256_hex,
+    write_unsigned_artifact,
+)
+from dspark_calibrate.calibrate.measurement.backends import Backend, load_backend
+from dspark_calibrate.calibrate.measurement.backends.import_samples import group_rounds, read_profiler_jsonl
+from dspark_calibrate.calibrate.measurement.distributed import (
+    VISIT_FIELDS,
+    Communicator,
+    SingleProcess,
+    from_environment,
+)
+from dspark_calibrate.calibrate.measurement.journal import Journal
+from dspark_calibrate.calibrate.measurement.ladder import CellKind, CellSpec, plan_cells
+from dspark_calibrate.calibrate.measurement.stats import (
+    NO_BETWEEN_RUN,
+    BetweenRun,
+    CellProgress,
+    CellSamples,
+    CellSummary,
+    Decision,
+    FixedProtocolRule,
+    PrecisionRule,
+    Status,
+    StoppingRule,
+    StopReason,
+    Thresholds,
+    estimate_between_run,
+    summarize,
+)
+from dspark_calibrate.calibrate.measurement.sweep_plot import plot_sweep
+from dspark_calibrate.calibrate.measurement.telemetry import SW_POWER_CAP, Telemetry, drop_mask, reason_names
+from dspark_calibrate.calibrate.measurement.timing import Step, Timer
+from dspark_calibrate.errors import ConfigError, MeasurementError, ProbeError
+
+__all__ = [
+    "IMPORT_BACKEND",
+    "PROTOCOLS",
+    "CellResult",
+    "SweepConfig",
+    "SweepEvent",
+    "SweepOutput",
+    "SweepRequest",
+    "SweepResult",
+    "build_fingerprint",
+    "default_journal_path",
+    "execute",
+    "result_from_imported",
+    "round_order",
+    "run_sweep",
+    "samples_path",
+    "sweep",
+    "write_sweep",
+]
+
+#: Measurement protocols: ``adaptive`` (rounds + precision stopping), ``fixed`` (128 + 64, one visit).
+PROTOCOLS: tuple[str, ...] = ("adaptive", "fixed")
+#: Errors a backend may raise from ``prepare`` or a step that mean the measurement failed (a CUDA
+#: error is a ``RuntimeError``); they become :class:`MeasurementError` naming the cell.
+_BACKEND_ERRORS = (RuntimeError, OSError, ValueError, ArithmeticError, ProbeError)
+
+
+@dataclass(frozen=True, slots=True)
+class SweepConfig:
+    """Everything that decides what a sweep measures and how; its digest keys the journal.
+
+    Attributes:
+        k: physical draft length K.
+        ladder: rank-local graph batch sizes, increasing.
+        cells: the cells to measure, sorted.
+        protocol: ``adaptive`` or ``fixed``.
+        thresholds: measurement thresholds.
+        seed: seeds the round order and the bootstrap.
+        backend: the backend's JSON description.
+        world_size: number of ranks.
+        fingerprint: the deployment fingerprint as a dict.
+    """
+
+    k: int
+    ladder: tuple[int, ...]
+    cells: tuple[CellSpec, ...]
+    protocol: str
+    thresholds: Thresholds
+    seed: int
+    backend: Mapping[str, Any]
+    world_size: int = 1
+    fingerprint: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.protocol not in PROTOCOLS:
+            raise ConfigError(f"--protocol {self.protocol!r} is unknown; use one of {list(PROTOCOLS)}")
+        if not self.cells:
+            raise ConfigError("the sweep has no cells; check --ladder and --budgets")
+        if len(set(self.cells)) != len(self.cells):
+            raise ConfigError("the sweep lists a cell twice")
+        bad = sorted(c.label() for c in self.cells if c.k != self.k or c.graph_batch_size not in self.ladder)
+        if bad:
+            raise ConfigError(f"cells {bad} do not belong to K={self.k} and ladder {list(self.ladder)}")
+        natives = {c.graph_batch_size for c in self.cells if c.kind is CellKind.NATIVE}
+        missing = sorted(set(self.ladder) - natives)
+        if missing:
+            raise ConfigError(f"every G needs its native cell (V=0); missing for G={missing}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (the journal header stores it)."""
+        return {
+            "k": self.k,
+            "ladder": list(self.ladder),
+            "cells": [list(c.key) for c in self.cells],
+            "protocol": self.protocol,
+            "thresholds": self.thresholds.to_dict(),
+            "seed": self.seed,
+            "backend": dict(self.backend),
+            "world_size": self.world_size,
+            "fingerprint": dict(self.fingerprint),
+        }
+
+    def digest(self) -> str:
+        """SHA-256 of the canonical JSON of :meth:`to_dict`."""
+        return sha256_hex(canonical_json(self.to_dict()))
+
+    def stopping_rule(self) -> StoppingRule:
+        """The rule the protocol implies."""
+        if self.protocol == "fixed":
+            return FixedProtocolRule(self.thresholds)
+        return PrecisionRule(self.thresholds)
+
+
+@dataclass(frozen=True, slots=True)
+class SampleRow:
+    """One raw sample as stored (journal and ``sweep-samples`` table)."""
+
+    round: int
+    rank: int
+    sample_index: int
+    ms: float
+    replays: int
+    sm_clock_mhz: float | None
+    temperature_c: float | None
+    power_w: float | None
+    throttle_reasons: int | None
+    kept: bool
+    epoch: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """Compact JSON form for the journal."""
+        return {
+            "round": self.round,
+            "rank": self.rank,
+            "i": self.sample_index,
+            "ms": self.ms,
+            "replays": self.replays,
+            "sm": self.sm_clock_mhz,
+            "temp": self.temperature_c,
+            "power": self.power_w,
+            "thr": self.throttle_reasons,
+            "kept": self.kept,
+            "epoch": self.epoch,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> SampleRow:
+        """Inverse of :meth:`to_json`."""
+        return cls(
+            int(d["round"]),
+            int(d["rank"]),
+            int(d["i"]),
+            float(d["ms"]),
+            int(d["replays"]),
+            d["sm"],
+            d["temp"],
+            d["power"],
+            d["thr"],
+            bool(d["kept"]),
+            int(d.get("epoch", 0)),
+        )
+
+
+@dataclass
+class _CellState:
+    spec: CellSpec
+    rows: list[SampleRow] = field(default_factory=list)
+    visits: int = 0
+    seconds: float = 0.0
+    warmup_steps: int = 0
+    visited_rounds: set[int] = field(default_factory=set)
+    decision: Decision | None = None
+
+    def kept(self) -> CellSamples:
+        rows = [r for r in self.rows if r.kept]
+        return CellSamples(
+            self.spec, tuple(r.ms for r in rows), tuple(r.round for r in rows), tuple(r.epoch for r in rows)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CellResult:
+    """One measured cell: summary statistics, stop decision, telemetry and the samples' hash.
+
+    ``summary`` is ``None`` when no sample was kept (budget ran out before the cell's first visit,
+    or every sample was throttled).
+    """
+
+    spec: CellSpec
+    summary: CellSummary | None
+    decision: Decision
+    samples_taken: int
+    dropped_throttled: int
+    warmup_steps: int
+    replays_per_sample: int
+    sm_clock_mhz_median: float | None
+    temperature_c_max: float | None
+    power_w_median: float | None
+    source_result_sha256: str
+    power_capped: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SweepEvent:
+    """Progress report for a UI: kind is ``round``, ``visit``, ``cell_done`` or ``end``."""
+
+    kind: str
+    round: int
+    cells_done: int
+    cells_total: int
+    cell: CellSpec | None = None
+    half_width_rel: float | None = None
+    eta_s: float | None = None
+    decision: Decision | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SweepResult:
+    """Everything a sweep measured, with per-cell results (sorted by (G, V))."""
+
+    config: SweepConfig
+    cells: tuple[CellResult, ...]
+    samples: pa.Table
+    rounds: int
+    seconds: float
+    resumed: bool
+    between: BetweenRun = NO_BETWEEN_RUN
+
+    @property
+    def complete(self) -> bool:
+        """True when every cell has a summary."""
+        return all(c.summary is not None for c in self.cells)
+
+    @property
+    def all_precise(self) -> bool:
+        """True when every cell stopped on precision (or completed the fixed protocol)."""
+        return all(c.decision.status is Status.ACCEPT for c in self.cells)
+
+    def summary_table(self) -> pa.Table:
+        """The ``sweep`` table: one row per measured cell (cells without samples are left out)."""
+        rows = [c for c in self.cells if c.summary is not None]
+        cols: dict[str, list[Any]] = {name: [] for name in _SUMMARY_COLUMNS}
+        for c in rows:
+            s = c.summary
+            assert s is not None
+            values = (
+                c.spec.graph_batch_size,
+                c.spec.verifier_budget,
+                c.spec.tokens,
+                s.median_ms,
+                s.ci_low_ms,
+                s.ci_high_ms,
+                s.p10_ms,
+                s.p90_ms,
+                s.iqr_ms,
+                s.samples,
+                s.rounds,
+                c.dropped_throttled,
+                c.warmup_steps,
+                c.replays_per_sample,
+                c.decision.reason,
+                c.sm_clock_mhz_median,
+                c.temperature_c_max,
+                c.power_w_median,
+                c.source_result_sha256,
+                s.saving,
+                s.saving_ci_low,
+                s.saving_ci_high,
+                s.paired_rounds,
+                s.common_mode_rel,
+                s.level_rel,
+                s.epochs,
+                c.power_capped,
+            )
+            for name, value in zip(_SUMMARY_COLUMNS, values, strict=True):
+                cols[name].append(value)
+        return pa.table(cols)
+
+    def unmeasured(self) -> tuple[CellSpec, ...]:
+        """Cells without any kept sample."""
+        return tuple(c.spec for c in self.cells if c.summary is None)
+
+    def throttle_summary(self) -> dict[str, Any]:
+        """What the throttle policy kept: counts, the power-capped share, the reasons seen."""
+        kept = self.samples.column("kept").to_numpy(zero_copy_only=False).astype(bool)
+        reasons = self.samples.column("throttle_reasons").to_numpy(zero_copy_only=False)
+        bits = np.nan_to_num(reasons.astype(np.float64), nan=0.0).astype(np.int64)
+        seen = int(np.bitwise_or.reduce(bits)) if bits.size else 0
+        capped = int(np.count_nonzero(kept & (bits & SW_POWER_CAP > 0)))
+        return {
+            "policy": self.config.thresholds.throttle_policy,
+            "samples_taken": int(kept.size),
+            "samples_kept": int(kept.sum()),
+            "power_capped_share": capped / int(kept.sum()) if kept.any() else 0.0,
+            "reasons_seen": reason_names(seen),
+        }
+
+
+_SUMMARY_COLUMNS = (
+    "graph_batch_size",
+    "verifier_budget",
+    "tokens",
+    "step_time_ms",
+    "ci_low_ms",
+    "ci_high_ms",
+    "p10_ms",
+    "p90_ms",
+    "iqr_ms",
+    "samples",
+    "rounds",
+    "dropped_throttled",
+    "warmup_steps",
+    "replays_per_sample",
+    "stop_reason",
+    "sm_clock_mhz_median",
+    "temperature_c_max",
+    "power_w_median",
+    "source_result_sha256",
+    "saving",
+    "saving_ci_low",
+    "saving_ci_high",
+    "paired_rounds",
+    "common_mode_rel",
+    "level_rel",
+    "epochs",
+    "power_capped",
+)
+
+
+def round_order(seed: int, round_index: int, cells: Iterable[CellSpec]) -> list[CellSpec]:
+    """The seeded random visiting order of ``cells`` in one round (pure, reproducible)."""
+    ordered = sorted(cells)
+    rng = np.random.default_rng([seed, round_index])
+    return [ordered[i] for i in rng.permutation(len(ordered))]
+
+
+def samples_path(out: Path) -> Path:
+    """``<stem>.samples.parquet`` beside the summary file."""
+    return out.with_name(out.stem + ".samples.parquet")
+
+
+def default_journal_path(out: Path) -> Path:
+    """``<stem>.journal.jsonl`` beside the summary file."""
+    return out.with_name(out.stem + ".journal.jsonl")
+
+
+def _samples_table(states: Iterable[_CellState]) -> pa.Table:
+    cols: dict[str, list[Any]] = {name: [] for name in _SAMPLE_COLUMNS}
+    for st in states:
+        for r in st.rows:
+            values = (
+                st.spec.graph_batch_size,
+                st.spec.verifier_budget,
+                r.round,
+                r.rank,
+                r.sample_index,
+                r.ms,
+                r.replays,
+                r.sm_clock_mhz,
+                r.temperature_c,
+                r.power_w,
+                r.throttle_reasons,
+                r.kept,
+                r.epoch,
+            )
+            for name, value in zip(_SAMPLE_COLUMNS, values, strict=True):
+                cols[name].append(value)
+    return pa.table(
+        {
+            **{
+                n: pa.array(cols[n], pa.int64())
+                for n in ("graph_batch_size", "verifier_budget", "round", "rank")
+            },
+            "sample_index": pa.array(cols["sample_index"], pa.int64()),
+            "step_time_ms": pa.array(cols["step_time_ms"], pa.float64()),
+            "replays": pa.array(cols["replays"], pa.int64()),
+            "sm_clock_mhz": pa.array(cols["sm_clock_mhz"], pa.float64()),
+            "temperature_c": pa.array(cols["temperature_c"], pa.float64()),
+            "power_w": pa.array(cols["power_w"], pa.float64()),
+            "throttle_reasons": pa.array(cols["throttle_reasons"], pa.int64()),
+            "kept": pa.array(cols["kept"], pa.bool_()),
+            "epoch": pa.array(cols["epoch"], pa.int64()),
+        }
+    )
+
+
+_SAMPLE_COLUMNS = (
+    "graph_batch_size",
+    "verifier_budget",
+    "round",
+    "rank",
+    "sample_index",
+    "step_time_ms",
+    "replays",
+    "sm_clock_mhz",
+    "temperature_c",
+    "power_w",
+    "throttle_reasons",
+    "kept",
+    "epoch",
+)
+
+
+def _median_or_none(values: Sequence[float | None], how: Callable[[np.ndarray], float]) -> float | None:
+    clean = np.array([v for v in values if v is not None], dtype=np.float64)
+    return float(how(clean)) if clean.size else None
+
+
+def _finish_cell(
+    st: _CellState, config: SweepConfig, between: BetweenRun, reference: CellSamples | None
+) -> CellResult:
+    th = config.thresholds
+    kept = st.kept()
+    summary = None
+    if kept.raw_ms:
+        summary = summarize(
+            kept,
+            reference=reference if reference is not None and reference.raw_ms else None,
+            between=between,
+            confidence=th.confidence,
+            n_boot=th.n_boot,
+            seed=config.seed,
+            reproduction=th.reproduction,
+            between_run_rel=th.between_run_rel,
+        )
+    decision = st.decision or Decision(
+        Status.UNKNOWN, "not_measured", "the sweep ended before this cell stopped"
+    )
+    cell_table = _samples_table([st])
+    rows_kept = [r for r in st.rows if r.kept]
+    return CellResult(
+        spec=st.spec,
+        summary=summary,
+        decision=decision,
+        samples_taken=len(st.rows),
+        dropped_throttled=sum(1 for r in st.rows if not r.kept),
+        warmup_steps=st.warmup_steps,
+        replays_per_sample=th.replays_per_sample,
+        sm_clock_mhz_median=_median_or_none([r.sm_clock_mhz for r in rows_kept], np.median),
+        temperature_c_max=_median_or_none([r.temperature_c for r in rows_kept], np.max),
+        power_w_median=_median_or_none([r.power_w for r in rows_kept], np.median),
+        source_result_sha256=logical_sha256(cell_table, "sweep-samples"),
+        power_capped=sum(1 for r in rows_kept if (r.throttle_reasons or 0) & SW_POWER_CAP),
+    )
+
+
+def finish_cells(
+    config: SweepConfig, states: Mapping[CellSpec, _CellState]
+) -> tuple[tuple[CellResult, ...], BetweenRun]:
+    """Summarize every cell: the sweep's between-epoch components first, then each cell paired
+    with the native cell of its G."""
+    kept = {c: st.kept() for c, st in states.items()}
+    between = estimate_between_run({c: s for c, s in kept.items() if s.raw_ms})
+    results = tuple(
+        _finish_cell(states[c], config, between, None if c.kind is CellKind.NATIVE else kept.get(c.native))
+        for c in config.cells
+    )
+    return results, between
+
+
+class _Harness:
+    """The mutable state of one running sweep; :func:`run_sweep` is its only user."""
+
+    def __init__(
+        self,
+        config: SweepConfig,
+        backend: Backend,
+        timer: Timer,
+        telemetry: Telemetry,
+        comm: Communicator,
+        rule: StoppingRule,
+        on_event: Callable[[SweepEvent], None] | None,
+    ) -> None:
+        self.config = config
+        self.backend = backend
+        self.timer = timer
+        self.telemetry = telemetry
+        self.comm = comm
+        self.rule = rule
+        self.on_event = on_event
+        self.states = {c: _CellState(c) for c in config.cells}
+        self.steps: dict[CellSpec, Step] = {}
+        self.step_epoch: dict[CellSpec, int] = {}
+        # Re-capture needs a backend that can build a cell's step again (default: yes).
+        self.recapture = config.thresholds.recapture_every > 0 and bool(getattr(backend, "recapture", True))
+        self.mask = drop_mask(config.thresholds.throttle_policy)
+        self.seconds_total = 0.0  # kept equal to the sum of every cell's seconds
+        self.eta: float | None = None  # estimated once per round
+        self.round = 0
+        self.journal: Journal | None = None
+        self.finished = False
+        self.half_width: dict[CellSpec, float] = {}
+
+    # -- journal replay ---------------------------------------------------------------------------
+    def replay(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """Rebuild the state from journal records (identical on every rank)."""
+        for rec in records:
+            kind = rec.get("type")
+            if kind == "visit":
+                st = self._state(rec)
+                st.rows.extend(SampleRow.from_json(s) for s in rec["samples"])
+                st.visits += 1
+                st.seconds += float(rec["seconds"])
+                self.seconds_total += float(rec["seconds"])
+                st.warmup_steps += int(rec["warmup"])
+                st.visited_rounds.add(int(rec["round"]))
+            elif kind == "stop":
+                self._state(rec).decision = Decision(
+                    Status(rec["status"]), str(rec["reason"]), str(rec.get("detail", ""))
+                )
+            elif kind == "round":
+                self.round = int(rec["round"]) + 1
+            elif kind == "done":
+                self.finished = True
+
+    def _state(self, rec: Mapping[str, Any]) -> _CellState:
+        spec = CellSpec(int(rec["g"]), int(rec["v"]), self.config.k)
+        if spec not in self.states:
+            raise ConfigError(f"journal names cell {spec.label()}, which this sweep does not measure")
+        return self.states[spec]
+
+    # -- measuring --------------------------------------------------------------------------------
+    def open_cells(self) -> list[CellSpec]:
+        return [c for c, st in self.states.items() if st.decision is None]
+
+    def epoch(self, round_index: int) -> int:
+        """The capture epoch a round belongs to (0 without re-capture)."""
+        return round_index // self.config.thresholds.recapture_every if self.recapture else 0
+
+    def _siblings_open(self, native: CellSpec) -> bool:
+        """Whether another cell of the native cell's G still measures (the native stays to pair)."""
+        return any(
+            c.graph_batch_size == native.graph_batch_size and c != native and st.decision is None
+            for c, st in self.states.items()
+        )
+
+    def sweep_seconds(self) -> float:
+        return self.seconds_total
+
+    def _write(self, records: Sequence[Mapping[str, Any]], *, sync: bool = True) -> None:
+        if self.journal is not None:
+            self.journal.append_many(records, sync=sync)
+
+    def _emit(self, event: SweepEvent) -> None:
+        if self.on_event is not None and self.comm.rank == 0:
+            self.on_event(event)
+
+    def _visit(self, cell: CellSpec) -> None:
+        th = self.config.thresholds
+        st = self.states[cell]
+        epoch = self.epoch(self.round)
+        # A new capture epoch builds the cell's step again and warms it up fully: what a new
+        # process would see (graph capture, memory placement) becomes visible to the statistics.
+        first = cell not in self.steps or self.step_epoch.get(cell) != epoch
+        warm = th.warmup_steps if first else th.rewarm_steps
+        if cell.kind is CellKind.NATIVE and len(st.rows) >= th.max_samples_per_cell:
+            # A native cell measures on past its cap while cells of its G still pair with it.
+            n_samples = th.samples_per_visit
+        else:
+            # Never take more than the per-cell cap, so a capped cell holds exactly the cap.
+            n_samples = max(1, min(th.samples_per_visit, th.max_samples_per_cell - len(st.rows)))
+        readings: list[tuple[float, float, float, float]] = []
+
+        def as_float(x: float | int | None) -> float:
+            return math.nan if x is None else float(x)
+
+        def on_sample(_: int) -> None:
+            r = self.telemetry.read()
+            readings.append(
+                (
+                    as_float(r.sm_clock_mhz),
+                    as_float(r.temperature_c),
+                    as_float(r.power_w),
+                    as_float(r.throttle_reasons),
+                )
+            )
+
+        self.comm.barrier()
+        t0 = self.timer.now()
+        failure: BaseException | None = None
+        times: list[float] = []
+        try:
+            if first:
+                if cell in self.steps:
+                    del self.steps[cell]
+                    release = getattr(self.backend, "release", None)
+                    if callable(release):
+                        release(cell)
+                self.steps[cell] = self.backend.prepare(cell)
+                self.step_epoch[cell] = epoch
+            step = self.steps[cell]
+            if warm:
+                self.timer.warm(step, warm)
+            times = self.timer.measure(
+                step, replays=th.replays_per_sample, samples=n_samples, on_sample=on_sample
+            )
+            if len(times) != n_samples or len(readings) != len(times):
+                raise MeasurementError(
+                    f"timer returned {len(times)} samples and {len(readings)} telemetry readings for "
+                    f"{n_samples} requested"
+                )
+        except (*_BACKEND_ERRORS, MeasurementError) as exc:
+            # Do not raise yet: the other ranks wait in the gather below. A failed rank contributes
+            # NaN, so every rank sees the failure and raises together.
+            failure = exc
+        seconds = self.timer.now() - t0
+        local = np.full((n_samples, len(VISIT_FIELDS)), np.nan)
+        if failure is None:
+            local[:, 0] = times
+            local[:, 1:5] = np.array(readings, dtype=np.float64).reshape(n_samples, 4)
+        local[:, 5] = seconds
+        gathered = self.comm.gather_visit(local)  # (world, samples, fields)
+        ms_all = gathered[:, :, 0]
+        bad_ranks = sorted({int(r) for r in np.nonzero(~np.isfinite(ms_all) | (ms_all <= 0))[0]})
+        if bad_ranks:
+            taken = sum(len(s.rows) for s in self.states.values())
+            where = (
+                f"rank(s) {bad_ranks} of {self.comm.world_size}"
+                if self.comm.world_size > 1
+                else "the backend"
+            )
+            if failure is not None:
+                what = f"failed here ({failure!r})"
+            elif self.comm.rank in bad_ranks:
+                what = f"returned non-finite or non-positive times {ms_all[self.comm.rank].tolist()!r}"
+            else:
+                what = "failed or returned unusable times (that rank reports why)"
+            raise MeasurementError(
+                f"{where} on backend {self.backend.name!r}, cell {cell.label()}, round {self.round}: {what}; "
+                f"the journal keeps the {taken} samples measured before"
+            ) from failure
+        slowest = np.argmax(ms_all, axis=0)
+        thr_all = np.nan_to_num(gathered[:, :, 4], nan=0.0).astype(np.int64)
+        # A sample is dropped when any rank reported a reason the throttle policy drops.
+        throttled = np.any(thr_all & self.mask, axis=0)
+        rows = []
+        for i in range(len(times)):
+            rk = int(slowest[i])
+            tel = gathered[rk, i, 1:5]
+            rows.append(
+                SampleRow(
+                    round=self.round,
+                    rank=rk,
+                    sample_index=len(st.rows) + i,
+                    ms=float(ms_all[rk, i]),
+                    replays=th.replays_per_sample,
+                    sm_clock_mhz=None if math.isnan(tel[0]) else float(tel[0]),
+                    temperature_c=None if math.isnan(tel[1]) else float(tel[1]),
+                    power_w=None if math.isnan(tel[2]) else float(tel[2]),
+                    throttle_reasons=None if math.isnan(tel[3]) else int(np.bitwise_or.reduce(thr_all[:, i])),
+                    kept=not bool(throttled[i]),
+                    epoch=epoch,
+                )
+            )
+        visit_seconds = float(np.max(gathered[:, 0, 5]))
+        self._write(
+            [
+                {
+                    "type": "visit",
+                    "g": cell.graph_batch_size,
+                    "v": cell.verifier_budget,
+                    "round": self.round,
+                    "warmup": warm,
+                    "seconds": visit_seconds,
+                    "samples": [r.to_json() for r in rows],
+                }
+            ],
+            sync=False,
+        )
+        st.rows.extend(rows)
+        st.visits += 1
+        st.seconds += visit_seconds
+        self.seconds_total += visit_seconds
+        st.warmup_steps += warm
+        st.visited_rounds.add(self.round)
+
+    def _check_kept_share(self) -> None:
+        """Stop at once when the throttle policy drops most samples: the budget would buy nothing.
+
+        Raises:
+            MeasurementError: the kept share is below ``min_kept_share``; names the reasons seen.
+        """
+        th = self.config.thresholds
+        rows = [r for st in self.states.values() for r in st.rows]
+        if not rows or not self.mask:
+            return
+        kept = sum(1 for r in rows if r.kept)
+        if kept / len(rows) >= th.min_kept_share:
+            return
+        bits = 0
+        for r in rows:
+            if not r.kept and r.throttle_reasons is not None:
+                bits |= r.throttle_reasons
+        names = ", ".join(reason_names(bits & self.mask)) or "none reported"
+        if th.throttle_policy == "strict" and bits & SW_POWER_CAP:
+            fix = (
+                "a GPU serving at high concurrency runs at its power cap, so measure that condition: "
+                "use --throttle-policy serving (the default)"
+            )
+        else:
+            fix = (
+                "cool the GPU or find what slows it (nvidia-smi -q -d PERFORMANCE), or keep these samples "
+                "with --throttle-policy keep-all if serving runs under the same slowdown"
+            )
+        raise MeasurementError(
+            f"throttle policy {th.throttle_policy!r} dropped {len(rows) - kept} of {len(rows)} samples "
+            f"after round {self.round} (kept {kept / len(rows):.0%} < {th.min_kept_share:.0%}); "
+            f"reasons seen: {names} (NVML clocks-event bits {hex(bits)}); {fix}. Nothing was written; "
+            "the journal keeps the samples"
+        )
+
+    def _progress(self, cell: CellSpec, total: float) -> CellProgress:
+        st = self.states[cell]
+        reference = None if cell.kind is CellKind.NATIVE else self.states[cell.native].kept()
+        return CellProgress(
+            samples=st.kept(),
+            cell_seconds=st.seconds,
+            sweep_seconds=total,
+            taken=len(st.rows),
+            visits=st.visits,
+            seed=self.config.seed,
+            reference=reference,
+        )
+
+    def _decide(self) -> None:
+        records = []
+        total = self.sweep_seconds()
+        # Non-native cells first: a native cell stops only once no cell of its G is left to pair
+        # with it (the saving of a compact cell is measured against native samples of the same
+        # rounds), unless the sweep's budget ends everything.
+        order = sorted(self.open_cells(), key=lambda c: (c.kind is CellKind.NATIVE, c))
+        for cell in order:
+            st = self.states[cell]
+            progress = self._progress(cell, total)
+            decision = self.rule(progress)
+            if self.on_event is not None and progress.samples.rounds >= 2 and decision.reason != "non_finite":
+                th = self.config.thresholds
+                quick = summarize(
+                    progress.samples,
+                    confidence=th.confidence,
+                    n_boot=200,
+                    seed=self.config.seed,
+                    reproduction=th.reproduction,
+                    between_run_rel=0.0,
+                )
+                self.half_width[cell] = quick.half_width_rel
+            if decision.status is Status.UNKNOWN and decision.reason == "non_finite":
+                raise MeasurementError(f"cell {cell.label()}: {decision.detail}")
+            if (
+                decision.stops
+                and cell.kind is CellKind.NATIVE
+                and decision.reason != StopReason.BUDGET.value
+                and self._siblings_open(cell)
+            ):
+                continue
+            if decision.stops:
+                st.decision = decision
+                records.append(
+                    {
+                        "type": "stop",
+                        "g": cell.graph_batch_size,
+                        "v": cell.verifier_budget,
+                        "round": self.round,
+                        "status": decision.status.value,
+                        "reason": decision.reason,
+                        "detail": decision.detail,
+                    }
+                )
+                self._emit(
+                    SweepEvent(
+                        "cell_done", self.round, self._done(), len(self.states), cell, None, None, decision
+                    )
+                )
+        records.append({"type": "round", "round": self.round})
+        self._write(records)
+        self._check_kept_share()
+
+    def _done(self) -> int:
+        return sum(1 for st in self.states.values() if st.decision is not None)
+
+    def _eta(self) -> float | None:
+        visits = sum(st.visits for st in self.states.values())
+        if not visits:
+            return None
+        per_visit = self.sweep_seconds() / visits
+        th = self.config.thresholds
+        need = sum(max(th.min_rounds - self.states[c].visits, 1) for c in self.open_cells())
+        return min(per_visit * need, max(th.budget_s - self.sweep_seconds(), 0.0))
+
+    def run(self) -> None:
+        th = self.config.thresholds
+        while not self.finished and self.open_cells():
+            self.eta = self._eta()
+            self._emit(SweepEvent("round", self.round, self._done(), len(self.states), eta_s=self.eta))
+            for cell in round_order(self.config.seed, self.round, self.open_cells()):
+                if self.round in self.states[cell].visited_rounds:
+                    continue  # visited before a crash in this round
+                if self.sweep_seconds() >= th.budget_s:
+                    break
+                self._visit(cell)
+                hw = self.half_width.get(cell)
+                self._emit(
+                    SweepEvent("visit", self.round, self._done(), len(self.states), cell, hw, self.eta)
+                )
+            self._decide()
+            self.round += 1
+        if not self.finished:
+            self._write([{"type": "done"}])
+            self.finished = True
+
+
+def run_sweep(
+    config: SweepConfig,
+    backend: Backend,
+    *,
+    journal_path: Path | None,
+    resume: bool = False,
+    timer: Timer | None = None,
+    telemetry: Telemetry | None = None,
+    comm: Communicator | None = None,
+    stopping_rule: StoppingRule | None = None,
+    on_event: Callable[[SweepEvent], None] | None = None,
+) -> SweepResult:
+    """Measure every cell of ``config`` with ``backend``; see the module docstring.
+
+    Args:
+        config: what to measure.
+        backend: prepares the steps.
+        journal_path: where rank 0 journals the sweep; ``None`` keeps no journal (tests).
+        resume: continue the journal at ``journal_path`` instead of creating it.
+        timer: times samples; default ``backend.timer()``.
+        telemetry: per-sample readings; default ``backend.telemetry()``.
+        comm: collectives across ranks; default one rank.
+        stopping_rule: decides per cell after each round; default from ``config.protocol``.
+        on_event: progress callback (rank 0 only).
+
+    Returns:
+        The result, identical on every rank.
+
+    Raises:
+        ConfigError: ranks disagree, a journal exists without ``resume``, or the journal belongs
+            to another configuration.
+        MeasurementError: the backend failed or produced non-finite times (the journal keeps
+            everything measured before).
+    """
+    comm = comm or SingleProcess()
+    if comm.world_size != config.world_size:
+        raise ConfigError(f"config is for {config.world_size} rank(s) but {comm.world_size} are running")
+    comm.agree("sweep configuration", config.to_dict())
+    harness = _Harness(
+        config,
+        backend,
+        timer or backend.timer(),
+        telemetry or backend.telemetry(),
+        comm,
+        stopping_rule or config.stopping_rule(),
+        on_event,
+    )
+    records: list[Mapping[str, Any]] = []
+    journal: Journal | None = None
+    error: str | None = None
+    if comm.rank == 0 and journal_path is not None:
+        try:
+            if resume:
+                journal, contents = Journal.resume(journal_path, config.digest(), config.to_dict())
+                records = list(contents.records)
+            else:
+                journal = Journal.create(
+                    journal_path,
+                    {
+                        "config_digest": config.digest(),
+                        "config": config.to_dict(),
+                        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+                    },
+                )
+        except ConfigError as exc:
+            error = str(exc)
+    # Every rank learns rank 0's journal error or records, so no rank measures alone.
+    shared = comm.broadcast({"error": error, "records": records})
+    if shared["error"] is not None:
+        raise ConfigError(shared["error"] if comm.rank == 0 else f"rank 0: {shared['error']}")
+    harness.journal = journal
+    try:
+        harness.replay(shared["records"])
+        resumed = bool(shared["records"])
+        harness.run()
+    finally:
+        if journal is not None:
+            journal.close()
+    results, between = finish_cells(config, harness.states)
+    table = _samples_table(harness.states[c] for c in config.cells)
+    harness._emit(SweepEvent("end", harness.round, harness._done(), len(harness.states)))
+    return SweepResult(
+        config, results, table, harness.round, harness.sweep_seconds(), resumed, between=between
+    )
+
+
+def build_fingerprint(
+    *,
+    k: int,
+    ladder: Sequence[int],
+    world_size: int,
+    backend_fields: Mapping[str, Any],
+    base: Fingerprint | None = None,
+    clock_policy: str | None = None,
+    context_len: int | None = None,
+) -> Fingerprint:
+    """The sweep's fingerprint: K, ladders and GPU count derived here, the rest from ``base``.
+
+    Fields the backend establishes (``gpu``, ``model_config_sha256``, …) and the derived ones must
+    agree with ``base`` where ``base`` sets them.
+
+    Raises:
+        ConfigError: a conflict between ``base`` and what this sweep establishes, or an invalid field.
+    """
+    derived: dict[str, Any] = {
+        "max_draft_len": k,
+        "rank_local_graph_batch_sizes": tuple(ladder),
+        "gpu_count": world_size,
+        "global_graph_batch_sizes": tuple(g * world_size for g in ladder),
+        **{k2: v for k2, v in backend_fields.items() if v is not None},
+    }
+    if clock_policy is not None:
+        derived["clock_policy"] = clock_policy
+    if context_len is not None:
+        derived["context_len"] = context_len
+    base = base or Fingerprint()
+    conflicts = []
+    for name, value in sorted(derived.items()):
+        have = getattr(base, name)
+        if have is not None and have != value:
+            conflicts.append(f"{name} is {have!r} in --fingerprint but this sweep has {value!r}")
+    if conflicts:
+        raise ConfigError("fingerprint conflicts: " + "; ".join(conflicts) + "; fix the --fingerprint file")
+    try:
+        return base.replace(**derived)
+    except (ModelError, TypeError) as exc:
+        raise ConfigError(f"fingerprint: {exc}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class SweepOutput:
+    """What :func:`write_sweep` wrote."""
+
+    summary_path: Path
+    samples_path: Path
+    summary_sha256: str
+    samples_sha256: str
+    plot_path: Path | None = None
+
+
+def write_sweep(
+    result: SweepResult,
+    out: Path,
+    *,
+    fingerprint: Fingerprint,
+    provenance: Provenance,
+) -> SweepOutput:
+    """Write the samples artifact, then the summary artifact that names it (both atomic).
+
+    Raises:
+        MeasurementError: no cell has a kept sample.
+        ConfigError: the tables do not fit their schemas or the files cannot be written.
+    """
+    table = result.summary_table()
+    if table.num_rows == 0:
+        raise MeasurementError(
+            "no cell kept any sample; nothing to write (see the journal for what was taken)"
+        )
+    spath = samples_path(out)
+    samples_sha = write_unsigned_artifact(
+        spath, result.samples, kind="sweep-samples", fingerprint=fingerprint, provenance=provenance
+    )
+    extra = dict(provenance.extra)
+    extra.update(
+        {
+            "samples_file": spath.name,
+            "samples_logical_sha256": samples_sha,
+            "config_digest": result.config.digest(),
+            "seed": result.config.seed,
+            "protocol": result.config.protocol,
+            "rounds": result.rounds,
+            "sweep_seconds": result.seconds,
+            "unmeasured_cells": [list(c.key) for c in result.unmeasured()],
+            "ci_method": sorted({c.summary.ci_method for c in result.cells if c.summary is not None}),
+            "warnings": {
+                c.spec.label(): list(c.summary.warnings)
+                for c in result.cells
+                if c.summary and c.summary.warnings
+            },
+            "between_run": result.between.to_dict(),
+            "throttle": result.throttle_summary(),
+        }
+    )
+    summary_prov = replace(provenance, extra=extra)
+    summary_sha = write_unsigned_artifact(
+        out,
+        table,
+        kind="sweep",
+        fingerprint=fingerprint,
+        provenance=summary_prov,
+        summary={"cells": table.num_rows, "k": result.config.k, "ladder": list(result.config.ladder)},
+    )
+    return SweepOutput(out, spath, summary_sha, samples_sha)
+
+
+def sweep(
+    *,
+    config: SweepConfig,
+    backend: Backend,
+    out: Path,
+    fingerprint: Fingerprint,
+    journal_path: Path | None = None,
+    resume: bool = False,
+    comm: Communicator | None = None,
+    clock_policy: str | None = None,
+    command: Sequence[str] | None = None,
+    on_event: Callable[[SweepEvent], None] | None = None,
+    plot: bool = False,
+) -> tuple[SweepResult, SweepOutput | None]:
+    """Run a sweep and write its artifacts (rank 0); the one call behind ``dspark-calibrate sweep``.
+
+    Args:
+        config: what to measure (its fingerprint must equal ``fingerprint.to_dict()``).
+        backend: the backend.
+        out: summary Parquet path; samples go to :func:`samples_path`, the journal by default to
+            :func:`default_journal_path`.
+        fingerprint: the deployment fingerprint for the footer.
+        journal_path: journal location override.
+        resume: continue an interrupted sweep.
+        comm: collectives across ranks.
+        clock_policy: recorded in provenance.
+        command: the command line recorded in provenance (default ``sys.argv``).
+        on_event: progress callback.
+        plot: also write ``<stem>.png`` (needs matplotlib).
+
+    Returns:
+        The result, and the outputs on rank 0 (``None`` on other ranks).
+
+    Raises:
+        ConfigError: see :func:`run_sweep`, and unwritable outputs.
+        MeasurementError: see :func:`run_sweep`.
+    """
+    if dict(config.fingerprint) != fingerprint.to_dict():
+        raise RuntimeError("config.fingerprint must be fingerprint.to_dict()")
+    comm = comm or SingleProcess()
+    result = run_sweep(
+        config,
+        backend,
+        journal_path=journal_path or default_journal_path(out),
+        resume=resume,
+        comm=comm,
+        on_event=on_event,
+    )
+    if comm.rank != 0:
+        return result, None
+    provenance = Provenance(
+        tool_version=__version__,
+        command=tuple(command if command is not None else [shlex.quote(a) for a in sys.argv]),
+        backend=backend.name,
+        synthetic=bool(backend.synthetic),
+        clock_policy=clock_policy,
+        stopping_rule={"protocol": config.protocol, **config.thresholds.to_dict()},
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        extra={
+            "backend": dict(config.backend),
+            "telemetry": backend.telemetry().describe(),
+            "world_size": config.world_size,
+        },
+    )
+    output = write_sweep(result, out, fingerprint=fingerprint, provenance=provenance)
+    return result, _maybe_plot(result, output, plot)
+
+
+def result_from_imported(config: SweepConfig, imported: Any) -> SweepResult:
+    """Summarize samples another tool measured (``import-samples``) like a sweep's own.
+
+    Args:
+        config: the sweep configuration (its cells are the cells found in the import).
+        imported: an :class:`~dspark_calibrate.calibrate.measurement.backends.import_samples.ImportedSamples`.
+
+    Raises:
+        ConfigError: the import holds a cell the configuration does not list.
+    """
+
+    states = {c: _CellState(c) for c in config.cells}
+    for cell, pairs in group_rounds(imported.samples).items():
+        if cell not in states:
+            raise ConfigError(f"imported cell {cell.label()} is not in this sweep's cells")
+        st = states[cell]
+        for i, (rnd, ms) in enumerate(pairs):
+            st.rows.append(SampleRow(rnd, 0, i, ms, 1, None, None, None, None, True))
+        st.visits = len({r for r, _ in pairs})
+        st.decision = Decision(Status.ACCEPT, StopReason.IMPORTED.value, f"imported from {imported.source}")
+    results, between = finish_cells(config, states)
+    samples = _samples_table(states[c] for c in config.cells)
+    return SweepResult(config, results, samples, 0, 0.0, False, between=between)
+
+
+@dataclass(frozen=True, slots=True)
+class SweepRequest:
+    """Everything ``dspark-calibrate sweep`` was asked to do, as plain data.
+
+    Attributes:
+        backend: backend name, entry point or import string, or ``import-samples``.
+        backend_options: keyword options for the backend factory.
+        k: physical draft length.
+        ladder: rank-local graph ladder.
+        budgets: explicit compact budgets per G.
+        max_candidates: default candidates per G before thinning.
+        include_control: also measure V = G·(K+1).
+        forced_k: also measure the forced-K arm of every G when the backend offers it.
+        out: summary Parquet path.
+        journal: journal path (default beside ``out``).
+        resume: continue an interrupted sweep.
+        protocol: ``adaptive`` or ``fixed``.
+        thresholds: measurement thresholds.
+        seed: round-order and bootstrap seed.
+        fingerprint: base fingerprint (from ``--fingerprint``), or ``None``.
+        clock_policy: GPU clock policy recorded in the fingerprint and provenance.
+        input: profiler JSONL for ``import-samples``.
+        plot: also write a PNG.
+        command: command line for provenance.
+    """
+
+    backend: str
+    k: int
+    ladder: tuple[int, ...]
+    out: Path
+    backend_options: Mapping[str, Any] = field(default_factory=dict)
+    budgets: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    max_candidates: int = 48
+    include_control: bool = True
+    forced_k: bool = True
+    journal: Path | None = None
+    resume: bool = False
+    protocol: str = "adaptive"
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    seed: int = 0
+    fingerprint: Fingerprint | None = None
+    clock_policy: str | None = None
+    input: Path | None = None
+    plot: bool = False
+    command: tuple[str, ...] | None = None
+
+
+IMPORT_BACKEND = "import-samples"
+
+
+def execute(
+    request: SweepRequest,
+    *,
+    comm: Communicator | None = None,
+    on_event: Callable[[SweepEvent], None] | None = None,
+) -> tuple[SweepResult, SweepOutput | None]:
+    """Run (or import) a sweep as requested and write its artifacts on rank 0.
+
+    Under ``torchrun`` (``WORLD_SIZE`` > 1) and without ``comm``, initialises torch.distributed.
+
+    Raises:
+        ConfigError: bad request (ladder, budgets, backend, fingerprint, journal).
+        MeasurementError: the measurement failed.
+    """
+
+    def cells_for(forced_k: bool) -> tuple[CellSpec, ...]:
+        return plan_cells(
+            k=request.k,
+            ladder=request.ladder,
+            budgets=request.budgets,
+            max_per_g=request.max_candidates,
+            include_control=request.include_control,
+            include_forced_k=forced_k,
+        )
+
+    cells = cells_for(False)  # validates the ladder and budgets before any backend is loaded
+    thresholds = request.thresholds
+    if request.backend == IMPORT_BACKEND:
+        if request.input is None:
+            raise ConfigError("--backend import-samples needs --input PROFILE.jsonl")
+        imported = read_profiler_jsonl(request.input, k=request.k, ladder=request.ladder)
+        found = tuple(sorted({s.cell for s in imported.samples}))
+        fingerprint = build_fingerprint(
+            k=request.k,
+            ladder=request.ladder,
+            world_size=1,
+            backend_fields={},
+            base=request.fingerprint,
+            clock_policy=request.clock_policy,
+        )
+        config = SweepConfig(
+            k=request.k,
+            ladder=request.ladder,
+            cells=found,
+            protocol="fixed",
+            thresholds=thresholds,
+            seed=request.seed,
+            backend={"name": IMPORT_BACKEND, "input": str(request.input)},
+            fingerprint=fingerprint.to_dict(),
+        )
+        result = result_from_imported(config, imported)
+        provenance = Provenance(
+            tool_version=__version__,
+            command=request.command or tuple(sys.argv),
+            backend=IMPORT_BACKEND,
+            clock_policy=request.clock_policy,
+            stopping_rule={"protocol": "imported"},
+            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            extra={"input": str(request.input), "misaligned_skipped": imported.misaligned},
+        )
+        output = write_sweep(result, request.out, fingerprint=fingerprint, provenance=provenance)
+        return result, _maybe_plot(result, output, request.plot)
+
+    if comm is None:
+        comm = from_environment()
+    options = dict(request.backend_options)
+    if request.backend == "trtllm":
+        options.setdefault("ladder", list(request.ladder))
+    backend = load_backend(request.backend, options)
+    try:
+        if request.forced_k and getattr(backend, "supports_forced_k", False):
+            cells = cells_for(True)
+        fields = backend.fingerprint_fields()
+        context_len = fields.pop("context_len", None)
+        fingerprint = build_fingerprint(
+            k=request.k,
+            ladder=request.ladder,
+            world_size=comm.world_size,
+            backend_fields=fields,
+            base=request.fingerprint,
+            clock_policy=request.clock_policy,
+            context_len=context_len,
+        )
+        config = SweepConfig(
+            k=request.k,
+            ladder=request.ladder,
+            cells=cells,
+            protocol=request.protocol,
+            thresholds=thresholds,
+            seed=request.seed,
+            backend=backend.describe(),
+            world_size=comm.world_size,
+            fingerprint=fingerprint.to_dict(),
+        )
+        return sweep(
+            config=config,
+            backend=backend,
+            out=request.out,
+            fingerprint=fingerprint,
+            journal_path=request.journal,
+            resume=request.resume,
+            comm=comm,
+            clock_policy=request.clock_policy,
+            command=request.command,
+            on_event=on_event,
+            plot=request.plot,
+        )
+    finally:
+        backend.close()
+
+
+def _maybe_plot(result: SweepResult, output: SweepOutput, plot: bool) -> SweepOutput:
+    if not plot:
+        return output
+    png = output.summary_path.with_suffix(".png")
+    plot_sweep(result.config.k, result.config.ladder, [(c.spec, c.summary) for c in result.cells], png)
+    return replace(output, plot_path=png)

@@ -1,0 +1,316 @@
+"""The report's I/O edge: read the trust root and the inputs, verify them, list what was refused.
+
+:func:`collect_evidence` verifies a bundle directory (``verify_bundle``) or loose signed artifacts
+(``verify_path``, then one fingerprint and distinct kinds) with the artifacts pipeline. When
+verification fails it also reads what it can of the inputs with ``read_artifact``, labelled
+untrusted, so the page can say *which* files were refused. Nothing raises for bad evidence: every
+problem becomes a finding. Building the page from the evidence is :mod:`.model`'s job.
+
+Verification needs ``cryptography``; it is loaded on first use, not when this module is imported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dspark_calibrate.artifacts import (
+    DEFAULT_LIMITS,
+    ArtifactReadError,
+    Finding,
+    Reason,
+    read_artifact,
+)
+from dspark_calibrate.errors import ConfigError
+
+if TYPE_CHECKING:
+    from dspark_calibrate.artifacts import Expectation, TrustRoot, VerifiedArtifact
+
+__all__ = [
+    "MEMBER_KINDS",
+    "Evidence",
+    "TrustRootInfo",
+    "UntrustedInput",
+    "collect_evidence",
+    "display",
+]
+
+#: Member kinds a report covers, in page order (DESIGN §4 bundle members).
+MEMBER_KINDS: tuple[str, ...] = ("cost-table", "calibration", "admission")
+#: Files read per input directory when listing untrusted inputs (a bundle has at most three members;
+#: the cap keeps a mistaken directory argument from reading a whole data folder).
+_MAX_UNTRUSTED_FILES = 8
+#: Footer claims shown for untrusted inputs (enough to recognise a file; never used for a decision).
+_CLAIMED_FIELDS: tuple[str, ...] = (
+    "gpu",
+    "gpu_count",
+    "topology",
+    "max_draft_len",
+    "rank_local_graph_batch_sizes",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TrustRootInfo:
+    """The trust root the inputs were verified against."""
+
+    path: str
+    version: int
+    digest: str
+    expires: datetime
+    artifact_threshold: int
+    artifact_keyids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class UntrustedInput:
+    """A file as read without verification: facts about its bytes plus the footer's claims.
+
+    Attributes:
+        path: the file.
+        file_bytes: its size, or ``None`` when it could not be read.
+        file_sha256: SHA-256 of its bytes, or ``None``.
+        claimed_kind: the unsigned footer's kind, or ``None``.
+        claimed_rows: rows in the table, or ``None``.
+        claims: selected unsigned footer fingerprint fields, as display strings.
+        read_error: why it could not be read as an artifact, if so.
+    """
+
+    path: str
+    file_bytes: int | None
+    file_sha256: str | None
+    claimed_kind: str | None = None
+    claimed_rows: int | None = None
+    claims: tuple[tuple[str, str], ...] = ()
+    read_error: str | None = None
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """The outcome of reading and verifying the inputs.
+
+    Attributes:
+        inputs: the paths given, in order.
+        trust_root: the trust root used, or ``None`` when it could not be loaded.
+        findings: every reason the inputs were refused, in pipeline order (empty = verified).
+        artifacts: the verified members by kind (empty unless ``findings`` is empty).
+        bundle_version: the bundle manifest's version, when the input was a bundle.
+        manifest_keyids: keys that signed the bundle manifest.
+        untrusted: what could be read of the inputs when verification failed.
+        trust_root_unreadable: the trust root file could not be read (a wrong path, not bad evidence).
+    """
+
+    inputs: tuple[Path, ...]
+    trust_root: TrustRootInfo | None
+    findings: tuple[Finding, ...]
+    artifacts: Mapping[str, VerifiedArtifact] = field(default_factory=dict)
+    bundle_version: int | None = None
+    manifest_keyids: tuple[str, ...] = ()
+    untrusted: tuple[UntrustedInput, ...] = ()
+    trust_root_unreadable: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """True when every input verified."""
+        return not self.findings and bool(self.artifacts)
+
+    @property
+    def is_bundle(self) -> bool:
+        """True when the input was a bundle (a signed manifest binds the members)."""
+        return self.bundle_version is not None
+
+
+def _file_facts(path: Path) -> tuple[int | None, str | None]:
+    """Size and SHA-256 of a file; the digest is skipped above the artifact size limit."""
+    try:
+        size = path.stat().st_size
+        if not path.is_file() or size > DEFAULT_LIMITS.max_file_bytes:
+            return size, None
+        data = path.read_bytes()
+    except OSError:
+        return None, None
+    return len(data), hashlib.sha256(data).hexdigest()
+
+
+def display(value: Any) -> str:
+    """How the page shows a raw footer or fingerprint value: ``—`` for none, lists comma-joined."""
+    if value is None:
+        return "—"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value)
+    return str(value)
+
+
+def _untrusted_file(path: Path) -> UntrustedInput:
+    size, digest = _file_facts(path)
+    try:
+        loaded = read_artifact(path)
+    except ArtifactReadError as exc:
+        return UntrustedInput(str(path), size, digest, read_error=f"{exc.reason.value}: {exc}")
+    fp = loaded.metadata.get("fingerprint")
+    claims = tuple((k, display(fp.get(k))) for k in _CLAIMED_FIELDS) if isinstance(fp, Mapping) else ()
+    return UntrustedInput(
+        str(path), size, digest, claimed_kind=loaded.kind, claimed_rows=loaded.table.num_rows, claims=claims
+    )
+
+
+def _untrusted_inputs(inputs: Sequence[Path]) -> tuple[UntrustedInput, ...]:
+    out: list[UntrustedInput] = []
+    for path in inputs:
+        if path.is_dir():
+            for member in sorted(path.glob("*.parquet"))[:_MAX_UNTRUSTED_FILES]:
+                out.append(_untrusted_file(member))
+            manifest = path / "bundle.dsse.json"
+            size, digest = _file_facts(manifest)
+            out.append(
+                UntrustedInput(
+                    str(manifest),
+                    size,
+                    digest,
+                    claimed_kind="bundle manifest" if size is not None else None,
+                    read_error=None if size is not None else "IO_ERROR: not found or unreadable",
+                )
+            )
+        elif path.exists():
+            out.append(_untrusted_file(path))
+        else:
+            out.append(UntrustedInput(str(path), None, None, read_error="IO_ERROR: not found"))
+    return tuple(out)
+
+
+def _load_root(
+    trust_root: Path | str | TrustRoot, now: datetime
+) -> tuple[TrustRoot | None, TrustRootInfo | None, Finding | None, bool]:
+    """The trust root, what the page shows of it, or the finding; and whether the file was unreadable."""
+    from dspark_calibrate.artifacts import TrustRootError, TrustRootUnreadable, read_trust_root
+
+    if isinstance(trust_root, (str, Path)):
+        try:
+            root = read_trust_root(trust_root, now=now)
+        except TrustRootError as exc:
+            unreadable = isinstance(exc, TrustRootUnreadable)
+            return None, None, Finding(exc.reason, str(exc), field="trust_root"), unreadable
+        where = str(trust_root)
+    else:
+        root = trust_root
+        where = "(given)"
+        if root.is_expired(now):
+            return (
+                None,
+                None,
+                Finding(
+                    Reason.TRUST_ROOT_EXPIRED,
+                    f"trust root v{root.version} expired at {root.expires.isoformat()}; rotate it",
+                    field="trust_root",
+                ),
+                False,
+            )
+    info = TrustRootInfo(
+        path=where,
+        version=root.version,
+        digest=root.digest(),
+        expires=root.expires,
+        artifact_threshold=root.artifact_threshold,
+        artifact_keyids=tuple(sorted(root.artifact_keys)),
+    )
+    return root, info, None, False
+
+
+def collect_evidence(
+    inputs: Sequence[Path | str],
+    trust_root: Path | str | TrustRoot,
+    *,
+    now: datetime,
+    expected: Expectation | None = None,
+) -> Evidence:
+    """Read and verify the inputs; the I/O edge of the report.
+
+    A directory is verified as a bundle (``verify_bundle``: manifest and every member). Files are
+    verified one by one (``verify_path``) and must then be distinct kinds with one fingerprint.
+    Nothing raises for bad evidence: every problem becomes a finding.
+
+    Args:
+        inputs: one bundle directory, or one to three signed artifact files.
+        trust_root: the pinned ``root.json`` path, or an already-loaded trust root.
+        now: the verification time (timezone-aware).
+        expected: kind-independent expectations (fingerprint binding, synthetic policy, maximum age).
+
+    Returns:
+        The evidence; ``evidence.ok`` only when the trust root loaded and every input verified.
+
+    Raises:
+        ConfigError: no input, or a bundle directory mixed with other inputs.
+    """
+    from dspark_calibrate.artifacts import Expectation as _Expectation
+    from dspark_calibrate.artifacts import verify_bundle, verify_path
+
+    paths = tuple(Path(p) for p in inputs)
+    if not paths:
+        raise ConfigError("give a bundle directory or signed artifact files to report on")
+    if len(paths) > 1 and any(p.is_dir() for p in paths):
+        raise ConfigError("give either one bundle directory or artifact files, not both")
+    expect = expected if expected is not None else _Expectation()
+    root, info, problem, unreadable = _load_root(trust_root, now)
+    if root is None:
+        assert problem is not None
+        return Evidence(
+            paths, None, (problem,), untrusted=_untrusted_inputs(paths), trust_root_unreadable=unreadable
+        )
+    if paths[0].is_dir():
+        bundle = verify_bundle(paths[0], root, now=now, expected=expect)
+        if not bundle.ok:
+            return Evidence(paths, info, bundle.findings, untrusted=_untrusted_inputs(paths))
+        members = {k: a for k in MEMBER_KINDS if (a := bundle.artifact(k)) is not None}
+        return Evidence(
+            paths, info, (), members, bundle_version=bundle.version, manifest_keyids=bundle.manifest_keyids
+        )
+    findings: list[Finding] = []
+    members = {}
+    for path in paths:
+        report = verify_path(path, root, now=now, expected=expect)
+        if not report.ok or report.artifact is None:
+            findings.extend(report.findings)
+            continue
+        art = report.artifact
+        if art.kind in members:
+            findings.append(
+                Finding(
+                    Reason.BUNDLE_INVALID,
+                    f"{path}: a second {art.kind} artifact (first: {members[art.kind].path}); "
+                    "give one per kind",
+                    field=art.kind,
+                )
+            )
+        elif art.kind not in MEMBER_KINDS:
+            findings.append(
+                Finding(
+                    Reason.KIND_MISMATCH,
+                    f"{path}: is a {art.kind} artifact; the report covers {', '.join(MEMBER_KINDS)}",
+                    field="kind",
+                    expected=list(MEMBER_KINDS),
+                    actual=art.kind,
+                )
+            )
+        else:
+            members[art.kind] = art
+    if not findings and members:
+        first_kind = next(k for k in MEMBER_KINDS if k in members)
+        first = members[first_kind].fingerprint
+        for art in members.values():
+            diff = [name for name, _, _ in first.diff(art.fingerprint)]
+            if diff:
+                findings.append(
+                    Finding(
+                        Reason.CROSS_MEMBER_MISMATCH,
+                        f"{art.path}: fingerprint differs from {members[first_kind].path.name} in {diff}; "
+                        "these artifacts describe different deployments",
+                        field=diff[0],
+                    )
+                )
+    if findings:
+        return Evidence(paths, info, tuple(findings), untrusted=_untrusted_inputs(paths))
+    return Evidence(paths, info, (), members)

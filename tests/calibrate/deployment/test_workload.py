@@ -1,0 +1,220 @@
+"""Workload traces: the table, its reader/writer, recorder shards, and the synthetic generator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dspark_calibrate.artifacts import logical_sha256
+from dspark_calibrate.calibrate.deployment.workload import (
+    read_recorder_shards,
+    read_workload,
+    synthesize_workload,
+    workload_from_arrays,
+    workload_from_recorder_payloads,
+    write_workload,
+)
+from dspark_calibrate.errors import ConfigError
+
+K = 5
+
+
+def _columns(**overrides: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "step": np.array([0, 0, 1, 1, 1]),
+        "rank": np.array([0, 0, 0, 1, 1]),
+        "request_id": ["b", "a", "a", "c", "d"],
+        "logits": np.arange(25, dtype=np.float32).reshape(5, K) / 10,
+        "accepted": np.array([0, 5, 2, 1, 3]),
+        "output_len": np.array([0, 0, 6, 0, 0]),
+    }
+    base.update(overrides)
+    return base
+
+
+def test_round_trip_keeps_identity_and_flags(tmp_path: Path) -> None:
+    w = workload_from_arrays(**_columns(), approximate=True, notes=("two ranks",), source="unit")
+    assert w.k == K and w.num_ranks == 2 and w.steps == 2 and w.rows == 5
+    assert w.table.column("request_id").to_pylist()[:2] == ["a", "b"]  # canonical (step, rank, request) order
+    path = tmp_path / "w.parquet"
+    digest = write_workload(path, w)
+    back = read_workload(path, k=K)
+    assert digest == w.identity_sha256 == back.identity_sha256 == logical_sha256(back.table, "workload")
+    assert back.approximate and back.notes == ("two ranks",) and back.source == "unit"
+    a = back.arrays()
+    assert a.logits.shape == (5, K) and a.logits.dtype == np.float32
+    assert a.request.tolist() == [0, 1, 0, 2, 3]  # codes follow the request_id order
+
+
+def test_plain_parquet_without_footer_is_accepted(tmp_path: Path) -> None:
+    w = workload_from_arrays(**_columns())
+    path = tmp_path / "plain.parquet"
+    pq.write_table(w.table, path)
+    assert read_workload(path).identity_sha256 == w.identity_sha256
+
+
+BAD_COLUMNS = [
+    ("accepted above K", {"accepted": np.array([0, 6, 2, 1, 3])}, "accepted"),
+    ("negative step", {"step": np.array([-1, 0, 1, 1, 1])}, "step"),
+    ("duplicate request in a step", {"request_id": ["a", "a", "a", "c", "d"]}, "appears twice"),
+    ("non-finite logit", {"logits": np.full((5, K), np.inf, dtype=np.float32)}, "finite"),
+]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"), [c[1:] for c in BAD_COLUMNS], ids=[c[0] for c in BAD_COLUMNS]
+)
+def test_bad_workloads_are_refused(overrides: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        workload_from_arrays(**_columns(**overrides))
+
+
+def test_workload_from_another_k_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "w.parquet"
+    write_workload(path, workload_from_arrays(**_columns()))
+    with pytest.raises(ConfigError, match="K=5 logits per row, the deployment has K=4"):
+        read_workload(path, k=4)
+
+
+def test_other_artifact_kind_is_refused(tmp_path: Path) -> None:
+    from tests.calibrate.build_factories import write_calibration
+
+    path = write_calibration(tmp_path / "c.parquet")
+    with pytest.raises(ConfigError, match="expected a workload"):
+        read_workload(path)
+
+
+def _payload(rank: int, n: int, *, step_id: bool, seed: int, ids: bool = False) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    acc = rng.integers(0, K + 1, n)
+    p: dict[str, Any] = {
+        "pairing": "draft_seq_ring",
+        "logits": rng.normal(size=(n, K)).astype(np.float32),
+        "prefix_mask": (np.arange(K)[None, :] < acc[:, None]).astype(np.float32),
+        "graph_batch_size": np.full(n, 4, dtype=np.int32),
+        "max_draft_len": K,
+        "rank": rank,
+        "rows_seen": n,
+        "rows_written": n,
+    }
+    if step_id:
+        p["step_id"] = np.repeat(np.arange(n // 4), 4)[:n]
+    if ids:
+        p["request_id"] = np.tile(np.arange(4) + 100 * rank, n // 4)[:n]
+    return p
+
+
+def test_recorder_shards_with_step_ids() -> None:
+    w = workload_from_recorder_payloads(
+        [_payload(0, 12, step_id=True, seed=1, ids=True), _payload(1, 8, step_id=True, seed=2, ids=True)]
+    )
+    assert not w.approximate and w.num_ranks == 2 and w.steps == 3 and w.rows == 20
+    assert any("counter" in n for n in w.notes)
+    a = w.arrays()
+    assert a.accepted.max() <= K
+    # output_len estimated from accepted lengths: a request's second row starts after its first's tokens
+    first = (a.step == 0) & (a.rank == 0)
+    second = (a.step == 1) & (a.rank == 0)
+    assert np.array_equal(a.output_len[second], a.accepted[first] + 1)
+
+
+def test_recorder_shards_without_step_ids_are_approximate() -> None:
+    w = workload_from_recorder_payloads([_payload(0, 10, step_id=False, seed=3)])
+    assert w.approximate and w.steps == 3  # 4 + 4 + 2 rows
+    assert any("approximate" in n for n in w.notes)
+    assert any("request ids absent" in n for n in w.notes)
+
+
+def test_recorder_shards_must_agree_on_k() -> None:
+    other = _payload(1, 4, step_id=True, seed=4) | {"max_draft_len": 4}
+    with pytest.raises(ConfigError, match="disagree on max_draft_len"):
+        workload_from_recorder_payloads([_payload(0, 4, step_id=True, seed=4), other])
+    with pytest.raises(ConfigError, match="lacks"):
+        workload_from_recorder_payloads([{"max_draft_len": K, "rank": 0}])
+
+
+def test_read_pt_shards(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    p = _payload(0, 8, step_id=True, seed=5)
+    payload = {k: (torch.from_numpy(np.asarray(v)) if isinstance(v, np.ndarray) else v) for k, v in p.items()}
+    path = tmp_path / "trace.rank0.pt"
+    torch.save(payload, path)
+    w = read_recorder_shards([path])
+    assert w.rows == 8 and w.steps == 2
+    with pytest.raises(ConfigError, match="cannot read"):
+        read_recorder_shards([tmp_path / "missing.pt"])
+
+
+def test_synthetic_workload_is_deterministic_and_marked() -> None:
+    a = synthesize_workload(k=K, steps=300, ranks=2, max_rows=16, seed=7)
+    b = synthesize_workload(k=K, steps=300, ranks=2, max_rows=16, seed=7)
+    c = synthesize_workload(k=K, steps=300, ranks=2, max_rows=16, seed=8)
+    assert a.identity_sha256 == b.identity_sha256 != c.identity_sha256
+    assert a.synthetic and a.num_ranks == 2 and a.steps == 300
+    arr = a.arrays()
+    counts = np.bincount(arr.step * 2 + arr.rank)
+    assert counts.min() >= 1 and counts.max() <= 16
+    assert 0 < arr.accepted.mean() < K
+    with pytest.raises(ConfigError):
+        synthesize_workload(k=K, steps=0)
+
+
+def test_synthetic_logits_follow_the_sts_temperatures() -> None:
+    w = synthesize_workload(k=2, steps=3000, max_rows=8, seed=1, temperatures=(2.0, 3.0))
+    a = w.arrays()
+    p1 = 1 / (1 + np.exp(-a.logits[:, 0] / 2.0))
+    # calibrated: the mean predicted first-position acceptance matches the observed rate
+    assert abs(p1.mean() - (a.accepted >= 1).mean()) < 0.02
+    assert isinstance(w.table, pa.Table)
+
+
+def _workload_app() -> Any:
+    import typer
+
+    from dspark_calibrate.cli import workload as workload_cli
+
+    app = typer.Typer()
+    workload_cli.register(app)
+    return app
+
+
+def test_cli_synth_and_import(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    runner = CliRunner()
+    out = tmp_path / "w.parquet"
+    res = runner.invoke(
+        _workload_app(),
+        [
+            "workload",
+            "synth",
+            "--out",
+            str(out),
+            "--steps",
+            "50",
+            "--max-rows",
+            "8",
+            "--temperatures",
+            "1.2,1.3",
+            "--k",
+            "2",
+            "--json",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["synthetic"] is True and doc["steps"] == 50 and doc["k"] == 2
+    assert read_workload(out, k=2).synthetic
+    bad = runner.invoke(_workload_app(), ["workload", "synth", "--out", str(out), "--temperatures", "x"])
+    assert bad.exit_code == 2 and "comma-separated" in bad.stderr
+    missing = runner.invoke(
+        _workload_app(), ["workload", "import-trtllm", str(tmp_path / "nope.pt"), "--out", str(out)]
+    )
+    assert missing.exit_code == 2
