@@ -24,7 +24,8 @@ MODEL=(--k 5 --ladder 1,2,4,8,16,32 --config deepseek-v3 --layers 4 --context-le
 # A compute-bound step: 8 Llama-3-8B-shaped layers, K=5, ladder to 256 rows (1,536 tokens at full
 # width), six candidate budgets per G (1.5-5 tokens per row). With NVML telemetry on, an H200 runs
 # it at its power cap: the serving condition the default throttle policy keeps.
-HEAVY=(--k 5 --ladder 8,16,32,64,128,256 --config llama-8b --layers 8 --context-len 1024 --ep 1
+HEAVY=(--k 5 --ladder 8,16,32,64,128,256 --config "${HEAVY_CONFIG:-llama-8b}" --layers "${HEAVY_LAYERS:-8}"
+       --context-len 1024 --ep 1 --replays "${HEAVY_REPLAYS:-2}"
        --budgets 8:12,16,20,24,32,40 --budgets 16:24,32,40,48,64,80 --budgets 32:48,64,80,96,128,160
        --budgets 64:96,128,160,192,256,320 --budgets 128:192,256,320,384,512,640
        --budgets 256:384,512,640,768,1024,1280)

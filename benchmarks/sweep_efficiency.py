@@ -91,6 +91,8 @@ def _thresholds(protocol: str, args: argparse.Namespace) -> Thresholds:
         extra["max_samples_per_cell"] = args.max_samples
     if args.recapture_every is not None:
         extra["recapture_every"] = args.recapture_every
+    if args.replays is not None:
+        extra["replays_per_sample"] = args.replays
     return Thresholds.from_dict(
         {
             **base.to_dict(),
@@ -486,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--throttle-policy", default="serving", choices=("serving", "strict", "keep-all"))
     run.add_argument("--recapture-every", type=int, default=None)
     run.add_argument("--max-samples", type=int, default=None)
+    run.add_argument("--replays", type=int, default=None, help="back-to-back replays per sample")
     run.add_argument("--budgets", action="append", default=None, help="G:V1,V2 (repeatable)")
     run.add_argument("--out-dir", required=True)
     run.set_defaults(fn=cmd_run)

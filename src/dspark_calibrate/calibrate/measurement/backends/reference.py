@@ -38,14 +38,14 @@ from dspark_calibrate.errors import ConfigError
 
 __all__ = ["BUNDLED_CONFIGS", "ModelShape", "ReferenceBackend", "load_model_config"]
 
-#: Configs shipped with the package: tiny ones for CPU tests, a DeepSeek-V3-shaped one and a
-#: Llama-3-8B-shaped dense one (a compute-bound step: a few layers of it keep an H200 at its power
-#: cap) for GPUs.
+#: Configs shipped with the package: tiny ones for CPU tests, a DeepSeek-V3-shaped one and two
+#: dense Llama-3-shaped ones (8B and 70B widths: a few layers make a compute-bound step) for GPUs.
 BUNDLED_CONFIGS: Mapping[str, str] = {
     "tiny": "tiny.json",
     "mla-tiny": "mla-tiny.json",
     "deepseek-v3": "deepseek-v3.json",
     "llama-8b": "llama-8b.json",
+    "llama-70b": "llama-70b.json",
 }
 
 
@@ -128,8 +128,8 @@ class ModelShape:
 
 
 def load_model_config(spec: str | Path) -> tuple[dict[str, Any], str]:
-    """Load a bundled config by name (``tiny``, ``mla-tiny``, ``deepseek-v3``, ``llama-8b``) or a
-    config.json path.
+    """Load a bundled config by name (``tiny``, ``mla-tiny``, ``deepseek-v3``, ``llama-8b``,
+    ``llama-70b``) or a config.json path.
 
     Returns:
         The config dict and its digest (SHA-256 of its canonical JSON).
