@@ -431,6 +431,28 @@ def test_float32_really_differs_at_a_near_tie() -> None:
     assert _classify(table, CAL, rows, 1) == "near-tie"
 
 
+# --- no host synchronisation -----------------------------------------------------------------------
+
+#: Ops that read a device value on the host (a CUDA synchronisation) or give data-dependent shapes.
+SYNCING_OPS = ("aten::item", "aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::unique")
+
+
+@pytest.mark.parametrize(("ranks", "cal", "floor"), [(1, "sts", 1), (3, "mixed", 2), (1, "isotonic", 1)])
+def test_a_step_runs_no_op_that_reads_the_device_on_the_host(ranks: int, cal: str, floor: int) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    dp = DevicePlanner(staircase_table(), CALIBRATIONS[cal], min_verify_len=floor, num_ranks=ranks)
+    step = dp.step(16)
+    step.logits.normal_(0.0, 2.0)
+    step.ints[:ranks] = torch.tensor([16, 9, 0][:ranks])
+    for use_selected in (0, 1):
+        step.ints[ranks], step.ints[ranks + 1] = 1, use_selected
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            step.run()
+        names = {e.name for e in prof.events()}
+        assert not names & set(SYNCING_OPS), sorted(names & set(SYNCING_OPS))
+
+
 # --- bad input ----------------------------------------------------------------------------------
 
 

@@ -212,12 +212,19 @@ class DeviceStep:
         self.decision = torch.zeros(len(DECISION_FIELDS) + len(PER_CELL_FIELDS) * c, dtype=cdt, device=dev)
         self.windows = torch.zeros(r_count, width, dtype=torch.int64, device=dev)
         self._targets: list[torch.Tensor] = []
-        self._graph: Any = None
+        self._graph: tuple[Any, ...] | None = None
         # Constants of the step (device tensors built once: a captured graph reads them in place).
         floor = planner.min_verify_len
         cols = k - floor
         self._rows = torch.arange(width, device=dev)
-        self._ranked = torch.arange(cols * width, device=dev)
+        self._positions = torch.arange(cols * width, device=dev)
+        # Part outputs (rebound by every eager run; fixed graph-pool tensors once captured).
+        self._valid = torch.zeros(r_count, width, dtype=torch.bool, device=dev)
+        self._non_finite = torch.zeros((), dtype=torch.bool, device=dev)
+        self._surv = torch.zeros(r_count, width, k, dtype=cdt, device=dev)
+        self._ranked = torch.zeros(r_count, cols * width, dtype=cdt, device=dev)
+        self._order = torch.zeros(r_count, cols * width, dtype=torch.int64, device=dev)
+        self._selected = torch.full((), -1, dtype=torch.int64, device=dev)
         self._times = torch.tensor(self.times, dtype=cdt, device=dev)
         self._budgets = torch.tensor(self.budgets, dtype=torch.int64, device=dev)
         # extra[c, n]: allocatable tokens above the floor with n real rows (n = 0: an idle rank,
@@ -251,49 +258,90 @@ class DeviceStep:
         self._targets.append(tensor)
 
     def capture(self) -> None:
-        """Capture :meth:`run`'s work in a CUDA graph (CUDA only; a no-op elsewhere)."""
+        """Capture the step's three parts in CUDA graphs (CUDA only; a no-op elsewhere).
+
+        The parts are graphed separately so that a serving loop can run the selection on a side
+        stream, beside the engine's step, while only ranking and allocation precede it.
+        """
         if self.windows.device.type != "cuda" or self._graph is not None:
             return
-        stream = torch.cuda.Stream(self.windows.device)  # type: ignore[no-untyped-call]  # torch leaves it untyped
-        stream.wait_stream(torch.cuda.current_stream(self.windows.device))
+        dev = self.windows.device
+        stream = torch.cuda.Stream(dev)  # type: ignore[no-untyped-call]  # torch leaves it untyped
+        stream.wait_stream(torch.cuda.current_stream(dev))
+        parts = (self._rank, self._select, self._allocate)
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up: allocator growth and lazy kernel initialisation
-                self._compute()
-        torch.cuda.current_stream(self.windows.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self._compute()
-        self._graph = graph
+                for part in parts:
+                    part()
+        torch.cuda.current_stream(dev).wait_stream(stream)
+        graphs = []
+        for part in parts:  # in order: each part's outputs are the next one's inputs
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                part()
+            graphs.append(graph)
+        self._graph = tuple(graphs)
 
     def run(self) -> None:
-        """Compute the step from the input buffers (graph replay when captured). No host sync."""
+        """Rank, select and allocate (graph replays when captured). No host synchronisation."""
+        self.run_rank()
+        self.run_select()
+        self.run_allocate()
+
+    def run_rank(self) -> None:
+        """Part 1: survivals, the non-finite flag, every rank's candidates sorted."""
         if self._graph is not None:
-            self._graph.replay()
+            self._graph[0].replay()
         else:
-            self._compute()
+            self._rank()
+
+    def run_select(self) -> None:
+        """Part 2 (after part 1): yields, the rule, the decision vector."""
+        if self._graph is not None:
+            self._graph[1].replay()
+        else:
+            self._select()
+
+    def run_allocate(self) -> None:
+        """Part 3 (after part 1, and part 2 when ``use_selected``): the windows."""
+        if self._graph is not None:
+            self._graph[2].replay()
+        else:
+            self._allocate()
 
     # -- the computation -------------------------------------------------------------------------
-    def _compute(self) -> None:
+    def _rank(self) -> None:
+        pl = self.planner
+        r_count = pl.num_ranks
+        floor = pl.min_verify_len
+        counts = self.ints[:r_count]
+        x = self.logits.to(pl.dtype)
+        valid = self._rows[None, :] < counts[:, None]  # (R, W) rows in use
+        self._valid = valid
+        self._non_finite = torch.gt(valid, torch.isfinite(x).all(dim=2)).any()  # a row in use, not finite
+        surv = torch.cumprod(pl.probabilities(x), dim=2)  # left-to-right products, the engine's order
+        self._surv = surv
+        # Candidates above the floor, position-major (index = position * W + row: the stable sort
+        # keeps that order among equal survivals, which is the tie-break); absent rows rank last,
+        # NaN survivals just above them.
+        cand = torch.where(valid[:, None, :], surv[:, :, floor:].permute(0, 2, 1), _PAD)
+        cand = torch.nan_to_num_(cand.reshape(r_count, -1), nan=_NAN_RANK)
+        self._ranked, self._order = torch.sort(cand, dim=1, descending=True, stable=True)
+
+    def _select(self) -> None:
         pl = self.planner
         r_count, width, k = pl.num_ranks, self.width, pl.max_draft_len
         floor = pl.min_verify_len
         cols = k - floor
         cdt = pl.dtype
         counts = self.ints[:r_count]
-        x = self.logits.to(cdt)
-        valid = self._rows[None, :] < counts[:, None]  # (R, W) rows in use
-        non_finite = (valid & ~torch.isfinite(x).all(dim=2)).any()
-        surv = torch.cumprod(pl.probabilities(x), dim=2)  # left-to-right products, the engine's order
+        non_finite = self._non_finite
         # Base per rank: n + the sequential sum of the floor survivals in position-major order
         # (absent rows add exact zeros, which change no rounding).
-        live = torch.where(valid[:, :, None], surv[:, :, :floor], 0.0)
+        live = torch.where(self._valid[:, :, None], self._surv[:, :, :floor], 0.0)
         terms = live[:, :, 0] if floor == 1 else live.permute(0, 2, 1).reshape(r_count, floor * width)
         base = counts.to(cdt) + torch.cumsum(terms, dim=1)[:, -1]
-        # Candidates above the floor, position-major (index = position * W + row: the stable sort
-        # keeps that order among equal survivals, which is the tie-break).
-        cand = torch.where(valid[:, None, :], surv[:, :, floor:].permute(0, 2, 1), _PAD)
-        cand = torch.nan_to_num(cand, nan=_NAN_RANK).reshape(r_count, cols * width)
-        ranked, order = torch.sort(cand, dim=1, descending=True, stable=True)
+        ranked = self._ranked
         prefix = torch.cat([ranked.new_zeros(r_count, 1), torch.cumsum(ranked, dim=1)], dim=1)
         full = base + prefix.gather(1, (counts * cols)[:, None])[:, 0]
         native_yield = torch.cumsum(full, dim=0)[-1]  # ranks in order
@@ -301,46 +349,55 @@ class DeviceStep:
         native_score = native_yield.new_zeros(()) if no_graph else native_yield / self.native_ms
         c = self.columns
         if c == 0:
-            column = torch.full((), -1, dtype=torch.int64, device=x.device)
-            why = SelectReason.NO_GRAPH if self.g_index is None else SelectReason.NO_COMPACT_CELLS
-            reason = torch.full((), _REASON[why], dtype=cdt, device=x.device)
-            reason = torch.where(non_finite, _REASON[SelectReason.NON_FINITE], reason)
-            parts = [column.to(cdt), reason, non_finite.to(cdt), native_yield, native_score]
+            column = torch.full((), -1, dtype=torch.int64, device=base.device)
+            why = SelectReason.NO_GRAPH if no_graph else SelectReason.NO_COMPACT_CELLS
+            reason = torch.where(non_finite, _REASON[SelectReason.NON_FINITE], _REASON[why])
+            parts = [column.to(cdt), reason.to(cdt), non_finite.to(cdt), native_yield, native_score]
             torch.stack(parts, out=self.decision)
-            windows = torch.full_like(self.windows, k)
+            self._selected = column
+            return
+        extra = self._extra[:, counts]  # (C, R)
+        feasible = (extra >= 0).all(dim=1)
+        per_rank = base[:, None] + prefix.gather(1, extra.clamp(min=0).t())  # (R, C)
+        expected = torch.where(feasible, torch.cumsum(per_rank, dim=0)[-1], 0.0)
+        active = (counts > 0)[:, None]
+        loss_r = torch.where(
+            active, (full[:, None] - per_rank) / counts.clamp(min=1).to(cdt)[:, None], -math.inf
+        )
+        loss = torch.where(feasible, loss_r.max(dim=0).values, 0.0)
+        column, reason, score, passes, gv, ok = self._choose(
+            native_yield, native_score, expected, loss, feasible
+        )
+        reason = torch.where(non_finite, _REASON[SelectReason.NON_FINITE], reason)
+        column = torch.where(non_finite, -1, column)
+        cells = torch.stack([feasible.to(cdt), expected, score, loss, passes.to(cdt), gv, ok.to(cdt)], dim=1)
+        head = torch.stack([column.to(cdt), reason, non_finite.to(cdt), native_yield, native_score])
+        torch.cat([head, cells.reshape(-1)], out=self.decision)
+        self._selected = column
+
+    def _allocate(self) -> None:
+        pl = self.planner
+        r_count, width, k = pl.num_ranks, self.width, pl.max_draft_len
+        floor = pl.min_verify_len
+        c = self.columns
+        if c == 0:
+            self.windows.fill_(k)
         else:
-            extra = self._extra[:, counts]  # (C, R)
-            feasible = (extra >= 0).all(dim=1)
-            per_rank = base[:, None] + prefix.gather(1, extra.clamp(min=0).t())  # (R, C)
-            expected = torch.where(feasible, torch.cumsum(per_rank, dim=0)[-1], 0.0)
-            active = (counts > 0)[:, None]
-            loss_r = torch.where(
-                active, (full[:, None] - per_rank) / counts.clamp(min=1).to(cdt)[:, None], -math.inf
-            )
-            loss = torch.where(feasible, loss_r.max(dim=0).values, 0.0)
-            column, reason, score, passes, gv, ok = self._choose(
-                native_yield, native_score, expected, loss, feasible
-            )
-            reason = torch.where(non_finite, _REASON[SelectReason.NON_FINITE], reason)
-            column = torch.where(non_finite, -1, column)
-            cells = torch.stack(
-                [feasible.to(cdt), expected, score, loss, passes.to(cdt), gv, ok.to(cdt)], dim=1
-            ).reshape(-1)
-            head = torch.stack([column.to(cdt), reason, non_finite.to(cdt), native_yield, native_score])
-            torch.cat([head, cells], out=self.decision)
-            # Allocation of the requested column (or of this step's choice).
-            host_column = self.ints[r_count]
-            alloc = torch.where(self.ints[r_count + 1] != 0, column, host_column)
+            counts = self.ints[:r_count]
+            # The requested column, or this step's own choice (part 2 ran first).
+            alloc = torch.where(self.ints[r_count + 1] != 0, self._selected, self.ints[r_count])
             native = alloc < 0
-            per = extra.index_select(0, alloc.clamp(min=0, max=c - 1).reshape(1))[0].clamp(min=0)
-            per = torch.where(native, 0, per)
-            grant = self._ranked[None, :] < per[:, None]  # (R, L): the `per` best of each rank
-            mask = torch.zeros_like(grant).scatter_(1, order, grant)
-            granted = mask.view(r_count, cols, width).sum(dim=1) + floor
-            windows = torch.where(native, k, granted)
-        self.windows.copy_(windows)
+            # (R,) tokens above the floor; a 1-element index tensor, never a 0-d one (that would be
+            # read on the host).
+            per = self._extra[alloc.clamp(min=0, max=c - 1).reshape(1, 1), counts.reshape(1, -1)][0]
+            per = torch.where(native, 0, per.clamp(min=0))
+            grant = self._positions[None, :] < per[:, None]  # (R, L): the `per` best of each rank
+            mask = torch.zeros_like(grant).scatter_(1, self._order, grant)
+            granted = mask.view(r_count, k - floor, width).sum(dim=1)
+            torch.add(granted, floor, out=self.windows)
+            self.windows.masked_fill_(native, k)
         for t in self._targets:
-            t.copy_(windows.view(t.shape))
+            t.copy_(self.windows.view(t.shape))
 
     def _choose(
         self,
@@ -461,11 +518,7 @@ class DevicePlanner:
             None if guard is None else table.time(guard.tail_graph_batch_size, NATIVE_BUDGET)
         )
         temps = calibration.sts_temperatures()
-        self._neg_t = (
-            None
-            if temps is None
-            else -torch.tensor(temps, dtype=self.dtype, device=self.device)  # x / (-T) == -(x / T)
-        )
+        self._t = None if temps is None else torch.tensor(temps, dtype=self.dtype, device=self.device)
         self._maps = [self._map_constants(m) for m in calibration.maps]
         self._steps: dict[tuple[int, int | None, torch.dtype], DeviceStep] = {}
 
@@ -481,22 +534,23 @@ class DevicePlanner:
 
     # -- calibration -------------------------------------------------------------------------------
     def probabilities(self, x: torch.Tensor) -> torch.Tensor:
-        """Acceptance probabilities of raw logits ``(..., K)``, the reference's maps op for op."""
-        if self._neg_t is not None:
-            return _sigmoid_of_negated(x / self._neg_t)
+        """Acceptance probabilities of raw logits ``(..., K)``: the reference's maps, with the
+        device's own sigmoid/exp/log (within an ulp or two of numpy's)."""
+        if self._t is not None:
+            return torch.sigmoid(x / self._t)
         return torch.stack([self._apply(j, x[..., j]) for j in range(self.max_draft_len)], dim=-1)
 
     def _apply(self, j: int, x: torch.Tensor) -> torch.Tensor:
         method, p, consts = self._maps[j]
         if method == "sts":
-            return _sigmoid_of_negated(x / -p[0])
+            return torch.sigmoid(x / p[0])
         if method == "platt":
-            return _sigmoid_of_negated(-(p[0] * x + p[1]))
+            return torch.sigmoid(p[0] * x + p[1])
         if method == "beta":
             zero = torch.zeros((), dtype=x.dtype, device=x.device)
             log_s = -torch.logaddexp(zero, -x)  # log sigmoid(x)
             log_1s = -torch.logaddexp(zero, x)  # log sigmoid(-x) = log(1 - sigmoid(x))
-            return _sigmoid_of_negated(-(p[0] * log_s - p[1] * log_1s + p[2]))
+            return torch.sigmoid(p[0] * log_s - p[1] * log_1s + p[2])
         if method == "isotonic":
             xs, ys, slopes = consts
             m = xs.shape[0]
@@ -507,7 +561,7 @@ class DevicePlanner:
             i = at.clamp(0, m - 2)
             inner = slopes[i] * (flat - xs[i]) + ys[i]
             return torch.where(at < 0, ys[0], torch.where(at >= m - 1, ys[m - 1], inner))
-        return _sigmoid_of_negated(-x)
+        return torch.sigmoid(x)
 
     # -- steps -------------------------------------------------------------------------------------
     def step(self, graph_batch_size: int, *, input_dtype: torch.dtype = torch.float32) -> DeviceStep:
@@ -664,10 +718,11 @@ class ServingPlanner:
     Each :meth:`launch` commits the step's cell on the host and queues the device work:
 
     - ``lagged`` (default): the cell is the previous step's device decision, re-validated for this
-      step (:func:`lagged_cell`); the device allocates it over this step's survivals, writes the
-      windows into the bound engine buffer and selects again for the next step. No host
-      synchronisation: the decision comes back through a double-buffered pinned snapshot on a
-      side stream whose event is queried (a snapshot not yet back means native, counted).
+      step (:func:`lagged_cell`); the device ranks this step's survivals and allocates the cell
+      (writing the windows into the bound engine buffer), then selects again for the next step
+      on a side stream, beside the engine's step. No host synchronisation: the decision comes
+      back through a double-buffered pinned snapshot on that stream whose event is queried (a
+      snapshot not yet back means native, counted).
     - ``sync``: the device selects and allocates this step's own cell; the host waits for the
       decision (one synchronisation per step). Exact: no lag.
 
@@ -724,6 +779,8 @@ class ServingPlanner:
         self._t = 0
         self._latest: tuple[int, int, int] | None = None  # (step index, G, V) of the newest decision read
         self._prepared = False
+        #: Why the per-G graphs could not be captured (the steps then run eagerly), else None.
+        self.graph_error: str | None = None
         self.reset_stats()
 
     # -- set-up --------------------------------------------------------------------------------------
@@ -738,8 +795,14 @@ class ServingPlanner:
         if self._prepared:
             return
         if self._graphs:
-            for step in self._steps.values():
-                step.capture()
+            try:
+                for step in self._steps.values():
+                    step.capture()
+            except RuntimeError as exc:  # a capture the driver refuses: run the same ops eagerly
+                for step in self._steps.values():
+                    step._graph = None
+                self._graphs = False
+                self.graph_error = repr(exc)
         self._prepared = True
 
     # -- the serving path -------------------------------------------------------------------------
@@ -783,13 +846,19 @@ class ServingPlanner:
                 slot.event.synchronize()
             self._absorb(slot)
         column = step.budgets.index(rule[1]) if rule[1] != NATIVE_BUDGET else -1
-        self._stage(slot, step, g, logits, counts_t, column)
         if self._copy_stream is not None:
-            # This step overwrites the buffers an earlier snapshot copies from: order it after
-            # those copies (long finished: they ran beside the engine's previous step).
+            # This step overwrites the inputs and buffers an earlier selection reads and its
+            # snapshot copies from: order it after them (long finished: they ran beside the
+            # engine's previous step). A device-side dependency; the host does not wait.
             torch.cuda.current_stream(self.planner.device).wait_stream(self._copy_stream)
-        step.run()
-        self._snapshot(slot, step, g)
+        self._stage(slot, step, g, logits, counts_t, column)
+        if self.mode == "sync":
+            step.run()  # rank, select, allocate this step's own choice
+            self._snapshot(slot, step, g, select=False)
+        else:
+            step.run_rank()
+            step.run_allocate()  # the committed cell: the engine's step may start now
+            self._snapshot(slot, step, g, select=True)  # this step's decision, beside the engine
         if self.mode == "sync":
             if slot.event is not None:
                 slot.event.synchronize()  # the one host synchronisation of sync mode
@@ -832,9 +901,16 @@ class ServingPlanner:
             step.logits.copy_(slot.logits[g], non_blocking=self._cuda)
         step.ints.copy_(slot.ints, non_blocking=self._cuda)
 
-    def _snapshot(self, slot: _Slot, step: DeviceStep, g: int) -> None:
+    def _snapshot(self, slot: _Slot, step: DeviceStep, g: int, *, select: bool) -> None:
+        """Copy the decision and windows to the slot (after the selection, when ``select``).
+
+        On CUDA this runs on the side stream: the selection and the copies overlap the engine's
+        step on the main stream, and the slot's event says when they are done.
+        """
         n = step.decision.numel()
         if self._copy_stream is None:
+            if select:
+                step.run_select()
             slot.decision[:n].copy_(step.decision)
             slot.windows[g].copy_(step.windows)
             return
@@ -843,6 +919,8 @@ class ServingPlanner:
         done.record(main)
         self._copy_stream.wait_event(done)
         with torch.cuda.stream(self._copy_stream):
+            if select:
+                step.run_select()
             slot.decision[:n].copy_(step.decision, non_blocking=True)
             slot.windows[g].copy_(step.windows, non_blocking=True)
             slot.event.record(self._copy_stream)
@@ -900,6 +978,7 @@ class ServingPlanner:
         out["mode"] = self.mode
         out["force_native"] = self.force_native
         out["graphs"] = self._graphs
+        out["graph_error"] = self.graph_error
         self.reset_stats()
         self._latest = None
         return out
@@ -918,11 +997,6 @@ class ServingPlanner:
             "no_graph_steps": 0,
             "verified_tokens": 0,
         }
-
-
-def _sigmoid_of_negated(neg: torch.Tensor) -> torch.Tensor:
-    """``1 / (1 + exp(neg))``: the sigmoid of ``-neg``, the reference's operations in its order."""
-    return torch.reciprocal(torch.exp(neg) + 1.0)
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
