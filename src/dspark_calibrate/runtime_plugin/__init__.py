@@ -24,7 +24,12 @@ Example:
 from dspark_calibrate.runtime_plugin.admission import AdmissionPolicy, admit
 from dspark_calibrate.runtime_plugin.admission_decision import STATIC_ENGINE_CONFIG, AdmissionDecision
 from dspark_calibrate.runtime_plugin.economics import AdmissionEconomics, GainStatus, GainVerdict
-from dspark_calibrate.runtime_plugin.engine import DynamicVerifier, PlannerChoice, PlannerFallback, choose_planner
+from dspark_calibrate.runtime_plugin.engine import (
+    DynamicVerifier,
+    PlannerChoice,
+    PlannerFallback,
+    choose_planner,
+)
 from dspark_calibrate.runtime_plugin.live import (
     GpuInfo,
     LiveContext,
