@@ -27,9 +27,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dspark_calibrate.artifacts import Reason
 from dspark_calibrate.errors import ConfigError
 from dspark_calibrate.runtime_plugin.device_planner import DevicePlanner, ServingPlanner, lagged_cell
-from dspark_calibrate.runtime_plugin.engine import DynamicVerifier, PlannerFallback, choose_planner
+from dspark_calibrate.runtime_plugin.engine import DynamicVerifier, choose_planner
 from dspark_calibrate.runtime_plugin.planner import (
     REASON_CODES,
     Calibration,
@@ -621,11 +622,11 @@ def _verifier() -> DynamicVerifier:
 
 def test_choose_planner_cpu_device_and_host() -> None:
     choice = choose_planner(_verifier(), device="cpu")
-    assert choice.kind == "device" and choice.reason is None
+    assert choice.kind == "device" and choice.fallback is None
     rows = _rows(12, seed=3)
     assert _decision(choice.planner.plan(rows)) == _decision(plan(staircase_table(), CAL, rows))
     host = choose_planner(_verifier(), prefer="host")
-    assert host.kind == "host" and host.reason is None
+    assert host.kind == "host" and host.fallback is None
     with pytest.raises(ConfigError, match="prefer"):
         choose_planner(_verifier(), prefer="gpu")
 
@@ -634,7 +635,8 @@ def test_choose_planner_cpu_device_and_host() -> None:
 def test_choose_planner_falls_back_without_cuda(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="dspark_calibrate.runtime_plugin.engine"):
         choice = choose_planner(_verifier())
-    assert choice.kind == "host" and choice.reason is PlannerFallback.CUDA_UNAVAILABLE
+    assert choice.kind == "host" and choice.fallback is not None
+    assert choice.fallback.reason is Reason.PLANNER_FALLBACK and choice.fallback.field == "cuda"
     assert choice.reason_code == "PLANNER_FALLBACK:cuda"
     assert choice.planner.plan(_rows(4)).graph_batch_size == 4
     assert any(

@@ -27,7 +27,6 @@ from dspark_calibrate.runtime_plugin.economics import AdmissionEconomics, GainSt
 from dspark_calibrate.runtime_plugin.engine import (
     DynamicVerifier,
     PlannerChoice,
-    PlannerFallback,
     choose_planner,
 )
 from dspark_calibrate.runtime_plugin.live import (
@@ -77,7 +76,6 @@ __all__ = [
     "LiveEnvironment",
     "Plan",
     "PlannerChoice",
-    "PlannerFallback",
     "SentinelBackend",
     "SentinelLoader",
     "SentinelPolicy",

@@ -14,13 +14,13 @@ Performs no I/O; numpy only (torch only inside :func:`choose_planner`).
 
 from __future__ import annotations
 
-import enum
 import importlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dspark_calibrate.artifacts import Finding, Reason
 from dspark_calibrate.errors import ConfigError
 from dspark_calibrate.runtime_plugin.admission_decision import AdmissionDecision
 from dspark_calibrate.runtime_plugin.economics import AdmissionEconomics
@@ -43,9 +43,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DRAIN_GUARD_FIELDS",
+    "PLANNER_FALLBACK_FIELDS",
     "DynamicVerifier",
     "PlannerChoice",
-    "PlannerFallback",
     "choose_planner",
     "planner_inputs",
 ]
@@ -201,12 +201,8 @@ class DynamicVerifier:
         return plan(self._table, self._calibration, rows, min_verify_len=self._min_verify_len)
 
 
-class PlannerFallback(str, enum.Enum):
-    """Why :func:`choose_planner` kept the host planner (stable values)."""
-
-    TORCH_MISSING = "PLANNER_FALLBACK:torch"
-    CUDA_UNAVAILABLE = "PLANNER_FALLBACK:cuda"
-    DEVICE_INIT_FAILED = "PLANNER_FALLBACK:device_init"
+#: Fields of ``PLANNER_FALLBACK`` findings: what the device planner lacked.
+PLANNER_FALLBACK_FIELDS: tuple[str, ...] = ("torch", "cuda", "device_init")
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,19 +212,20 @@ class PlannerChoice:
     Attributes:
         kind: ``device`` or ``host``.
         planner: a ``device_planner.DevicePlanner`` (kind ``device``) or the :class:`DynamicVerifier`.
-        reason: the fallback reason (None when the requested planner runs).
+        fallback: why the host planner runs although the device one was asked for
+            (``PLANNER_FALLBACK:torch``, ``:cuda`` or ``:device_init``), else None.
         message: one human line.
     """
 
     kind: str
     planner: Any
-    reason: PlannerFallback | None
+    fallback: Finding | None
     message: str
 
     @property
     def reason_code(self) -> str | None:
-        """The reason's stable value, or None."""
-        return None if self.reason is None else self.reason.value
+        """The fallback's reason code (``PLANNER_FALLBACK:<field>``), or None."""
+        return None if self.fallback is None else self.fallback.code
 
 
 def choose_planner(
@@ -265,11 +262,11 @@ def choose_planner(
         torch = importlib.import_module("torch")
         module = importlib.import_module("dspark_calibrate.runtime_plugin.device_planner")
     except ImportError as exc:
-        return _fallback(verifier, PlannerFallback.TORCH_MISSING, f"torch is not importable ({exc})")
+        return _fallback(verifier, "torch", f"torch is not importable ({exc})")
     target = device
     if target is None:
         if not torch.cuda.is_available():
-            return _fallback(verifier, PlannerFallback.CUDA_UNAVAILABLE, "no CUDA device is available")
+            return _fallback(verifier, "cuda", "no CUDA device is available")
         target = f"cuda:{torch.cuda.current_device()}"
     try:
         planner = module.DevicePlanner(
@@ -281,15 +278,16 @@ def choose_planner(
             num_ranks=num_ranks,
         )
     except (RuntimeError, OSError) as exc:  # CUDA initialisation, out of memory, driver errors
-        return _fallback(verifier, PlannerFallback.DEVICE_INIT_FAILED, f"device planner on {target}: {exc!r}")
+        return _fallback(verifier, "device_init", f"device planner on {target}: {exc!r}")
     return PlannerChoice("device", planner, None, f"device planner on {target} ({dtype})")
 
 
-def _fallback(verifier: DynamicVerifier, reason: PlannerFallback, message: str) -> PlannerChoice:
+def _fallback(verifier: DynamicVerifier, field: str, message: str) -> PlannerChoice:
+    finding = Finding(Reason.PLANNER_FALLBACK, f"{message}; the host planner runs", field=field)
     logger.warning(
-        "dspark planner fallback %s: %s; the host planner runs",
-        reason.value,
-        message,
-        extra={"dspark_planner": {"reason_code": reason.value, "message": message}},
+        "dspark planner fallback %s: %s",
+        finding.code,
+        finding.message,
+        extra={"dspark_planner": {"reason_code": finding.code, "message": finding.message}},
     )
-    return PlannerChoice("host", verifier, reason, message)
+    return PlannerChoice("host", verifier, finding, finding.message)
