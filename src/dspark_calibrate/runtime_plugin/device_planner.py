@@ -162,15 +162,6 @@ class DeviceDecision:
             self.cells,
         )
 
-    def score_of(self, verifier_budget: int) -> float:
-        """The score of V on this step (native: the native score; -inf for an unknown V)."""
-        if verifier_budget == NATIVE_BUDGET:
-            return self.native_score
-        for c in self.cells:
-            if c.verifier_budget == verifier_budget:
-                return c.score
-        return -math.inf
-
 
 class DeviceStep:
     """One graph batch size's selector and allocator on fixed-address buffers.
@@ -235,7 +226,6 @@ class DeviceStep:
                 geo = cell_geometry(n, self.graph_batch_size, v, min_verify_len=floor, max_draft_len=k)
                 if geo is not None:
                     extra[ci, n] = geo.extra
-        self.extra_host = extra
         self._extra = torch.from_numpy(extra).to(dev)
 
     # -- buffers ---------------------------------------------------------------------------------
@@ -583,9 +573,13 @@ class DevicePlanner:
         return hit
 
     # -- host-side convenience (synchronising; tests, replay and tools, not the serving path) ---------
-    def _grid(self, rows: StepRows) -> tuple[DeviceStep | None, list[int], np.ndarray, np.ndarray]:
-        """Load a step's rows into the right DeviceStep; returns it (None: no rows), counts,
-        each canonical row's (rank, slot)."""
+    def _run(
+        self, rows: StepRows, column: int, use_selected: bool, g: int | None = None
+    ) -> tuple[DeviceStep | None, list[int], np.ndarray]:
+        """Load the rows into the step of G (default: the step's own G), run it, read the windows.
+
+        Returns the step (None without rows), the rows per rank and the windows in input order.
+        """
         k = self.max_draft_len
         if rows.k != k:
             raise ConfigError(f"K mismatch: cost table K={k}, logits K={rows.k}")
@@ -594,34 +588,25 @@ class DevicePlanner:
         order = rows.order
         rank = rows.rank[order]
         counts = np.bincount(rank, minlength=self.num_ranks)
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        local = np.arange(len(rows)) - starts[rank]
         if len(rows) == 0:
-            return None, counts.tolist(), rank, local
-        g = self.table.graph_batch_size_for(int(counts.max()))
-        if g is None:
-            step = self._step(int(counts.max()), None, torch.float64)
-        else:
-            step = self._step(g, self.table.graph_batch_sizes.index(g), torch.float64)
+            return None, counts.tolist(), np.zeros(0, dtype=np.int64)
+        busiest = int(counts.max())
+        g = self.table.graph_batch_size_for(busiest) if g is None else g
+        gs = self.table.graph_batch_sizes
+        step = (
+            self._step(busiest, None, torch.float64)
+            if g is None
+            else self._step(g, gs.index(g), torch.float64)
+        )
+        local = np.arange(len(rows)) - np.concatenate([[0], np.cumsum(counts)[:-1]])[rank]
         grid = np.zeros((self.num_ranks, step.width, k))
         grid[rank, local] = rows.logits[order]
         step.logits.copy_(torch.from_numpy(grid))
-        step.ints[: self.num_ranks] = torch.from_numpy(counts)
-        return step, counts.tolist(), rank, local
-
-    def _run(
-        self, rows: StepRows, column: int, use_selected: bool
-    ) -> tuple[DeviceStep | None, list[int], np.ndarray]:
-        step, counts, rank, local = self._grid(rows)
-        if step is None:
-            return None, counts, np.full(0, self.max_draft_len, dtype=np.int64)
-        step.ints[self.num_ranks] = column
-        step.ints[self.num_ranks + 1] = int(use_selected)
+        step.ints.copy_(torch.tensor([*counts.tolist(), column, int(use_selected)]))
         step.run()
-        canonical = step.windows.cpu().numpy()[rank, local]
         windows = np.empty(len(rows), dtype=np.int64)
-        windows[rows.order] = canonical
-        return step, counts, windows
+        windows[order] = step.windows.cpu().numpy()[rank, local]
+        return step, counts.tolist(), windows
 
     def select(self, rows: StepRows) -> Selection:
         """Choose one step's cell (``planner.select``'s answer)."""
@@ -632,8 +617,7 @@ class DevicePlanner:
         step, counts, windows = self._run(rows, -1, True)
         if step is None:
             return Plan(Selection(0, NATIVE_BUDGET, SelectReason.NO_ROWS, 0.0, 0.0, ()), _frozen(windows), ())
-        decision = step.read()
-        return self._plan(decision, counts, windows)
+        return self._plan(step.read(), counts, windows)
 
     def allocate(self, rows: StepRows, graph_batch_size: int, verifier_budget: int) -> Plan:
         """Allocate a given cell over the rows (``planner.allocate``'s answer).
@@ -643,40 +627,22 @@ class DevicePlanner:
         """
         g, v = int(graph_batch_size), int(verifier_budget)
         self.table.time(g, v)
-        counts = np.bincount(rows.rank, minlength=self.num_ranks).astype(np.int64)
-        if len(rows) and int(counts.max()) > g:
-            raise ConfigError(f"G={g} cannot hold {int(counts.max())} rows on one rank")
+        counts = [int(c) for c in np.bincount(rows.rank, minlength=self.num_ranks)]
+        if max(counts) > g:
+            raise ConfigError(f"G={g} cannot hold {max(counts)} rows on one rank")
         column = -1
         if v != NATIVE_BUDGET:
             budgets = self.table.compact_budgets(g)
             if v not in budgets:
                 raise ConfigError(f"(G={g}, V={v}) is not a compact cell of the table")
             column = budgets.index(v)
-            if not _carries(self.table, g, v, [int(c) for c in counts], self.min_verify_len):
+            if not _carries(self.table, g, v, counts, self.min_verify_len):
                 raise ConfigError(
-                    f"(G={g}, V={v}) cannot carry rows {[int(c) for c in counts if c]} with floor "
-                    f"{self.min_verify_len}"
+                    f"(G={g}, V={v}) cannot carry rows {[c for c in counts if c]} with floor {self.min_verify_len}"
                 )
-        if len(rows) and self.table.graph_batch_size_for(int(counts.max())) != g:
-            # The step's own G differs (a larger G given explicitly): allocate on that G's grid.
-            step = self.step(g, input_dtype=torch.float64)
-            order = rows.order
-            rank = rows.rank[order]
-            starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-            local = np.arange(len(rows)) - starts[rank]
-            grid = np.zeros((self.num_ranks, g, self.max_draft_len))
-            grid[rank, local] = rows.logits[order]
-            step.logits.copy_(torch.from_numpy(grid))
-            step.ints[: self.num_ranks] = torch.from_numpy(counts.astype(np.int64))
-            step.ints[self.num_ranks] = column
-            step.ints[self.num_ranks + 1] = 0
-            step.run()
-            windows = np.empty(len(rows), dtype=np.int64)
-            windows[order] = step.windows.cpu().numpy()[rank, local]
-        else:
-            _, _, windows = self._run(rows, column, False)
+        _, _, windows = self._run(rows, column, False, g)
         sel = Selection(g, v, SelectReason.COMPACT if v else SelectReason.BELOW_MARGIN, 0.0, 0.0, ())
-        return Plan(sel, _frozen(windows), self._layouts(g, v, [int(c) for c in counts]))
+        return Plan(sel, _frozen(windows), self._layouts(g, v, counts))
 
     def _plan(self, decision: DeviceDecision, counts: list[int], windows: np.ndarray) -> Plan:
         sel = decision.selection()
