@@ -183,7 +183,7 @@ def micro(verifier: DynamicVerifier, device: torch.device, s: run.Settings, seed
         reps = 200 if cuda else 20
         row: dict[str, Any] = {}
         if cuda:
-            row["critical_gpu_ms"] = _gpu_ms(lambda step=step: (step.run_rank(), step.run_allocate()), reps)
+            row["critical_gpu_ms"] = _gpu_ms(step.run_critical, reps)
             row["select_gpu_ms"] = _gpu_ms(step.run_select, reps)
         sp = ServingPlanner(dp, mode="lagged")
         logits = rng.normal(1.0, 2.0, (g, s.k)).astype(np.float32)

@@ -61,6 +61,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -203,15 +204,14 @@ class DeviceStep:
         self.decision = torch.zeros(len(DECISION_FIELDS) + len(PER_CELL_FIELDS) * c, dtype=cdt, device=dev)
         self.windows = torch.zeros(r_count, width, dtype=torch.int64, device=dev)
         self._targets: list[torch.Tensor] = []
-        self._graph: tuple[Any, ...] | None = None
+        self._graph: dict[str, Any] | None = None
         # Constants of the step (device tensors built once: a captured graph reads them in place).
         floor = planner.min_verify_len
         cols = k - floor
         self._rows = torch.arange(width, device=dev)
         self._positions = torch.arange(cols * width, device=dev)
-        # Part outputs (rebound by every eager run; fixed graph-pool tensors once captured).
+        # Outputs of the ranking and the selection, read by the later parts (fixed addresses).
         self._valid = torch.zeros(r_count, width, dtype=torch.bool, device=dev)
-        self._non_finite = torch.zeros((), dtype=torch.bool, device=dev)
         self._surv = torch.zeros(r_count, width, k, dtype=cdt, device=dev)
         self._ranked = torch.zeros(r_count, cols * width, dtype=cdt, device=dev)
         self._order = torch.zeros(r_count, cols * width, dtype=torch.int64, device=dev)
@@ -248,75 +248,77 @@ class DeviceStep:
         self._targets.append(tensor)
 
     def capture(self) -> None:
-        """Capture the step's three parts in CUDA graphs (CUDA only; a no-op elsewhere).
+        """Capture the step in CUDA graphs (CUDA only; a no-op elsewhere).
 
-        The parts are graphed separately so that a serving loop can run the selection on a side
-        stream, beside the engine's step, while only ranking and allocation precede it.
+        Three graphs: the whole step (:meth:`run`), the part a lagged serving step needs before
+        the engine's step (:meth:`run_critical`: rank, allocate) and the selection it runs beside
+        the engine's step on a side stream (:meth:`run_select`).
         """
         if self.windows.device.type != "cuda" or self._graph is not None:
             return
         dev = self.windows.device
         stream = torch.cuda.Stream(dev)  # type: ignore[no-untyped-call]  # torch leaves it untyped
         stream.wait_stream(torch.cuda.current_stream(dev))
-        parts = (self._rank, self._select, self._allocate)
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up: allocator growth and lazy kernel initialisation
-                for part in parts:
-                    part()
+                self._rank()
+                self._select()
+                self._allocate()
         torch.cuda.current_stream(dev).wait_stream(stream)
-        graphs = []
-        for part in parts:  # in order: each part's outputs are the next one's inputs
+        graphs: dict[str, Any] = {}
+        for name, parts in (
+            ("critical", (self._rank, functools.partial(self._allocate, requested=True))),
+            ("select", (self._select,)),
+            ("full", (self._rank, self._select, self._allocate)),
+        ):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                part()
-            graphs.append(graph)
-        self._graph = tuple(graphs)
+                for part in parts:
+                    part()
+            graphs[name] = graph
+        self._graph = graphs
 
     def run(self) -> None:
-        """Rank, select and allocate (graph replays when captured). No host synchronisation."""
-        self.run_rank()
-        self.run_select()
-        self.run_allocate()
-
-    def run_rank(self) -> None:
-        """Part 1: survivals, the non-finite flag, every rank's candidates sorted."""
+        """Rank, select and allocate (a graph replay when captured). No host synchronisation."""
         if self._graph is not None:
-            self._graph[0].replay()
+            self._graph["full"].replay()
         else:
             self._rank()
+            self._select()
+            self._allocate()
+
+    def run_critical(self) -> None:
+        """Rank and allocate the column in ``ints`` (``use_selected`` is not read)."""
+        if self._graph is not None:
+            self._graph["critical"].replay()
+        else:
+            self._rank()
+            self._allocate(requested=True)
 
     def run_select(self) -> None:
-        """Part 2 (after part 1): yields, the rule, the decision vector."""
+        """The selection over the survivals :meth:`run_critical` ranked (the decision vector)."""
         if self._graph is not None:
-            self._graph[1].replay()
+            self._graph["select"].replay()
         else:
             self._select()
 
-    def run_allocate(self) -> None:
-        """Part 3 (after part 1, and part 2 when ``use_selected``): the windows."""
-        if self._graph is not None:
-            self._graph[2].replay()
-        else:
-            self._allocate()
-
     # -- the computation -------------------------------------------------------------------------
     def _rank(self) -> None:
+        # Every output goes to a buffer allocated once, so the three graphs (and eager runs) share
+        # fixed addresses: the selection graph reads what the critical graph's ranking wrote.
         pl = self.planner
         r_count = pl.num_ranks
         floor = pl.min_verify_len
         counts = self.ints[:r_count]
         x = self.logits.to(pl.dtype)
-        valid = self._rows[None, :] < counts[:, None]  # (R, W) rows in use
-        self._valid = valid
-        self._non_finite = torch.gt(valid, torch.isfinite(x).all(dim=2)).any()  # a row in use, not finite
-        surv = torch.cumprod(pl.probabilities(x), dim=2)  # left-to-right products, the engine's order
-        self._surv = surv
+        valid = torch.lt(self._rows[None, :], counts[:, None], out=self._valid)  # (R, W) rows in use
+        surv = torch.cumprod(pl.probabilities(x), dim=2, out=self._surv)  # left to right, the engine's order
         # Candidates above the floor, position-major (index = position * W + row: the stable sort
         # keeps that order among equal survivals, which is the tie-break); absent rows rank last,
         # NaN survivals just above them.
         cand = torch.where(valid[:, None, :], surv[:, :, floor:].permute(0, 2, 1), _PAD)
         cand = torch.nan_to_num_(cand.reshape(r_count, -1), nan=_NAN_RANK)
-        self._ranked, self._order = torch.sort(cand, dim=1, descending=True, stable=True)
+        torch.sort(cand, dim=1, descending=True, stable=True, out=(self._ranked, self._order))
 
     def _select(self) -> None:
         pl = self.planner
@@ -325,7 +327,9 @@ class DeviceStep:
         cols = k - floor
         cdt = pl.dtype
         counts = self.ints[:r_count]
-        non_finite = self._non_finite
+        # A row in use whose logits are not all finite (checked here, beside the engine's step in
+        # lagged serving: the allocation already ranks NaN survivals last).
+        non_finite = torch.gt(self._valid, torch.isfinite(self.logits).all(dim=2)).any()
         # Base per rank: n + the sequential sum of the floor survivals in position-major order
         # (absent rows add exact zeros, which change no rounding).
         live = torch.where(self._valid[:, :, None], self._surv[:, :, :floor], 0.0)
@@ -344,7 +348,7 @@ class DeviceStep:
             reason = torch.where(non_finite, _REASON[SelectReason.NON_FINITE], _REASON[why])
             parts = [column.to(cdt), reason.to(cdt), non_finite.to(cdt), native_yield, native_score]
             torch.stack(parts, out=self.decision)
-            self._selected = column
+            self._selected.copy_(column)
             return
         extra = self._extra[:, counts]  # (C, R)
         feasible = (extra >= 0).all(dim=1)
@@ -363,9 +367,10 @@ class DeviceStep:
         cells = torch.stack([feasible.to(cdt), expected, score, loss, passes.to(cdt), gv, ok.to(cdt)], dim=1)
         head = torch.stack([column.to(cdt), reason, non_finite.to(cdt), native_yield, native_score])
         torch.cat([head, cells.reshape(-1)], out=self.decision)
-        self._selected = column
+        self._selected.copy_(column)
 
-    def _allocate(self) -> None:
+    def _allocate(self, *, requested: bool = False) -> None:
+        """The windows of the column in ``ints`` (``requested``), else of ``use_selected``'s choice."""
         pl = self.planner
         r_count, width, k = pl.num_ranks, self.width, pl.max_draft_len
         floor = pl.min_verify_len
@@ -374,8 +379,10 @@ class DeviceStep:
             self.windows.fill_(k)
         else:
             counts = self.ints[:r_count]
-            # The requested column, or this step's own choice (part 2 ran first).
-            alloc = torch.where(self.ints[r_count + 1] != 0, self._selected, self.ints[r_count])
+            # The requested column, or this step's own choice (the selection ran first).
+            alloc = self.ints[r_count]
+            if not requested:
+                alloc = torch.where(self.ints[r_count + 1] != 0, self._selected, alloc)
             native = alloc < 0
             # (R,) tokens above the floor; a 1-element index tensor, never a 0-d one (that would be
             # read on the host).
@@ -822,8 +829,7 @@ class ServingPlanner:
             step.run()  # rank, select, allocate this step's own choice
             self._snapshot(slot, step, g, select=False)
         else:
-            step.run_rank()
-            step.run_allocate()  # the committed cell: the engine's step may start now
+            step.run_critical()  # rank and allocate the committed cell: the engine's step may start
             self._snapshot(slot, step, g, select=True)  # this step's decision, beside the engine
         if self.mode == "sync":
             if slot.event is not None:
