@@ -243,7 +243,7 @@ class Engine:
         width, k, dev = cfg.width, cfg.k, self.device
         vt = self._tokens(g, v)
         buf = self._in_dev[g]
-        n = buf[0]
+        n = buf[lay.rows][0]
         real = torch.arange(g, device=dev) < n
         if v == 0:
             window = torch.where(real, k, 0)
@@ -410,7 +410,7 @@ class Engine:
             wins[:n] = windows
             wins[n:] = 0
         host = self._in_host[g].numpy()
-        host[0] = n
+        host[lay.rows] = n
         for region, values in ((lay.row_len, lengths), (lay.anchor, anchors)):
             part = host[region]
             part[:n] = values[:n]

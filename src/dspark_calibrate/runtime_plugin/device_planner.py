@@ -18,15 +18,17 @@ cost table, the calibration, one step's rows per rank), without leaving the devi
 **Fixed addresses, no host synchronisation.** A :class:`DeviceStep` holds one graph batch size's
 input and output buffers; :meth:`DeviceStep.run` reads and writes only those buffers, with static
 shapes and no ``.item()``, boolean indexing or other data-dependent shape, so on CUDA it is
-captured in one CUDA graph per G and replayed every step. The rows in use are a device input
-(``counts``), so one graph serves every occupancy of its G.
+captured in CUDA graphs per G (the whole step; the part a lagged serving step needs before the
+engine's step, ranking and allocation; the selection) and replayed every step. The rows in use
+are a device input (``counts``), so one set of graphs serves every occupancy of its G.
 
 **The graph key.** The engine must know the cell (G, V) on the host before it replays that
 cell's graph. :class:`ServingPlanner` takes it from the *previous* step's device decision: that
 decision comes back through a double-buffered pinned host snapshot (non-blocking copies on a side
 stream and an event that is queried, never waited on), is re-validated on the host for this
 step's G and rows (:func:`lagged_cell`), and the device allocates the committed cell over this
-step's survivals. ``mode="sync"`` instead waits for this step's own decision (exact, one host
+step's survivals before the engine's step and selects for the next step beside it, on the side
+stream. ``mode="sync"`` instead waits for this step's own decision (exact, one host
 synchronisation per step). The lag's cost is counted live (``lag_disagreements``: steps whose
 committed cell differs from the same-step decision, and the relative score the lag gave up).
 
@@ -38,7 +40,8 @@ fill V exactly) and the next step runs native; ``mode="sync"`` runs that very st
 **Agreement with the reference.** In float64 every sum is the reference's sequential sum in the
 same order (``cumsum`` in position-major order, ranks in order) and every comparison the same
 IEEE operation, so given the same survivals every decision, yield and score is bit-identical
-(tested). The calibration maps use the device's own ``exp``/``log`` (within 1 ulp of numpy's);
+(tested). The calibration maps use the device's own ``sigmoid``/``log`` (within an ulp or two of
+numpy's);
 in float32 survivals carry about 1e-7 relative error and sums of hundreds of them about 1e-5. A
 decision can then differ only where the reference itself was within that distance of a threshold
 or a tie: a score against native or the margin, a group value against its minimum or another
