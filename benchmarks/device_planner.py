@@ -7,8 +7,8 @@ static K runs interleaved with it step by step (:mod:`benchmarks.e2e.bracket`). 
 the forced-K step time minus static K's, with a Student-t 95% interval over runs, for the device
 planner (lagged decision, and sync) and the host reference planner, side by side in one run.
 
-One H200, one command (about 1.5 minutes: a short training, six native graphs, six bracket runs
-per level)::
+One H200, one command (about 1.5 minutes: a short training, six native graphs, eight bracket
+runs per level)::
 
     PYTHONPATH=src:/tmp/site python3 benchmarks/device_planner.py --out $OUT
 
@@ -60,7 +60,7 @@ def _parser() -> Any:
     ap.add_argument(
         "--modes", default="lagged,sync", help="device planner decision modes to measure (comma-separated)"
     )
-    ap.set_defaults(bracket_runs=6)
+    ap.set_defaults(bracket_runs=8)  # 2 x 4 arms: every arm at every place of a cycle twice
     return ap
 
 

@@ -10,8 +10,8 @@ static K. Its step time minus static K's is the overhead a dynamic step pays on 
 arm, in an order that changes from run to run), so the arms see the same batch states one step
 apart. Steps ``i // m`` form cycle i; a cycle whose steps all ran the same G gives one paired
 difference per planner arm, ``t_arm − t_static``. A run's estimate is the mean over its cycles;
-successive runs go through every order of the arms (each arm at every place of a cycle, after
-every other arm, equally often) and the interval is a Student-t 95% interval over runs (the
+successive runs rotate the order of the arms, forwards then backwards (each arm at every place
+of a cycle equally often, :func:`cycle_order`), and the interval is a Student-t 95% interval over runs (the
 run, not the step, is the unit: it carries the process and drift variation). Its upper end is
 what ``build`` charges every policy step.
 
@@ -21,7 +21,6 @@ tested on simulated runs with a known overhead.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -38,10 +37,17 @@ STATIC_ARM = "static"
 
 
 def cycle_order(run_index: int, arms: int) -> tuple[int, ...]:
-    """The order of the arms in every cycle of run ``run_index``: the permutations in turn, so
-    that over ``arms!`` runs each arm holds every place and follows every other arm equally often."""
-    orders = list(itertools.permutations(range(arms)))
-    return orders[run_index % len(orders)]
+    """The order of the arms in every cycle of run ``run_index``.
+
+    Runs go through the ``arms`` rotations of ``0..arms-1`` and then those of its reverse: over
+    ``2 * arms`` runs every arm holds every place of a cycle twice, and follows each other arm as
+    often as it precedes it (for three arms these are all six orders).
+    """
+    base = list(range(arms))
+    r = run_index % (2 * arms)
+    seq = base if r < arms else base[::-1]
+    k = r % arms
+    return tuple(seq[k:] + seq[:k])
 
 
 def run_estimate(step_log: Sequence[tuple[float, int, int, int]], arms: Sequence[str]) -> dict[str, Any]:
@@ -136,7 +142,7 @@ def run_bracket(
         serve: runs a policy over the level's prompts (``serve(policy, log_steps)``).
         static: the static-K arm.
         arms: the forced-K planner arms.
-        run_index: picks the order of the arms in every cycle (run i: the i-th permutation).
+        run_index: picks the order of the arms in every cycle (:func:`cycle_order`).
         check: called with the run's result (e.g. the identity check of its outputs).
 
     Returns:
