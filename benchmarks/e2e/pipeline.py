@@ -304,7 +304,7 @@ def run_fit_stage(
     """
     import importlib.util
 
-    from dspark_calibrate.calibrate.confidence.fit import FitOptions, run_fit
+    from dspark_calibrate.calibrate import FitOptions, run_fit
 
     result, outputs, _ = run_fit(
         [trace_path],
@@ -554,8 +554,7 @@ def build_level(
     import importlib.util
 
     from dspark_calibrate.artifacts import load_signer, load_trust_root
-    from dspark_calibrate.calibrate.deployment.build import BuildOptions, build_bundle, load_build_inputs
-    from dspark_calibrate.calibrate.deployment.replay import BootstrapSettings
+    from dspark_calibrate.calibrate import BootstrapSettings, BuildOptions, build_bundle, load_build_inputs
     from dspark_calibrate.errors import ConfigError
 
     now = datetime.now(UTC).replace(microsecond=0)
