@@ -160,6 +160,8 @@ def level_report(
     pairs: Sequence[tuple[RunResult, RunResult]],
     predicted: Mapping[str, Any],
     table_ms: Mapping[tuple[int, int], float],
+    *,
+    host_runs: Sequence[RunResult] = (),
 ) -> dict[str, Any]:
     """The level's entry of ``e2e.json``.
 
@@ -169,6 +171,8 @@ def level_report(
         predicted: ``predicted_gain``, ``predicted_ci`` ((low, high)) and ``source`` from build (a
             refused build predicts 0: the runtime stays on static K).
         table_ms: median step time of every measured cell (the sweep), for the diagnostics.
+        host_runs: the host planner over the same deployment, one run per pair (after the same
+            static run), when the device planner drove the dynamic arm.
 
     Returns:
         JSON-ready dict with the required fields and the diagnostics.
@@ -197,6 +201,24 @@ def level_report(
         "static": st,
         "dynamic": dy,
     }
+    if host_runs:
+        host_gains = [
+            h.goodput / a.goodput - 1.0 for (a, _), h in zip(pairs, host_runs, strict=False) if a.goodput > 0
+        ]
+        h_mean, h_lo, h_hi = t_interval(host_gains)
+        # Paired within each round: the two planners' gains over the same static run.
+        diffs = [
+            b.goodput / h.goodput - 1.0 for (_, b), h in zip(pairs, host_runs, strict=False) if h.goodput > 0
+        ]
+        d_mean, d_lo, d_hi = t_interval(diffs)
+        out["host_planner"] = {
+            "realised_gain": h_mean,
+            "realised_ci": [h_lo, h_hi],
+            "realised_gain_per_pair": host_gains,
+            "device_over_host_goodput": d_mean,
+            "device_over_host_ci": [d_lo, d_hi],
+            "runs": _mode_summary(host_runs, table_ms),
+        }
     diff_pp = 100.0 * (mean - pred) if math.isfinite(mean) else math.nan
     out["realised_minus_predicted_pp"] = diff_pp
     out["within_agreement_band"] = bool(math.isfinite(diff_pp) and abs(diff_pp) <= AGREEMENT_PP)

@@ -436,6 +436,8 @@ class Level:
     bracket: dict[str, Any] = field(default_factory=dict)
     overhead: dict[str, Any] = field(default_factory=dict)
     verifier: Any = None  # the admitted DynamicVerifier (None when admission kept static K)
+    host_policy: serving.Policy | None = None  # the host planner over the same deployment (comparison)
+    host_runs: list[serving.RunResult] = field(default_factory=list)
 
 
 def serve_level(
@@ -793,7 +795,12 @@ def stage_bracket(
 def stage_experiment(
     s: Settings, engine: serving.Engine, levels: list[Level], rec: Recorder, deadline: float
 ) -> None:
-    """Interleaved A/B pairs at every level until ``s.pairs`` or the deadline (at least MIN_PAIRS)."""
+    """Interleaved A/B pairs at every level until ``s.pairs`` or the deadline (at least MIN_PAIRS).
+
+    Where the device planner drives an admitted level, each pair round also runs the host planner
+    over the same admitted deployment (after the same static run; the two dynamic arms swap
+    places every round), so the realised gains of both planners come from one job.
+    """
     static = serving.StaticPolicy(s.ladder, s.k)
     for lv in levels:  # untimed warm-up of the dynamic path (also checked for identity)
         assert lv.policy is not None and lv.reference is not None
@@ -801,6 +808,8 @@ def stage_experiment(
         miss = first_mismatch(lv.reference, warm.outputs)
         if miss:
             lv.mismatches.append({"run": "dynamic warm-up", **miss})
+        if lv.verifier is not None and isinstance(lv.policy, pipeline.DevicePlannerPolicy):
+            lv.host_policy = pipeline.PlannerPolicy(lv.verifier, name="dynamic-host")
     per_pair: list[float] = []
     for i in range(s.pairs):
         left = deadline - time.perf_counter()
@@ -811,15 +820,23 @@ def stage_experiment(
         for lv in levels:
             assert lv.policy is not None and lv.reference is not None
             a = serve_level(engine, lv.prompts, lv.concurrency, s, static)
-            b = serve_level(engine, lv.prompts, lv.concurrency, s, lv.policy)
-            for name, r in (("static", a), ("dynamic", b)):
+            arms = [("dynamic", lv.policy)] + (
+                [("host", lv.host_policy)] if lv.host_policy is not None else []
+            )
+            order = arms if i % 2 == 0 else arms[::-1]
+            runs = {name: serve_level(engine, lv.prompts, lv.concurrency, s, pol) for name, pol in order}
+            b = runs["dynamic"]
+            for name, r in (("static", a), *runs.items()):
                 miss = first_mismatch(lv.reference, r.outputs)
                 if miss:
                     lv.mismatches.append({"run": f"pair {i} {name}", **miss})
             lv.pairs.append((a, b))
+            if "host" in runs:
+                lv.host_runs.append(runs["host"])
+            host = f", host planner {runs['host'].goodput / a.goodput - 1:+.2%}" if "host" in runs else ""
             rec.log(
                 f"pair {i} C={lv.concurrency}: static {a.goodput:,.0f} tok/s, dynamic {b.goodput:,.0f} tok/s "
-                f"({b.goodput / a.goodput - 1:+.2%}), dynamic cells {dict(b.cells)}"
+                f"({b.goodput / a.goodput - 1:+.2%}{host}), dynamic cells {dict(b.cells)}"
             )
         per_pair.append(time.perf_counter() - t)
         rec.result["experiment_progress"] = {
@@ -834,7 +851,9 @@ def stage_analysis(
     """Per-level reports, the identity verdict, the headline verdict and the plot."""
     reports = {}
     for lv in levels:
-        report = analysis.level_report(lv.concurrency, lv.pairs, lv.predicted, table_ms)
+        report = analysis.level_report(
+            lv.concurrency, lv.pairs, lv.predicted, table_ms, host_runs=lv.host_runs
+        )
         report["confidence_path_overhead"] = {"bracket": lv.bracket, "charged_by_build": lv.overhead}
         report["admission"] = {k: lv.admission.get(k) for k in ("active", "reason_code", "message")}
         report["identical_outputs"] = not lv.mismatches

@@ -83,3 +83,28 @@ def test_overhead_source_says_how_it_was_measured() -> None:
     text = bracket.overhead_source("forced-device", summary["forced-device"], 256)
     assert text.startswith("measured: serving-loop release bracket at concurrency 256")
     assert "3 runs" in text and "Student-t" in text
+
+
+def test_level_report_compares_both_planners_on_the_same_static_runs() -> None:
+    from benchmarks.e2e import analysis
+    from benchmarks.e2e.serving import RunResult
+
+    def run(policy: str, tokens: int, seconds: float) -> RunResult:
+        r = RunResult(policy=policy, concurrency=8, outputs=np.zeros((1, 1), dtype=np.int64))
+        r.decode_tokens, r.decode_seconds, r.steps = tokens, seconds, 10
+        r.cells[(8, 0)] = 10
+        return r
+
+    pairs = [
+        (run("static", 1000, 1.0 + 0.01 * i), run("dynamic-device-lagged", 1000, 0.95 + 0.01 * i))
+        for i in range(4)
+    ]
+    host = [run("dynamic-host", 1000, 0.98 + 0.01 * i) for i in range(4)]
+    predicted = {"predicted_gain": 0.04, "predicted_ci": (0.02, 0.06), "source": "test"}
+    report = analysis.level_report(8, pairs, predicted, {(8, 0): 100.0}, host_runs=host)
+    hp = report["host_planner"]
+    assert hp["realised_gain"] == pytest.approx(
+        np.mean([(1.0 + 0.01 * i) / (0.98 + 0.01 * i) - 1 for i in range(4)])
+    )
+    assert hp["device_over_host_goodput"] > 0 and hp["device_over_host_ci"][0] > 0
+    assert "host_planner" not in analysis.level_report(8, pairs, predicted, {(8, 0): 100.0})
