@@ -45,7 +45,15 @@ from dspark_calibrate.runtime_plugin.planner import (
     cell_geometry,
     plan,
 )
-from tests.runtime_plugin.test_planner import CAL, RULE_CASES, K, _rows, staircase_table
+from tests.runtime_plugin.test_planner import (
+    CAL,
+    RULE_CASES,
+    RULE_INPUTS,
+    STEP_ROWS,
+    K,
+    _rows,
+    staircase_table,
+)
 
 CALIBRATIONS = {
     "sts": CAL,
@@ -154,17 +162,7 @@ def test_selection_rule_cases(case: dict[str, Any], column: int, reason: SelectR
     assert REASON_CODES[int(why)] is reason
 
 
-@given(
-    data=st.lists(
-        st.tuples(st.floats(0.5, 12), st.floats(5, 12), st.booleans(), st.floats(0, 3)),
-        min_size=1,
-        max_size=4,
-    ),
-    ny=st.floats(1, 12),
-    nt=st.floats(5, 12),
-    gain=st.sampled_from([0.0, 0.01, 0.05]),
-    guarded=st.booleans(),
-)
+@given(**(RULE_INPUTS | {"data": RULE_INPUTS["data"].filter(bool)}))  # a step's G has >= 1 cell here
 @settings(max_examples=200, deadline=None)
 def test_device_rule_equals_the_scalar_rule(
     data: list[tuple[float, float, bool, float]], ny: float, nt: float, gain: float, guarded: bool
@@ -289,15 +287,7 @@ def test_allocate_refuses_what_the_reference_refuses() -> None:
 
 # --- the reference's property test, on the device ------------------------------------------------
 
-STEP = st.lists(
-    st.tuples(
-        st.integers(0, 3),
-        st.lists(
-            st.one_of(st.sampled_from([-3.0, 0.0, 2.0, 40.0]), st.floats(-6, 8)), min_size=K, max_size=K
-        ),
-    ),
-    max_size=40,
-)
+STEP = STEP_ROWS
 
 
 def _step_rows(rows: list[tuple[int, list[float]]], num_ranks: int, shuffle: Any) -> StepRows:
@@ -435,7 +425,13 @@ def test_float32_really_differs_at_a_near_tie() -> None:
 # --- no host synchronisation -----------------------------------------------------------------------
 
 #: Ops that read a device value on the host (a CUDA synchronisation) or give data-dependent shapes.
-SYNCING_OPS = ("aten::item", "aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::unique")
+SYNCING_OPS = (
+    "aten::item",
+    "aten::_local_scalar_dense",
+    "aten::nonzero",
+    "aten::masked_select",
+    "aten::unique",
+)
 
 
 @pytest.mark.parametrize(("ranks", "cal", "floor"), [(1, "sts", 1), (3, "mixed", 2), (1, "isotonic", 1)])
