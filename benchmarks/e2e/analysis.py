@@ -16,7 +16,9 @@ into two parts by pricing the *realised* steps with the cost table:
   replay of the recorded static steps: same acceptance, calibration, cell choices, batch
   occupancy).
 
-The larger part names the modelling assumption that failed. The agreement itself has three
+The larger part names the modelling assumption that failed. Build's prediction is net of the
+confidence path's per-step cost (it charges the overhead bound measured by the release bracket,
+:mod:`bracket`, on every dynamic step). The agreement itself has three
 outcomes (STYLE rule 11): ``within_band`` (realised mean within ±3 pp of the prediction), ``miss``
 (the whole realised interval lies outside the band) and ``undecided`` (the mean is outside, the
 interval reaches into the band: more pairs would decide). Pure functions over plain numbers.
@@ -31,9 +33,12 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from .serving import RunResult
+from dspark_calibrate.runtime_plugin.device_planner import lagged_cell
+from dspark_calibrate.runtime_plugin.planner import Calibration, CostTable, StepRows, plan
 
-__all__ = ["AGREEMENT_PP", "level_report", "t_interval"]
+from .serving import RunResult, StepRecord
+
+__all__ = ["AGREEMENT_PP", "lag_report", "level_report", "step_logits", "t_interval"]
 
 #: The issue's aim: predicted within ±3 percentage points of realised.
 AGREEMENT_PP = 3.0
@@ -47,6 +52,64 @@ def t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float
         return mean, math.nan, math.nan
     half = float(stats.t.ppf(0.5 + confidence / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
     return mean, mean - half, mean + half
+
+
+def step_logits(records: Sequence[StepRecord]) -> list[np.ndarray]:
+    """The confidence logits of every recorded step, ``[n, K]`` in slot order (the tie-break order)."""
+    by_step: dict[int, list[np.ndarray]] = {}
+    for r in records:
+        by_step.setdefault(r.step, []).append(r.confidence)
+    return [np.stack(by_step[i]) for i in sorted(by_step)]
+
+
+def lag_report(table: CostTable, calibration: Calibration, steps: Sequence[np.ndarray]) -> dict[str, Any]:
+    """What the one-step lag costs on recorded steps: the lagged cell against the same-step one.
+
+    Step t's same-step decision is ``planner.plan`` of its rows; the lagged cell is
+    ``device_planner.lagged_cell`` of step t-1's decision for step t's rows (what the device
+    planner commits in ``lagged`` mode). Reported: how often the two differ, and the relative
+    score (expected tokens per ms, the selector's own objective) the lagged cell gives up.
+    """
+    previous: tuple[int, int] | None = None
+    differ, loss, compact_same, compact_lag = 0, 0.0, 0, 0
+    for x in steps:
+        p = plan(table, calibration, StepRows.single_rank(np.asarray(x, dtype=np.float64)))
+        same = (p.graph_batch_size, p.verifier_budget)
+        lagged = lagged_cell(table, previous, [x.shape[0]])
+        compact_same += same[1] != 0
+        compact_lag += lagged[1] != 0
+        if lagged != same:
+            differ += 1
+            scores = {0: p.selection.native_score} | {c.verifier_budget: c.score for c in p.selection.cells}
+            best = scores[same[1]]
+            if best > 0:
+                loss += (best - scores.get(lagged[1], -math.inf)) / best
+        previous = same
+    n = max(len(steps), 1)
+    return {
+        "steps": len(steps),
+        "disagreements": differ,
+        "disagreement_rate": differ / n,
+        "mean_score_loss": loss / n,
+        "same_step_compact_rate": compact_same / n,
+        "lagged_compact_rate": compact_lag / n,
+    }
+
+
+def _planner_counters(runs: Sequence[RunResult]) -> dict[str, Any] | None:
+    keys = (
+        "steps", "selected_compact_steps", "committed_compact_steps", "non_finite_steps",
+        "lag_disagreements", "lag_score_loss", "snapshot_late", "snapshot_waits",
+    )  # fmt: skip
+    stats_ = [r.planner_stats for r in runs if r.planner_stats and "steps" in r.planner_stats]
+    if not stats_:
+        return None
+    out: dict[str, Any] = {k: sum(x[k] for x in stats_) for k in keys}
+    steps = max(out["steps"], 1)
+    out["lag_disagreement_rate"] = out["lag_disagreements"] / steps
+    out["mean_lag_score_loss"] = out["lag_score_loss"] / steps
+    out["mode"] = stats_[0].get("mode")
+    return out
 
 
 def _priced_seconds(run: RunResult, table_ms: Mapping[tuple[int, int], float]) -> float | None:
@@ -85,6 +148,7 @@ def _mode_summary(runs: Sequence[RunResult], table_ms: Mapping[tuple[int, int], 
         "tokens_per_step": tokens / steps if steps else None,
         "mean_step_ms": 1000.0 * seconds / steps if steps else None,
         "plan_ms_per_step": 1000.0 * sum(r.plan_seconds for r in runs) / steps if steps else None,
+        "planner": _planner_counters(runs),
         "realised_over_table_time": seconds / priced_total if priced_total else None,
         "table_priced_goodput_tok_s": tokens / priced_total if priced_total else None,
         "per_cell": per_cell,
@@ -96,6 +160,8 @@ def level_report(
     pairs: Sequence[tuple[RunResult, RunResult]],
     predicted: Mapping[str, Any],
     table_ms: Mapping[tuple[int, int], float],
+    *,
+    host_runs: Sequence[RunResult] = (),
 ) -> dict[str, Any]:
     """The level's entry of ``e2e.json``.
 
@@ -105,6 +171,8 @@ def level_report(
         predicted: ``predicted_gain``, ``predicted_ci`` ((low, high)) and ``source`` from build (a
             refused build predicts 0: the runtime stays on static K).
         table_ms: median step time of every measured cell (the sweep), for the diagnostics.
+        host_runs: the host planner over the same deployment, one run per pair (after the same
+            static run), when the device planner drove the dynamic arm.
 
     Returns:
         JSON-ready dict with the required fields and the diagnostics.
@@ -133,6 +201,24 @@ def level_report(
         "static": st,
         "dynamic": dy,
     }
+    if host_runs:
+        host_gains = [
+            h.goodput / a.goodput - 1.0 for (a, _), h in zip(pairs, host_runs, strict=False) if a.goodput > 0
+        ]
+        h_mean, h_lo, h_hi = t_interval(host_gains)
+        # Paired within each round: the two planners' gains over the same static run.
+        diffs = [
+            b.goodput / h.goodput - 1.0 for (_, b), h in zip(pairs, host_runs, strict=False) if h.goodput > 0
+        ]
+        d_mean, d_lo, d_hi = t_interval(diffs)
+        out["host_planner"] = {
+            "realised_gain": h_mean,
+            "realised_ci": [h_lo, h_hi],
+            "realised_gain_per_pair": host_gains,
+            "device_over_host_goodput": d_mean,
+            "device_over_host_ci": [d_lo, d_hi],
+            "runs": _mode_summary(host_runs, table_ms),
+        }
     diff_pp = 100.0 * (mean - pred) if math.isfinite(mean) else math.nan
     out["realised_minus_predicted_pp"] = diff_pp
     out["within_agreement_band"] = bool(math.isfinite(diff_pp) and abs(diff_pp) <= AGREEMENT_PP)
@@ -149,10 +235,6 @@ def level_report(
             "admission kept this level on static K, so both arms ran the same policy: the realised gain "
             "measures run-to-run noise only, and the prediction is 0 by construction"
         )
-    plan_ms, dyn_ms = dy["plan_ms_per_step"], dy["mean_step_ms"]
-    if plan_ms and dyn_ms and dyn_ms > plan_ms and not same_policy:
-        # Build's replay prices steps without the selector's host time; add it to every dynamic step.
-        out["overhead_adjusted_predicted_gain"] = (1.0 + pred) * (dyn_ms - plan_ms) / dyn_ms - 1.0
     implied = None
     if st["table_priced_goodput_tok_s"] and dy["table_priced_goodput_tok_s"]:
         implied = dy["table_priced_goodput_tok_s"] / st["table_priced_goodput_tok_s"] - 1.0

@@ -13,8 +13,11 @@ Every stage calls the toolkit's library API (never re-implements it):
 - **build** / **export**: ``calibrate.build`` (signed cost table, calibration, admission, bundle)
   and the TensorRT-LLM export;
 - **admit**: ``runtime_plugin.admit`` on the signed bundle, then
-  ``runtime_plugin.engine.DynamicVerifier`` (the reference selector/allocator) as the serving
-  loop's dynamic :class:`serving.Policy`.
+  ``runtime_plugin.engine.DynamicVerifier`` bound to the verified members and, through
+  ``runtime_plugin.engine.choose_planner``, the device planner (default) or the host reference
+  planner as the serving loop's dynamic :class:`serving.Policy`;
+- **bracket**: the same planners over the unsigned sweep and fit, with every window forced to K,
+  for the release bracket's overhead arm (:mod:`bracket`).
 
 The deployment fingerprint binds the exact model (config and checkpoint digests), the engine
 source (digest of ``model.py`` and ``serving.py``), the GPU, K and the graph ladder.
@@ -30,9 +33,9 @@ import shlex
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from dataclasses import fields as dataclass_fields
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -44,7 +47,8 @@ import torch
 from dspark_calibrate import __version__ as TOOL_VERSION
 from dspark_calibrate.artifacts import Fingerprint, canonical_json, sha256_hex
 from dspark_calibrate.runtime_plugin import LiveContext, collect_live
-from dspark_calibrate.runtime_plugin.planner import StepRows
+from dspark_calibrate.runtime_plugin.engine import DynamicVerifier, choose_planner
+from dspark_calibrate.runtime_plugin.planner import Calibration, CostTable, DrainGuard, StepRows
 
 from . import serving
 from .model import Drafter, TargetLM
@@ -52,17 +56,21 @@ from .serving import Engine, Plan, StepRecord
 
 __all__ = [
     "ENGINE_SOURCE_FILES",
+    "DevicePlannerPolicy",
     "PlannerPolicy",
+    "PlannerSettings",
     "SweepSettings",
     "TrustMaterial",
     "admit_level",
+    "bracket_verifier",
     "build_level",
     "candidate_budgets",
     "deployment_live",
     "direct_policy",
     "export_level",
+    "fit_calibration",
     "make_trust",
-    "measure_planner_overhead_ms",
+    "planner_policy",
     "predicted_from_build",
     "request_key",
     "run_fit_stage",
@@ -296,7 +304,7 @@ def run_fit_stage(
     """
     import importlib.util
 
-    from dspark_calibrate.calibrate.confidence.fit import FitOptions, run_fit
+    from dspark_calibrate.calibrate import FitOptions, run_fit
 
     result, outputs, _ = run_fit(
         [trace_path],
@@ -310,6 +318,13 @@ def run_fit_stage(
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
     return result, outputs
+
+
+def fit_calibration(path: Path) -> Calibration:
+    """The STS calibration (what the runtime applies) from the fit's ``calibration.parquet``."""
+    import pyarrow.parquet as pq
+
+    return Calibration.from_rows(pq.read_table(path).to_pylist(), use="sts")
 
 
 # -- keys -----------------------------------------------------------------------------------------
@@ -359,7 +374,7 @@ def make_trust(out_dir: Path, *, days: int = 7) -> TrustMaterial:
 
 # -- the dynamic policy -----------------------------------------------------------------------------
 class PlannerPolicy:
-    """The serving loop's dynamic policy: the toolkit's reference selector/allocator, every step.
+    """The serving loop's dynamic policy on the host: the reference selector/allocator, every step.
 
     Rows are passed in slot order with their slot index as the request key (the tie-break order).
 
@@ -367,58 +382,134 @@ class PlannerPolicy:
         planner: anything with ``plan(StepRows) -> planner.Plan`` (``DynamicVerifier`` in the
             experiment; tests may pass a verifier built from unsigned tables).
         name: the policy's name in results.
+        force_native: plan every step but run it native with every window K (the release
+            bracket's "feature on, windows forced to K" arm).
     """
 
-    def __init__(self, planner: Any, name: str = "dynamic") -> None:
+    def __init__(self, planner: Any, name: str = "dynamic", *, force_native: bool = False) -> None:
         self.planner = planner
         self.name = name
+        self.force_native = force_native
 
     def plan(self, confidence: np.ndarray) -> Plan:
         """Select the cell and allocate the windows of one step."""
         rows = StepRows.single_rank(confidence.astype(np.float64, copy=False))
         p = self.planner.plan(rows)
+        if self.force_native:
+            k = rows.k
+            return Plan(int(p.graph_batch_size), 0, np.full(len(rows), k, dtype=np.int64))
         return Plan(int(p.graph_batch_size), int(p.verifier_budget), np.asarray(p.windows, dtype=np.int64))
 
 
-def measure_planner_overhead_ms(
+class DevicePlannerPolicy:
+    """The dynamic policy on the device: ``device_planner.ServingPlanner`` bound to the engine.
+
+    Each step stages the rows' logits, replays the planner's graph for the step's G (which writes
+    the windows into :meth:`serving.Engine.window_buffer`) and returns the committed cell; the
+    windows never come back to the host before the step.
+
+    Args:
+        serving_planner: a ``ServingPlanner`` (mode, ``force_native``) of a ``DevicePlanner`` on the
+            engine's device.
+        engine: the engine whose window buffers the planner writes.
+        name: the policy's name in results.
+    """
+
+    def __init__(self, serving_planner: Any, engine: Engine, name: str = "dynamic-device") -> None:
+        self.serving = serving_planner
+        self.name = name
+        for g in serving_planner.planner.table.graph_batch_sizes:
+            serving_planner.bind(g, engine.window_buffer(g))
+        serving_planner.prepare()
+
+    def plan(self, confidence: np.ndarray) -> Plan:
+        """Commit this step's cell; the device allocates it."""
+        g, v = self.serving.launch(confidence, (confidence.shape[0],))
+        return Plan(g, v, None)
+
+    def finish(self) -> dict[str, Any]:
+        """The run's planner counters (lag, non-finite steps, verified tokens)."""
+        stats: dict[str, Any] = self.serving.finish()
+        return stats
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerSettings:
+    """Which planner the dynamic arm runs.
+
+    Attributes:
+        prefer: ``device`` (default) or ``host``.
+        device: torch device of the device planner (None: the current CUDA device, falling back
+            to the host planner without one; ``cpu`` runs the device code on the CPU).
+        mode: the device planner's decision mode, ``lagged`` or ``sync``.
+        dtype: the device planner's float type.
+    """
+
+    prefer: str = "device"
+    device: str | None = None
+    mode: str = "lagged"
+    dtype: str = "float64"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return asdict(self)
+
+
+def planner_policy(
+    verifier: DynamicVerifier,
+    engine: Engine,
+    settings: PlannerSettings,
+    *,
+    name: str,
+    force_native: bool = False,
+) -> tuple[serving.Policy, dict[str, Any]]:
+    """The policy of ``settings``' planner over ``verifier``'s deployment (host on fallback).
+
+    Returns:
+        The policy and a JSON-ready record of the choice (kind, fallback reason code, message).
+    """
+    from dspark_calibrate.runtime_plugin.device_planner import ServingPlanner
+
+    choice = choose_planner(verifier, prefer=settings.prefer, device=settings.device, dtype=settings.dtype)
+    record = {"kind": choice.kind, "reason_code": choice.reason_code, "message": choice.message}
+    if choice.kind == "device":
+        sp = ServingPlanner(choice.planner, mode=settings.mode, force_native=force_native)
+        record["mode"] = settings.mode
+        return DevicePlannerPolicy(sp, engine, name=f"{name}-device-{settings.mode}"), record
+    return PlannerPolicy(verifier, name=f"{name}-host", force_native=force_native), record
+
+
+def bracket_verifier(
     ladder: Sequence[int],
     k: int,
     table_ms: dict[tuple[int, int], float],
     budgets: dict[int, tuple[int, ...]],
-    *,
-    calls: int = 200,
-    seed: int = 0,
-) -> float:
-    """Host time of one dynamic policy step (rows → ``StepRows`` → select + allocate) at the largest G.
+    calibration: Calibration,
+) -> DynamicVerifier | None:
+    """The planners' inputs for the overhead bracket, before build exists: the sweep's medians.
 
-    Measured with the reference planner over the sweep's medians (four candidates per G, a
-    permissive drain guard so compact cells are evaluated) and random logits; returns the 90th
-    percentile in ms. ``build`` uses it as the fixed confidence-path overhead per policy step.
+    Four compact cells per G (the largest candidates: the most the engine deploys, so the planners
+    do the most work they can), the fit's calibration, and a permissive drain guard so compact
+    cells are evaluated and allocated as in a deployment that admits them. Unsigned: this binds
+    no serving decision; it only prices the confidence path.
+
+    Returns:
+        A verifier over those inputs, or None when the sweep lacks the largest G's native cell.
     """
-    from dspark_calibrate.runtime_plugin.planner import Calibration, CostTable, DrainGuard
-
     g_max = max(ladder)
     cells = {(g, 0): table_ms[(g, 0)] for g in ladder if (g, 0) in table_ms}
     if (g_max, 0) not in cells:
-        return math.nan  # the sweep did not measure the largest native cell: nothing to plan with
+        return None
     for g in ladder:
         for v in budgets.get(g, ())[-4:]:
-            if (g, v) in table_ms:
+            if (g, v) in table_ms and (g, 0) in cells:
                 cells[(g, v)] = table_ms[(g, v)]
     table = CostTable.from_cells(k, cells, drain_guard=DrainGuard(1.0, 1.0, 0.0, g_max))
-    policy = PlannerPolicy(_Direct(table, Calibration.sts([1.0] * k)))
-    rng = np.random.default_rng(seed)
-    times = []
-    for _ in range(calls):
-        logits = rng.normal(1.0, 2.0, size=(g_max, k)).astype(np.float32)
-        t0 = time.perf_counter()
-        policy.plan(logits)
-        times.append(time.perf_counter() - t0)
-    return float(np.quantile(times, 0.9) * 1000.0)
+    return DynamicVerifier(table, calibration, digest="unsigned-bracket-inputs", min_verify_len=1)
 
 
 class _Direct:
-    """``plan`` over plain planner inputs (for overhead measurement and tests; not admitted)."""
+    """``plan`` over plain planner inputs (tests; not admitted)."""
 
     def __init__(self, table: Any, calibration: Any) -> None:
         self.table = table
@@ -444,12 +535,17 @@ def build_level(
     out_dir: Path,
     *,
     version: int,
-    overhead_ms: float,
+    overhead_ms: float | None,
     resamples: int,
     seed: int,
     safety_margin_ms: float | None = None,
+    overhead_source: str | None = None,
 ) -> dict[str, Any]:
     """``build`` one signed bundle for one recorded workload; a refused build is an outcome, not an error.
+
+    ``overhead_ms`` is the fixed confidence-path overhead per policy step (None: build's
+    conservative default); ``overhead_source`` says how it was measured (passed on when
+    ``BuildOptions`` takes a source, and recorded in the outcome either way).
 
     Returns:
         ``status`` (``built`` or ``refused``), the bundle path, the signed admission summary, the
@@ -458,22 +554,26 @@ def build_level(
     import importlib.util
 
     from dspark_calibrate.artifacts import load_signer, load_trust_root
-    from dspark_calibrate.calibrate.deployment.build import BuildOptions, build_bundle, load_build_inputs
-    from dspark_calibrate.calibrate.deployment.replay import BootstrapSettings
+    from dspark_calibrate.calibrate import BootstrapSettings, BuildOptions, build_bundle, load_build_inputs
     from dspark_calibrate.errors import ConfigError
 
     now = datetime.now(UTC).replace(microsecond=0)
     root = load_trust_root(trust.root_path.read_bytes(), now=now)
+    overhead = overhead_ms if overhead_ms is not None and math.isfinite(overhead_ms) else None
+    extra: dict[str, Any] = {}
+    if overhead_source is not None and "overhead_source" in {f.name for f in dataclass_fields(BuildOptions)}:
+        extra["overhead_source"] = overhead_source
     options = BuildOptions(
         version=version,
         issued_at=now,
         expires_at=now + timedelta(days=7),
-        overhead_ms=overhead_ms if math.isfinite(overhead_ms) else None,
+        overhead_ms=overhead,
         safety_margin_ms=safety_margin_ms,
         bootstrap=BootstrapSettings(resamples=resamples, seed=seed),
         plots=importlib.util.find_spec("matplotlib") is not None,
         force=True,
         command=tuple(sys.argv),
+        **extra,
     )
     try:
         inputs = load_build_inputs([sweep], calibration, workload)
@@ -481,11 +581,13 @@ def build_level(
             inputs, out_dir, signers=[load_signer(trust.private_key)], trust_root=root, options=options
         )
     except ConfigError as exc:
-        return {"status": "refused", "reason": str(exc), "version": version}
+        return {"status": "refused", "reason": str(exc), "version": version, "overhead_ms": overhead}
     full = result.to_dict()
     return {
         "status": "built",
         "version": version,
+        "overhead_ms": overhead,
+        "overhead_source": overhead_source,
         "bundle": str(out_dir),
         "valid": full.get("valid"),
         "summary": full.get("summary"),
@@ -589,16 +691,18 @@ def admit_level(
     root_path: Path,
     live: LiveContext,
     state_path: Path,
-    ladder: Sequence[int],
-    k: int,
-) -> tuple[serving.Policy, dict[str, Any]]:
-    """``admit`` the level's bundle; an active decision drives the reference selector/allocator.
+    engine: Engine,
+    planner: PlannerSettings,
+) -> tuple[serving.Policy, dict[str, Any], DynamicVerifier | None]:
+    """``admit`` the level's bundle; an active decision drives the selector/allocator.
 
     Returns:
-        The dynamic policy (the static fallback when inactive) and a JSON-ready record.
+        The dynamic policy (the device or host planner; the static fallback when inactive), a
+        JSON-ready record (the admission and which planner runs) and the admitted verifier.
     """
     from dspark_calibrate.runtime_plugin.admission import AdmissionPolicy, admit
-    from dspark_calibrate.runtime_plugin.engine import DynamicVerifier
+
+    ladder, k = engine.cfg.ladder, engine.cfg.k
 
     if outcome.get("status") != "built":
         record = {
@@ -606,7 +710,7 @@ def admit_level(
             "reason_code": "NO_BUNDLE",
             "message": str(outcome.get("reason", "not built")),
         }
-        return serving.StaticPolicy(ladder, k, name="static-fallback"), record
+        return serving.StaticPolicy(ladder, k, name="static-fallback"), record, None
     decision = admit(
         Path(outcome["bundle"]), root_path, live=live, policy=AdmissionPolicy(state_path=state_path)
     )
@@ -621,4 +725,7 @@ def admit_level(
     }
     if not decision.active:
         return serving.StaticPolicy(ladder, k, name="static-fallback"), record
-    return PlannerPolicy(DynamicVerifier.from_decision(decision)), record
+    policy, record["planner"] = planner_policy(
+        DynamicVerifier.from_decision(decision), engine, planner, name="dynamic"
+    )
+    return policy, record

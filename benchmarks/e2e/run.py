@@ -11,11 +11,14 @@ point still returns what was measured):
    head distilled from the target's greedy rollouts (:mod:`model`);
 2. engine: the serving engine with one CUDA graph per (G, V) cell (:mod:`serving`);
 3. toolkit: live fingerprint, ``sweep`` (module backend on the engine's own step), traces under
-   full verification, one recorded static workload per concurrency level, ``fit``, an ephemeral
-   signing key and trust root, ``build`` per level, ``export`` (when the toolkit provides it),
+   full verification, one recorded static workload per concurrency level, ``fit``, the release
+   bracket's overhead arm per level (the confidence path on, every window forced to K, minus
+   static K; both planners; :mod:`bracket`), an ephemeral signing key and trust root, ``build``
+   per level charging the measured overhead bound, ``export`` (when the toolkit provides it),
    ``admit`` per level (:mod:`pipeline`);
-4. experiment: per level, static K and dynamic (the admitted selector/allocator) on the same
-   prompts, interleaved A B A B; outputs checked token for token;
+4. experiment: per level, static K and dynamic (the admitted selector/allocator: the device
+   planner by default, ``--host-planner`` for the host one) on the same prompts, interleaved
+   A B A B; outputs checked token for token;
 5. analysis: realised gain with a CI across pairs against build's predicted gain and CI, the
    failed modelling assumption when they disagree (:mod:`analysis`), and ``e2e.png``.
 
@@ -36,6 +39,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -48,7 +52,7 @@ for _p in (str(_REPO), str(_REPO / "src")):
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from benchmarks.e2e import analysis, data, model, pipeline, serving  # noqa: E402
+from benchmarks.e2e import analysis, bracket, data, model, pipeline, serving  # noqa: E402
 from benchmarks.e2e.plot import GainPoint, plot_gains  # noqa: E402
 
 #: The minimum number of interleaved A/B pairs per level (issue 7).
@@ -80,7 +84,10 @@ class Settings:
     build_resamples: int
     budget_s: float
     seed: int
+    bracket_runs: int
+    bracket_modes: tuple[str, ...] = ()
     ungated: bool = False
+    planner: pipeline.PlannerSettings = field(default_factory=pipeline.PlannerSettings)
 
     @property
     def max_len(self) -> int:
@@ -114,6 +121,9 @@ class Settings:
                 "cell_cap_s": self.sweep_cell_cap_s,
             },
             "build_resamples": self.build_resamples,
+            "bracket_runs": self.bracket_runs,
+            "bracket_modes": list(self.bracket_modes or (self.planner.mode,)),
+            "planner": self.planner.to_dict(),
             "budget_s": self.budget_s,
             "seed": self.seed,
         }
@@ -145,6 +155,7 @@ def make_settings(args: argparse.Namespace) -> Settings:
             build_resamples=200,
             budget_s=55.0,
             seed=args.seed,
+            bracket_runs=3,
         )
     else:
         base = Settings(
@@ -169,9 +180,23 @@ def make_settings(args: argparse.Namespace) -> Settings:
             build_resamples=1000,
             budget_s=540.0,
             seed=args.seed,
+            bracket_runs=6,
         )
     if args.ungated:
         base = replace(base, ungated=True)
+    # The device planner is the default; --tiny runs its code on the CPU (no CUDA there).
+    planner_device = args.planner_device or ("cpu" if args.tiny else None)
+    base = replace(
+        base,
+        planner=pipeline.PlannerSettings(
+            prefer="host" if args.host_planner else "device",
+            device=planner_device,
+            mode=args.device_decision,
+            dtype=args.planner_dtype,
+        ),
+    )
+    if args.bracket_runs:
+        base = replace(base, bracket_runs=max(2, args.bracket_runs))
     if args.levels:
         base = replace(base, levels=tuple(int(x) for x in args.levels.split(",")))
     if args.pairs:
@@ -188,8 +213,9 @@ def make_settings(args: argparse.Namespace) -> Settings:
 class Recorder:
     """Timestamped progress on stdout and the result file, rewritten atomically after each stage."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, name: str = "e2e.json") -> None:
         self.out = out
+        self.name = name
         self.t0 = time.perf_counter()
         self.result: dict[str, Any] = {"status": "running", "stages": {}}
 
@@ -208,30 +234,30 @@ class Recorder:
         self.write()
 
     def write(self) -> None:
-        """Atomically replace ``e2e.json``."""
+        """Atomically replace the result file (``e2e.json``)."""
         self.result["elapsed_s"] = round(self.elapsed(), 3)
-        tmp = self.out / ".e2e.json.tmp"
-        tmp.write_text(json.dumps(_json_safe(self.result), indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        os.replace(tmp, self.out / "e2e.json")
+        tmp = self.out / f".{self.name}.tmp"
+        tmp.write_text(json.dumps(json_safe(self.result), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp, self.out / self.name)
 
 
-def _json_safe(obj: Any) -> Any:
+def json_safe(obj: Any) -> Any:
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
+        return {str(k): json_safe(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return [_json_safe(v) for v in obj]
+        return [json_safe(v) for v in obj]
     if isinstance(obj, np.generic):
-        return _json_safe(obj.item())
+        return json_safe(obj.item())
     if isinstance(obj, Path):
         return str(obj)
     return obj
 
 
-def _command(argv: list[str] | None) -> str:
+def command_line(argv: list[str] | None, script: str = "benchmarks/e2e/run.py") -> str:
     """The command line as run, with the PYTHONPATH it ran under."""
-    args = sys.argv if argv is None else ["benchmarks/e2e/run.py", *argv]
+    args = sys.argv if argv is None else [script, *argv]
     path = os.environ.get("PYTHONPATH")
     return " ".join(([f"PYTHONPATH={path}"] if path else []) + ["python3", *args])
 
@@ -243,7 +269,7 @@ REQUIRED_MODULES: tuple[str, ...] = (
 )  # fmt: skip
 
 
-def _preflight() -> None:
+def preflight() -> None:
     """Fail fast, naming every missing module and toolkit module that does not import.
 
     Raises:
@@ -268,7 +294,7 @@ def _preflight() -> None:
         )
 
 
-def _commit() -> dict[str, Any]:
+def commit_info() -> dict[str, Any]:
     def git(*a: str) -> str | None:
         try:
             done = subprocess.run(["git", *a], capture_output=True, check=True, cwd=_REPO, timeout=10)
@@ -281,7 +307,7 @@ def _commit() -> dict[str, Any]:
     return {"commit": head, "dirty": None if status is None else bool(status)}
 
 
-def _gpu_info(device: torch.device) -> dict[str, Any]:
+def gpu_info(device: torch.device) -> dict[str, Any]:
     info: dict[str, Any] = {
         "device": str(device),
         "torch": torch.__version__,
@@ -316,7 +342,7 @@ def _gpu_info(device: torch.device) -> dict[str, Any]:
     return info
 
 
-def _attention_backend_probe(device: torch.device) -> tuple[str, str]:
+def attention_backend_probe(device: torch.device) -> tuple[str, str]:
     """The SDPA kernel the engine uses: memory-efficient on CUDA when it accepts the engine's
     masked grouped call (per-(row, head) tiles, batch-invariant), else the math kernel.
 
@@ -406,25 +432,40 @@ class Level:
     policy: serving.Policy | None = None
     pairs: list[tuple[serving.RunResult, serving.RunResult]] = field(default_factory=list)
     mismatches: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[np.ndarray] = field(default_factory=list)  # the recorded static run's logits per step
+    bracket: dict[str, Any] = field(default_factory=dict)
+    overhead: dict[str, Any] = field(default_factory=dict)
+    verifier: Any = None  # the admitted DynamicVerifier (None when admission kept static K)
+    host_policy: serving.Policy | None = None  # the host planner over the same deployment (comparison)
+    host_runs: list[serving.RunResult] = field(default_factory=list)
 
 
-def _serve(
+def serve_level(
     engine: serving.Engine,
     prompts: np.ndarray,
     c: int,
     s: Settings,
     policy: serving.Policy,
     record: bool = False,
+    log_steps: bool = False,
 ) -> serving.RunResult:
     gc.collect()
     gc.disable()
     try:
-        return serving.serve(engine, prompts, concurrency=c, max_new=s.max_new, policy=policy, record=record)
+        return serving.serve(
+            engine,
+            prompts,
+            concurrency=c,
+            max_new=s.max_new,
+            policy=policy,
+            record=record,
+            log_steps=log_steps,
+        )
     finally:
         gc.enable()
 
 
-def _first_mismatch(a: np.ndarray, b: np.ndarray) -> dict[str, Any] | None:
+def first_mismatch(a: np.ndarray, b: np.ndarray) -> dict[str, Any] | None:
     diff = np.argwhere(a != b)
     if diff.size == 0:
         return None
@@ -522,7 +563,7 @@ def stage_toolkit(
     static = serving.StaticPolicy(s.ladder, s.k)
     t = time.perf_counter()
     trace_prompts = data.sample_prompts(corpus.heldout, s.trace_requests, s.prompt_len, seed=s.seed + 101)
-    run = _serve(engine, trace_prompts, max(s.levels), s, static, record=True)
+    run = serve_level(engine, trace_prompts, max(s.levels), s, static, record=True)
     trace_path = tk / "traces.parquet"
     rounds = pipeline.write_trace_file(run.records, trace_path, s.k, source="e2e trace prompts, static K")
     accept = np.array([r.accepted for r in run.records])
@@ -537,8 +578,9 @@ def stage_toolkit(
 
     t = time.perf_counter()
     for lv in levels:
-        run = _serve(engine, lv.prompts, lv.concurrency, s, static, record=True)
+        run = serve_level(engine, lv.prompts, lv.concurrency, s, static, record=True)
         lv.reference = run.outputs.copy()
+        lv.steps = analysis.step_logits(run.records)
         lv.workload_path = tk / f"workload-c{lv.concurrency}.parquet"
         w = pipeline.write_workload_file(
             run.records, lv.workload_path, live.fingerprint, source=f"concurrency {lv.concurrency}"
@@ -556,9 +598,12 @@ def stage_toolkit(
     rec.stage("fit", time.perf_counter() - t, summary=fit_result.summary(), outputs=fit_out.to_dict())
     rec.log(f"fit: {fit_result.summary()}")
 
+    calibration = pipeline.fit_calibration(tk / "fit" / "calibration.parquet")
+    bracket_verifier = pipeline.bracket_verifier(s.ladder, s.k, table_ms, budgets, calibration)
+    stage_bracket(s, engine, levels, bracket_verifier, rec)
+
     t = time.perf_counter()
     trust = pipeline.make_trust(tk)
-    overhead_ms = pipeline.measure_planner_overhead_ms(s.ladder, s.k, table_ms, budgets)
     try:
         # Versions grow with the clock, so a re-run into the same output directory (same rollback
         # state, and the same series when --checkpoint reuses the weights) never looks like a rollback.
@@ -571,7 +616,8 @@ def stage_toolkit(
                 lv.workload_path,
                 tk / f"bundle-c{lv.concurrency}",
                 version=version,
-                overhead_ms=overhead_ms,
+                overhead_ms=lv.overhead.get("overhead_ms"),
+                overhead_source=lv.overhead.get("source"),
                 resamples=s.build_resamples,
                 seed=s.seed,
             )
@@ -605,7 +651,7 @@ def stage_toolkit(
     rec.stage(
         "build",
         time.perf_counter() - t,
-        planner_overhead_ms=overhead_ms,
+        overhead={str(lv.concurrency): lv.overhead for lv in levels},
         levels={str(lv.concurrency): lv.build for lv in levels},
     )
 
@@ -621,7 +667,9 @@ def stage_toolkit(
     t = time.perf_counter()
     state = tk / "state" / "rollback.json"
     for lv in levels:
-        policy, record = pipeline.admit_level(lv.build, trust.root_path, live, state, s.ladder, s.k)
+        policy, record, lv.verifier = pipeline.admit_level(
+            lv.build, trust.root_path, live, state, engine, s.planner
+        )
         lv.policy = policy
         lv.admission = record
         if not record["active"] and lv.build.get("status") == "built":
@@ -639,20 +687,129 @@ def stage_toolkit(
             f"{record['reason_code']}: {record['message']}"
         )
     rec.stage("admit", time.perf_counter() - t, levels={str(lv.concurrency): lv.admission for lv in levels})
+
+    # The lag's cost on recorded data: the one-step-lagged cell against the same-step decision,
+    # over each level's recorded steps, with the deployed table (or the bracket's when none is).
+    t = time.perf_counter()
+    lag = {}
+    for lv in levels:
+        verifier, source = lv.verifier, "deployed (admitted) table and calibration"
+        if verifier is None:
+            verifier, source = (
+                bracket_verifier,
+                "bracket inputs: the sweep's medians, the fit, a permissive drain guard",
+            )
+        if verifier is not None and lv.steps:
+            lag[str(lv.concurrency)] = {
+                "source": source,
+                **analysis.lag_report(verifier.cost_table, verifier.calibration, lv.steps),
+            }
+    rec.stage("lag", time.perf_counter() - t, levels=lag)
     return table_ms
+
+
+def stage_bracket(
+    s: Settings,
+    engine: serving.Engine,
+    levels: list[Level],
+    verifier: Any,
+    rec: Recorder,
+) -> None:
+    """The release bracket's overhead arm per level, before build; sets each level's overhead.
+
+    Static K and the forced-K arms of both planners (host, and device when it loads) cycle step
+    by step in ``s.bracket_runs`` runs per level (levels interleaved in each round); every run's
+    outputs must equal the static reference. The dynamic arm's planner gives the level's bound.
+    """
+    t = time.perf_counter()
+    static = serving.StaticPolicy(s.ladder, s.k)
+    if verifier is None:
+        for lv in levels:
+            lv.overhead = {
+                "overhead_ms": None,
+                "source": "not measured: the sweep lacks the largest native cell",
+            }
+        rec.stage("bracket", time.perf_counter() - t, levels={}, note="no planner inputs")
+        return
+    host = pipeline.PlannerPolicy(verifier, name="forced-host", force_native=True)
+    arms: list[serving.Policy] = [host]
+    choice: dict[str, Any] = {}
+    for mode in s.bracket_modes or (s.planner.mode,):
+        settings = replace(s.planner, prefer="device", mode=mode)
+        device, choice = pipeline.planner_policy(verifier, engine, settings, name="forced", force_native=True)
+        if choice["kind"] != "device":
+            break  # no device planner here (its reason is logged and recorded): the host arm only
+        arms.append(device)
+    names = [bracket.STATIC_ARM, *(a.name for a in arms)]
+    runs: dict[int, list[dict[str, Any]]] = {lv.concurrency: [] for lv in levels}
+    for i in range(s.bracket_runs):
+        for lv in levels:
+            assert lv.reference is not None
+            ref = lv.reference
+
+            def check(result: serving.RunResult, lv: Level = lv, ref: np.ndarray = ref, i: int = i) -> None:
+                miss = first_mismatch(ref, result.outputs)
+                if miss:
+                    lv.mismatches.append({"run": f"bracket {i}", **miss})
+
+            def serve(policy: serving.Policy, log: bool, lv: Level = lv) -> serving.RunResult:
+                return serve_level(engine, lv.prompts, lv.concurrency, s, policy, log_steps=log)
+
+            runs[lv.concurrency].append(bracket.run_bracket(serve, static, arms, run_index=i, check=check))
+        rec.log(f"bracket round {i + 1}/{s.bracket_runs} done")
+    device_arm = f"forced-device-{s.planner.mode}"
+    dynamic_arm = device_arm if s.planner.prefer == "device" and device_arm in names else "forced-host"
+    out = {}
+    for lv in levels:
+        summary = bracket.summarize(runs[lv.concurrency], names)
+        lv.bracket = summary
+        arm = summary.get(dynamic_arm, {})
+        bound = arm.get("upper_bound_ms", math.nan)
+        if bound is not None and math.isfinite(bound):
+            lv.overhead = {
+                "overhead_ms": max(0.0, float(bound)),
+                "arm": dynamic_arm,
+                "source": bracket.overhead_source(dynamic_arm, arm, lv.concurrency),
+            }
+        else:
+            lv.overhead = {
+                "overhead_ms": None,
+                "arm": dynamic_arm,
+                "source": "bracket gave no interval: build's default",
+            }
+        out[str(lv.concurrency)] = {
+            "arms": summary,
+            "dynamic_arm": dynamic_arm,
+            "overhead_for_build": lv.overhead,
+            "runs": [{k: v for k, v in r.items()} for r in runs[lv.concurrency]],
+        }
+        parts = ", ".join(
+            f"{a} {x['overhead_ms'] * 1000:+.1f} us (CI {x['ci'][0] * 1000:+.1f}..{x['ci'][1] * 1000:+.1f})"
+            for a, x in summary.items()
+            if math.isfinite(x["overhead_ms"]) and all(math.isfinite(c) for c in x["ci"])
+        )
+        rec.log(f"bracket C={lv.concurrency}: {parts}; build charges {lv.overhead['overhead_ms']} ms/step")
+    rec.stage("bracket", time.perf_counter() - t, device_planner=choice, levels=out)
 
 
 def stage_experiment(
     s: Settings, engine: serving.Engine, levels: list[Level], rec: Recorder, deadline: float
 ) -> None:
-    """Interleaved A/B pairs at every level until ``s.pairs`` or the deadline (at least MIN_PAIRS)."""
+    """Interleaved A/B pairs at every level until ``s.pairs`` or the deadline (at least MIN_PAIRS).
+
+    Where the device planner drives an admitted level, each pair round also runs the host planner
+    over the same admitted deployment (after the same static run; the two dynamic arms swap
+    places every round), so the realised gains of both planners come from one job.
+    """
     static = serving.StaticPolicy(s.ladder, s.k)
     for lv in levels:  # untimed warm-up of the dynamic path (also checked for identity)
         assert lv.policy is not None and lv.reference is not None
-        warm = _serve(engine, lv.prompts, lv.concurrency, s, lv.policy)
-        miss = _first_mismatch(lv.reference, warm.outputs)
+        warm = serve_level(engine, lv.prompts, lv.concurrency, s, lv.policy)
+        miss = first_mismatch(lv.reference, warm.outputs)
         if miss:
             lv.mismatches.append({"run": "dynamic warm-up", **miss})
+        if lv.verifier is not None and isinstance(lv.policy, pipeline.DevicePlannerPolicy):
+            lv.host_policy = pipeline.PlannerPolicy(lv.verifier, name="dynamic-host")
     per_pair: list[float] = []
     for i in range(s.pairs):
         left = deadline - time.perf_counter()
@@ -662,16 +819,24 @@ def stage_experiment(
         t = time.perf_counter()
         for lv in levels:
             assert lv.policy is not None and lv.reference is not None
-            a = _serve(engine, lv.prompts, lv.concurrency, s, static)
-            b = _serve(engine, lv.prompts, lv.concurrency, s, lv.policy)
-            for name, r in (("static", a), ("dynamic", b)):
-                miss = _first_mismatch(lv.reference, r.outputs)
+            a = serve_level(engine, lv.prompts, lv.concurrency, s, static)
+            arms = [("dynamic", lv.policy)] + (
+                [("host", lv.host_policy)] if lv.host_policy is not None else []
+            )
+            order = arms if i % 2 == 0 else arms[::-1]
+            runs = {name: serve_level(engine, lv.prompts, lv.concurrency, s, pol) for name, pol in order}
+            b = runs["dynamic"]
+            for name, r in (("static", a), *runs.items()):
+                miss = first_mismatch(lv.reference, r.outputs)
                 if miss:
                     lv.mismatches.append({"run": f"pair {i} {name}", **miss})
             lv.pairs.append((a, b))
+            if "host" in runs:
+                lv.host_runs.append(runs["host"])
+            host = f", host planner {runs['host'].goodput / a.goodput - 1:+.2%}" if "host" in runs else ""
             rec.log(
                 f"pair {i} C={lv.concurrency}: static {a.goodput:,.0f} tok/s, dynamic {b.goodput:,.0f} tok/s "
-                f"({b.goodput / a.goodput - 1:+.2%}), dynamic cells {dict(b.cells)}"
+                f"({b.goodput / a.goodput - 1:+.2%}{host}), dynamic cells {dict(b.cells)}"
             )
         per_pair.append(time.perf_counter() - t)
         rec.result["experiment_progress"] = {
@@ -686,7 +851,10 @@ def stage_analysis(
     """Per-level reports, the identity verdict, the headline verdict and the plot."""
     reports = {}
     for lv in levels:
-        report = analysis.level_report(lv.concurrency, lv.pairs, lv.predicted, table_ms)
+        report = analysis.level_report(
+            lv.concurrency, lv.pairs, lv.predicted, table_ms, host_runs=lv.host_runs
+        )
+        report["confidence_path_overhead"] = {"bracket": lv.bracket, "charged_by_build": lv.overhead}
         report["admission"] = {k: lv.admission.get(k) for k in ("active", "reason_code", "message")}
         report["identical_outputs"] = not lv.mismatches
         report["mismatches"] = lv.mismatches[:5]
@@ -731,10 +899,11 @@ def stage_analysis(
         )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the experiment; returns the process exit code (0 also when the prediction misses)."""
+def build_parser(description: str | None = None) -> argparse.ArgumentParser:
+    """The experiment's command line (also the base of ``benchmarks/device_planner.py``'s)."""
     ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        description=description or __doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--out", type=Path, default=None, help="output directory (default $OUT, else ./e2e-out)")
     ap.add_argument("--tiny", action="store_true", help="tiny model on the CPU (CI smoke run, < 60 s)")
@@ -758,24 +927,79 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--checkpoint", type=Path, default=None, help="load trained weights from / save them to this file"
     )
-    args = ap.parse_args(argv)
-    out = (args.out or Path(os.environ.get("OUT") or "e2e-out")).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    s = make_settings(args)
+    ap.add_argument(
+        "--host-planner",
+        action="store_true",
+        help="the dynamic arm runs the host reference planner (default: the device planner)",
+    )
+    ap.add_argument(
+        "--planner-device",
+        default=None,
+        help="torch device of the device planner (default: the current CUDA device; cpu with --tiny)",
+    )
+    ap.add_argument(
+        "--device-decision",
+        choices=("lagged", "sync"),
+        default="lagged",
+        help="the device planner's cell: the previous step's decision (no host sync) or this step's (one sync)",
+    )
+    ap.add_argument("--planner-dtype", choices=("float64", "float32"), default="float64")
+    ap.add_argument(
+        "--bracket-runs", type=int, default=None, help="runs of the overhead bracket per level (default 6)"
+    )
+    return ap
+
+
+def torch_device(args: argparse.Namespace) -> torch.device:
+    """The device to run on (CUDA when available, the CPU with ``--tiny``), configured."""
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() and not args.tiny else "cpu"))
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     if device.type == "cpu":
         torch.set_flush_denormal(True)  # denormals slow CPU training by an order of magnitude
         torch.set_num_threads(1)  # one thread: deterministic, and robust to a busy machine
+    return device
+
+
+def build_engine(
+    s: Settings,
+    trained: Trained,
+    device: torch.device,
+    cells: list[tuple[int, int]],
+    *,
+    graphs: bool,
+    log: Callable[[str], None],
+) -> tuple[serving.Engine, str, str]:
+    """The serving engine with ``cells`` prepared; returns it, the attention setting and its description."""
+    attention, attention_desc = attention_backend_probe(device)
+    cfg = serving.EngineConfig(
+        k=s.k,
+        ladder=s.ladder,
+        max_len=s.max_len,
+        gemm_chunk=s.gemm_chunk,
+        use_graphs=device.type == "cuda" and graphs,
+        attention=attention,
+    )
+    engine = serving.Engine(trained.target, trained.drafter, cfg, device)
+    engine.prepare_cells(cells, log=log)
+    return engine, attention, attention_desc
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the experiment; returns the process exit code (0 also when the prediction misses)."""
+    args = build_parser().parse_args(argv)
+    out = (args.out or Path(os.environ.get("OUT") or "e2e-out")).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    s = make_settings(args)
+    device = torch_device(args)
     rec = Recorder(out)
     deadline = time.perf_counter() + s.budget_s
     rec.result.update(
         {
             "issue": 7,
-            "command": _command(argv),
-            **_commit(),
-            "gpu": _gpu_info(device),
+            "command": command_line(argv),
+            **commit_info(),
+            "gpu": gpu_info(device),
             "settings": s.to_dict(),
             "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         }
@@ -783,7 +1007,7 @@ def main(argv: list[str] | None = None) -> int:
     rec.write()
     rec.log(f"e2e on {rec.result['gpu'].get('name')} ({device}); out {out}")
     try:
-        _preflight()
+        preflight()
         t = time.perf_counter()
         corpus = data.load_corpus(s.preset.corpus_bytes)
         rec.result["corpus"] = corpus.describe()
@@ -792,22 +1016,14 @@ def main(argv: list[str] | None = None) -> int:
         rec.stage("train", time.perf_counter() - t)
 
         t = time.perf_counter()
-        attention, attention_desc = _attention_backend_probe(device)
-        cfg = serving.EngineConfig(
-            k=s.k,
-            ladder=s.ladder,
-            max_len=s.max_len,
-            gemm_chunk=s.gemm_chunk,
-            use_graphs=device.type == "cuda" and not args.no_graphs,
-            attention=attention,
-        )
-        engine = serving.Engine(trained.target, trained.drafter, cfg, device)
         cells = [(g, 0) for g in s.ladder] + [
             (g, v)
             for g, vs in pipeline.candidate_budgets(s.ladder, s.k, s.budget_multiples).items()
             for v in vs
         ]
-        engine.prepare_cells(cells, log=rec.log)
+        engine, attention, attention_desc = build_engine(
+            s, trained, device, cells, graphs=not args.no_graphs, log=rec.log
+        )
         rec.stage("engine", time.perf_counter() - t, cells=len(cells), attention=attention_desc)
 
         levels = [

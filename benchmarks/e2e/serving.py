@@ -9,6 +9,9 @@ verifies, for each real row r, its anchor token plus a prefix of ``w_r`` of its 
 each pad row the same number q of dummy tokens: ``V`` tokens in all (``G·(K+1)`` for the native
 cell). The tokens are *packed*: the target's GEMMs run over exactly those tokens (in fixed chunks,
 below), while attention scatters them into a ``[G, K+1]`` layout and reads each row's cache. The
+packing itself runs on the device, inside the cell's graph, from the rows' windows, cache
+lengths, anchors and drafts: the windows come from the host (static K, the host planner) or are
+written on the device by the device planner, so a dynamic step needs no host round trip. The
 graph then computes, on the device, the accepted length of every row (leading drafts equal to the
 target's greedy token), the bonus token, and the drafter's next K drafts and confidence logits
 from the hidden state at the last accepted position. One host copy brings back
@@ -43,6 +46,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from .model import Block, Drafter, TargetLM, apply_rope
 
 __all__ = [
+    "CyclePolicy",
     "Engine",
     "EngineConfig",
     "Plan",
@@ -114,43 +118,35 @@ def _chunked_linear(x: torch.Tensor, w: torch.Tensor, chunk: int) -> torch.Tenso
 
 @dataclass(frozen=True, slots=True)
 class _Layout:
-    """Offsets of one G's input buffer (int64) and output buffer (fp32)."""
+    """Offsets of one G's input buffer (int64) and output buffer (fp32).
+
+    Input: the real rows ``n``, then per slot its cache length, anchor token and K drafts (pad
+    slots zero). The windows live in a buffer of their own (:meth:`Engine.window_buffer`).
+    """
 
     g: int
     cap: int  # packed-token capacity: G·(K+1) rounded up to the GEMM chunk
     k: int
 
     @property
-    def tok(self) -> slice:
-        return slice(0, self.cap)
-
-    @property
-    def pos(self) -> slice:
-        return slice(self.cap, 2 * self.cap)
-
-    @property
-    def flat(self) -> slice:
-        return slice(2 * self.cap, 3 * self.cap)
-
-    @property
-    def slot(self) -> slice:
-        return slice(3 * self.cap, 4 * self.cap)
+    def rows(self) -> slice:
+        return slice(0, 1)
 
     @property
     def row_len(self) -> slice:
-        return slice(4 * self.cap, 4 * self.cap + self.g)
+        return slice(1, 1 + self.g)
 
     @property
-    def window(self) -> slice:
-        return slice(4 * self.cap + self.g, 4 * self.cap + 2 * self.g)
+    def anchor(self) -> slice:
+        return slice(1 + self.g, 1 + 2 * self.g)
 
     @property
     def draft(self) -> slice:
-        return slice(4 * self.cap + 2 * self.g, 4 * self.cap + (2 + self.k) * self.g)
+        return slice(1 + 2 * self.g, 1 + (2 + self.k) * self.g)
 
     @property
     def in_size(self) -> int:
-        return 4 * self.cap + (2 + self.k) * self.g
+        return 1 + (2 + self.k) * self.g
 
     @property
     def out_size(self) -> int:
@@ -199,6 +195,8 @@ class Engine:
         self._layouts: dict[int, _Layout] = {}
         self._in_dev: dict[int, torch.Tensor] = {}
         self._in_host: dict[int, torch.Tensor] = {}
+        self._win_dev: dict[int, torch.Tensor] = {}
+        self._win_host: dict[int, torch.Tensor] = {}
         self._out_dev: dict[int, torch.Tensor] = {}
         self._out_host: dict[int, torch.Tensor] = {}
         self._cells: dict[tuple[int, int], Callable[[], None]] = {}
@@ -213,12 +211,58 @@ class Engine:
             self._layouts[g] = lay
             self._in_dev[g] = torch.zeros(lay.in_size, dtype=torch.int64, device=device)
             self._in_host[g] = torch.zeros(lay.in_size, dtype=torch.int64, pin_memory=pin)
+            self._win_dev[g] = torch.zeros(g, dtype=torch.int64, device=device)
+            self._win_host[g] = torch.zeros(g, dtype=torch.int64, pin_memory=pin)
             self._out_dev[g] = torch.zeros(lay.out_size, dtype=torch.float32, device=device)
             self._out_host[g] = torch.zeros(lay.out_size, dtype=torch.float32, pin_memory=pin)
 
     # -- the device computation of one cell --------------------------------------------------------
     def _tokens(self, g: int, v: int) -> int:
         return g * self.cfg.width if v == 0 else v
+
+    def window_buffer(self, g: int) -> torch.Tensor:
+        """The device buffer of G's verify windows, ``[G]`` int64, that compact cells read.
+
+        The host writes it (through :meth:`step`'s ``windows``) or the device planner does (on the
+        current stream, before :meth:`step` with ``windows=None``). Native cells never read it.
+        """
+        return self._win_dev[g]
+
+    def _device_pack(self, g: int, v: int) -> tuple[torch.Tensor, ...]:
+        """Token layout of cell (G, V) from the rows' windows (graph-safe; the host's old packing).
+
+        Real row r takes ``window_r + 1`` tokens, every pad row the same ``q`` (the rest of V over
+        the pad rows; the windows' producer guarantees it divides and lies in ``[1, K+1]``).
+
+        Returns:
+            ``(tok, pos, flat, slot, window)``: tokens and positions over the packed capacity
+            (zero past V), each packed token's index in the ``[G, K+1]`` layout and its slot,
+            and the windows of the G rows (pad rows 0).
+        """
+        cfg, lay = self.cfg, self._layouts[g]
+        width, k, dev = cfg.width, cfg.k, self.device
+        vt = self._tokens(g, v)
+        buf = self._in_dev[g]
+        n = buf[lay.rows][0]
+        real = torch.arange(g, device=dev) < n
+        if v == 0:
+            window = torch.where(real, k, 0)
+            seg = torch.full((g,), width, dtype=torch.int64, device=dev)
+        else:
+            window = torch.where(real, self._win_dev[g], 0)
+            used = torch.where(real, window + 1, 0).sum()
+            q = (vt - used) // (g - n).clamp(min=1)
+            seg = torch.where(real, window + 1, q)
+        ends = torch.cumsum(seg, 0)
+        t = torch.arange(lay.cap, device=dev)
+        row = torch.searchsorted(ends, t, right=True).clamp_(max=g - 1)
+        j = t - (ends - seg)[row]
+        jj = j.clamp(0, width - 1)
+        valid = t < vt
+        table = torch.cat([buf[lay.anchor][:, None], buf[lay.draft].view(g, k)], dim=1)
+        tok = torch.where(valid, table[row, jj], 0)
+        pos = torch.where(valid, buf[lay.row_len][row] + j, 0)
+        return tok, pos, row * width + jj, row, window
 
     def _body(self, g: int, v: int, keep_logits: bool = False) -> None:
         """Verify the packed tokens of cell (G, V), accept, and draft the next round (graph-safe)."""
@@ -227,9 +271,10 @@ class Engine:
         vp = -(-vt // cfg.gemm_chunk) * cfg.gemm_chunk
         width, chunk = cfg.width, cfg.gemm_chunk
         buf = self._in_dev[g]
-        tok, pos = buf[lay.tok][:vp], buf[lay.pos][:vp]
-        flat, slot = buf[lay.flat][:vt], buf[lay.slot][:vt]
-        row_len, window = buf[lay.row_len], buf[lay.window]
+        tok_all, pos_all, flat_all, slot_all, window = self._device_pack(g, v)
+        tok, pos = tok_all[:vp], pos_all[:vp]
+        flat, slot = flat_all[:vt], slot_all[:vt]
+        row_len = buf[lay.row_len]
         draft = buf[lay.draft].view(g, cfg.k)
         tgt = self.target
         cos = tgt.rope_cos[pos][:, None, :]
@@ -337,55 +382,50 @@ class Engine:
         g: int,
         v: int,
         n: int,
-        windows: np.ndarray,
+        windows: np.ndarray | None,
         lengths: np.ndarray,
         anchors: np.ndarray,
         drafts: np.ndarray,
-    ) -> None:
+    ) -> bool:
+        """Write the step's inputs into G's pinned host buffers; True when windows were written.
+
+        Host windows of a compact cell are checked here (the device packing trusts them).
+        """
         cfg, lay = self.cfg, self._layouts[g]
-        vt = self._tokens(g, v)
-        seg = np.empty(g, dtype=np.int64)
-        seg[:n] = windows + 1
-        pad_rows = g - n
-        if pad_rows:
-            rest = vt - int(seg[:n].sum())
-            q, r = divmod(rest, pad_rows)
-            if r or not 1 <= q <= cfg.width:
-                raise ValueError(
-                    f"cell G={g} V={v}: {n} real rows take {int(seg[:n].sum())} tokens, leaving {rest} for "
-                    f"{pad_rows} pad rows (each pad row needs the same length in [1, {cfg.width}])"
-                )
-            seg[n:] = q
-        elif int(seg.sum()) != vt:
-            raise ValueError(f"cell G={g} V={v}: windows take {int(seg.sum())} tokens, expected {vt}")
-        row = np.repeat(np.arange(g, dtype=np.int64), seg)
-        j = np.arange(vt, dtype=np.int64) - np.repeat(np.cumsum(seg) - seg, seg)
-        table = np.zeros((g, cfg.width), dtype=np.int64)
-        table[:n, 0] = anchors[:n]
-        table[:n, 1:] = drafts[:n]
-        rlen = np.zeros(g, dtype=np.int64)
-        rlen[:n] = lengths[:n]
+        if v != 0 and windows is not None:
+            vt = self._tokens(g, v)
+            used = int(windows.sum()) + n
+            pad_rows = g - n
+            if pad_rows:
+                rest = vt - used
+                q, r = divmod(rest, pad_rows)
+                if r or not 1 <= q <= cfg.width:
+                    raise ValueError(
+                        f"cell G={g} V={v}: {n} real rows take {used} tokens, leaving {rest} for "
+                        f"{pad_rows} pad rows (each pad row needs the same length in [1, {cfg.width}])"
+                    )
+            elif used != vt:
+                raise ValueError(f"cell G={g} V={v}: windows take {used} tokens, expected {vt}")
+            wins = self._win_host[g].numpy()
+            wins[:n] = windows
+            wins[n:] = 0
         host = self._in_host[g].numpy()
-        host[lay.tok][:vt] = table[row, j]
-        host[lay.tok][vt:] = 0
-        host[lay.pos][:vt] = rlen[row] + j
-        host[lay.pos][vt:] = 0
-        host[lay.flat][:vt] = row * cfg.width + j
-        host[lay.slot][:vt] = row
-        host[lay.row_len] = rlen
-        wins = np.zeros(g, dtype=np.int64)
-        wins[:n] = windows
-        host[lay.window] = wins
-        dr = np.zeros((g, cfg.k), dtype=np.int64)
+        host[lay.rows] = n
+        for region, values in ((lay.row_len, lengths), (lay.anchor, anchors)):
+            part = host[region]
+            part[:n] = values[:n]
+            part[n:] = 0
+        dr = host[lay.draft].reshape(g, cfg.k)
         dr[:n] = drafts[:n]
-        host[lay.draft] = dr.reshape(-1)
+        dr[n:] = 0
+        return v != 0 and windows is not None
 
     def step(
         self,
         g: int,
         v: int,
         n: int,
-        windows: np.ndarray,
+        windows: np.ndarray | None,
         lengths: np.ndarray,
         anchors: np.ndarray,
         drafts: np.ndarray,
@@ -396,7 +436,8 @@ class Engine:
             g: graph batch size (≥ n).
             v: verifier budget (0 = native: every row verifies all K drafts).
             n: real rows (slots ``0..n-1``).
-            windows: drafts verified per real row, ``[n]`` in ``0..K``.
+            windows: drafts verified per real row, ``[n]`` in ``0..K``; None when the device
+                planner has written them into :meth:`window_buffer` (ignored for native cells).
             lengths: cache length per slot before the step.
             anchors: anchor token per slot.
             drafts: ``[slots, K]`` drafts per slot.
@@ -407,7 +448,8 @@ class Engine:
         cell = (g, v)
         if cell not in self._cells:
             raise KeyError(f"cell G={g} V={v} was not prepared; prepared cells: {list(self._cells)}")
-        self._pack(g, v, n, windows, lengths, anchors, drafts)
+        if self._pack(g, v, n, windows, lengths, anchors, drafts):
+            self._win_dev[g].copy_(self._win_host[g], non_blocking=True)
         self._in_dev[g].copy_(self._in_host[g], non_blocking=True)
         self._cells[cell]()
         out = self._out_host[g]
@@ -434,7 +476,8 @@ class Engine:
         drafts: np.ndarray,
     ) -> tuple[StepOutput, torch.Tensor]:
         """Eager step that also returns the packed target logits ``[V, vocab]`` (tests only)."""
-        self._pack(g, v, n, windows, lengths, anchors, drafts)
+        if self._pack(g, v, n, windows, lengths, anchors, drafts):
+            self._win_dev[g].copy_(self._win_host[g])
         self._in_dev[g].copy_(self._in_host[g])
         with torch.no_grad(), sdpa_kernel([self.backend]):
             self._body(g, v, keep_logits=True)
@@ -457,7 +500,8 @@ class Engine:
         lengths = np.full(cfg.slots, context, dtype=np.int64)
         anchors = np.full(cfg.slots, 32, dtype=np.int64)
         drafts = np.full((cfg.slots, cfg.k), 32, dtype=np.int64)
-        self._pack(g, v, g, windows, lengths, anchors, drafts)
+        if self._pack(g, v, g, windows, lengths, anchors, drafts):
+            self._win_dev[g].copy_(self._win_host[g])
         self._in_dev[g].copy_(self._in_host[g])
 
     def synthetic_step(self, g: int, v: int, context: int) -> Callable[[], None]:
@@ -545,15 +589,24 @@ class Engine:
 # -- policies ------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """One step's decision: the cell and each real row's verify window (drafts verified)."""
+    """One step's decision: the cell and each real row's verify window (drafts verified).
+
+    ``windows`` is None when the device planner has written them into the engine's window buffer
+    (the policy then reports the verified tokens through ``finish``).
+    """
 
     g: int
     v: int
-    windows: np.ndarray
+    windows: np.ndarray | None
 
 
 class Policy(Protocol):
-    """Chooses the cell and windows of every step from the rows' confidence logits."""
+    """Chooses the cell and windows of every step from the rows' confidence logits.
+
+    A policy may also have ``finish() -> dict`` (called once when a run ends: its statistics, with
+    ``verified_tokens`` when its plans carry no windows) and ``arm`` (which arm of a
+    :class:`CyclePolicy` planned the last step).
+    """
 
     name: str
 
@@ -574,6 +627,46 @@ class StaticPolicy:
         """Native cell, full windows."""
         n = confidence.shape[0]
         return Plan(rung(self.ladder, n), 0, np.full(n, self.k, dtype=np.int64))
+
+
+class CyclePolicy:
+    """Arms that take turns step by step: step i runs ``arms[order[i % len(arms)]]``.
+
+    The release bracket's interleaving: every arm sees the same batch states, one step apart, so
+    the difference of their step times is paired at the finest grain the loop has. Steps
+    ``i // len(arms)`` form one cycle, in which every arm runs once.
+    """
+
+    def __init__(
+        self, arms: Sequence[Policy], order: Sequence[int] | None = None, name: str = "cycle"
+    ) -> None:
+        if not arms:
+            raise ValueError("a cycle needs at least one arm")
+        self.arms = tuple(arms)
+        self.order = tuple(range(len(arms))) if order is None else tuple(int(i) for i in order)
+        if sorted(self.order) != list(range(len(arms))):
+            raise ValueError(f"order must be a permutation of 0..{len(arms) - 1}, got {list(self.order)}")
+        self.name = name
+        self.arm = -1
+        self._i = 0
+
+    def plan(self, confidence: np.ndarray) -> Plan:
+        """The plan of this step's arm (``arm`` says which)."""
+        self.arm = self.order[self._i % len(self.arms)]
+        self._i += 1
+        return self.arms[self.arm].plan(confidence)
+
+    def finish(self) -> dict[str, Any]:
+        """Every arm's statistics (by name) and their verified tokens together; resets the cycle."""
+        out: dict[str, Any] = {"arms": {}, "verified_tokens": 0}
+        for a in self.arms:
+            finish = getattr(a, "finish", None)
+            if finish is not None:
+                stats = finish()
+                out["arms"][a.name] = stats
+                out["verified_tokens"] += int(stats.get("verified_tokens", 0))
+        self._i = 0
+        return out
 
 
 # -- the serving loop ---------------------------------------------------------------------------
@@ -607,6 +700,8 @@ class RunResult:
         cell_seconds: decode wall time per (G, V).
         plan_seconds: time inside ``policy.plan``.
         records: per-row step records when recording.
+        step_log: per decode step ``(ms, G, V, arm)`` when logging steps (arm: the policy's ``arm``).
+        planner_stats: what the policy's ``finish`` returned (device planner counters).
     """
 
     policy: str
@@ -622,6 +717,8 @@ class RunResult:
     plan_seconds: float = 0.0
     verified_tokens: int = 0
     records: list[StepRecord] = field(default_factory=list)
+    step_log: list[tuple[float, int, int, int]] = field(default_factory=list)
+    planner_stats: dict[str, Any] = field(default_factory=dict)
 
     @property
     def goodput(self) -> float:
@@ -645,6 +742,7 @@ class RunResult:
             "tokens_per_step": self.decode_tokens / max(self.steps, 1),
             "verified_tokens": self.verified_tokens,
             "cells": {f"{g}/{v}": c for (g, v), c in sorted(self.cells.items())},
+            **({"planner": self.planner_stats} if self.planner_stats else {}),
         }
 
 
@@ -656,6 +754,7 @@ def serve(
     max_new: int,
     policy: Policy,
     record: bool = False,
+    log_steps: bool = False,
 ) -> RunResult:
     """Serve every prompt greedily with at most ``concurrency`` requests in flight.
 
@@ -668,7 +767,8 @@ def serve(
         concurrency: maximum requests in flight (≤ the largest rung).
         max_new: tokens generated per request.
         policy: static or dynamic.
-        record: keep a :class:`StepRecord` per real row and step.
+        record: keep a :class:`StepRecord` per real row and step (needs host windows).
+        log_steps: keep ``(ms, G, V, arm)`` per decode step.
 
     Returns:
         Outputs, timings and (optionally) records.
@@ -719,6 +819,10 @@ def serve(
         t0 = time.perf_counter()
         plan = policy.plan(conf[:n])
         t1 = time.perf_counter()
+        if record and plan.windows is None:
+            raise ValueError(
+                f"policy {policy.name!r} keeps its windows on the device; record needs host windows"
+            )
         out = engine.step(plan.g, plan.v, n, plan.windows, length, anchor, drafts)
         acc = out.accepted
         emitted = np.zeros((n, cfg.width), dtype=np.int64)
@@ -743,7 +847,8 @@ def serve(
                     )
                 )
         result.decode_tokens += int(count.sum())
-        result.verified_tokens += int(plan.windows.sum()) + n
+        if plan.windows is not None:
+            result.verified_tokens += int(plan.windows.sum()) + n
         produced[:n] += count
         length[:n] += acc + 1
         anchor[:n] = out.bonus
@@ -756,6 +861,8 @@ def serve(
         elapsed = time.perf_counter() - t0
         result.decode_seconds += elapsed
         result.cell_seconds[(plan.g, plan.v)] += elapsed
+        if log_steps:
+            result.step_log.append((1000.0 * elapsed, plan.g, plan.v, int(getattr(policy, "arm", 0))))
         done = np.flatnonzero(produced[:n] >= max_new)
         if done.size:
             t2 = time.perf_counter()
@@ -764,6 +871,10 @@ def serve(
             _compact(engine, req, length, anchor, drafts, conf, produced, rounds)
             state["n"] = int((req >= 0).sum())
             result.prefill_seconds += time.perf_counter() - t2
+    finish = getattr(policy, "finish", None)
+    if finish is not None:
+        result.planner_stats = finish()
+        result.verified_tokens += int(result.planner_stats.get("verified_tokens", 0))
     result.wall_seconds = time.perf_counter() - t_run
     return result
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from benchmarks.e2e import data, model, pipeline, run, serving
+from benchmarks.e2e import bracket, data, model, pipeline, run, serving
 
 from dspark_calibrate.runtime_plugin.planner import Calibration, CostTable, DrainGuard
 
@@ -143,13 +143,7 @@ def test_packed_ragged_verification_equals_per_request(pair: Pair) -> None:
 
 def _sloped_planner() -> pipeline.PlannerPolicy:
     # Compact cells far cheaper than native and a lenient drain guard: the planner trims often.
-    cells: dict[tuple[int, int], float] = {}
-    for g in LADDER:
-        cells[(g, 0)] = 1.0 + 1.0 * g * (K + 1)
-        for m in (2, 3, 4):
-            cells[(g, m * g)] = 1.0 + 0.1 * g * m
-    table = CostTable.from_cells(K, cells, drain_guard=DrainGuard(1.0, 100.0, 0.0, min(LADDER)))
-    return pipeline.direct_policy(table, Calibration.sts([1.0] * K))
+    return pipeline.direct_policy(*_sloped_table())
 
 
 def test_planner_driven_dynamic_verification_keeps_greedy_output(pair: Pair) -> None:
@@ -163,6 +157,77 @@ def test_planner_driven_dynamic_verification_keeps_greedy_output(pair: Pair) -> 
     assert dynamic.verified_tokens < static.verified_tokens
     np.testing.assert_array_equal(dynamic.outputs, static.outputs)
     assert dynamic.decode_tokens == static.decode_tokens == pair.prompts.shape[0] * (MAX_NEW - 1)
+
+
+def _sloped_table() -> tuple[CostTable, Calibration]:
+    cells: dict[tuple[int, int], float] = {}
+    for g in LADDER:
+        cells[(g, 0)] = 1.0 + 1.0 * g * (K + 1)
+        for m in (2, 3, 4):
+            cells[(g, m * g)] = 1.0 + 0.1 * g * m
+    table = CostTable.from_cells(K, cells, drain_guard=DrainGuard(1.0, 100.0, 0.0, min(LADDER)))
+    return table, Calibration.sts([1.0] * K)
+
+
+@pytest.mark.parametrize("mode", ["lagged", "sync"])
+def test_device_planner_drives_the_engine_and_keeps_greedy_output(pair: Pair, mode: str) -> None:
+    from dspark_calibrate.runtime_plugin.device_planner import DevicePlanner, ServingPlanner
+
+    engine = _engine(pair)
+    table, calibration = _sloped_table()
+    static = serving.serve(
+        engine, pair.prompts, concurrency=8, max_new=MAX_NEW, policy=serving.StaticPolicy(LADDER, K)
+    )
+    policy = pipeline.DevicePlannerPolicy(
+        ServingPlanner(DevicePlanner(table, calibration), mode=mode), engine
+    )
+    dynamic = serving.serve(engine, pair.prompts, concurrency=8, max_new=MAX_NEW, policy=policy)
+    host = serving.serve(engine, pair.prompts, concurrency=8, max_new=MAX_NEW, policy=_sloped_planner())
+    compact = sum(c for (_, v), c in dynamic.cells.items() if v != 0)
+    assert compact > 0, f"the device planner never trimmed: {dict(dynamic.cells)}"
+    np.testing.assert_array_equal(dynamic.outputs, static.outputs)
+    stats = dynamic.planner_stats
+    assert stats["steps"] == dynamic.steps and stats["non_finite_steps"] == 0
+    assert static.verified_tokens > dynamic.verified_tokens == stats["verified_tokens"]
+    if mode == "sync":  # the same-step decision: exactly the host planner's cells and windows
+        assert dynamic.cells == host.cells and dynamic.verified_tokens == host.verified_tokens
+    else:
+        assert stats["committed_compact_steps"] == compact
+
+
+def test_cycle_policy_and_forced_arms_verify_every_draft(pair: Pair) -> None:
+    from dspark_calibrate.runtime_plugin.device_planner import DevicePlanner, ServingPlanner
+
+    engine = _engine(pair)
+    table, calibration = _sloped_table()
+    static = serving.StaticPolicy(LADDER, K)
+    host = pipeline.PlannerPolicy(pipeline._Direct(table, calibration), name="forced-host", force_native=True)
+    device = pipeline.DevicePlannerPolicy(
+        ServingPlanner(DevicePlanner(table, calibration), force_native=True), engine, name="forced-device"
+    )
+    ref = serving.serve(engine, pair.prompts, concurrency=8, max_new=MAX_NEW, policy=static)
+    cycle = serving.CyclePolicy([static, host, device], order=(2, 0, 1))
+    run_ = serving.serve(engine, pair.prompts, concurrency=8, max_new=MAX_NEW, policy=cycle, log_steps=True)
+    np.testing.assert_array_equal(run_.outputs, ref.outputs)
+    assert run_.steps == ref.steps and all(v == 0 for (_, v) in run_.cells)
+    assert [arm for *_, arm in run_.step_log[:6]] == [2, 0, 1, 2, 0, 1]
+    assert run_.verified_tokens == ref.verified_tokens
+    assert run_.planner_stats["arms"]["forced-device"]["selected_compact_steps"] > 0
+    est = bracket.run_estimate(run_.step_log, ["static", "forced-host", "forced-device"])
+    assert est["forced-host"]["cycles"] == est["forced-device"]["cycles"] > 0
+    with pytest.raises(ValueError, match="permutation"):
+        serving.CyclePolicy([static, host], order=(0, 0))
+
+
+def test_cell_graph_bodies_never_read_the_device_on_the_host(pair: Pair) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = _engine(pair)
+    syncing = {"aten::item", "aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select"}
+    for cell in ((8, 0), (8, 20), (4, 9)):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            engine._cells[cell]()
+        assert not {e.name for e in prof.events()} & syncing, cell
 
 
 def test_tiny_pipeline_end_to_end(tmp_path: Path) -> None:
@@ -191,8 +256,22 @@ def test_tiny_pipeline_end_to_end(tmp_path: Path) -> None:
         assert level["pairs"] >= 3
         assert level["agreement"] in ("within_band", "miss", "undecided")
         assert level["identical_outputs"] is True
-    for stage in ("train", "engine", "sweep", "traces", "workloads", "fit", "build", "admit", "experiment"):
+    for stage in (
+        "train", "engine", "sweep", "traces", "workloads", "fit", "bracket", "build", "admit", "lag", "experiment",
+    ):  # fmt: skip
         assert stage in result["stages"], stage
+    # The overhead bracket ran both planners (the device one on the CPU here) before build, and
+    # build was handed the device arm's upper bound with its source.
+    for c, lv in result["stages"]["bracket"]["levels"].items():
+        assert set(lv["arms"]) == {"forced-host", "forced-device-lagged"}, c
+        assert lv["dynamic_arm"] == "forced-device-lagged"
+        arm = lv["arms"]["forced-device-lagged"]
+        assert arm["runs"] >= 2 and arm["cycles"] > 0
+        charged = result["stages"]["build"]["overhead"][c]
+        assert charged["overhead_ms"] == pytest.approx(max(0.0, arm["ci"][1]))
+        assert charged["source"].startswith("measured: serving-loop release bracket")
+    for c, lag in result["stages"]["lag"]["levels"].items():
+        assert 0.0 <= lag["disagreement_rate"] <= 1.0 and lag["steps"] > 0, c
     toolkit = tmp_path / "toolkit"
     for name in ("sweep.parquet", "traces.parquet", "root.json", "fit/calibration.parquet"):
         assert (toolkit / name).exists(), name

@@ -195,17 +195,22 @@ def test_selection_rule(case: dict[str, Any], column: int, reason: SelectReason)
     assert (col, why) == (column, reason)
 
 
-@given(
-    data=st.lists(
+#: One step's rule inputs: per compact cell (yield, time, feasible, loss), the native yield and
+#: time, the gain threshold and whether a drain guard applies (also used by the device rule's test).
+RULE_INPUTS = {
+    "data": st.lists(
         st.tuples(st.floats(0.5, 12), st.floats(5, 12), st.booleans(), st.floats(0, 3)),
         min_size=0,
         max_size=4,
     ),
-    ny=st.floats(1, 12),
-    nt=st.floats(5, 12),
-    gain=st.sampled_from([0.0, 0.01, 0.05]),
-    guarded=st.booleans(),
-)
+    "ny": st.floats(1, 12),
+    "nt": st.floats(5, 12),
+    "gain": st.sampled_from([0.0, 0.01, 0.05]),
+    "guarded": st.booleans(),
+}
+
+
+@given(**RULE_INPUTS)
 @settings(max_examples=200, deadline=None)
 def test_scalar_and_vectorised_rules_agree(
     data: list[tuple[float, float, bool, float]], ny: float, nt: float, gain: float, guarded: bool
@@ -383,18 +388,22 @@ def _reference_plan(
     return g, v, reason, native_yield, cells, windows, layouts
 
 
+#: One step's rows: (rank, K logits) each; a few repeated values make exact survival ties (the
+#: tie-break path) common (also used by the device planner's tests).
+STEP_ROWS = st.lists(
+    st.tuples(
+        st.integers(0, 3),
+        st.lists(
+            st.one_of(st.sampled_from([-3.0, 0.0, 2.0, 40.0]), st.floats(-6, 8)), min_size=K, max_size=K
+        ),
+    ),
+    max_size=40,
+)
+
+
 @given(
     num_ranks=st.integers(1, 4),
-    rows=st.lists(
-        st.tuples(
-            st.integers(0, 3),
-            # A few repeated values make exact survival ties (the tie-break path) common.
-            st.lists(
-                st.one_of(st.sampled_from([-3.0, 0.0, 2.0, 40.0]), st.floats(-6, 8)), min_size=K, max_size=K
-            ),
-        ),
-        max_size=40,
-    ),
+    rows=STEP_ROWS,
     shuffle=st.randoms(use_true_random=False),
     floor=st.integers(1, K),
     gain=st.sampled_from([0.0, 0.01]),

@@ -77,6 +77,7 @@ class Reason(str, enum.Enum):
     # runtime adapters
     EXPORT_FAILED = "EXPORT_FAILED"
     CONFIG_INVALID = "CONFIG_INVALID"
+    PLANNER_FALLBACK = "PLANNER_FALLBACK"  # the device planner cannot run; the host planner does
 
 
 @dataclass(frozen=True, slots=True)

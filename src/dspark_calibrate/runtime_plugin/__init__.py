@@ -1,8 +1,9 @@
 """Runtime plugin: the live fingerprint, the admission hook, the reference selector, engine adapters.
 
 Light by design: importing this package pulls in neither torch nor ``dspark_calibrate.calibrate``
-(a serving process must not pay for what it does not use). ``admit`` never raises: on any doubt it
-returns an inactive decision with a reason code and the static-K engine configuration.
+(a serving process must not pay for what it does not use); ``choose_planner`` loads the device
+selector (``runtime_plugin.device_planner``, torch) only when asked for it. ``admit`` never
+raises: on any doubt it returns an inactive decision with a reason code and the static-K engine configuration.
 
 May import: ``artifacts``, ``schemas``, ``decision`` and ``errors``; never ``calibrate``. What it
 needs from above at run time is handed to it: a sentinel's backend comes from
@@ -10,7 +11,8 @@ needs from above at run time is handed to it: a sentinel's backend comes from
 ``calibrate`` in turn replays this package's pure planner and economics, so build and serving
 cannot disagree. Modules: ``admission`` (the hook), ``admission_decision`` (its record),
 ``economics`` (the signed summary and the gain test), ``planner`` (selector and allocator),
-``engine`` and ``trtllm`` (adapters), ``live``, ``sentinel``, ``ranks``.
+``engine`` and ``trtllm`` (adapters), ``device_planner`` (the selector and allocator on the
+device: torch, loaded by ``engine.choose_planner`` only), ``live``, ``sentinel``, ``ranks``.
 
 Example:
     >>> from dspark_calibrate.runtime_plugin import admit, collect_live
@@ -22,7 +24,11 @@ Example:
 from dspark_calibrate.runtime_plugin.admission import AdmissionPolicy, admit
 from dspark_calibrate.runtime_plugin.admission_decision import STATIC_ENGINE_CONFIG, AdmissionDecision
 from dspark_calibrate.runtime_plugin.economics import AdmissionEconomics, GainStatus, GainVerdict
-from dspark_calibrate.runtime_plugin.engine import DynamicVerifier
+from dspark_calibrate.runtime_plugin.engine import (
+    DynamicVerifier,
+    PlannerChoice,
+    choose_planner,
+)
 from dspark_calibrate.runtime_plugin.live import (
     GpuInfo,
     LiveContext,
@@ -69,6 +75,7 @@ __all__ = [
     "LiveContext",
     "LiveEnvironment",
     "Plan",
+    "PlannerChoice",
     "SentinelBackend",
     "SentinelLoader",
     "SentinelPolicy",
@@ -79,6 +86,7 @@ __all__ = [
     "admit",
     "agree",
     "allocate",
+    "choose_planner",
     "collect_live",
     "decoding_fields",
     "llm_api_options",

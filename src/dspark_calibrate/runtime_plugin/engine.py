@@ -5,14 +5,22 @@ an *active* admission decision, so every selection it makes rests on verified, b
 the signed cost table (exact cells, no interpolation), the signed calibration and the admission
 artifact's drain guard and gain threshold. The selection rule itself is ``planner``'s (DESIGN §6).
 
-Performs no I/O; numpy only.
+:func:`choose_planner` puts the same selector on the serving device
+(:mod:`~dspark_calibrate.runtime_plugin.device_planner`, imported only then) and falls back to
+the host planner, with a logged reason code, where torch or CUDA is missing.
+
+Performs no I/O; numpy only (torch only inside :func:`choose_planner`).
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dspark_calibrate.artifacts import Finding, Reason
 from dspark_calibrate.errors import ConfigError
 from dspark_calibrate.runtime_plugin.admission_decision import AdmissionDecision
 from dspark_calibrate.runtime_plugin.economics import AdmissionEconomics
@@ -33,7 +41,16 @@ from dspark_calibrate.runtime_plugin.planner import (
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["DRAIN_GUARD_FIELDS", "DynamicVerifier", "planner_inputs"]
+__all__ = [
+    "DRAIN_GUARD_FIELDS",
+    "PLANNER_FALLBACK_FIELDS",
+    "DynamicVerifier",
+    "PlannerChoice",
+    "choose_planner",
+    "planner_inputs",
+]
+
+logger = logging.getLogger(__name__)
 
 #: The drain-guard fields the selector reads (the summary also carries their source digest).
 DRAIN_GUARD_FIELDS: tuple[str, ...] = (
@@ -155,6 +172,11 @@ class DynamicVerifier:
         return self._table.max_draft_len
 
     @property
+    def min_verify_len(self) -> int:
+        """The verify floor every request keeps."""
+        return self._min_verify_len
+
+    @property
     def decision_digest(self) -> str:
         """The admission decision's agreement digest this verifier was built from."""
         return self._digest
@@ -177,3 +199,95 @@ class DynamicVerifier:
     def plan(self, rows: StepRows) -> Plan:
         """Select and allocate one step (``planner.plan``)."""
         return plan(self._table, self._calibration, rows, min_verify_len=self._min_verify_len)
+
+
+#: Fields of ``PLANNER_FALLBACK`` findings: what the device planner lacked.
+PLANNER_FALLBACK_FIELDS: tuple[str, ...] = ("torch", "cuda", "device_init")
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerChoice:
+    """The planner an engine runs and, for the host planner, why.
+
+    Attributes:
+        kind: ``device`` or ``host``.
+        planner: a ``device_planner.DevicePlanner`` (kind ``device``) or the :class:`DynamicVerifier`.
+        fallback: why the host planner runs although the device one was asked for
+            (``PLANNER_FALLBACK:torch``, ``:cuda`` or ``:device_init``), else None.
+        message: one human line.
+    """
+
+    kind: str
+    planner: Any
+    fallback: Finding | None
+    message: str
+
+    @property
+    def reason_code(self) -> str | None:
+        """The fallback's reason code (``PLANNER_FALLBACK:<field>``), or None."""
+        return None if self.fallback is None else self.fallback.code
+
+
+def choose_planner(
+    verifier: DynamicVerifier,
+    *,
+    prefer: str = "device",
+    device: str | None = None,
+    dtype: str = "float64",
+    num_ranks: int = 1,
+) -> PlannerChoice:
+    """The device planner for ``verifier``'s deployment, or the host planner with a reason.
+
+    Args:
+        verifier: the admitted deployment's reference planner.
+        prefer: ``device`` or ``host``.
+        device: the torch device; None picks the current CUDA device and falls back to the host
+            planner without one. ``cpu`` runs the device code on the CPU (tests, tools).
+        dtype: the device planner's float type (``float64`` or ``float32``).
+        num_ranks: ranks per step.
+
+    Returns:
+        The choice; a fallback is logged once (WARNING, logger
+        ``dspark_calibrate.runtime_plugin.engine``) with its reason code.
+
+    Raises:
+        ConfigError: ``prefer`` is neither ``device`` nor ``host``, or a device planner argument is
+            invalid (the same inputs the host planner would refuse).
+    """
+    if prefer not in ("device", "host"):
+        raise ConfigError(f"prefer must be 'device' or 'host', got {prefer!r}")
+    if prefer == "host":
+        return PlannerChoice("host", verifier, None, "host planner requested")
+    try:
+        torch = importlib.import_module("torch")
+        module = importlib.import_module("dspark_calibrate.runtime_plugin.device_planner")
+    except ImportError as exc:
+        return _fallback(verifier, "torch", f"torch is not importable ({exc})")
+    target = device
+    if target is None:
+        if not torch.cuda.is_available():
+            return _fallback(verifier, "cuda", "no CUDA device is available")
+        target = f"cuda:{torch.cuda.current_device()}"
+    try:
+        planner = module.DevicePlanner(
+            verifier.cost_table,
+            verifier.calibration,
+            min_verify_len=verifier.min_verify_len,
+            device=target,
+            dtype=dtype,
+            num_ranks=num_ranks,
+        )
+    except (RuntimeError, OSError) as exc:  # CUDA initialisation, out of memory, driver errors
+        return _fallback(verifier, "device_init", f"device planner on {target}: {exc!r}")
+    return PlannerChoice("device", planner, None, f"device planner on {target} ({dtype})")
+
+
+def _fallback(verifier: DynamicVerifier, field: str, message: str) -> PlannerChoice:
+    finding = Finding(Reason.PLANNER_FALLBACK, f"{message}; the host planner runs", field=field)
+    logger.warning(
+        "dspark planner fallback %s: %s",
+        finding.code,
+        finding.message,
+        extra={"dspark_planner": {"reason_code": finding.code, "message": finding.message}},
+    )
+    return PlannerChoice("host", verifier, finding, finding.message)

@@ -789,6 +789,9 @@ class SelectReason(str, enum.Enum):
     BELOW_MARGIN = "below_margin"
     NO_DRAIN_GUARD = "no_drain_guard"
     DRAIN_GUARD = "drain_guard"
+    # The device planner only: a real row's confidence logit was NaN or infinite, so the step's
+    # decision is native. The reference refuses such rows (``StepRows`` raises ConfigError).
+    NON_FINITE = "non_finite"
 
 
 #: Integer codes of :class:`SelectReason`, as returned by :func:`choose_cells`.
@@ -1259,7 +1262,8 @@ def _select_prepared(
 
 def _layouts(
     table: CostTable,
-    prep: _Prepared,
+    active: tuple[int, ...],
+    counts: tuple[int, ...],
     num_ranks: int,
     g: int,
     v: int,
@@ -1274,14 +1278,14 @@ def _layouts(
     """
     # The geometry is a function of (G, V, floor, counts) and the table, so the floor stands in
     # for it in the key (cheaper to hash than Geometry objects).
-    key = ("layout", g, v, floor, prep.active, prep.counts, num_ranks)
+    key = ("layout", g, v, floor, active, counts, num_ranks)
     memo = table._memo
     hit: tuple[RankLayout, ...] | None = memo.get(key)
     if hit is not None:
         return hit
     k = table.max_draft_len
-    geos: Sequence[Geometry | None] = geometry or (None,) * len(prep.counts)
-    by_rank = dict(zip(prep.active, zip(prep.counts, geos, strict=True), strict=True))
+    geos: Sequence[Geometry | None] = geometry or (None,) * len(counts)
+    by_rank = dict(zip(active, zip(counts, geos, strict=True), strict=True))
     layouts: list[RankLayout] = []
     for r in range(num_ranks):
         c, geo = by_rank.get(r, (0, None))
@@ -1317,7 +1321,9 @@ def _allocate_prepared(
     if g == 0 or v == NATIVE_BUDGET:
         windows = np.full(n, k, dtype=np.int64)
         windows.setflags(write=False)
-        layouts = () if g == 0 else _layouts(table, prep, rows.num_ranks, g, v, 0, (), None)
+        layouts = (
+            () if g == 0 else _layouts(table, prep.active, prep.counts, rows.num_ranks, g, v, 0, (), None)
+        )
         return Plan(selection, windows, layouts)
     floor = int(min_verify_len)
     r_count = len(prep.counts)
@@ -1361,7 +1367,9 @@ def _allocate_prepared(
         windows = np.zeros(0, dtype=np.int64)
     windows.setflags(write=False)
     return Plan(
-        selection, windows, _layouts(table, prep, rows.num_ranks, g, v, floor, geometry, idle_geometry)
+        selection,
+        windows,
+        _layouts(table, prep.active, prep.counts, rows.num_ranks, g, v, floor, geometry, idle_geometry),
     )
 
 
