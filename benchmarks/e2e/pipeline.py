@@ -35,7 +35,6 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from dataclasses import fields as dataclass_fields
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -560,20 +559,17 @@ def build_level(
     now = datetime.now(UTC).replace(microsecond=0)
     root = load_trust_root(trust.root_path.read_bytes(), now=now)
     overhead = overhead_ms if overhead_ms is not None and math.isfinite(overhead_ms) else None
-    extra: dict[str, Any] = {}
-    if overhead_source is not None and "overhead_source" in {f.name for f in dataclass_fields(BuildOptions)}:
-        extra["overhead_source"] = overhead_source
     options = BuildOptions(
         version=version,
         issued_at=now,
         expires_at=now + timedelta(days=7),
         overhead_ms=overhead,
+        overhead_source=overhead_source if overhead is not None else None,
         safety_margin_ms=safety_margin_ms,
         bootstrap=BootstrapSettings(resamples=resamples, seed=seed),
         plots=importlib.util.find_spec("matplotlib") is not None,
         force=True,
         command=tuple(sys.argv),
-        **extra,
     )
     try:
         inputs = load_build_inputs([sweep], calibration, workload)

@@ -281,3 +281,68 @@ def test_cli_build_table_and_refusals(tmp_path: Path, files: BuildFiles, keys: K
     )
     assert expensive.exit_code == 1 and "NOT ADMITTED" in expensive.stderr
     assert (tmp_path / "e" / "bundle.dsse.json").exists()
+
+
+# --- the overhead's evidence and the uncertainty model (DESIGN §9) -----------------------------
+
+
+def _build(tmp: Path, keys: Keys, sweep: Path, files: BuildFiles, **options: Any) -> BuildResult:
+    inputs = load_build_inputs([sweep], files.calibration, files.workload)
+    return build_bundle(
+        inputs, tmp / "b", signers=keys.signers, trust_root=keys.root, options=build_options(**options)
+    )
+
+
+def test_the_forced_k_arm_is_the_default_overhead_and_its_source_is_signed(
+    tmp_path: Path, files: BuildFiles, keys: Keys
+) -> None:
+    sweep = write_sweep(tmp_path / "s.parquet", sweep_rows(forced_k_rel=0.01))
+    result = _build(tmp_path, keys, sweep, files)
+    e = result.report.economics
+    assert e.overhead_source.startswith("measured: forced-K arms")
+    # The arms cost 1% of each native step (+-0.2% paired): the bound lies above the point.
+    natives = {8: 0.0, 16: 0.0, 32: 0.0}
+    for r in sweep_rows():
+        if r["verifier_budget"] == 0:
+            natives[r["graph_batch_size"]] = r["step_time_ms"]
+    assert (
+        0.01 * min(natives.values())
+        < e.fixed_confidence_path_overhead_ms_upper_bound
+        < 0.013 * max(natives.values())
+    )
+    ct = verify_bundle(result.out_dir, keys.root, now=LATER).artifact("cost-table")
+    assert ct is not None
+    assert all(r["verifier_budget"] >= 0 for r in ct.table.to_pylist())  # the arm is never deployed
+    extra = ct.provenance.extra
+    assert extra["economics_sources"]["overhead"] == e.overhead_source
+    assert [a["graph_batch_size"] for a in extra["forced_k_arms"]] == [8, 16, 32]
+    assert extra["uncertainty_model"].startswith("joint")
+
+
+def test_a_given_overhead_records_where_it_came_from(tmp_path: Path, files: BuildFiles, keys: Keys) -> None:
+    result = _build(
+        tmp_path, keys, files.sweep, files, overhead_ms=0.05, overhead_source="measured: serving-loop bracket"
+    )
+    e = result.report.economics
+    assert e.fixed_confidence_path_overhead_ms_upper_bound == 0.05
+    assert e.overhead_source == "measured: serving-loop bracket"
+    prov = verify_bundle(result.out_dir, keys.root, now=LATER).artifact("admission")
+    assert prov is not None and prov.provenance.extra["build_options"]["overhead_source"] == e.overhead_source
+
+
+def test_a_pre_pairing_sweep_is_priced_the_old_way_and_says_so(
+    tmp_path: Path, files: BuildFiles, keys: Keys
+) -> None:
+    paired = _build(tmp_path / "p", keys, files.sweep, files)
+    legacy_sweep = write_sweep(tmp_path / "legacy.parquet", sweep_rows(paired=False))
+    legacy = _build(tmp_path / "l", keys, legacy_sweep, files)
+    assert legacy.report.uncertainty_model.startswith("legacy")
+    assert any(n.startswith("LEGACY_UNPAIRED_COSTS") for n in legacy.notes)
+    assert not any(n.startswith("LEGACY_UNPAIRED_COSTS") for n in paired.notes)
+    # The per-step worst case of two unpaired intervals throws away value the pairing keeps.
+    assert (
+        legacy.report.economics.gross_compact_value_ms_lower_bound
+        < paired.report.economics.gross_compact_value_ms_lower_bound
+    )
+    ct = verify_bundle(legacy.out_dir, keys.root, now=LATER).artifact("cost-table")
+    assert ct is not None and {r["paired_rounds"] for r in ct.table.to_pylist()} == {0}

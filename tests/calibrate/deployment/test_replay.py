@@ -341,3 +341,53 @@ def test_grid_drops_undeployable_budgets() -> None:
                 }
             ],
         )
+
+
+def _paired_rows(half: float, common: float = 0.0) -> list[dict[str, Any]]:
+    rows = grid_rows()
+    native = {r["graph_batch_size"]: r["step_time_ms"] for r in rows if r["verifier_budget"] == 0}
+    for r in rows:
+        s = 1 - r["step_time_ms"] / native[r["graph_batch_size"]]
+        w = half if r["verifier_budget"] else 0.0
+        r.update(
+            saving=s,
+            saving_ci_low=s - w,
+            saving_ci_high=s + w,
+            paired_rounds=8,
+            common_mode_rel=common,
+            level_rel=0.0,
+        )
+    return rows
+
+
+def test_the_cost_table_is_never_treated_as_exact() -> None:
+    """Wider saving intervals widen the gain's interval and lower the gross value's bound."""
+    w = synthesize_workload(k=K, steps=800, ranks=1, max_rows=16, seed=5, temperatures=TEMPERATURES)
+    out = {}
+    for half in (0.0, 0.02):
+        grid = CellGrid.from_rows(K, _paired_rows(half))
+        ev = prepare_evidence(w, grid, CAL, per_row=True)
+        guard, _ = estimate_drain_guard(ev, minimum_predicted_gain=0.01)
+        out[half] = replay(ev, drain_guard=guard, overhead_ms=0.0, bootstrap=BOOT)
+    exact, uncertain = out[0.0], out[0.02]
+    assert exact.uncertainty_model.startswith("joint") and uncertain.uncertainty_model.startswith("joint")
+    assert exact.predicted_gain == pytest.approx(uncertain.predicted_gain)
+    width = lambda r: r.predicted_gain_ci_high - r.predicted_gain_ci_low  # noqa: E731
+    assert width(uncertain) > 1.2 * width(exact)
+    assert (
+        uncertain.economics.gross_compact_value_ms_lower_bound
+        < exact.economics.gross_compact_value_ms_lower_bound
+    )
+
+
+def test_a_common_level_shift_barely_moves_the_gain() -> None:
+    """The level every cell shares cancels in the gain (only the overhead's share moves)."""
+    w = synthesize_workload(k=K, steps=800, ranks=1, max_rows=16, seed=5, temperatures=TEMPERATURES)
+    widths = []
+    for common in (0.0, 0.05):
+        grid = CellGrid.from_rows(K, _paired_rows(0.002, common))
+        ev = prepare_evidence(w, grid, CAL, per_row=True)
+        guard, _ = estimate_drain_guard(ev, minimum_predicted_gain=0.01)
+        r = replay(ev, drain_guard=guard, overhead_ms=0.0, bootstrap=BOOT)
+        widths.append(r.predicted_gain_ci_high - r.predicted_gain_ci_low)
+    assert widths[1] == pytest.approx(widths[0], rel=0.05)

@@ -115,7 +115,10 @@ class BuildOptions:
         issued_at, expires_at: the signed validity window.
         minimum_predicted_gain: the runtime margin written into the export (>= 0).
         min_verify_len: the runtime's verify floor.
-        overhead_ms: fixed confidence-path overhead per policy step (None: conservative default).
+        overhead_ms: fixed confidence-path overhead per policy step, taken as an upper bound (None:
+            the sweep's forced-K arms when measured, else a conservative default).
+        overhead_source: where ``overhead_ms`` came from, in words (recorded in the signed
+            provenance and the economics; default "user-supplied").
         safety_margin_ms: the receipt's safety margin (None: default).
         minimum_group_value_ms: the drain guard's threshold.
         loss_multiplier: the drain guard's loss multiplier (None: estimated from the workload).
@@ -133,6 +136,7 @@ class BuildOptions:
     minimum_predicted_gain: float = DEFAULT_MINIMUM_PREDICTED_GAIN
     min_verify_len: int = DEFAULT_MIN_VERIFY_LEN
     overhead_ms: float | None = None
+    overhead_source: str | None = None
     safety_margin_ms: float | None = None
     minimum_group_value_ms: float = 0.0
     loss_multiplier: float | None = None
@@ -167,6 +171,7 @@ class BuildOptions:
             "minimum_predicted_gain": self.minimum_predicted_gain,
             "min_verify_len": self.min_verify_len,
             "overhead_ms": self.overhead_ms,
+            "overhead_source": self.overhead_source,
             "safety_margin_ms": self.safety_margin_ms,
             "minimum_group_value_ms": self.minimum_group_value_ms,
             "loss_multiplier": self.loss_multiplier,
@@ -558,6 +563,7 @@ def build_bundle(
         drain_guard=guard,
         drain_guard_estimate=estimate,
         overhead_ms=options.overhead_ms,
+        overhead_source=options.overhead_source,
         safety_margin_ms=options.safety_margin_ms,
         bootstrap=options.bootstrap,
         header=header,

@@ -672,11 +672,13 @@ class ReplayReport:
         }
 
 
-def _overhead_model(evidence: StepEvidence, overhead_ms: float | None) -> OverheadModel:
+def _overhead_model(
+    evidence: StepEvidence, overhead_ms: float | None, source: str | None = None
+) -> OverheadModel:
     """The per-step overhead: user-given, else the sweep's forced-K arms, else the default."""
     size = len(evidence.grid.ladder)
     if overhead_ms is not None:
-        return constant_overhead(float(overhead_ms), size, "user-supplied")
+        return constant_overhead(float(overhead_ms), size, source or "user-supplied")
     measured = measured_overhead(evidence.grid)
     if measured is not None:
         return measured
@@ -857,6 +859,7 @@ def replay(
     drain_guard_estimate: Mapping[str, Any] | None = None,
     allowed: np.ndarray | None = None,
     overhead_ms: float | None = None,
+    overhead_source: str | None = None,
     safety_margin_ms: float | None = None,
     bootstrap: BootstrapSettings = BootstrapSettings(),
     header: Mapping[str, Any] | None = None,
@@ -878,6 +881,7 @@ def replay(
         allowed: columns deployed (default all of the evidence's grid).
         overhead_ms: fixed confidence-path overhead per policy step (default: the sweep's
             forced-K arms when measured, else 1% of the mean native step time).
+        overhead_source: where ``overhead_ms`` came from (default "user-supplied").
         safety_margin_ms: the receipt's safety margin (default: 0.5% of the static wall time).
         bootstrap: resampling settings.
         header: extra fields of the selector-replay digest header (calibration, cells, ...).
@@ -892,7 +896,7 @@ def replay(
     lay = _Layout(
         len(ladder), len(ch.cells), np.array([ladder.index(g) for g, _ in ch.cells], dtype=np.int64)
     )
-    overhead = _overhead_model(ev, overhead_ms)
+    overhead = _overhead_model(ev, overhead_ms, overhead_source)
     rng = np.random.default_rng(bootstrap.seed)
     costs = draw_costs(
         ev.grid, ch.cells, overhead, draws=bootstrap.resamples, rng=rng, confidence=bootstrap.confidence
