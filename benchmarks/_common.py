@@ -35,7 +35,10 @@ def machine_info() -> dict[str, Any]:
 
 
 def git_commit() -> str | None:
-    """The repository's HEAD commit, or None outside a checkout."""
+    """The repository's HEAD commit (``$COMMIT`` when set: a lent machine's copy of the tree may
+    carry a stale .git), or None outside a checkout."""
+    if os.environ.get("COMMIT"):
+        return os.environ["COMMIT"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"],

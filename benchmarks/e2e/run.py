@@ -302,7 +302,8 @@ def commit_info() -> dict[str, Any]:
             return None
         return done.stdout.decode().strip()
 
-    head = git("rev-parse", "HEAD") or os.environ.get("GIT_COMMIT")
+    # A lent machine's copy of the tree may carry a stale .git: the caller's commit wins.
+    head = os.environ.get("GIT_COMMIT") or git("rev-parse", "HEAD")
     status = git("status", "--porcelain")
     return {"commit": head, "dirty": None if status is None else bool(status)}
 
