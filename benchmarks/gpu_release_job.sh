@@ -26,12 +26,12 @@ nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=cs
 
 # 1. The gated end-to-end run; it rewrites e2e.json after every stage, so a cut run still reports.
 timeout "${E2E_TIMEOUT:-390}" python3 benchmarks/e2e/run.py --out "$WORK/e2e" --checkpoint "$WORK/weights.pt" \
-  --budget-s "${E2E_BUDGET:-330}" > "$OUT/e2e_log.txt" 2>&1
+  --budget-s "${E2E_BUDGET:-330}" ${E2E_ARGS:-} > "$OUT/e2e_log.txt" 2>&1
 echo "e2e rc=$? after $(( $(date +%s) - start )) s"
 cp "$WORK/e2e/e2e.json" "$WORK/e2e/e2e.png" "$OUT/" 2>/dev/null
 
 # 2. The device planner against the host planner, on the same weights.
-if [ "$(left)" -gt 60 ]; then
+if [ "$(left)" -gt 60 ] && [ "${DP:-1}" = 1 ]; then
   timeout $(( $(left) - 20 )) python3 benchmarks/device_planner.py --out "$WORK/dp" --checkpoint "$WORK/weights.pt" \
     > "$OUT/device_planner_log.txt" 2>&1
   echo "device planner rc=$? after $(( $(date +%s) - start )) s"
@@ -40,8 +40,9 @@ fi
 
 # 3. The heavy step on wider layers (Llama-70B-shaped), if at least two minutes are left.
 if [ "$(left)" -gt 150 ] && [ "${HEAVY:-1}" = 1 ]; then
-  budget=$(( ($(left) - 60) / 2 )); [ "$budget" -gt 90 ] && budget=90
-  OUT="$WORK/heavy" HEAVY_BUDGET=$budget HEAVY_CONFIG=llama-70b HEAVY_LAYERS=4 HEAVY_REPLAYS=4 \
+  passes=${HEAVY_PASSES:-1}
+  budget=$(( ($(left) - 30 - 30 * passes) / 2 )); [ "$budget" -gt 90 ] && budget=90
+  OUT="$WORK/heavy" HEAVY_BUDGET=$budget HEAVY_CONFIG=llama-70b HEAVY_LAYERS=4 HEAVY_REPLAYS=4 HEAVY_PASSES=$passes \
     bash benchmarks/gpu_sweep_job.sh heavy > "$WORK/heavy_log.txt" 2>&1
   echo "heavy rc=$? after $(( $(date +%s) - start )) s"
   RESULT="$WORK/heavy/sweep_efficiency_heavy.json" bash benchmarks/gpu_sweep_job.sh compare-heavy \

@@ -66,7 +66,8 @@ case "${1:-}" in
       log_env "$job"
       seed=${job#heavy}
       timeout 280 "$PY" benchmarks/sweep_efficiency.py run --tag "$job" --protocols adaptive --seed "$seed" \
-        "${HEAVY[@]}" --adaptive-budget ${HEAVY_BUDGET:-150} --out-dir "$OUT/$job" 2>&1 | tee "$OUT/$job/log.txt"
+        "${HEAVY[@]}" --adaptive-budget ${HEAVY_BUDGET:-150} --passes "${HEAVY_PASSES:-1}" \
+        --out-dir "$OUT/$job" 2>&1 | tee "$OUT/$job/log.txt"
     done
     ;;
   compare-heavy)
@@ -77,7 +78,8 @@ case "${1:-}" in
     SMOKE=(--k 3 --ladder 2,4 --config tiny --layers 1 --context-len 32 --ep 1 --device cpu --preset quick
            --precision 0.05 --adaptive-budget 20 --budgets 2:3,4,5 --budgets 4:6,8,10)
     for job in heavy1 heavy2; do
-      "$PY" benchmarks/sweep_efficiency.py run --tag "$job" --protocols adaptive --seed "${job#heavy}" "${SMOKE[@]}" --out-dir "$OUT/$job"
+      "$PY" benchmarks/sweep_efficiency.py run --tag "$job" --protocols adaptive --seed "${job#heavy}" "${SMOKE[@]}" \
+        --passes "${HEAVY_PASSES:-1}" --out-dir "$OUT/$job"
     done
     RESULT="$OUT/sweep_efficiency.json" "$0" compare-heavy "$OUT/heavy1" "$OUT/heavy2"
     ;;

@@ -104,11 +104,31 @@ def _thresholds(protocol: str, args: argparse.Namespace) -> Thresholds:
     )
 
 
+def _run_passes(args: argparse.Namespace, argv: list[str]) -> int:
+    """``--passes N``: the adaptive sweep as N consecutive processes of this script over one
+    journal (each pass one epoch; see dspark_calibrate.calibrate.measurement.passes)."""
+    for p in range(args.passes):
+        cmd = [sys.executable, __file__, *argv, "--pass-index", str(p)]
+        rc = subprocess.run(cmd, check=False).returncode
+        if rc != 0:
+            return rc
+        if (Path(args.out_dir) / "adaptive.json").exists() and p < args.passes - 1:
+            break  # every cell stopped early; the pass that saw it wrote the report
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Run the listed protocols back to back in this process; write artifacts and JSON."""
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rank = int(os.environ.get("RANK", "0"))
+    if args.passes > 1 and args.pass_index is None:
+        if args.protocols != "adaptive":
+            raise SystemExit("--passes needs --protocols adaptive")
+        for stale in out_dir.glob("adaptive*"):
+            stale.unlink()
+        return _run_passes(args, sys.argv[sys.argv.index("run") :])
+    in_pass = args.pass_index is not None
     options: dict[str, Any] = {
         "config": args.config,
         "layers": args.layers,
@@ -127,8 +147,17 @@ def cmd_run(args: argparse.Namespace) -> int:
             out.with_name(out.stem + ".journal.jsonl"),
             out.with_suffix(".png"),
         ):
-            if rank == 0 and stale.exists():
+            if rank == 0 and stale.exists() and not in_pass:
                 stale.unlink()
+        thresholds = _thresholds(protocol, args)
+        until_round = None
+        if in_pass:
+            rounds = args.recapture_every or 3
+            thresholds = Thresholds.from_dict(
+                {**thresholds.to_dict(), "recapture_every": rounds, "epochs_required": args.passes}
+            )
+            if args.pass_index < args.passes - 1:
+                until_round = (args.pass_index + 1) * rounds
         request = SweepRequest(
             backend="reference",
             backend_options=options,
@@ -136,13 +165,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             ladder=parse_ladder(args.ladder),
             out=out,
             protocol=protocol,
-            thresholds=_thresholds(protocol, args),
+            thresholds=thresholds,
             seed=args.seed,
             plot=False,
             max_candidates=args.max_candidates,
             budgets=parse_budgets(args.budgets or []),
             clock_policy=args.clock_policy,
             command=tuple(sys.argv),
+            resume=in_pass and args.pass_index > 0,
+            until_round=until_round,
+            pass_epoch=args.pass_index,
         )
         marks: list[float] = []
 
@@ -156,6 +188,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         result, output = execute(request, on_event=on_event)
         wall = time.perf_counter() - t0
         seconds = marks[-1] - marks[0] if len(marks) >= 2 else wall
+        if in_pass:
+            seconds = result.seconds  # every pass's measured seconds, from the shared journal
         try:
             import torch
 
@@ -164,6 +198,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         except ImportError:
             pass
         if output is None:
+            print(f"pass {args.pass_index} of {args.passes} ended before round {result.rounds}")
             continue
         reasons: dict[str, int] = {}
         for c in result.cells:
@@ -489,6 +524,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--recapture-every", type=int, default=None)
     run.add_argument("--max-samples", type=int, default=None)
     run.add_argument("--replays", type=int, default=None, help="back-to-back replays per sample")
+    run.add_argument("--passes", type=int, default=1, help="separate processes, each one epoch")
+    run.add_argument("--pass-index", type=int, default=None, help=argparse.SUPPRESS)
     run.add_argument("--budgets", action="append", default=None, help="G:V1,V2 (repeatable)")
     run.add_argument("--out-dir", required=True)
     run.set_defaults(fn=cmd_run)

@@ -720,8 +720,7 @@ def admit_level(
         "engine_config": {key: str(v) for key, v in decision.engine_config.items()},
     }
     if not decision.active:
-        return serving.StaticPolicy(ladder, k, name="static-fallback"), record
-    policy, record["planner"] = planner_policy(
-        DynamicVerifier.from_decision(decision), engine, planner, name="dynamic"
-    )
-    return policy, record
+        return serving.StaticPolicy(ladder, k, name="static-fallback"), record, None
+    verifier = DynamicVerifier.from_decision(decision)
+    policy, record["planner"] = planner_policy(verifier, engine, planner, name="dynamic")
+    return policy, record, verifier

@@ -834,6 +834,8 @@ def serve(
         dest = (req[:n] * max_new + produced[:n])[:, None] + offsets[None, :]
         flat_out[dest[keep]] = emitted[keep]
         if record:
+            windows = plan.windows
+            assert windows is not None  # checked above: a recording policy keeps host windows
             for r in range(n):
                 result.records.append(
                     StepRecord(
@@ -842,7 +844,7 @@ def serve(
                         int(rounds[r]),
                         conf[r].copy(),
                         int(acc[r]),
-                        int(plan.windows[r]),
+                        int(windows[r]),
                         int(produced[r]),
                     )
                 )

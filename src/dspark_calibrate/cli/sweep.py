@@ -127,6 +127,19 @@ def _json_report(result: Any, output: Any) -> dict[str, Any]:
     }
 
 
+def _run_in_passes(passes: int, rounds: int, resume: bool, as_json: bool, out: Path) -> None:
+    """Run the sweep as ``passes`` child processes and exit with the first failing pass's code."""
+    import os
+
+    from dspark_calibrate.calibrate.measurement.passes import pass_commands, run_passes
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError("--passes runs child processes and cannot run under torchrun; use --passes 1")
+    argv = sys.argv[sys.argv.index("sweep") + 1 :] if "sweep" in sys.argv else sys.argv[1:]
+    commands = pass_commands(argv, passes=passes, rounds_per_pass=rounds, resume=resume, as_json=as_json)
+    exit_with(run_passes(commands, out=out))
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``sweep`` command to the ``dspark-calibrate`` app."""
 
@@ -176,6 +189,24 @@ def register(app: typer.Typer) -> None:
                 help="Rounds per capture epoch: every that many rounds each cell is captured again and "
                 "fully re-warmed, so the sweep estimates its own between-run variation (0: never).",
             ),
+        ] = None,
+        passes: Annotated[
+            int,
+            typer.Option(
+                min=1,
+                help="Run the sweep as this many consecutive processes over one journal, each one "
+                "capture epoch of --recapture-every rounds, so what a new process draws (context, "
+                "memory layout, clock state) enters the intervals; every cell spans all passes.",
+            ),
+        ] = 1,
+        until_round: Annotated[
+            int | None, typer.Option(hidden=True, help="End this process's pass before this round.")
+        ] = None,
+        epochs_required: Annotated[
+            int | None, typer.Option(hidden=True, help="Epochs a cell spans before it may stop.")
+        ] = None,
+        pass_index: Annotated[
+            int | None, typer.Option(hidden=True, help="This process's pass (its epoch).")
         ] = None,
         protocol: Annotated[
             str, typer.Option(help="adaptive (rounds, stop on precision) or fixed (128+64).")
@@ -253,6 +284,7 @@ def register(app: typer.Typer) -> None:
                 "samples_per_visit": samples_per_visit,
                 "throttle_policy": throttle_policy,
                 "recapture_every": recapture_every,
+                "epochs_required": epochs_required,
             }
             chosen = {name: v for name, v in overrides.items() if v is not None}
             if protocol == "fixed":
@@ -292,7 +324,11 @@ def register(app: typer.Typer) -> None:
                 input=input_path,
                 plot=plot and importlib.util.find_spec("matplotlib") is not None,
                 command=tuple(sys.argv),
+                until_round=until_round,
+                pass_epoch=pass_index,
             )
+            if passes > 1:
+                _run_in_passes(passes, thresholds.recapture_every or 3, resume, as_json, out)
         except ConfigError as exc:
             fail_usage(str(exc))
 
@@ -329,6 +365,14 @@ def register(app: typer.Typer) -> None:
             if as_json:
                 print_json({"ok": False, "error": "USAGE_OR_IO", "message": str(exc)})
             fail_usage(str(exc))
+        if result.paused:
+            err_console.print(
+                f"pass ended before round {result.rounds}: {sum(c.decision.stops for c in result.cells)} of "
+                f"{len(result.cells)} cells done; the next pass continues with --resume"
+            )
+            if as_json:
+                print_json({"ok": True, "paused": True, "rounds": result.rounds, "journal": str(request.journal)})
+            exit_with(EXIT_OK)
         if output is None:  # not rank 0: rank 0 reports
             exit_with(EXIT_OK)
         if as_json:

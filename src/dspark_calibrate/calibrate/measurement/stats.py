@@ -137,6 +137,8 @@ class Thresholds:
             ``serving`` keeps power-capped samples and drops thermal and hardware slowdowns.
         min_kept_share: after the first round, a sweep that kept less than this share of its
             samples stops at once and names the throttle reasons it saw.
+        epochs_required: capture epochs (or passes: separate processes) a cell must span before
+            it may stop on precision (with re-capture on; at least 2).
     """
 
     precision_rel: float = 0.005
@@ -157,6 +159,7 @@ class Thresholds:
     between_run_rel: float | None = None
     throttle_policy: str = DEFAULT_THROTTLE_POLICY
     min_kept_share: float = 0.5
+    epochs_required: int = 2
 
     def __post_init__(self) -> None:
         checks: list[tuple[str, bool, str]] = [
@@ -185,6 +188,7 @@ class Thresholds:
                 f"one of {list(THROTTLE_POLICIES)}",
             ),
             ("min_kept_share", 0.0 <= self.min_kept_share <= 1.0, "in [0, 1]"),
+            ("epochs_required", self.epochs_required >= 2, ">= 2"),
         ]
         for name, ok, want in checks:
             value = getattr(self, name)
@@ -195,8 +199,9 @@ class Thresholds:
 
     @property
     def min_epochs(self) -> int:
-        """Capture epochs a cell must span before it may stop on precision (2 with re-capture)."""
-        return 2 if self.recapture_every > 0 else 1
+        """Capture epochs a cell must span before it may stop on precision (``epochs_required``
+        with re-capture, else 1)."""
+        return self.epochs_required if self.recapture_every > 0 else 1
 
     @classmethod
     def adaptive(cls, **overrides: Any) -> Thresholds:

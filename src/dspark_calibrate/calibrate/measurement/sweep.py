@@ -276,6 +276,7 @@ class SweepResult:
     seconds: float
     resumed: bool
     between: BetweenRun = NO_BETWEEN_RUN
+    paused: bool = False
 
     @property
     def complete(self) -> bool:
@@ -536,6 +537,7 @@ class _Harness:
         self.recapture = config.thresholds.recapture_every > 0 and bool(getattr(backend, "recapture", True))
         self.mask = drop_mask(config.thresholds.throttle_policy)
         self.seconds_total = 0.0  # kept equal to the sum of every cell's seconds
+        self.pass_epoch: int | None = None  # set when this process is one pass of several
         self.eta: float | None = None  # estimated once per round
         self.round = 0
         self.journal: Journal | None = None
@@ -575,7 +577,10 @@ class _Harness:
         return [c for c, st in self.states.items() if st.decision is None]
 
     def epoch(self, round_index: int) -> int:
-        """The capture epoch a round belongs to (0 without re-capture)."""
+        """The capture epoch a round belongs to (0 without re-capture; this process's pass when the
+        sweep runs in passes)."""
+        if self.pass_epoch is not None:
+            return self.pass_epoch
         return round_index // self.config.thresholds.recapture_every if self.recapture else 0
 
     def _siblings_open(self, native: CellSpec) -> bool:
@@ -838,9 +843,11 @@ class _Harness:
         need = sum(max(th.min_rounds - self.states[c].visits, 1) for c in self.open_cells())
         return min(per_visit * need, max(th.budget_s - self.sweep_seconds(), 0.0))
 
-    def run(self) -> None:
+    def run(self, until_round: int | None = None) -> None:
         th = self.config.thresholds
         while not self.finished and self.open_cells():
+            if until_round is not None and self.round >= until_round:
+                return  # a pass ends here; the next process resumes the journal
             self.eta = self._eta()
             self._emit(SweepEvent("round", self.round, self._done(), len(self.states), eta_s=self.eta))
             for cell in round_order(self.config.seed, self.round, self.open_cells()):
@@ -871,6 +878,8 @@ def run_sweep(
     comm: Communicator | None = None,
     stopping_rule: StoppingRule | None = None,
     on_event: Callable[[SweepEvent], None] | None = None,
+    until_round: int | None = None,
+    pass_epoch: int | None = None,
 ) -> SweepResult:
     """Measure every cell of ``config`` with ``backend``; see the module docstring.
 
@@ -884,6 +893,10 @@ def run_sweep(
         comm: collectives across ranks; default one rank.
         stopping_rule: decides per cell after each round; default from ``config.protocol``.
         on_event: progress callback (rank 0 only).
+        until_round: stop before this round while cells are still open (one pass of a sweep run
+            in several processes; the result is ``paused`` and the journal continues it).
+        pass_epoch: every round this process measures belongs to this epoch (its pass), with no
+            re-capture inside it (see :mod:`~.passes`).
 
     Returns:
         The result, identical on every rank.
@@ -934,15 +947,20 @@ def run_sweep(
     try:
         harness.replay(shared["records"])
         resumed = bool(shared["records"])
-        harness.run()
+        begin = getattr(backend, "begin", None)
+        if callable(begin):
+            begin(harness.round)
+        harness.pass_epoch = pass_epoch
+        harness.run(until_round)
     finally:
         if journal is not None:
             journal.close()
     results, between = finish_cells(config, harness.states)
     table = _samples_table(harness.states[c] for c in config.cells)
     harness._emit(SweepEvent("end", harness.round, harness._done(), len(harness.states)))
+    paused = not harness.finished
     return SweepResult(
-        config, results, table, harness.round, harness.sweep_seconds(), resumed, between=between
+        config, results, table, harness.round, harness.sweep_seconds(), resumed, between=between, paused=paused
     )
 
 
@@ -1068,6 +1086,8 @@ def sweep(
     command: Sequence[str] | None = None,
     on_event: Callable[[SweepEvent], None] | None = None,
     plot: bool = False,
+    until_round: int | None = None,
+    pass_epoch: int | None = None,
 ) -> tuple[SweepResult, SweepOutput | None]:
     """Run a sweep and write its artifacts (rank 0); the one call behind ``dspark-calibrate sweep``.
 
@@ -1084,9 +1104,12 @@ def sweep(
         command: the command line recorded in provenance (default ``sys.argv``).
         on_event: progress callback.
         plot: also write ``<stem>.png`` (needs matplotlib).
+        until_round: end this process's pass before that round (see :func:`run_sweep`); a paused
+            result writes nothing.
+        pass_epoch: this process's pass (see :func:`run_sweep`).
 
     Returns:
-        The result, and the outputs on rank 0 (``None`` on other ranks).
+        The result, and the outputs on rank 0 (``None`` on other ranks and for a paused pass).
 
     Raises:
         ConfigError: see :func:`run_sweep`, and unwritable outputs.
@@ -1102,8 +1125,10 @@ def sweep(
         resume=resume,
         comm=comm,
         on_event=on_event,
+        until_round=until_round,
+        pass_epoch=pass_epoch,
     )
-    if comm.rank != 0:
+    if comm.rank != 0 or result.paused:
         return result, None
     provenance = Provenance(
         tool_version=__version__,
@@ -1172,6 +1197,8 @@ class SweepRequest:
         input: profiler JSONL for ``import-samples``.
         plot: also write a PNG.
         command: command line for provenance.
+        until_round: end this process's pass before that round (a sweep in several processes).
+        pass_epoch: this process's pass index, its epoch (a sweep in several processes).
     """
 
     backend: str
@@ -1193,6 +1220,8 @@ class SweepRequest:
     input: Path | None = None
     plot: bool = False
     command: tuple[str, ...] | None = None
+    until_round: int | None = None
+    pass_epoch: int | None = None
 
 
 IMPORT_BACKEND = "import-samples"
@@ -1304,6 +1333,8 @@ def execute(
             command=request.command,
             on_event=on_event,
             plot=request.plot,
+            until_round=request.until_round,
+            pass_epoch=request.pass_epoch,
         )
     finally:
         backend.close()

@@ -112,6 +112,11 @@ class BackendBase:
         """Forget the step built for ``cell`` before it is prepared again (default: nothing)."""
         return None
 
+    def begin(self, round_index: int) -> None:
+        """Called once per process before it measures, with the round it starts at (0, or where
+        a resumed journal or a later pass continues); default: nothing."""
+        return None
+
     def prepare(self, cell: CellSpec) -> Step:
         """Build the step of one cell.
 

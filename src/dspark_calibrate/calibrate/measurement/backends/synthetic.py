@@ -151,7 +151,6 @@ class SyntheticBackend(BackendBase):
         self.model = SyntheticModel(**model)
         self.seed = int(seed)
         self.clock = VirtualClock()
-        self._rng = np.random.default_rng(self.seed)
         self._last: CellSpec | None = None
         self._since_switch = 0
         self._steps = 0
@@ -159,11 +158,17 @@ class SyntheticBackend(BackendBase):
         self._nan_at = nan_at
         self._real_delay_s = float(real_delay_s)
         self.last_throttled = False
+        self.begin(0)
+
+    def begin(self, round_index: int) -> None:
+        """A process starting at ``round_index`` draws its own noise, capture and process shifts
+        (reproducible from the seed and the round, so a resumed pass is a new process, not a replay
+        of the first one)."""
+        start = [self.seed] if round_index == 0 else [self.seed, 1_000_003 + round_index]
+        self._rng = np.random.default_rng(start)
         # Separate streams, so simulating a process or a capture shift leaves the noise unchanged.
-        self._capture_rng = np.random.default_rng([self.seed, 1])
-        self.process_factor = math.exp(
-            float(np.random.default_rng([self.seed, 2]).normal(0.0, self.model.process_rel))
-        )
+        self._capture_rng = np.random.default_rng([*start, 1])
+        self.process_factor = math.exp(float(np.random.default_rng([*start, 2]).normal(0.0, self.model.process_rel)))
 
     def drift(self) -> float:
         """Relative drift now, in [-1, 1] (scaled by ``drift_rel`` in the model)."""
