@@ -371,7 +371,9 @@ def register(app: typer.Typer) -> None:
                 f"{len(result.cells)} cells done; the next pass continues with --resume"
             )
             if as_json:
-                print_json({"ok": True, "paused": True, "rounds": result.rounds, "journal": str(request.journal)})
+                print_json(
+                    {"ok": True, "paused": True, "rounds": result.rounds, "journal": str(request.journal)}
+                )
             exit_with(EXIT_OK)
         if output is None:  # not rank 0: rank 0 reports
             exit_with(EXIT_OK)

@@ -61,7 +61,7 @@ def test_the_parent_replaces_the_options_it_owns(argv: list[str], kept: list[str
 
 @pytest.mark.parametrize(("passes", "rounds"), [(1, 3), (3, 0)])
 def test_bad_pass_settings_are_refused(passes: int, rounds: int) -> None:
-    with pytest.raises(ConfigError, match="--passes|--recapture-every"):
+    with pytest.raises(ConfigError, match=r"--passes|--recapture-every"):
         pass_commands(ARGS, passes=passes, rounds_per_pass=rounds, resume=False, as_json=False)
 
 

@@ -120,7 +120,9 @@ def run_passes(
     """
 
     def child(args: list[str]) -> int:
-        return subprocess.run([sys.executable, "-m", "dspark_calibrate.cli", "sweep", *args], check=False).returncode
+        return subprocess.run(
+            [sys.executable, "-m", "dspark_calibrate.cli", "sweep", *args], check=False
+        ).returncode
 
     def written() -> float | None:
         try:

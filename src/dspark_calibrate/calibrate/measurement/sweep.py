@@ -960,7 +960,14 @@ def run_sweep(
     harness._emit(SweepEvent("end", harness.round, harness._done(), len(harness.states)))
     paused = not harness.finished
     return SweepResult(
-        config, results, table, harness.round, harness.sweep_seconds(), resumed, between=between, paused=paused
+        config,
+        results,
+        table,
+        harness.round,
+        harness.sweep_seconds(),
+        resumed,
+        between=between,
+        paused=paused,
     )
 
 

@@ -168,7 +168,9 @@ class SyntheticBackend(BackendBase):
         self._rng = np.random.default_rng(start)
         # Separate streams, so simulating a process or a capture shift leaves the noise unchanged.
         self._capture_rng = np.random.default_rng([*start, 1])
-        self.process_factor = math.exp(float(np.random.default_rng([*start, 2]).normal(0.0, self.model.process_rel)))
+        self.process_factor = math.exp(
+            float(np.random.default_rng([*start, 2]).normal(0.0, self.model.process_rel))
+        )
 
     def drift(self) -> float:
         """Relative drift now, in [-1, 1] (scaled by ``drift_rel`` in the model)."""
