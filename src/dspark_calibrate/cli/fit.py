@@ -334,6 +334,7 @@ def synth(
             seed=seed,
             sampling=sampling,
         )
+        out.parent.mkdir(parents=True, exist_ok=True)
         summary = write_synth_traces(out, spec)
     except (DsparkError, OSError) as exc:
         fail_error(exc)

@@ -77,6 +77,7 @@ def synth(
         w = synthesize_workload(
             k=k, steps=steps, ranks=ranks, max_rows=max_rows, seed=seed, temperatures=temps
         )
+        out.parent.mkdir(parents=True, exist_ok=True)
         write_workload(out, w)
     except DsparkError as exc:
         fail_error(exc)
@@ -104,6 +105,7 @@ def import_trtllm(
 
     try:
         w = read_recorder_shards(shards)
+        out.parent.mkdir(parents=True, exist_ok=True)
         write_workload(out, w)
     except DsparkError as exc:
         fail_error(exc)

@@ -37,6 +37,8 @@ from dspark_calibrate.errors import ConfigError, ProbeError
 __all__ = [
     "CPU_DEVICE",
     "DEFAULT_RUNTIME_PACKAGES",
+    "SYNTHETIC_DEVICE",
+    "SYNTHETIC_SNAPSHOT_SHA256",
     "GpuInfo",
     "LiveContext",
     "LiveEnvironment",
@@ -48,6 +50,9 @@ __all__ = [
 
 #: The ``gpu`` value of a deployment that runs on the CPU; its snapshot is the CPU model's.
 CPU_DEVICE = "cpu"
+#: The ``gpu`` value of the synthetic backend's simulated device, and its fixed snapshot.
+SYNTHETIC_DEVICE = "synthetic"
+SYNTHETIC_SNAPSHOT_SHA256 = hashlib.sha256(b"synthetic").hexdigest()
 #: Packages whose versions make up ``runtime_snapshot`` when it is not given explicitly.
 DEFAULT_RUNTIME_PACKAGES: tuple[str, ...] = (
     "tensorrt_llm",
@@ -358,7 +363,11 @@ def collect_live(
 
     gpus, gpu_source = env.gpus()
     cpu_probe = getattr(env, "cpu", None)
-    if values.get("gpu") == CPU_DEVICE and not gpus and callable(cpu_probe):
+    if values.get("gpu") == SYNTHETIC_DEVICE:
+        # The synthetic backend's simulated device: one fixed snapshot, nothing to probe.
+        put("gpu_count", 1, "synthetic")
+        put("gpu_snapshot_sha256", SYNTHETIC_SNAPSHOT_SHA256, "synthetic")
+    elif values.get("gpu") == CPU_DEVICE and not gpus and callable(cpu_probe):
         # A deployment that runs on the CPU (the reference backend's CPU path): its "GPU" is the
         # CPU model, probed like a GPU would be. Only on request (--live-gpu cpu): a GPU host
         # whose probes failed must report the GPU fields as missing, not describe its CPU.

@@ -69,7 +69,7 @@ from dspark_calibrate.calibrate.measurement.sweep_plot import plot_sweep
 from dspark_calibrate.calibrate.measurement.telemetry import SW_POWER_CAP, Telemetry, drop_mask, reason_names
 from dspark_calibrate.calibrate.measurement.timing import Step, Timer
 from dspark_calibrate.errors import ConfigError, MeasurementError, ProbeError
-from dspark_calibrate.runtime_plugin.live import CPU_DEVICE, collect_live
+from dspark_calibrate.runtime_plugin.live import CPU_DEVICE, SYNTHETIC_DEVICE, collect_live
 
 __all__ = [
     "IMPORT_BACKEND",
@@ -1051,8 +1051,10 @@ def deployment_base(
     ]
     if clash:
         raise ConfigError("; ".join(clash) + "; give each field once (docs/fingerprint.md)")
-    if "gpu" not in explicit and CPU_DEVICE in (base.gpu, backend_fields.get("gpu")):
-        args["gpu"] = CPU_DEVICE  # a CPU deployment: probe the CPU model as its "GPU"
+    if "gpu" not in explicit:
+        for device in (CPU_DEVICE, SYNTHETIC_DEVICE):
+            if device in (base.gpu, backend_fields.get("gpu")):
+                args["gpu"] = device  # a pseudo-device: the collector derives its snapshot
     try:
         ctx = (probe or collect_live)(**args)
     except ProbeError as exc:
