@@ -365,13 +365,13 @@ def parse_expiry(text: str, *, now: datetime, option: str = "--expires") -> date
             when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
         except ValueError:
             raise ConfigError(
-                f"{option} {text!r} is neither a duration (e.g. 30d, 12h) nor an ISO-8601 time "
-                "(e.g. 2027-01-31T00:00:00Z)"
+                f"{option} {text!r} is neither a duration nor an ISO-8601 time; give e.g. 30d, 12h or "
+                "2027-01-31T00:00:00Z"
             ) from None
         if when.tzinfo is None:
             when = when.replace(tzinfo=UTC)
     if when <= now:
-        raise ConfigError(f"{option} {text!r} is not in the future")
+        raise ConfigError(f"{option} {text!r} is not in the future; give a later time or a duration like 30d")
     return when
 
 
@@ -387,11 +387,11 @@ def parse_ladder(text: str, *, option: str = "--ladder") -> tuple[int, ...]:
     try:
         values = tuple(int(p) for p in parts)
     except ValueError:
-        raise ConfigError(f"{option} {text!r}: every entry must be an integer") from None
+        raise ConfigError(f"{option} {text!r} holds a non-integer; give integers like 8,16,32") from None
     if any(v < 1 for v in values):
-        raise ConfigError(f"{option} {text!r}: graph batch sizes must be >= 1")
+        raise ConfigError(f"{option} {text!r} holds a size below 1; graph batch sizes are >= 1")
     if len(set(values)) != len(values):
-        raise ConfigError(f"{option} {text!r}: duplicate graph batch size")
+        raise ConfigError(f"{option} {text!r} repeats a graph batch size; list each once")
     return tuple(sorted(values))
 
 

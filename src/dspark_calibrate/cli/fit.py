@@ -198,7 +198,7 @@ def fit(
     )
 
     if not traces:
-        fail_usage("--traces is required: pass trace files or directories (Parquet, JSONL, recorder .pt)")
+        fail_usage("--traces is required; pass trace files or directories (Parquet, JSONL, recorder .pt)")
     if evaluate is not None:
         try:
             report = run_evaluate(
@@ -232,7 +232,7 @@ def fit(
             label="rejected",
         )
     if out is None:
-        fail_usage("--out DIR is required: where calibration.parquet, sts.json, the report and plots go")
+        fail_usage("--out is required with --traces; pass --out DIR for calibration.parquet, sts.json, the report and plots")
     stage_line("fit", "reading traces and fitting", ", ".join(str(t) for t in traces))
     try:
         options = FitOptions(

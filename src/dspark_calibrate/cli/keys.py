@@ -49,12 +49,12 @@ def keygen(
     from dspark_calibrate.artifacts import generate_keypair
 
     if algorithm not in ("ed25519", "ecdsa-p256"):
-        fail_usage(f"--algorithm {algorithm!r}: choose ed25519 or ecdsa-p256")
+        fail_usage(f"--algorithm {algorithm!r} is not supported; choose ed25519 or ecdsa-p256")
     passphrase = None
     if passphrase_env is not None:
         value = os.environ.get(passphrase_env)
         if not value:
-            fail_usage(f"--passphrase-env {passphrase_env}: the variable is unset or empty")
+            fail_usage(f"--passphrase-env {passphrase_env}: the variable is unset or empty; export it with the passphrase")
         passphrase = value.encode()
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -58,7 +58,7 @@ def _parse_options(pairs: list[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise ConfigError(f"--backend-opt {pair!r} must look like key=value")
+            raise ConfigError(f"--backend-opt {pair!r} is not key=value; write it like --backend-opt ep=8")
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -528,7 +528,7 @@ def register(app: typer.Typer) -> None:
                 if v is not None
             }
             if backend == "trtllm" and model is None and "model" not in " ".join(backend_opt or []):
-                raise ConfigError("--backend trtllm needs --model MODEL (the path or name tensorrt_llm.LLM loads)")
+                raise ConfigError("--backend trtllm needs a model; pass --model MODEL (the path or name tensorrt_llm.LLM loads)")
             options = _backend_options(
                 backend_opt or [],
                 {

@@ -72,7 +72,7 @@ def synth(
     try:
         temps = [float(t) for t in temperatures.split(",")] if temperatures else None
     except ValueError:
-        fail_usage(f"--temperatures {temperatures!r} must be comma-separated numbers, e.g. 1.3,1.4,1.5")
+        fail_usage(f"--temperatures {temperatures!r} is not a list of numbers; give e.g. 1.3,1.4,1.5")
     try:
         w = synthesize_workload(
             k=k, steps=steps, ranks=ranks, max_rows=max_rows, seed=seed, temperatures=temps
