@@ -101,7 +101,7 @@ def test_wrong_invocation(world: W, name: str, app: str, argv: Callable[[W], lis
     args = argv(world)
     r = _invoke(app, args)
     assert r.exit_code == code, (name, r.exit_code, r.stdout, r.stderr)
-    assert "Traceback" not in r.output and r.exception is None or isinstance(r.exception, SystemExit), r.output
+    assert ("Traceback" not in r.output and r.exception is None) or isinstance(r.exception, SystemExit), r.output
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert lines, f"{name}: nothing on stderr"
     last = lines[-1] if code == 2 else next(line for line in lines if ":" in line)

@@ -232,28 +232,6 @@ def verify_bundle(
     manifest = bundle_dir / BUNDLE_MANIFEST if path.is_dir() else path
     members: dict[str, VerificationReport] = {}
     try:
-        if not path.exists():
-            raise _Stop(
-                [
-                    Finding(
-                        Reason.IO_ERROR,
-                        f"{path}: no such file or directory; pass the bundle directory written by "
-                        "`dspark-calibrate build --out`",
-                        field="path",
-                    )
-                ]
-            )
-        if path.suffix.lower() in (".parquet", ".pq"):
-            raise _Stop(
-                [
-                    Finding(
-                        Reason.IO_ERROR,
-                        f"{path}: a single artifact, not a bundle; pass the bundle directory that holds it "
-                        f"and {BUNDLE_MANIFEST} (dspark-verify checks a single artifact)",
-                        field="path",
-                    )
-                ]
-            )
         try:
             raw = read_regular_file(manifest, limits.max_envelope_bytes)
         except FileNotFoundError:

@@ -118,6 +118,13 @@ def trtllm(
     from dspark_calibrate.artifacts import Reason
     from dspark_calibrate.runtime_plugin.trtllm import merge_into_base_options, write_options_yaml
 
+    if not bundle.exists():
+        fail_usage(f"{bundle}: no such file or directory; pass the bundle directory written by `build --out`")
+    if bundle.suffix.lower() in (".parquet", ".pq"):
+        fail_usage(
+            f"{bundle}: a single artifact, not a bundle; pass the bundle directory that holds it and "
+            "bundle.dsse.json (dspark-verify checks a single artifact)"
+        )
     root = load_root_or_exit(trust_root)
     try:
         live = read_fingerprint(live_fingerprint) if live_fingerprint is not None else None
