@@ -55,3 +55,12 @@ def test_refuses(tmp_path: Path, make: Callable[[Path], None], message: str) -> 
     with pytest.raises(ConfigError, match=message) as info:
         read_fingerprint(path)
     assert str(path) in str(info.value)
+
+
+def test_schema_and_flags_cover_every_fingerprint_field() -> None:
+    from dspark_calibrate.artifacts import FINGERPRINT_FLAGS, Fingerprint
+    from dspark_calibrate.schemas import json_schema
+
+    fields = set(Fingerprint.field_names())
+    assert set(json_schema("fingerprint")["properties"]) == fields
+    assert set(FINGERPRINT_FLAGS) == fields

@@ -91,10 +91,18 @@ def test_missing_bundle_fails_open(deployment: dict[str, Path], tmp_path: Path) 
     assert load_options_yaml(out.read_text())["speculative_config"]["enable_confidence_scheduling"] is False
 
 
-def test_export_failure_is_a_rejection(deployment: dict[str, Path], tmp_path: Path) -> None:
+def test_missing_selector_identity_is_a_usage_error(deployment: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "opts.yaml"
     result = invoke(deployment, "--emit-trtllm-options", str(out))  # no --selector-identity
-    assert result.exit_code == 1
+    assert result.exit_code == 2
+    assert "--selector-identity" in result.stderr and "EXACT_SPS_SELECTOR_IDENTITY_SHA256" in result.stderr
+    assert not out.exists()
+
+
+def test_export_failure_fails_open_loudly(deployment: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "opts.yaml"
+    result = invoke(deployment, "--emit-trtllm-options", str(out), "--fail-open-to-static")
+    assert result.exit_code == 0
     assert "EXPORT_FAILED:selector_identity" in result.output
     assert load_options_yaml(out.read_text())["speculative_config"]["enable_confidence_scheduling"] is False
 

@@ -31,10 +31,12 @@ from dspark_calibrate.artifacts._logical_hash import (
     logical_sha256_keys,
 )
 from dspark_calibrate.artifacts._models import (
+    FINGERPRINT_FLAGS,
     TRTLLM_FINGERPRINT_FIELDS,
     Fingerprint,
     ModelError,
     Provenance,
+    fingerprint_flag,
     is_sha256_hex,
 )
 from dspark_calibrate.artifacts._parquet import (
@@ -44,6 +46,7 @@ from dspark_calibrate.artifacts._parquet import (
     ReadLimits,
     detached_envelope_path,
     read_artifact,
+    read_regular_file,
     write_unsigned_artifact,
 )
 from dspark_calibrate.artifacts._reasons import Finding, Reason
@@ -71,6 +74,7 @@ _LAZY: dict[str, str] = {
     "TrustRootUnreadable": "_trust",
     "init_root": "_trust",
     "rotate_root": "_trust",
+    "single_key_root": "_trust",
     "load_trust_root": "_trust",
     "read_trust_root": "_trust",
     # signing, bundles, verification
@@ -86,6 +90,7 @@ _LAZY: dict[str, str] = {
     "BundleReport": "_bundle",
     "write_bundle": "_bundle",
     "verify_bundle": "_bundle",
+    "verify_inputs": "_bundle",
     "BUNDLE_MANIFEST": "_bundle",
     # TensorRT-LLM deployment package (DESIGN §6)
     "export_trtllm": "_export_trtllm",
@@ -100,6 +105,7 @@ _LAZY: dict[str, str] = {
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "FINGERPRINT_FLAGS",
     "LEGACY_UNPAIRED_COSTS",
     "TRTLLM_FINGERPRINT_FIELDS",
     "ArtifactReadError",
@@ -119,12 +125,14 @@ __all__ = [
     "canonical_json",
     "canonical_table_bytes",
     "detached_envelope_path",
+    "fingerprint_flag",
     "is_sha256_hex",
     "loads_strict",
     "logical_sha256",
     "logical_sha256_keys",
     "read_artifact",
     "read_fingerprint",
+    "read_regular_file",
     "sha256_hex",
     "publish_directory",
     "write_unsigned_artifact",

@@ -52,6 +52,7 @@ __all__ = [
     "BUNDLE_MANIFEST",
     "BundleReport",
     "verify_bundle",
+    "verify_inputs",
     "write_bundle",
 ]
 
@@ -347,3 +348,24 @@ def verify_bundle(
         fingerprint=fp,
         manifest_keyids=keyids,
     )
+
+
+def verify_inputs(
+    paths: Sequence[Path | str],
+    trust_root: TrustRoot,
+    *,
+    now: datetime,
+    expected: Expectation = Expectation(),
+    state: RollbackState | None = None,
+    record: bool = False,
+) -> list[VerificationReport | BundleReport]:
+    """Verify each path: a directory as a bundle (:func:`verify_bundle`), a file as one artifact
+    (:func:`verify_path`). The one call behind ``dspark-verify``'s artifact check."""
+    out: list[VerificationReport | BundleReport] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            out.append(verify_bundle(path, trust_root, now=now, expected=expected, state=state, record=record))
+        else:
+            out.append(verify_path(path, trust_root, now=now, expected=expected, state=state, record=record))
+    return out

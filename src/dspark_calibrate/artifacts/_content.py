@@ -308,11 +308,16 @@ def content_findings(
         return out  # the per-kind rules read columns the schema guarantees
     out += _RULES[kind](table, fingerprint, where)
     if provenance.get("synthetic") is True and not allow_synthetic:
+        extra = provenance.get("extra")
+        named = extra.get("synthetic_inputs") if isinstance(extra, Mapping) else None
+        if isinstance(named, list) and named and all(isinstance(n, str) for n in named):
+            what = f"synthetic inputs ({', '.join(named)})"
+        else:
+            what = f"synthetic input (backend {provenance.get('backend')!r})"
         out.append(
             Finding(
                 Reason.SYNTHETIC_REFUSED,
-                f"{where}: built from synthetic measurements (backend {provenance.get('backend')!r}); "
-                "pass --allow-synthetic only for demos and tests",
+                f"{where}: built from {what}; use real inputs, or pass --allow-synthetic for demos and tests",
                 field="provenance.synthetic",
             )
         )

@@ -377,6 +377,16 @@ def _read_key_file(path: Path, *, private: bool) -> bytes:
         if not stat.S_ISREG(st.st_mode):
             raise ConfigError(f"{path}: the {what} is not a regular file")
         if private and st.st_mode & 0o077:
+            # Already readable by others, so looking at its first line reveals nothing new: a
+            # public key given where a private one belongs deserves that answer, not a chmod.
+            with os.fdopen(os.dup(fd), "rb") as handle:
+                head = handle.read(64)
+            if head.lstrip().startswith(b"-----BEGIN PUBLIC KEY-----"):
+                raise ConfigError(
+                    f"{path}: is a public key, but a private signing key is needed here; pass the "
+                    "private key (signing-key.pem, not .pub.pem); public keys go to --artifact-key, "
+                    "--add-root-key or dspark-verify --key"
+                )
             raise ConfigError(
                 f"{path}: private key is readable by group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
                 f"restrict it with `chmod 600 {path}`"
@@ -445,12 +455,16 @@ def _load_private_key(
     return key
 
 
-def load_signer(path: Path, *, passphrase: bytes | None = None) -> Signer:
+def load_signer(
+    path: Path, *, passphrase: bytes | None = None, ask: SecretsHandler | None = None
+) -> Signer:
     """Load a local private key file as a securesystemslib ``Signer``.
 
     Args:
         path: a PKCS#8 PEM private key written by :func:`generate_keypair` (or compatible).
         passphrase: the passphrase, when the file is encrypted.
+        ask: without ``passphrase``, called as ``ask("passphrase")`` only when the file is
+            encrypted (so one handler serves plain and encrypted keys alike).
 
     Returns:
         A ``CryptoSigner`` whose ``public_key.keyid`` is securesystemslib's default keyid.
@@ -461,7 +475,7 @@ def load_signer(path: Path, *, passphrase: bytes | None = None) -> Signer:
             is wrong.
     """
     path = Path(path)
-    private_key = _load_private_key(path, passphrase)
+    private_key = _load_private_key(path, passphrase, ask=ask)
     return CryptoSigner(private_key, SSlibKey.from_crypto(private_key.public_key()))
 
 

@@ -17,10 +17,12 @@ from dspark_calibrate.artifacts._canonical import canonical_json, sha256_hex
 from dspark_calibrate.errors import InvalidValueError
 
 __all__ = [
+    "FINGERPRINT_FLAGS",
     "TRTLLM_FINGERPRINT_FIELDS",
     "Fingerprint",
     "ModelError",
     "Provenance",
+    "fingerprint_flag",
     "is_sha256_hex",
 ]
 
@@ -40,6 +42,40 @@ TRTLLM_FINGERPRINT_FIELDS: tuple[str, ...] = (
     "rank_local_graph_batch_sizes",
     "global_graph_batch_sizes",
 )
+
+
+#: The command-line option that sets each fingerprint field, for ``sweep`` and ``dspark-verify``
+#: alike (``--live-<name>``; docs/fingerprint.md). ``max_draft_len`` and the rank-local ladder are
+#: ``sweep``'s ``--k`` and ``--ladder``; the global ladder is derived (ladder × GPU count).
+FINGERPRINT_FLAGS: dict[str, str] = {
+    "gpu": "--live-gpu",
+    "gpu_count": "--live-gpu-count",
+    "gpu_snapshot_sha256": "--live-gpu-snapshot-sha256",
+    "topology": "--live-topology",
+    "source_head": "--live-source-head",
+    "source_diff_sha256": "--live-source-diff-sha256",
+    "runtime_snapshot": "--live-runtime-snapshot",
+    "max_draft_len": "--live-k",
+    "rank_local_graph_batch_sizes": "--live-ladder",
+    "global_graph_batch_sizes": "--live-ladder",
+    "model_config_sha256": "--live-model-config",
+    "checkpoint_sha256": "--live-checkpoint-sha256",
+    "attention_backend": "--live-attention-backend",
+    "moe_backend": "--live-moe-backend",
+    "kv_dtype": "--live-kv-dtype",
+    "context_len": "--context-len",
+    "clock_policy": "--clock-policy",
+}
+
+
+def fingerprint_flag(name: str) -> str:
+    """The option that sets fingerprint field ``name`` (see :data:`FINGERPRINT_FLAGS`)."""
+    flag = FINGERPRINT_FLAGS[name]
+    if name == "global_graph_batch_sizes":
+        return f"{flag} with --live-gpu-count"
+    if name in ("source_head", "source_diff_sha256"):
+        return f"--live-source-dir (or {flag})"
+    return flag
 
 
 class ModelError(InvalidValueError):

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -52,6 +52,7 @@ __all__ = [
     "load_trust_root",
     "read_trust_root",
     "rotate_root",
+    "single_key_root",
     "verify_root_chain",
 ]
 
@@ -566,6 +567,29 @@ def init_root(
     _sign_all(md, root_signers, [_role_keys(root, ROOT_ROLE)])
     # Round-trip through the loader so that whatever we create, a verifier accepts.
     return _verify(_parse(canonical_json(md.to_dict())), None)
+
+
+def single_key_root(key: Key, *, now: datetime) -> TrustRoot:
+    """An in-memory trust root whose only artifact (and root) key is ``key``, threshold 1.
+
+    For one-key setups (``dspark-verify --key pub.pem``, as ``cosign verify --key``): every
+    artifact check runs exactly as with a pinned ``root.json``, but there is no rotation, no
+    trust-root rollback and nothing to pin beyond the public key itself. It is never signed and
+    never written; it expires a day after ``now``.
+
+    Raises:
+        TrustRootError: ``TRUST_ROOT_INVALID`` for an unsupported key.
+        TypeError: ``now`` is naive.
+    """
+    start = _aware(now, "now").replace(microsecond=0)
+    keys = _unique_keys([key], "artifact keys")
+    root = Root(version=1, expires=start + timedelta(days=1))
+    root.add_key(keys[0], ROOT_ROLE)
+    root.add_key(keys[0], ARTIFACT_ROLE)
+    _mirror_artifact_role(root)
+    md = Metadata(root)
+    _check_structure(md)
+    return _to_trust_root(md)
 
 
 def rotate_root(

@@ -40,6 +40,7 @@ from dspark_calibrate.artifacts._models import (
     Fingerprint,
     ModelError,
     Provenance,
+    fingerprint_flag,
     is_sha256_hex,
 )
 from dspark_calibrate.artifacts._parquet import (
@@ -573,7 +574,8 @@ def check_binding(
                 Finding(
                     Reason.FINGERPRINT_MISSING,
                     f"{where}: fingerprint.{name} is {show_a!r} in the artifact but the live deployment's value "
-                    f"could not be established; pass it explicitly (e.g. --live-{name.replace('_', '-')}) or unbind it",
+                    f"could not be established; pass it with {fingerprint_flag(name)} (docs/fingerprint.md) or unbind it "
+                    f"with --unbind {name}",
                     field=name,
                     expected=show_b,
                     actual=show_a,

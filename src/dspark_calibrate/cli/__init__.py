@@ -12,6 +12,7 @@ import importlib
 
 import typer
 
+from dspark_calibrate.cli._common import VersionFlag, make_app
 from dspark_calibrate.cli.verify import verify_app
 
 __all__ = ["build_calibrate_app", "calibrate_main", "verify_main"]
@@ -33,13 +34,17 @@ COMMAND_MODULES: tuple[str, ...] = (
 
 def build_calibrate_app() -> typer.Typer:
     """Assemble the ``dspark-calibrate`` Typer app from its command modules."""
-    app = typer.Typer(
-        name="dspark-calibrate",
-        help="Measure, calibrate, sign and export DSpark dynamic-verification evidence.",
-        add_completion=False,
-        pretty_exceptions_show_locals=False,  # key material may be in scope
-        no_args_is_help=True,
+    app = make_app(
+        "dspark-calibrate",
+        "Measure, calibrate, sign and export DSpark dynamic-verification evidence.\n\n"
+        "Pipeline: keygen, trust init, sweep, traces/fit, workload, build, export trtllm, report; "
+        "serving nodes run dspark-verify. README.md walks through it.",
     )
+
+    @app.callback()
+    def root(version: VersionFlag = False) -> None:
+        """Measure, calibrate, sign and export DSpark dynamic-verification evidence."""
+
     for name in COMMAND_MODULES:
         importlib.import_module(f"{__name__}.{name}").register(app)
     return app

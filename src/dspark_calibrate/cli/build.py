@@ -20,15 +20,26 @@ from dspark_calibrate.cli._common import (
     AllowSyntheticFlag,
     JsonFlag,
     TrustRootOption,
+    command,
     err_console,
     exit_with,
-    fail_usage,
+    fail,
+    fail_error,
+    json_mode,
     out_console,
     parse_expiry,
     print_json,
+    stage_line,
     utcnow,
 )
-from dspark_calibrate.cli.trust import load_root_or_exit, signers_from_keys
+from dspark_calibrate.cli.trust import (
+    KeyOption,
+    PassEnv,
+    SignerPublicKeyOption,
+    SignerUriOption,
+    load_root_or_exit,
+    signers_from_keys,
+)
 from dspark_calibrate.errors import DsparkError
 
 if TYPE_CHECKING:
@@ -110,18 +121,31 @@ def render_build(result: BuildResult) -> None:
 
 def build(
     sweep: Annotated[
-        list[Path], typer.Option("--sweep", help="Unsigned sweep summary (repeat to merge sweeps).")
+        list[Path],
+        typer.Option(
+            "--sweep", help="Unsigned sweep summary (repeat to merge sweeps).", metavar="SWEEP.parquet"
+        ),
     ],
     calibration: Annotated[
-        Path, typer.Option("--calibration", help="Unsigned calibration table from `fit`.")
+        Path,
+        typer.Option(
+            "--calibration", help="Unsigned calibration table from `fit`.", metavar="CALIBRATION.parquet"
+        ),
     ],
     workload: Annotated[
-        Path, typer.Option("--workload", help="Workload trace (see `dspark-calibrate workload`).")
+        Path,
+        typer.Option(
+            "--workload",
+            help="Workload trace: `workload import-trtllm` (recorded) or `workload synth` (synthetic).",
+            metavar="WORKLOAD.parquet",
+        ),
     ],
-    key: Annotated[list[Path], typer.Option("--key", help="Private signing key (repeat for a threshold).")],
     trust_root: TrustRootOption,
-    out: Annotated[Path, typer.Option("--out", help="Bundle directory to create.")],
-    version: Annotated[int, typer.Option("--version", help="Version of the artifacts in their series.")],
+    out: Annotated[Path, typer.Option("--out", help="Bundle directory to create.", metavar="DIR")],
+    version: Annotated[
+        int, typer.Option("--version", help="Version of the artifacts in their series.", metavar="N")
+    ],
+    key: KeyOption = None,
     expires: Annotated[
         str, typer.Option("--expires", help="Expiry: a duration (30d) or an ISO time.")
     ] = "30d",
@@ -157,10 +181,9 @@ def build(
     allow_synthetic: AllowSyntheticFlag = False,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write report/*.png.")] = True,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out directory.")] = False,
-    passphrase_env: Annotated[
-        str | None,
-        typer.Option("--passphrase-env", help="Environment variable holding the keys' passphrase."),
-    ] = None,
+    passphrase_env: PassEnv = None,
+    signer_uri: SignerUriOption = None,
+    signer_public_key: SignerPublicKeyOption = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Build a signed bundle (cost-table, calibration, admission + manifest) and verify it."""
@@ -168,8 +191,16 @@ def build(
     from dspark_calibrate.calibrate.deployment.replay import BootstrapSettings
     from dspark_calibrate.calibrate.deployment.select_cells import SelectionRefused
 
+    quiet = json_out or json_mode()
     root = load_root_or_exit(trust_root)
     now = utcnow()
+
+    def on_stage(name: str) -> None:
+        stage_line("build", name)
+        if status is not None:
+            status.update(f"build: {name}")
+
+    status = None if quiet or not err_console.is_terminal else err_console.status("build: reading inputs")
     try:
         options = BuildOptions(
             version=version,
@@ -188,37 +219,67 @@ def build(
             force=force,
             command=tuple(shlex.quote(a) for a in sys.argv),
         )
-        signers = signers_from_keys(key, passphrase_env)
+        signers = signers_from_keys(
+            key, passphrase_env, signer_uris=signer_uri, signer_public_keys=signer_public_key
+        )
+        if status is not None:
+            status.start()
+        stage_line("build", "reading inputs")
         inputs = load_build_inputs(sweep, calibration, workload)
-        result = build_bundle(inputs, out, signers=signers, trust_root=root, options=options)
+        result = build_bundle(
+            inputs, out, signers=signers, trust_root=root, options=options, on_stage=on_stage
+        )
     except SelectionRefused as exc:
-        if json_out:
-            print_json(
-                {
-                    "valid": False,
-                    "code": exc.decision.reason,
-                    "status": exc.decision.status.value,
-                    "message": str(exc),
-                }
-            )
-        err_console.print(f"[bold red]REJECTED[/] {exc}")
-        exit_with(EXIT_REJECTED)
+        fail(
+            str(exc),
+            code=exc.decision.reason,
+            label="REJECTED",
+            exit_code=EXIT_REJECTED,
+            extra={"valid": False, "status": exc.decision.status.value},
+        )
     except (DsparkError, OSError) as exc:
-        fail_usage(str(exc))
+        fail_error(exc)
+    finally:
+        if status is not None:
+            status.stop()
     if json_out:
-        print_json(result.to_dict())
+        doc = result.to_dict()
+        admitted = bool(result.summary["admitted"])
+        doc.update(
+            {
+                "ok": admitted,
+                "error": None if admitted else "NOT_ADMITTED",
+                "message": None if admitted else _not_admitted(result, out),
+                "fix": None if admitted else _NOT_ADMITTED_FIX,
+            }
+        )
+        print_json(doc)
     else:
         render_build(result)
     if not result.summary["admitted"]:
-        err_console.print(
-            f"[bold red]NOT ADMITTED[/] {out}: net value {result.summary['net_value_ms']:.4g} ms <= 0 "
-            "or no compact "
-            "choice; the bundle is written but TensorRT-LLM would run static K"
-        )
+        err_console.print(f"[bold red]NOT ADMITTED[/] {_not_admitted(result, out)}; {_NOT_ADMITTED_FIX}")
         exit_with(EXIT_REJECTED)
     exit_with(EXIT_OK)
 
 
+_NOT_ADMITTED_FIX = (
+    "measure the confidence path's overhead (the forced-K arm) or record a longer workload; "
+    "see docs/build.md §3.1"
+)
+
+
+def _not_admitted(result: BuildResult, out: Path) -> str:
+    return (
+        f"{out}: net value {result.summary['net_value_ms']:.4g} ms <= 0 or no compact choice; the bundle is "
+        "written but TensorRT-LLM would run static K"
+    )
+
+
 def register(app: typer.Typer) -> None:
     """Add ``build`` to the app."""
-    app.command("build")(build)
+    command(
+        app,
+        "build",
+        "dspark-calibrate build --sweep sweep.parquet --calibration fit/calibration.parquet "
+        "--workload workload.parquet --key keys/signing-key.pem --trust-root root.json --version 1 --out bundle/",
+    )(build)

@@ -11,9 +11,10 @@ from rich.table import Table
 from dspark_calibrate.cli._common import (
     EXIT_OK,
     JsonFlag,
+    command,
     err_console,
     exit_with,
-    fail_usage,
+    fail_error,
     out_console,
     print_json,
 )
@@ -39,7 +40,7 @@ def demo(
         with err_console.status("demo") as status:
             result = run_demo(out, seed=seed, force=force, on_stage=lambda s: status.update(f"demo: {s}"))
     except (DsparkError, OSError) as exc:
-        fail_usage(str(exc))
+        fail_error(exc)
     if json_out:
         print_json(result.to_dict())
         exit_with(EXIT_OK)
@@ -69,4 +70,4 @@ def demo(
 
 def register(app: typer.Typer) -> None:
     """Add ``demo`` to the app."""
-    app.command("demo")(demo)
+    command(app, "demo", "dspark-calibrate demo --out demo-out")(demo)

@@ -17,13 +17,17 @@ from rich.table import Table
 from dspark_calibrate.cli._common import (
     EXIT_OK,
     EXIT_REJECTED,
+    EXIT_USAGE,
     AllowSyntheticFlag,
-    ArtifactPath,
     JsonFlag,
     TrustRootOption,
+    command,
     err_console,
     exit_with,
+    fail,
+    fail_error,
     fail_usage,
+    make_app,
     out_console,
     print_json,
     utcnow,
@@ -33,7 +37,7 @@ from dspark_calibrate.errors import DsparkError
 
 __all__ = ["export_app", "register"]
 
-export_app = typer.Typer(help="Export a verified bundle for a serving engine.", no_args_is_help=True)
+export_app = make_app(None, "Export a verified bundle for a serving engine.")
 
 _SELECTOR_HELP = (
     "The engine's selector identity: EXACT_SPS_SELECTOR_IDENTITY_SHA256 in "
@@ -41,26 +45,61 @@ _SELECTOR_HELP = (
 )
 
 
-@export_app.command("trtllm")
+@command(
+    export_app,
+    "trtllm",
+    "dspark-calibrate export trtllm bundle/ --trust-root root.json --selector-identity HEX --out trtllm/",
+    "dspark-calibrate export trtllm bundle/ --trust-root root.json --selector-identity HEX --out trtllm/ "
+    "--base-options extra_llm_api_options.yaml --deploy-dir /deploy/trtllm",
+)
 def trtllm(
-    bundle: ArtifactPath,
-    out: Annotated[Path, typer.Option("--out", help="Directory to write the package into.")],
+    bundle: Annotated[
+        Path,
+        typer.Argument(
+            help="The bundle directory written by `build` (it holds bundle.dsse.json).",
+            metavar="BUNDLE_DIR",
+            show_default=False,
+        ),
+    ],
+    out: Annotated[Path, typer.Option("--out", help="Directory to write the package into.", metavar="DIR")],
     trust_root: TrustRootOption,
-    selector_identity: Annotated[str | None, typer.Option("--selector-identity", help=_SELECTOR_HELP)] = None,
+    selector_identity: Annotated[
+        str | None, typer.Option("--selector-identity", help=_SELECTOR_HELP, metavar="HEX", show_default=False)
+    ] = None,
     deploy_dir: Annotated[
         str | None,
-        typer.Option("--deploy-dir", help="Where the files live on serving nodes (default: --out)."),
+        typer.Option(
+            "--deploy-dir",
+            help="Where the files live on serving nodes (default: --out, absolute).",
+            metavar="DIR",
+            show_default=False,
+        ),
+    ] = None,
+    base_options: Annotated[
+        Path | None,
+        typer.Option(
+            "--base-options",
+            help="Your extra_llm_api_options.yaml (speculative_model_dir and the rest): the DSpark fields are "
+            "merged into it and the result written as --out/extra_llm_api_options.yaml.",
+            metavar="BASE.yaml",
+            show_default=False,
+        ),
     ] = None,
     live_fingerprint: Annotated[
         Path | None,
-        typer.Option("--live-fingerprint", help="Independently collected live fingerprint JSON to bind."),
+        typer.Option(
+            "--live-fingerprint",
+            help="Independently collected live fingerprint JSON to bind.",
+            metavar="FP.json",
+            show_default=False,
+        ),
     ] = None,
     allow_synthetic: AllowSyntheticFlag = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out directory.")] = False,
     json_out: JsonFlag = False,
 ) -> None:
-    """Verify BUNDLE, then write sps_table.json, sts.json, live_fingerprint.json, admission_receipt.json and
-    extra_llm_api_options.yaml into --out."""
+    """Verify BUNDLE_DIR, then write sps_table.json, sts.json, live_fingerprint.json,
+    admission_receipt.json and extra_llm_api_options.yaml into --out."""
     from dspark_calibrate.artifacts import (
         Expectation,
         ExportRejected,
@@ -71,24 +110,37 @@ def trtllm(
     )
 
     if selector_identity is None or not is_sha256_hex(selector_identity):
-        shown = "missing" if selector_identity is None else repr(selector_identity)
-        fail_usage(f"--selector-identity is {shown}; a receipt is never written without it. {_SELECTOR_HELP}")
+        shown = "missing" if selector_identity is None else f"{selector_identity!r}, not 64 lowercase hex"
+        fail_usage(
+            f"--selector-identity is {shown} (a receipt is never written without it); copy "
+            "EXACT_SPS_SELECTOR_IDENTITY_SHA256 from tensorrt_llm/_torch/speculative/dspark_planner.py"
+        )
+    from dspark_calibrate.artifacts import Reason
+    from dspark_calibrate.runtime_plugin.trtllm import merge_into_base_options, write_options_yaml
+
+    if not bundle.exists():
+        fail_usage(f"{bundle}: no such file or directory; pass the bundle directory written by `build --out`")
+    if bundle.suffix.lower() in (".parquet", ".pq"):
+        fail_usage(
+            f"{bundle}: a single artifact, not a bundle; pass the bundle directory that holds it and "
+            "bundle.dsse.json (dspark-verify checks a single artifact)"
+        )
     root = load_root_or_exit(trust_root)
     try:
         live = read_fingerprint(live_fingerprint) if live_fingerprint is not None else None
     except DsparkError as exc:
-        fail_usage(str(exc))
+        fail_error(exc)
     report = verify_bundle(
         bundle, root, now=utcnow(), expected=Expectation(fingerprint=live, allow_synthetic=allow_synthetic)
     )
     if not report.ok:
-        if json_out:
-            print_json(
-                {"valid": False, "code": report.code, "message": report.message, "bundle": report.to_dict()}
-            )
-        err_console.print(f"[bold red]{report.code}[/] {report.message}")
-        err_console.print("refusing to export an unverified bundle")
-        exit_with(EXIT_REJECTED)
+        fail(
+            f"{report.message}; refusing to export an unverified bundle",
+            code=report.code,
+            label=report.code,
+            exit_code=EXIT_USAGE if report.reason is Reason.IO_ERROR else EXIT_REJECTED,
+            extra={"valid": False, "bundle": report.to_dict()},
+        )
     try:
         exported = export_trtllm(
             report,
@@ -99,17 +151,30 @@ def trtllm(
             overwrite=force,
         )
     except ExportRejected as exc:
-        if json_out:
-            print_json(
-                {"valid": False, "code": "EXPORT_REJECTED", "findings": [f.to_dict() for f in exc.findings]}
-            )
-        for f in exc.findings:
-            err_console.print(f"[bold red]{f.code}[/] {f.message}")
-        exit_with(EXIT_REJECTED)
+        for f in exc.findings[1:]:
+            err_console.print(f"[bold red]{f.code}[/] {f.message}", markup=False)
+        first = exc.findings[0]
+        fail(
+            first.message,
+            code=first.code,
+            label=first.code,
+            exit_code=EXIT_REJECTED,
+            extra={"valid": False, "findings": [f.to_dict() for f in exc.findings]},
+        )
     except (DsparkError, OSError) as exc:
-        fail_usage(str(exc))
+        fail_error(exc)
+    merged_note = None
+    if base_options is not None:
+        target = out / "extra_llm_api_options.yaml"
+        try:
+            write_options_yaml(target, merge_into_base_options(target, base_options))
+        except DsparkError as exc:
+            fail_error(exc)
+        except OSError as exc:
+            fail_error(exc)
+        merged_note = f"merged into {base_options}: {target}"
     if json_out:
-        print_json({"valid": True, **exported.to_dict()})
+        print_json({"ok": True, "valid": True, "merged_base_options": merged_note, **exported.to_dict()})
     else:
         table = Table(title=f"TensorRT-LLM package {out}", title_justify="left")
         table.add_column("file")
@@ -123,6 +188,8 @@ def trtllm(
         )
         for note in exported.notes:
             out_console.print(f"note: {note}")
+        if merged_note:
+            out_console.print(merged_note)
     exit_with(EXIT_OK)
 
 

@@ -18,11 +18,16 @@ from dspark_calibrate.cli._common import (
     EXIT_OK,
     EXIT_REJECTED,
     JsonFlag,
+    command,
     err_console,
     exit_with,
+    fail,
+    fail_error,
     fail_usage,
+    make_app,
     out_console,
     print_json,
+    stage_line,
     utcnow,
 )
 from dspark_calibrate.decision import Status
@@ -36,6 +41,7 @@ TracesOption = Annotated[
         "--traces",
         help="Trace file or directory (Parquet, JSONL, recorder .pt); repeat for several.",
         show_default=False,
+        metavar="PATH",
     ),
 ]
 SamplingOption = Annotated[
@@ -135,7 +141,8 @@ def fit(
     ctx: typer.Context,
     traces: TracesOption = None,
     out: Annotated[
-        Path | None, typer.Option("--out", help="Output directory (required unless --evaluate).")
+        Path | None,
+        typer.Option("--out", help="Output directory (required unless --evaluate).", metavar="DIR", show_default=False),
     ] = None,
     method: Annotated[str, typer.Option("--method", help="auto | sts | platt | beta | isotonic.")] = "auto",
     holdout: Annotated[
@@ -191,7 +198,7 @@ def fit(
     )
 
     if not traces:
-        fail_usage("--traces is required: pass trace files or directories (Parquet, JSONL, recorder .pt)")
+        fail_usage("--traces is required; pass trace files or directories (Parquet, JSONL, recorder .pt)")
     if evaluate is not None:
         try:
             report = run_evaluate(
@@ -204,7 +211,7 @@ def fit(
                 seed=seed,
             )
         except (DsparkError, OSError) as exc:
-            fail_usage(str(exc))
+            fail_error(exc)
         _print_notices(report.notices)
         if json_out:
             print_json(report.to_dict())
@@ -217,10 +224,16 @@ def fit(
                     f"[yellow]warning[/] UNDECIDED: {report.decision.detail} (use --strict to fail)"
                 )
             exit_with(EXIT_OK)
-        err_console.print(f"[bold red]rejected:[/] {report.decision.detail}")
-        exit_with(EXIT_REJECTED)
+        fail(
+            f"drift check failed: {report.decision.detail}",
+            code="DRIFT",
+            fix="refit the calibration on fresh traces (dspark-calibrate fit --traces ...)",
+            exit_code=EXIT_REJECTED,
+            label="rejected",
+        )
     if out is None:
-        fail_usage("--out DIR is required: where calibration.parquet, sts.json, the report and plots go")
+        fail_usage("--out is required with --traces; pass --out DIR for calibration.parquet, sts.json, the report and plots")
+    stage_line("fit", "reading traces and fitting", ", ".join(str(t) for t in traces))
     try:
         options = FitOptions(
             method=method,
@@ -247,11 +260,13 @@ def fit(
             created_at=utcnow().isoformat(),
         )
     except (DsparkError, OSError) as exc:
-        fail_usage(str(exc))
+        fail_error(exc)
+    stage_line("fit", "done", str(outputs.calibration))
     _print_notices(result.notices)
     if json_out:
         print_json(
             {
+                "ok": True,
                 "status": "ok",
                 "calibration": result.calibration.to_dict(),
                 "summary": result.summary(),
@@ -319,9 +334,10 @@ def synth(
             seed=seed,
             sampling=sampling,
         )
+        out.parent.mkdir(parents=True, exist_ok=True)
         summary = write_synth_traces(out, spec)
     except (DsparkError, OSError) as exc:
-        fail_usage(str(exc))
+        fail_error(exc)
     if json_out:
         print_json(summary.to_dict())
     else:
@@ -335,10 +351,16 @@ def synth(
 
 def register(app: typer.Typer) -> None:
     """Add ``fit`` and the ``traces`` group (``traces synth``) to the ``dspark-calibrate`` app."""
-    app.command("fit")(fit)
-    traces_app = typer.Typer(
-        name="traces", help="Draft-round traces: generate synthetic ones.", no_args_is_help=True,
-        pretty_exceptions_show_locals=False,
-    )  # fmt: skip
-    traces_app.command("synth")(synth)
+    command(
+        app,
+        "fit",
+        "dspark-calibrate fit --traces traces/ --out fit/",
+        "dspark-calibrate fit --evaluate fit/calibration.parquet --traces fresh/   # drift check",
+    )(fit)
+    traces_app = make_app(None, "Draft-round traces: generate synthetic ones.")
+    command(
+        traces_app,
+        "synth",
+        "dspark-calibrate traces synth --out traces.parquet --rounds 300000 --censor-fraction 0.3",
+    )(synth)
     app.add_typer(traces_app, name="traces")

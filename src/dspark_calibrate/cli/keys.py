@@ -12,7 +12,9 @@ from dspark_calibrate.cli._common import (
     EXIT_OK,
     JsonFlag,
     err_console,
+    example,
     exit_with,
+    fail_error,
     fail_usage,
     out_console,
     print_json,
@@ -24,7 +26,10 @@ __all__ = ["register"]
 
 def keygen(
     out: Annotated[
-        Path, typer.Option("--out", help="Directory for signing-key.pem (0600) and signing-key.pub.pem.")
+        Path,
+        typer.Option(
+            "--out", help="Directory for signing-key.pem (0600) and signing-key.pub.pem.", metavar="DIR"
+        ),
     ],
     algorithm: Annotated[
         str, typer.Option("--algorithm", help="ed25519 (default) or ecdsa-p256.")
@@ -34,6 +39,7 @@ def keygen(
         typer.Option(
             "--passphrase-env",
             help="Encrypt the private key with the passphrase in this environment variable.",
+            metavar="VAR",
         ),
     ] = None,
     name: Annotated[str, typer.Option("--name", help="File name stem.")] = "signing-key",
@@ -43,18 +49,18 @@ def keygen(
     from dspark_calibrate.artifacts import generate_keypair
 
     if algorithm not in ("ed25519", "ecdsa-p256"):
-        fail_usage(f"--algorithm {algorithm!r}: choose ed25519 or ecdsa-p256")
+        fail_usage(f"--algorithm {algorithm!r} is not supported; choose ed25519 or ecdsa-p256")
     passphrase = None
     if passphrase_env is not None:
         value = os.environ.get(passphrase_env)
         if not value:
-            fail_usage(f"--passphrase-env {passphrase_env}: the variable is unset or empty")
+            fail_usage(f"--passphrase-env {passphrase_env}: the variable is unset or empty; export it with the passphrase")
         passphrase = value.encode()
     try:
         out.mkdir(parents=True, exist_ok=True)
         pair = generate_keypair(out, algorithm=algorithm, passphrase=passphrase, name=name)
     except (ConfigError, OSError) as exc:
-        fail_usage(str(exc))
+        fail_error(exc)
     if json_out:
         print_json(
             {
@@ -74,4 +80,10 @@ def keygen(
 
 def register(app: typer.Typer) -> None:
     """Add ``keygen`` to the app."""
-    app.command("keygen")(keygen)
+    app.command(
+        "keygen",
+        epilog=example(
+            "dspark-calibrate keygen --out keys/",
+            "KEYPASS=... dspark-calibrate keygen --out keys/ --passphrase-env KEYPASS",
+        ),
+    )(keygen)

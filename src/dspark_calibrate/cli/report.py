@@ -26,11 +26,15 @@ from dspark_calibrate.cli._common import (
     AllowSyntheticFlag,
     JsonFlag,
     TrustRootOption,
+    command,
     err_console,
     exit_with,
+    fail_error,
     fail_usage,
     out_console,
     print_json,
+    split_fix,
+    stage_line,
     utcnow,
 )
 from dspark_calibrate.errors import DsparkError
@@ -66,7 +70,13 @@ def report(
     ] = None,
     allow_synthetic: AllowSyntheticFlag = False,
     max_age_days: Annotated[
-        float | None, typer.Option("--max-age-days", help="Refuse artifacts issued longer ago than this.")
+        float | None,
+        typer.Option(
+            "--max-age-days",
+            help="Refuse artifacts issued longer ago than this (default: no limit).",
+            metavar="DAYS",
+            show_default=False,
+        ),
     ] = None,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Embed plots in the HTML page.")] = True,
     strict: Annotated[
@@ -80,8 +90,9 @@ def report(
     from dspark_calibrate.calibrate.report import write_report
 
     if max_age_days is not None and max_age_days <= 0:
-        fail_usage(f"--max-age-days {max_age_days} must be positive")
+        fail_usage(f"--max-age-days {max_age_days:g} is not positive; give the largest acceptable age in days")
     target = out if out is not None else Path(f"report.{fmt.value}")
+    stage_line("report", "verifying and rendering", str(target))
     try:
         fingerprint = read_fingerprint(expect_fingerprint) if expect_fingerprint is not None else None
         expected = Expectation(
@@ -93,7 +104,7 @@ def report(
             inputs, trust_root, target, now=utcnow(), fmt=fmt.value, expected=expected, plots=plots
         )
     except DsparkError as exc:
-        fail_usage(str(exc))
+        fail_error(exc)
     if result.io_error:
         code = EXIT_USAGE
     elif not result.verified or (strict and result.blockers):
@@ -104,7 +115,18 @@ def report(
         first = result.findings[0]
         err_console.print(f"[bold red]REJECTED[/] {escape(first.code)}: {escape(first.message)}")
     if json_out:
-        print_json({"out": str(target), "exit_code": code, **result.to_dict()})
+        top = result.findings[0] if result.findings and code != EXIT_OK else None
+        print_json(
+            {
+                "ok": code == EXIT_OK,
+                "error": top.code if top is not None else ("BLOCKERS" if code else None),
+                "message": top.message if top is not None else None,
+                "fix": split_fix(top.message)[1] if top is not None else None,
+                "out": str(target),
+                "exit_code": code,
+                **result.to_dict(),
+            }
+        )
     else:
         if result.verified:
             out_console.print(escape(result.headline), style="green")
@@ -114,4 +136,9 @@ def report(
 
 def register(app: typer.Typer) -> None:
     """Add ``report`` to the app."""
-    app.command("report")(report)
+    command(
+        app,
+        "report",
+        "dspark-calibrate report bundle/ --trust-root root.json --out report.html",
+        "dspark-calibrate report bundle/ --trust-root root.json --format md --out report.md",
+    )(report)

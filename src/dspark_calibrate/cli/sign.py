@@ -10,14 +10,21 @@ import typer
 from dspark_calibrate.cli._common import (
     EXIT_OK,
     JsonFlag,
+    example,
     exit_with,
-    fail_usage,
+    fail_error,
     out_console,
     parse_expiry,
     print_json,
     utcnow,
 )
-from dspark_calibrate.cli.trust import signers_from_keys
+from dspark_calibrate.cli.trust import (
+    KeyOption,
+    PassEnv,
+    SignerPublicKeyOption,
+    SignerUriOption,
+    signers_from_keys,
+)
 from dspark_calibrate.errors import DsparkError
 
 __all__ = ["register"]
@@ -25,18 +32,25 @@ __all__ = ["register"]
 
 def sign(
     table: Annotated[
-        Path, typer.Argument(help="An unsigned (or previously signed) Parquet table of a known kind.")
+        Path,
+        typer.Argument(
+            help="An unsigned (or previously signed) Parquet table of a known kind.",
+            metavar="TABLE.parquet",
+            show_default=False,
+        ),
     ],
-    key: Annotated[list[Path], typer.Option("--key", help="Private key file (repeat to add signatures).")],
-    version: Annotated[int, typer.Option("--version", help="Version in the artifact's series (monotonic).")],
+    version: Annotated[
+        int, typer.Option("--version", help="Version in the artifact's series (monotonic).", metavar="N")
+    ],
+    key: KeyOption = None,
     expires: Annotated[str, typer.Option("--expires", help="Expiry: a duration (30d) or ISO time.")] = "30d",
     kind: Annotated[
         str | None, typer.Option("--kind", help="Sign as this kind (default: the footer's).")
     ] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Write here instead of in place.")] = None,
-    passphrase_env: Annotated[
-        str | None, typer.Option("--passphrase-env", help="Passphrase variable.")
-    ] = None,
+    passphrase_env: PassEnv = None,
+    signer_uri: SignerUriOption = None,
+    signer_public_key: SignerPublicKeyOption = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Sign TABLE: embed a DSSE envelope in the footer and write TABLE.dsse.json beside it."""
@@ -47,7 +61,9 @@ def sign(
         now = utcnow()
         signed = sign_artifact(
             loaded,
-            signers_from_keys(key, passphrase_env),
+            signers_from_keys(
+                key, passphrase_env, signer_uris=signer_uri, signer_public_keys=signer_public_key
+            ),
             version=version,
             expires_at=parse_expiry(expires, now=now),
             issued_at=now,
@@ -55,7 +71,7 @@ def sign(
             kind=kind,
         )
     except (ArtifactReadError, DsparkError, OSError) as exc:
-        fail_usage(str(exc))
+        fail_error(exc)
     result = {
         "path": str(signed.path),
         "detached": str(signed.detached_path),
@@ -77,4 +93,7 @@ def sign(
 
 def register(app: typer.Typer) -> None:
     """Add ``sign`` to the app."""
-    app.command("sign")(sign)
+    app.command(
+        "sign",
+        epilog=example("dspark-calibrate sign fit/calibration.parquet --key keys/signing-key.pem --version 1"),
+    )(sign)

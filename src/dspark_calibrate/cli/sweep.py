@@ -15,18 +15,38 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
 from dspark_calibrate.cli._common import (
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_REJECTED,
     JsonFlag,
+    LiveAttention,
+    LiveCheckpoint,
+    LiveGpu,
+    LiveGpuCount,
+    LiveGpuSnapshot,
+    LiveKvDtype,
+    LiveModelConfig,
+    LiveMoe,
+    LiveOptions,
+    LiveRuntimeSnapshot,
+    LiveSourceDiff,
+    LiveSourceDir,
+    LiveSourceHead,
+    LiveTopology,
+    command,
     err_console,
     exit_with,
-    fail_usage,
+    fail,
+    fail_error,
+    json_mode,
     out_console,
     print_json,
+    stage_line,
 )
 from dspark_calibrate.errors import ConfigError, DsparkError, MeasurementError
 
@@ -38,7 +58,7 @@ def _parse_options(pairs: list[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise ConfigError(f"--backend-opt {pair!r} must look like key=value")
+            raise ConfigError(f"--backend-opt {pair!r} is not key=value; write it like --backend-opt ep=8")
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -92,6 +112,7 @@ def _summary_table(result: Any) -> Table:
 def _json_report(result: Any, output: Any) -> dict[str, Any]:
     return {
         "ok": result.complete,
+        "error": None if result.complete else "INCOMPLETE",
         "all_precise": result.all_precise,
         "out": str(output.summary_path) if output else None,
         "samples": str(output.samples_path) if output else None,
@@ -140,29 +161,192 @@ def _run_in_passes(passes: int, rounds: int, resume: bool, as_json: bool, out: P
     exit_with(run_passes(commands, out=out))
 
 
+def _fmt_s(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+class _SweepProgress:
+    """What the sweep is doing, truthfully: cells done, visits this round, time per visit measured,
+    and the least time left (the minimum rounds the open cells still need, capped by the budget).
+
+    A live bar on a terminal; one line per round otherwise (logs, CI, pipes); nothing with --json.
+    """
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.live = not quiet and err_console.is_terminal
+        self.progress = Progress(
+            TextColumn("[bold]sweep[/] round {task.fields[round]}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} cells done"),
+            TextColumn("{task.fields[current]}"),
+            TextColumn("{task.fields[left]}"),
+            console=err_console,
+            transient=True,
+            disable=not self.live,
+        )
+        self.task = self.progress.add_task("sweep", total=None, round=0, current="", left="")
+        self.visits = 0
+        self.started: float | None = None
+        self.last_round = -1
+
+    def __call__(self, event: Any) -> None:
+        import time
+
+        if event.kind == "estimate":
+            if not self.quiet:
+                err_console.print(escape(f"sweep: {event.detail}"), highlight=False)
+            return
+        now = time.perf_counter()
+        if self.started is None:
+            self.started = now
+        if event.kind == "visit":
+            self.visits += 1
+        left = f"≥ {_fmt_s(event.eta_s)} left" if event.eta_s is not None else "measuring the first round"
+        current = ""
+        if event.cell is not None:
+            hw = f" ±{100 * event.half_width_rel:.2f}%" if event.half_width_rel is not None else ""
+            current = f"{event.cell.label()}{hw}"
+        self.progress.update(
+            self.task,
+            total=event.cells_total,
+            completed=event.cells_done,
+            round=event.round,
+            current=current,
+            left=left,
+        )
+        if event.kind == "round" and not self.live and not self.quiet and event.round != self.last_round:
+            self.last_round = event.round
+            elapsed = now - self.started
+            stage_line(
+                "sweep",
+                f"round {event.round}",
+                f"{event.cells_done}/{event.cells_total} cells done, {self.visits} visits in {elapsed:.1f} s, {left}",
+            )
+
+
+def _thresholds(protocol: str, preset: str, chosen: dict[str, Any]) -> Any:
+    from dspark_calibrate.calibrate.measurement.stats import Thresholds
+
+    if preset not in ("default", "quick"):
+        raise ConfigError(f"--preset {preset!r} is unknown; use default or quick")
+    if protocol == "fixed":
+        return Thresholds.fixed_protocol(**chosen)
+    if preset == "quick":
+        return Thresholds.quick(**chosen)
+    return Thresholds.adaptive(**chosen)
+
+
+def _backend_options(pairs: list[str], named: dict[str, Any]) -> dict[str, Any]:
+    options = _parse_options(pairs)
+    for key, value in named.items():
+        if value is not None:
+            options[key] = str(value) if isinstance(value, Path) else value
+    return options
+
+
+def _run(request: Any, *, as_json: bool, require_precision: bool) -> None:
+    from dspark_calibrate.calibrate.measurement.sweep import execute
+
+    progress = _SweepProgress(quiet=as_json)
+    try:
+        with progress.progress:
+            result, output = execute(request, on_event=progress)
+    except KeyboardInterrupt:
+        journal = request.journal or request.out.with_name(request.out.stem + ".journal.jsonl")
+        fail(
+            f"interrupted; the journal {journal} keeps every finished visit",
+            code="INTERRUPTED",
+            fix="run the same command with --resume to continue without re-measuring finished cells",
+            exit_code=EXIT_INTERRUPTED,
+            label="interrupted",
+        )
+    except MeasurementError as exc:
+        fail(str(exc), code=exc.code, exit_code=EXIT_REJECTED, label="measurement failed")
+    except DsparkError as exc:
+        fail_error(exc)
+    if result.paused:
+        err_console.print(
+            f"pass ended before round {result.rounds}: {sum(c.decision.stops for c in result.cells)} of "
+            f"{len(result.cells)} cells done; the next pass continues with --resume"
+        )
+        if as_json:
+            print_json({"ok": True, "paused": True, "rounds": result.rounds, "journal": str(request.journal)})
+        exit_with(EXIT_OK)
+    if output is None:  # not rank 0: rank 0 reports
+        exit_with(EXIT_OK)
+    if as_json:
+        print_json(_json_report(result, output))
+    else:
+        out_console.print(_summary_table(result))
+        out_console.print(
+            f"wrote {output.summary_path} and {output.samples_path}"
+            + (f" and {output.plot_path}" if output.plot_path else "")
+        )
+    if not result.complete:
+        missing = ", ".join(c.label() for c in result.unmeasured())
+        err_console.print(
+            f"[bold red]incomplete:[/] no kept samples for {missing}; raise --budget and --resume"
+        )
+        exit_with(EXIT_REJECTED)
+    if require_precision and not result.all_precise:
+        short = ", ".join(c.spec.label() for c in result.cells if c.decision.reason != "precision")
+        err_console.print(f"[bold red]imprecise:[/] cells stopped short of precision: {short}")
+        exit_with(EXIT_REJECTED)
+    exit_with(EXIT_OK)
+
+
+_EXAMPLES = (
+    "dspark-calibrate sweep --backend synthetic --k 5 --ladder 8,16,32 --out sweep.parquet",
+    "dspark-calibrate sweep --backend reference --config deepseek-v3 --layers 4 --backend-opt ep=8 "
+    "--context-len 2048 --k 5 --ladder 1,2,4,8 --live-topology DEP8 --live-gpu-count 8 "
+    "--live-source-dir TensorRT-LLM/ --out sweep.parquet",
+    "dspark-calibrate sweep ... --resume      # continue an interrupted sweep",
+)
+
+_P = "Measurement"
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``sweep`` command to the ``dspark-calibrate`` app."""
 
-    @app.command("sweep")
+    @command(app, "sweep", *_EXAMPLES)
     def sweep_command(
-        k: Annotated[int, typer.Option("--k", help="Physical draft length K (drafted tokens per block).")],
-        ladder: Annotated[str, typer.Option("--ladder", help="Rank-local graph batch sizes, e.g. 8,16,32.")],
+        k: Annotated[
+            int,
+            typer.Option("--k", help="Physical draft length K (drafted tokens per block).", metavar="K"),
+        ],
+        ladder: Annotated[
+            str,
+            typer.Option("--ladder", help="Rank-local graph batch sizes, e.g. 8,16,32.", metavar="G1,G2,..."),
+        ],
         out: Annotated[
-            Path, typer.Option("--out", help="Summary Parquet; samples go to <stem>.samples.parquet.")
+            Path,
+            typer.Option(
+                "--out", help="Summary Parquet; samples go to <stem>.samples.parquet.", metavar="SWEEP.parquet"
+            ),
         ],
         backend: Annotated[
             str,
             typer.Option(
                 "--backend",
                 help="synthetic | reference | module | trtllm | import-samples | pkg.mod:Factory.",
+                metavar="NAME",
             ),
         ] = "synthetic",
         budgets: Annotated[
             list[str] | None,
-            typer.Option("--budgets", help="Compact budgets for one G, e.g. 16:20,24,32 (repeatable)."),
+            typer.Option(
+                "--budgets",
+                help="Compact budgets for one G, e.g. 16:20,24,32 (repeatable; default: all, thinned to "
+                "--max-candidates).",
+                metavar="G:V1,V2",
+                show_default=False,
+            ),
         ] = None,
         max_candidates: Annotated[
-            int, typer.Option(help="Default compact candidates per G before thinning.")
+            int, typer.Option(help="Default compact candidates per G before thinning.", metavar="N")
         ] = 48,
         control: Annotated[
             bool, typer.Option("--control/--no-control", help="Measure V=G*(K+1) as a control.")
@@ -176,18 +360,22 @@ def register(app: typer.Typer) -> None:
             ),
         ] = True,
         throttle_policy: Annotated[
-            str | None,
+            str,
             typer.Option(
-                help="Which throttled samples to keep: serving (default: keep power-capped samples, the "
-                "steady state of a serving GPU; drop thermal and hardware slowdowns), strict (drop every "
+                help="Which throttled samples to keep: serving (keep power-capped samples, the steady "
+                "state of a serving GPU; drop thermal and hardware slowdowns), strict (drop every "
                 "slowdown) or keep-all.",
+                metavar="POLICY",
             ),
-        ] = None,
+        ] = "serving",
         recapture_every: Annotated[
             int | None,
             typer.Option(
                 help="Rounds per capture epoch: every that many rounds each cell is captured again and "
-                "fully re-warmed, so the sweep estimates its own between-run variation (0: never).",
+                "fully re-warmed, so the sweep estimates its own between-run variation (0: never; "
+                "default 3, quick preset 2).",
+                metavar="ROUNDS",
+                show_default=False,
             ),
         ] = None,
         passes: Annotated[
@@ -209,49 +397,135 @@ def register(app: typer.Typer) -> None:
             int | None, typer.Option(hidden=True, help="This process's pass (its epoch).")
         ] = None,
         protocol: Annotated[
-            str, typer.Option(help="adaptive (rounds, stop on precision) or fixed (128+64).")
+            str, typer.Option(help="adaptive (rounds, stop on precision) or fixed (128+64).", metavar="NAME")
         ] = "adaptive",
-        preset: Annotated[str, typer.Option(help="Threshold preset: default or quick.")] = "default",
+        preset: Annotated[
+            str,
+            typer.Option(help="Threshold preset: default, or quick (2% precision, small caps: CPU trials).", metavar="NAME"),
+        ] = "default",
         precision: Annotated[
-            float | None, typer.Option(help="Target relative half-width (0.005 = 0.5%).")
+            float | None,
+            typer.Option(
+                help="Target relative half-width (default 0.005 = 0.5%; quick preset 0.02).",
+                metavar="REL",
+                show_default=False,
+            ),
         ] = None,
-        min_samples: Annotated[int | None, typer.Option(help="Kept samples before a cell may stop.")] = None,
-        min_rounds: Annotated[int | None, typer.Option(help="Rounds before a cell may stop.")] = None,
-        min_time: Annotated[float | None, typer.Option(help="Seconds per cell before it may stop.")] = None,
-        max_samples: Annotated[int | None, typer.Option(help="Per-cell sample cap.")] = None,
-        max_cell_seconds: Annotated[float | None, typer.Option(help="Per-cell time cap (s).")] = None,
-        budget: Annotated[float | None, typer.Option(help="Total sweep budget (s).")] = None,
-        warmup: Annotated[int | None, typer.Option(help="Warm-up replays on a cell's first visit.")] = None,
-        rewarm: Annotated[int | None, typer.Option(help="Warm-up replays on later visits.")] = None,
-        replays: Annotated[int | None, typer.Option(help="Back-to-back replays per sample.")] = None,
-        samples_per_visit: Annotated[int | None, typer.Option(help="Samples per visit.")] = None,
-        seed: Annotated[int, typer.Option(help="Seed of the round order and the bootstrap.")] = 0,
+        min_samples: Annotated[
+            int | None, typer.Option(help="Kept samples before a cell may stop (default 8).", metavar="N", show_default=False)
+        ] = None,
+        min_rounds: Annotated[
+            int | None, typer.Option(help="Rounds before a cell may stop (default 6).", metavar="N", show_default=False)
+        ] = None,
+        min_time: Annotated[
+            float | None, typer.Option(help="Seconds per cell before it may stop (default 0).", metavar="S", show_default=False)
+        ] = None,
+        max_samples: Annotated[
+            int | None, typer.Option(help="Per-cell sample cap (default 48).", metavar="N", show_default=False)
+        ] = None,
+        max_cell_seconds: Annotated[
+            float | None, typer.Option(help="Per-cell time cap in s (default 60; quick 10).", metavar="S", show_default=False)
+        ] = None,
+        budget: Annotated[
+            float | None,
+            typer.Option(help="Total sweep budget in s (default 3600; quick 600).", metavar="S", show_default=False),
+        ] = None,
+        warmup: Annotated[
+            int | None, typer.Option(help="Warm-up replays on a cell's first visit (default 8).", metavar="N", show_default=False)
+        ] = None,
+        rewarm: Annotated[
+            int | None, typer.Option(help="Warm-up replays on later visits (default 2).", metavar="N", show_default=False)
+        ] = None,
+        replays: Annotated[
+            int | None, typer.Option(help="Back-to-back replays per sample (default 2).", metavar="N", show_default=False)
+        ] = None,
+        samples_per_visit: Annotated[
+            int | None, typer.Option(help="Samples per visit (default 2).", metavar="N", show_default=False)
+        ] = None,
+        seed: Annotated[int, typer.Option(help="Seed of the round order and the bootstrap.", metavar="N")] = 0,
         resume: Annotated[
             bool, typer.Option("--resume", help="Continue the journal of an interrupted sweep.")
         ] = False,
         journal: Annotated[
-            Path | None, typer.Option(help="Journal path (default <stem>.journal.jsonl).")
+            Path | None,
+            typer.Option(help="Journal path (default <stem>.journal.jsonl).", metavar="FILE", show_default=False),
         ] = None,
         config: Annotated[
-            Path | None, typer.Option("--config", help="reference: HF-style config.json.")
+            str | None,
+            typer.Option(
+                "--config",
+                help="reference: HF-style config.json, or a bundled one: tiny, mla-tiny, deepseek-v3, llama-8b.",
+                metavar="CONFIG",
+                show_default=False,
+            ),
         ] = None,
-        layers: Annotated[int | None, typer.Option(help="reference: number of layers to build.")] = None,
-        context_len: Annotated[int | None, typer.Option(help="reference: KV-cache tokens per row.")] = None,
-        device: Annotated[str | None, typer.Option(help="reference: cpu or cuda[:i].")] = None,
+        layers: Annotated[
+            int | None,
+            typer.Option(help="reference: layers to build (default: the config's).", metavar="N", show_default=False),
+        ] = None,
+        context_len: Annotated[
+            int | None,
+            typer.Option(help="reference: KV-cache tokens per row (default 256).", metavar="TOKENS", show_default=False),
+        ] = None,
+        device: Annotated[
+            str | None,
+            typer.Option(help="reference: cpu or cuda[:i] (default: cuda when available).", metavar="DEV", show_default=False),
+        ] = None,
+        model: Annotated[
+            str | None,
+            typer.Option(
+                "--model", help="trtllm: the model path or name for tensorrt_llm.LLM.", metavar="MODEL", show_default=False
+            ),
+        ] = None,
         factory: Annotated[
-            str | None, typer.Option(help="module: pkg.mod:factory returning a step for (G, V, K).")
+            str | None,
+            typer.Option(
+                help="module: pkg.mod:factory returning a step for (G, V, K).", metavar="PKG.MOD:FN", show_default=False
+            ),
         ] = None,
         input_path: Annotated[
-            Path | None, typer.Option("--input", help="import-samples: profiler JSONL.")
+            Path | None,
+            typer.Option("--input", help="import-samples: profiler JSONL.", metavar="FILE", show_default=False),
         ] = None,
         backend_opt: Annotated[
-            list[str] | None, typer.Option(help="Backend option key=value (JSON value).")
+            list[str] | None,
+            typer.Option(
+                help="Backend option key=value (JSON value), e.g. ep=8, lm_head=false (repeatable).",
+                metavar="KEY=VALUE",
+                show_default=False,
+            ),
         ] = None,
+        memory_check: Annotated[
+            bool,
+            typer.Option(
+                "--memory-check/--no-memory-check",
+                help="reference: refuse to start when the estimated memory exceeds what the machine has.",
+            ),
+        ] = True,
         fingerprint: Annotated[
-            Path | None, typer.Option(help="Fingerprint JSON with fields the sweep cannot establish.")
+            Path | None,
+            typer.Option(
+                help="Fingerprint JSON with fields the sweep cannot establish (docs/fingerprint.md).",
+                metavar="FP.json",
+                show_default=False,
+            ),
         ] = None,
+        live_topology: LiveTopology = None,
+        live_gpu: LiveGpu = None,
+        live_gpu_count: LiveGpuCount = None,
+        live_gpu_snapshot_sha256: LiveGpuSnapshot = None,
+        live_source_dir: LiveSourceDir = None,
+        live_source_head: LiveSourceHead = None,
+        live_source_diff: LiveSourceDiff = None,
+        live_runtime_snapshot: LiveRuntimeSnapshot = None,
+        live_model_config: LiveModelConfig = None,
+        live_checkpoint_sha256: LiveCheckpoint = None,
+        live_attention_backend: LiveAttention = None,
+        live_moe_backend: LiveMoe = None,
+        live_kv_dtype: LiveKvDtype = None,
         clock_policy: Annotated[
-            str | None, typer.Option(help="GPU clock policy, e.g. default or locked:1980.")
+            str | None,
+            typer.Option(help="GPU clock policy, e.g. default or locked:1980.", metavar="POLICY", show_default=False),
         ] = None,
         plot: Annotated[
             bool, typer.Option("--plot/--no-plot", help="Write <stem>.png (needs matplotlib).")
@@ -261,49 +535,68 @@ def register(app: typer.Typer) -> None:
         ] = False,
         as_json: JsonFlag = False,
     ) -> None:
-        """Measure T(G, V) for the native and candidate cells of every G, with honest intervals."""
+        """Measure T(G, V) for the native and candidate cells of every G, with honest intervals.
+
+        Before measuring, the reference backend estimates its memory and time and refuses what the
+        machine cannot hold. Fields of the deployment fingerprint the sweep cannot probe come from
+        the --live-* options or --fingerprint (docs/fingerprint.md). Ctrl-C keeps the journal:
+        --resume continues.
+        """
         from dspark_calibrate.artifacts import read_fingerprint
         from dspark_calibrate.calibrate.measurement.ladder import parse_budgets, parse_ladder
-        from dspark_calibrate.calibrate.measurement.stats import Thresholds
-        from dspark_calibrate.calibrate.measurement.sweep import SweepEvent, SweepRequest, execute
+        from dspark_calibrate.calibrate.measurement.sweep import SweepRequest
 
         try:
-            if preset not in ("default", "quick"):
-                raise ConfigError(f"--preset {preset!r} is unknown; use default or quick")
-            overrides = {
-                "precision_rel": precision,
-                "min_samples": min_samples,
-                "min_rounds": min_rounds,
-                "min_time_s": min_time,
-                "max_samples_per_cell": max_samples,
-                "max_seconds_per_cell": max_cell_seconds,
-                "budget_s": budget,
-                "warmup_steps": warmup,
-                "rewarm_steps": rewarm,
-                "replays_per_sample": replays,
-                "samples_per_visit": samples_per_visit,
-                "throttle_policy": throttle_policy,
-                "recapture_every": recapture_every,
-                "epochs_required": epochs_required,
+            chosen = {
+                name: v
+                for name, v in {
+                    "precision_rel": precision,
+                    "min_samples": min_samples,
+                    "min_rounds": min_rounds,
+                    "min_time_s": min_time,
+                    "max_samples_per_cell": max_samples,
+                    "max_seconds_per_cell": max_cell_seconds,
+                    "budget_s": budget,
+                    "warmup_steps": warmup,
+                    "rewarm_steps": rewarm,
+                    "replays_per_sample": replays,
+                    "samples_per_visit": samples_per_visit,
+                    "throttle_policy": throttle_policy,
+                    "recapture_every": recapture_every,
+                    "epochs_required": epochs_required,
+                }.items()
+                if v is not None
             }
-            chosen = {name: v for name, v in overrides.items() if v is not None}
-            if protocol == "fixed":
-                thresholds = Thresholds.fixed_protocol(**chosen)
-            elif preset == "quick":
-                thresholds = Thresholds.quick(**chosen)
-            else:
-                thresholds = Thresholds.adaptive(**chosen)
-            options = _parse_options(backend_opt or [])
-            for key, value in (
-                ("config", config),
-                ("layers", layers),
-                ("context_len", context_len),
-                ("device", device),
-                ("factory", factory),
-            ):
-                if value is not None:
-                    options[key] = str(value) if isinstance(value, Path) else value
-            base_fp = read_fingerprint(fingerprint) if fingerprint is not None else None
+            if backend == "trtllm" and model is None and "model" not in " ".join(backend_opt or []):
+                raise ConfigError("--backend trtllm needs a model; pass --model MODEL (the path or name tensorrt_llm.LLM loads)")
+            options = _backend_options(
+                backend_opt or [],
+                {
+                    "config": config,
+                    "layers": layers,
+                    "context_len": context_len,
+                    "device": device,
+                    "factory": factory,
+                    "model": model,
+                },
+            )
+            live = LiveOptions(
+                topology=live_topology,
+                gpu=live_gpu,
+                gpu_count=live_gpu_count,
+                gpu_snapshot_sha256=live_gpu_snapshot_sha256,
+                source_dir=live_source_dir,
+                source_head=live_source_head,
+                source_diff=live_source_diff,
+                runtime_snapshot=live_runtime_snapshot,
+                model_config=live_model_config,
+                checkpoint_sha256=live_checkpoint_sha256,
+                attention_backend=live_attention_backend,
+                moe_backend=live_moe_backend,
+                kv_dtype=live_kv_dtype,
+            ).arguments()
+            for name in ("max_draft_len", "rank_local_graph_batch_sizes"):
+                live.pop(name)
             request = SweepRequest(
                 backend=backend,
                 backend_options=options,
@@ -317,82 +610,20 @@ def register(app: typer.Typer) -> None:
                 journal=journal,
                 resume=resume,
                 protocol=protocol,
-                thresholds=thresholds,
+                thresholds=_thresholds(protocol, preset, chosen),
                 seed=seed,
-                fingerprint=base_fp,
+                fingerprint=read_fingerprint(fingerprint) if fingerprint is not None else None,
                 clock_policy=clock_policy,
                 input=input_path,
                 plot=plot and importlib.util.find_spec("matplotlib") is not None,
                 command=tuple(sys.argv),
+                live=live,
+                check_memory=memory_check,
                 until_round=until_round,
                 pass_epoch=pass_index,
             )
             if passes > 1:
-                _run_in_passes(passes, thresholds.recapture_every or 3, resume, as_json, out)
-        except ConfigError as exc:
-            fail_usage(str(exc))
-
-        progress = Progress(
-            TextColumn("[bold]sweep[/] round {task.fields[round]}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total} cells"),
-            TextColumn("{task.fields[current]}"),
-            TimeRemainingColumn(),
-            console=err_console,
-            transient=True,
-            disable=as_json or not err_console.is_terminal,
-        )
-        task = progress.add_task("sweep", total=None, round=0, current="")
-
-        def on_event(event: SweepEvent) -> None:
-            current = ""
-            if event.cell is not None:
-                hw = f" ±{100 * event.half_width_rel:.2f}%" if event.half_width_rel is not None else ""
-                current = f"{event.cell.label()}{hw}"
-            progress.update(
-                task, total=event.cells_total, completed=event.cells_done, round=event.round, current=current
-            )
-
-        try:
-            with progress:
-                result, output = execute(request, on_event=on_event)
-        except MeasurementError as exc:
-            err_console.print(f"[bold red]measurement failed:[/] {exc}")
-            if as_json:
-                print_json({"ok": False, "error": "MEASUREMENT_FAILED", "message": str(exc)})
-            exit_with(EXIT_REJECTED)
+                _run_in_passes(passes, request.thresholds.recapture_every or 3, resume, as_json, out)
         except DsparkError as exc:
-            if as_json:
-                print_json({"ok": False, "error": "USAGE_OR_IO", "message": str(exc)})
-            fail_usage(str(exc))
-        if result.paused:
-            err_console.print(
-                f"pass ended before round {result.rounds}: {sum(c.decision.stops for c in result.cells)} of "
-                f"{len(result.cells)} cells done; the next pass continues with --resume"
-            )
-            if as_json:
-                print_json(
-                    {"ok": True, "paused": True, "rounds": result.rounds, "journal": str(request.journal)}
-                )
-            exit_with(EXIT_OK)
-        if output is None:  # not rank 0: rank 0 reports
-            exit_with(EXIT_OK)
-        if as_json:
-            print_json(_json_report(result, output))
-        else:
-            out_console.print(_summary_table(result))
-            out_console.print(
-                f"wrote {output.summary_path} and {output.samples_path}"
-                + (f" and {output.plot_path}" if output.plot_path else "")
-            )
-        if not result.complete:
-            missing = ", ".join(c.label() for c in result.unmeasured())
-            err_console.print(
-                f"[bold red]incomplete:[/] no kept samples for {missing}; raise --budget and --resume"
-            )
-            exit_with(EXIT_REJECTED)
-        if require_precision and not result.all_precise:
-            short = ", ".join(c.spec.label() for c in result.cells if c.decision.reason != "precision")
-            err_console.print(f"[bold red]imprecise:[/] cells stopped short of precision: {short}")
-            exit_with(EXIT_REJECTED)
-        exit_with(EXIT_OK)
+            fail_error(exc)
+        _run(request, as_json=as_json or json_mode(), require_precision=require_precision)

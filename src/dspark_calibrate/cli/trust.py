@@ -12,10 +12,14 @@ from rich.table import Table
 from dspark_calibrate.cli._common import (
     EXIT_OK,
     EXIT_REJECTED,
+    EXIT_USAGE,
     JsonFlag,
-    err_console,
+    example,
     exit_with,
+    fail,
+    fail_error,
     fail_usage,
+    make_app,
     out_console,
     parse_expiry,
     print_json,
@@ -26,34 +30,138 @@ from dspark_calibrate.errors import ConfigError, DsparkError
 if TYPE_CHECKING:
     from dspark_calibrate.artifacts import TrustRoot
 
-__all__ = ["load_root_or_exit", "register", "signers_from_keys"]
+__all__ = [
+    "KeyOption",
+    "PassEnv",
+    "SignerPublicKeyOption",
+    "SignerUriOption",
+    "load_root_or_exit",
+    "register",
+    "signers_from_keys",
+]
 
-trust_app = typer.Typer(help="Create, rotate and inspect the trust root.", no_args_is_help=True)
+trust_app = make_app(None, "Create, rotate and inspect the trust root.")
 
 KeyOption = Annotated[
-    list[Path],
-    typer.Option("--key", help="Private key file of a signer (repeat for several)."),
+    list[Path] | None,
+    typer.Option(
+        "--key",
+        help="Private key file of a signer (repeat for several; see --signer-uri for KMS/HSM keys).",
+        metavar="KEY.pem",
+        show_default=False,
+    ),
 ]
 PassEnv = Annotated[
-    str | None, typer.Option("--passphrase-env", help="Environment variable holding the keys' passphrase.")
+    list[str] | None,
+    typer.Option(
+        "--passphrase-env",
+        help="Environment variable holding a key's passphrase: VAR for every encrypted key, or "
+        "KEY.pem=VAR for one key (repeatable); plain keys need none.",
+        metavar="[KEY.pem=]VAR",
+        show_default=False,
+    ),
+]
+SignerUriOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--signer-uri",
+        help="An external signer as a securesystemslib private-key URI (gcpkms:..., awskms:..., "
+        "azurekms:..., hsm:, file:PATH); repeatable, each paired in order with a --signer-public-key.",
+        metavar="URI",
+        show_default=False,
+    ),
+]
+SignerPublicKeyOption = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--signer-public-key",
+        help="The public key (PEM) of the --signer-uri at the same position.",
+        metavar="PUB.pem",
+        show_default=False,
+    ),
 ]
 
 
-def signers_from_keys(paths: list[Path], passphrase_env: str | None) -> list[Any]:
-    """Load signers from private key files (or ``uri:`` external signer references).
+def _passphrases(specs: list[str] | None) -> tuple[str | None, dict[Path, str]]:
+    """``--passphrase-env`` values as (the variable for every key, per-key variables)."""
+    common: str | None = None
+    per_key: dict[Path, str] = {}
+    for spec in specs or []:
+        key, sep, var = spec.rpartition("=")
+        if not sep:
+            if common is not None:
+                raise ConfigError(
+                    f"--passphrase-env {spec}: a variable for every key is given twice "
+                    f"({common}, {spec}); name one key each as KEY.pem=VAR"
+                )
+            common = spec
+        elif not key or not var:
+            raise ConfigError(f"--passphrase-env {spec!r} must look like VAR or KEY.pem=VAR")
+        else:
+            per_key[Path(key).resolve()] = var
+    return common, per_key
+
+
+def _env_secret(var: str, what: str) -> str:
+    value = os.environ.get(var)
+    if not value:
+        raise ConfigError(f"--passphrase-env {var}: the variable is unset or empty; export it for {what}")
+    return value
+
+
+def signers_from_keys(
+    paths: list[Path] | None,
+    passphrase_env: list[str] | None = None,
+    *,
+    signer_uris: list[str] | None = None,
+    signer_public_keys: list[Path] | None = None,
+) -> list[Any]:
+    """Load signers from private key files and external signer URIs (KMS, HSM, ...).
+
+    A passphrase is read only for an encrypted key file, from its own ``KEY.pem=VAR`` or else the
+    common ``VAR``, so keys with and without passphrases can sign together (``trust rotate`` from
+    a plain to an encrypted key).
 
     Raises:
-        ConfigError: a key file is missing, too permissive, or its passphrase is wrong.
+        ConfigError: no key, a key file missing or too permissive, a passphrase missing or wrong,
+            URIs and public keys not paired, or a signer URI that cannot be used.
     """
-    from dspark_calibrate.artifacts import load_signer
+    from dspark_calibrate.artifacts import load_public_key, load_signer, signer_from_uri
 
-    passphrase = None
-    if passphrase_env:
-        value = os.environ.get(passphrase_env)
-        if not value:
-            raise ConfigError(f"--passphrase-env {passphrase_env}: the variable is unset or empty")
-        passphrase = value.encode()
-    return [load_signer(p, passphrase=passphrase) for p in paths]
+    uris, pubs = list(signer_uris or []), list(signer_public_keys or [])
+    if len(uris) != len(pubs):
+        raise ConfigError(
+            f"{len(uris)} --signer-uri but {len(pubs)} --signer-public-key; give one public key per URI, "
+            "in the same order"
+        )
+    if not paths and not uris:
+        raise ConfigError("no signing key given; pass --key KEY.pem (or --signer-uri URI --signer-public-key PUB.pem)")
+    common, per_key = _passphrases(passphrase_env)
+    signers = []
+    for path in paths or []:
+        var = per_key.pop(path.resolve(), common)
+
+        def ask(_secret: str, var: str | None = var, path: Path = path) -> str:
+            if var is None:
+                raise ConfigError(
+                    f"{path}: the private key is encrypted; pass --passphrase-env VAR "
+                    f"(or --passphrase-env {path}=VAR for this key only)"
+                )
+            return _env_secret(var, str(path))
+
+        signers.append(load_signer(path, ask=ask))
+    if per_key:
+        stray = ", ".join(sorted(str(p) for p in per_key))
+        raise ConfigError(f"--passphrase-env names {stray}, which is not a --key; check the paths")
+    for uri, pub in zip(uris, pubs, strict=True):
+
+        def ask_uri(secret: str, uri: str = uri) -> str:
+            if common is None:
+                raise ConfigError(f"{uri}: the signer needs a {secret}; pass --passphrase-env VAR")
+            return _env_secret(common, uri)
+
+        signers.append(signer_from_uri(uri, load_public_key(pub), secrets_handler=ask_uri))
+    return signers
 
 
 def load_root_or_exit(path: Path) -> TrustRoot:
@@ -65,8 +173,7 @@ def load_root_or_exit(path: Path) -> TrustRoot:
     except TrustRootUnreadable as exc:
         fail_usage(str(exc))
     except TrustRootError as exc:
-        err_console.print(f"[bold red]{exc.reason.value}[/] {exc}")
-        exit_with(EXIT_REJECTED)
+        fail(str(exc), code=exc.reason.value, label=exc.reason.value, exit_code=EXIT_REJECTED)
 
 
 def _public_keys(paths: list[Path]) -> list[Any]:
@@ -101,10 +208,18 @@ def _describe(root: TrustRoot, path: Path, json_out: bool) -> None:
     out_console.print(table)
 
 
-@trust_app.command("init")
+@trust_app.command(
+    "init",
+    epilog=example(
+        "dspark-calibrate trust init --key keys/signing-key.pem --out root.json",
+        "dspark-calibrate trust init --key a.pem --key b.pem --threshold 2 --out root.json",
+        "dspark-calibrate trust init --signer-uri gcpkms:projects/p/locations/l/keyRings/r/cryptoKeys/k/"
+        "cryptoKeyVersions/1 --signer-public-key kms.pub.pem --out root.json",
+    ),
+)
 def init(
-    key: KeyOption,
-    out: Annotated[Path, typer.Option("--out", help="Where to write root.json.")],
+    out: Annotated[Path, typer.Option("--out", help="Where to write root.json.", metavar="ROOT.json")],
+    key: KeyOption = None,
     expires: Annotated[
         str, typer.Option("--expires", help="Root expiry: a duration (365d) or ISO time.")
     ] = "365d",
@@ -117,6 +232,8 @@ def init(
         int, typer.Option("--artifact-threshold", help="Signatures needed on artifacts.")
     ] = 1,
     passphrase_env: PassEnv = None,
+    signer_uri: SignerUriOption = None,
+    signer_public_key: SignerPublicKeyOption = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing root file.")] = False,
     json_out: JsonFlag = False,
 ) -> None:
@@ -127,7 +244,9 @@ def init(
         fail_usage(f"{out} exists; pass --force to replace it (rotation is `trust rotate`)")
     try:
         now = utcnow()
-        signers = signers_from_keys(key, passphrase_env)
+        signers = signers_from_keys(
+            key, passphrase_env, signer_uris=signer_uri, signer_public_keys=signer_public_key
+        )
         root_keys = [public_key_of(s) for s in signers]
         art_keys = _public_keys(artifact_key) if artifact_key else root_keys
         root = init_root(
@@ -140,16 +259,25 @@ def init(
         )
         _write_root(root, out)
     except (DsparkError, OSError) as exc:
-        fail_usage(str(exc))
+        fail_error(exc)
     _describe(root, out, json_out)
     exit_with(EXIT_OK)
 
 
-@trust_app.command("rotate")
+@trust_app.command(
+    "rotate",
+    epilog=example(
+        "dspark-calibrate trust rotate --root root.json --key old.pem --key new.pem \\",
+        "    --passphrase-env new.pem=NEW_PASS --add-root-key new.pub.pem --remove-root-key OLD_KEYID \\",
+        "    --add-artifact-key new.pub.pem --out root.v2.json",
+    ),
+)
 def rotate(
-    root_path: Annotated[Path, typer.Option("--root", help="The current root.json.")],
-    key: KeyOption,
-    out: Annotated[Path, typer.Option("--out", help="Where to write the new root (version + 1).")],
+    root_path: Annotated[Path, typer.Option("--root", help="The current root.json.", metavar="ROOT.json")],
+    out: Annotated[
+        Path, typer.Option("--out", help="Where to write the new root (version + 1).", metavar="ROOT.json")
+    ],
+    key: KeyOption = None,
     expires: Annotated[str, typer.Option("--expires", help="New expiry: duration or ISO time.")] = "365d",
     add_root_key: Annotated[
         list[Path] | None, typer.Option("--add-root-key", help="Public key to add to root.")
@@ -170,9 +298,15 @@ def rotate(
         int | None, typer.Option("--artifact-threshold", help="New artifact threshold.")
     ] = None,
     passphrase_env: PassEnv = None,
+    signer_uri: SignerUriOption = None,
+    signer_public_key: SignerPublicKeyOption = None,
     json_out: JsonFlag = False,
 ) -> None:
-    """Rotate the root: version + 1, signed by the thresholds of both the old and the new root."""
+    """Rotate the root: version + 1, signed by the thresholds of both the old and the new root.
+
+    Give every signing key of both thresholds with --key (or --signer-uri); each encrypted key
+    takes its own passphrase (--passphrase-env KEY.pem=VAR).
+    """
     from dspark_calibrate.artifacts import rotate_root
 
     old = load_root_or_exit(root_path)
@@ -180,7 +314,9 @@ def rotate(
         now = utcnow()
         new = rotate_root(
             old,
-            signers=signers_from_keys(key, passphrase_env),
+            signers=signers_from_keys(
+                key, passphrase_env, signer_uris=signer_uri, signer_public_keys=signer_public_key
+            ),
             add_root_keys=_public_keys(add_root_key or []),
             remove_root_keyids=remove_root_key or [],
             root_threshold=root_threshold,
@@ -190,17 +326,22 @@ def rotate(
             expires=parse_expiry(expires, now=now),
         )
         _write_root(new, out)
-    except (DsparkError, OSError) as exc:
-        code = getattr(exc, "reason", None)
-        err_console.print(f"[bold red]{code.value if code else 'error'}[/] {exc}")
-        exit_with(EXIT_REJECTED if code else 2)
+    except DsparkError as exc:
+        reason = getattr(exc, "reason", None)
+        if reason is None:
+            fail_error(exc)
+        fail(str(exc), code=exc.code, label=exc.code, exit_code=EXIT_REJECTED)
+    except OSError as exc:
+        fail_error(exc, exit_code=EXIT_USAGE)
     _describe(new, out, json_out)
     exit_with(EXIT_OK)
 
 
-@trust_app.command("show")
+@trust_app.command("show", epilog=example("dspark-calibrate trust show root.json --json"))
 def show(
-    root_path: Annotated[Path, typer.Argument(help="root.json to show (verified first).")],
+    root_path: Annotated[
+        Path, typer.Argument(help="root.json to show (verified first).", metavar="ROOT.json", show_default=False)
+    ],
     json_out: JsonFlag = False,
 ) -> None:
     """Verify and describe a trust root."""

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from dspark_calibrate.cli._common import (
@@ -19,14 +20,32 @@ from dspark_calibrate.cli._common import (
     EXIT_REJECTED,
     EXIT_USAGE,
     AllowSyntheticFlag,
+    CliCommand,
     JsonFlag,
-    TrustRootOption,
+    LiveAttention,
+    LiveCheckpoint,
+    LiveGpu,
+    LiveGpuCount,
+    LiveGpuSnapshot,
+    LiveKvDtype,
+    LiveModelConfig,
+    LiveMoe,
+    LiveOptions,
+    LiveRuntimeSnapshot,
+    LiveSourceDiff,
+    LiveSourceDir,
+    LiveSourceHead,
+    LiveTopology,
+    VersionFlag,
     err_console,
+    example,
     exit_with,
+    fail_error,
     fail_usage,
+    make_app,
     out_console,
-    parse_ladder,
     print_json,
+    split_fix,
     utcnow,
 )
 from dspark_calibrate.cli.trust import load_root_or_exit
@@ -42,58 +61,44 @@ from dspark_calibrate.cli.verify_runtime import (
 from dspark_calibrate.errors import DsparkError
 
 if TYPE_CHECKING:
-    from dspark_calibrate.artifacts import Finding
+    from dspark_calibrate.artifacts import Finding, TrustRoot
 
 __all__ = ["LiveOptions", "verify_app"]
 
-verify_app = typer.Typer(
-    name="dspark-verify",
-    help="Verify dspark-calibrate artifacts: signature, integrity, freshness, binding, content.",
-    add_completion=False,
-    pretty_exceptions_show_locals=False,  # key material may be in scope
-    no_args_is_help=True,
+verify_app = make_app(
+    "dspark-verify",
+    "Verify dspark-calibrate artifacts: signature, integrity, freshness, binding, content.",
+    group=False,
+)
+
+_EXAMPLES = example(
+    "dspark-verify bundle/ --trust-root root.json",
+    "dspark-verify cost-table.parquet --key keys/signing-key.pub.pem",
+    "dspark-verify bundle/ --trust-root root.json --live --live-k 5 --live-ladder 8,16,32 --live-topology TP1",
+    "dspark-verify bundle/ --trust-root root.json --live-k 5 --live-ladder 8,16,32 --live-topology TP1 \\",
+    "    --selector-identity HEX --emit-trtllm-options opts.yaml --fail-open-to-static",
 )
 
 
-class LiveOptions:
-    """Options that describe the live deployment (shared with the runtime CLI forms)."""
+def _trust(trust_root: Path | None, key: Path | None) -> tuple[TrustRoot, dict[str, Any]]:
+    """The trust root to verify against: the pinned ``root.json``, or one public key (``--key``)."""
+    from dspark_calibrate.artifacts import load_public_key, single_key_root
 
-    def __init__(
-        self,
-        *,
-        k: int | None,
-        ladder: str | None,
-        topology: str | None,
-        gpu: str | None,
-        gpu_count: int | None,
-        source_dir: Path | None,
-        source_head: str | None,
-        source_diff: str | None,
-        runtime_snapshot: str | None,
-        model_config: Path | None,
-    ) -> None:
-        self.k, self.ladder, self.topology, self.gpu, self.gpu_count = k, ladder, topology, gpu, gpu_count
-        self.source_dir, self.source_head, self.source_diff = source_dir, source_head, source_diff
-        self.runtime_snapshot, self.model_config = runtime_snapshot, model_config
-
-    def collect(self) -> Any:
-        """Collect the live context (explicit options win over probes)."""
-        from dspark_calibrate.runtime_plugin.live import collect_live
-
-        return collect_live(
-            max_draft_len=self.k,
-            rank_local_graph_batch_sizes=parse_ladder(self.ladder, option="--live-ladder")
-            if self.ladder
-            else None,
-            topology=self.topology,
-            gpu=self.gpu,
-            gpu_count=self.gpu_count,
-            source_dir=self.source_dir,
-            source_head=self.source_head,
-            source_diff_sha256=self.source_diff,
-            runtime_snapshot=self.runtime_snapshot,
-            model_config=self.model_config,
+    if (trust_root is None) == (key is None):
+        fail_usage(
+            "give either --trust-root ROOT.json (a pinned trust root) or --key PUB.pem (one public key), "
+            "not both and not neither; see README.md, step 1"
         )
+    if trust_root is not None:
+        root = load_root_or_exit(trust_root)
+        return root, {"path": str(trust_root), "version": root.version, "digest": root.digest()}
+    assert key is not None
+    try:
+        public = load_public_key(key)
+        root = single_key_root(public, now=utcnow())
+    except DsparkError as exc:
+        fail_error(exc)
+    return root, {"key": str(key), "keyid": public.keyid}
 
 
 def _diff_table(findings: list[Finding]) -> Table | None:
@@ -109,56 +114,95 @@ def _diff_table(findings: list[Finding]) -> Table | None:
     return table
 
 
-@verify_app.command()
+@verify_app.command(cls=CliCommand, epilog=_EXAMPLES)
 def main(
     artifacts: Annotated[
-        list[Path], typer.Argument(help="Signed Parquet artifacts and/or bundle directories.")
+        list[Path],
+        typer.Argument(
+            help="Signed Parquet artifacts and/or bundle directories.", metavar="PATH...", show_default=False
+        ),
     ],
-    trust_root: TrustRootOption,
+    trust_root: Annotated[
+        Path | None,
+        typer.Option(
+            "--trust-root",
+            help="The pinned trust root (root.json) to verify against.",
+            metavar="ROOT.json",
+            show_default=False,
+        ),
+    ] = None,
+    key: Annotated[
+        Path | None,
+        typer.Option(
+            "--key",
+            help="Verify with this one public key instead of a trust root (one-key setups, like cosign "
+            "verify --key): threshold 1, no rotation, no trust-root rollback.",
+            metavar="PUB.pem",
+            show_default=False,
+        ),
+    ] = None,
     expect_fingerprint: Annotated[
         Path | None,
-        typer.Option("--expect-fingerprint", help="Fingerprint JSON the artifact must be bound to."),
+        typer.Option(
+            "--expect-fingerprint",
+            help="Fingerprint JSON the artifact must be bound to (docs/fingerprint.md).",
+            metavar="FP.json",
+            show_default=False,
+        ),
     ] = None,
     live: Annotated[
-        bool, typer.Option("--live", help="Bind to this host's live deployment (see --live-*).")
+        bool, typer.Option("--live", help="Bind to this host's live deployment (probes plus --live-*).")
     ] = False,
-    live_k: Annotated[int | None, typer.Option("--live-k", help="The engine's K (max draft length).")] = None,
+    live_k: Annotated[
+        int | None,
+        typer.Option("--live-k", help="The engine's K (max draft length).", metavar="K", show_default=False),
+    ] = None,
     live_ladder: Annotated[
-        str | None, typer.Option("--live-ladder", help="The engine's rank-local graph ladder.")
-    ] = None,
-    live_topology: Annotated[str | None, typer.Option("--live-topology", help="e.g. DEP8, TP1.")] = None,
-    live_gpu: Annotated[str | None, typer.Option("--live-gpu", help="GPU name, if not probed.")] = None,
-    live_gpu_count: Annotated[
-        int | None, typer.Option("--live-gpu-count", help="GPUs in the deployment.")
-    ] = None,
-    live_source_dir: Annotated[
-        Path | None, typer.Option("--live-source-dir", help="Engine source checkout.")
-    ] = None,
-    live_source_head: Annotated[
-        str | None, typer.Option("--live-source-head", help="Engine source commit.")
-    ] = None,
-    live_source_diff: Annotated[
         str | None,
-        typer.Option("--live-source-diff-sha256", help="SHA-256 of the engine's uncommitted diff."),
+        typer.Option(
+            "--live-ladder", help="The engine's rank-local graph ladder.", metavar="G1,G2,...", show_default=False
+        ),
     ] = None,
-    live_runtime_snapshot: Annotated[
-        str | None, typer.Option("--live-runtime-snapshot", help="Runtime snapshot string.")
-    ] = None,
-    live_model_config: Annotated[
-        Path | None, typer.Option("--live-model-config", help="Model config.json.")
-    ] = None,
+    live_topology: LiveTopology = None,
+    live_gpu: LiveGpu = None,
+    live_gpu_count: LiveGpuCount = None,
+    live_gpu_snapshot_sha256: LiveGpuSnapshot = None,
+    live_source_dir: LiveSourceDir = None,
+    live_source_head: LiveSourceHead = None,
+    live_source_diff: LiveSourceDiff = None,
+    live_runtime_snapshot: LiveRuntimeSnapshot = None,
+    live_model_config: LiveModelConfig = None,
+    live_checkpoint_sha256: LiveCheckpoint = None,
+    live_attention_backend: LiveAttention = None,
+    live_moe_backend: LiveMoe = None,
+    live_kv_dtype: LiveKvDtype = None,
     unbind: Annotated[
-        list[str] | None, typer.Option("--unbind", help="Fingerprint field not to compare (repeatable).")
+        list[str] | None,
+        typer.Option(
+            "--unbind", help="Fingerprint field not to compare (repeatable).", metavar="FIELD", show_default=False
+        ),
     ] = None,
     state: Annotated[
-        Path | None, typer.Option("--state", help="Rollback state file (highest accepted versions).")
+        Path | None,
+        typer.Option(
+            "--state",
+            help="Rollback state file (highest accepted versions).",
+            metavar="STATE.json",
+            show_default=False,
+        ),
     ] = None,
     record: Annotated[
         bool, typer.Option("--record/--no-record", help="Record accepted versions in --state.")
     ] = True,
     allow_synthetic: AllowSyntheticFlag = False,
     max_age_days: Annotated[
-        float | None, typer.Option("--max-age-days", help="Refuse artifacts older than this.")
+        float | None,
+        typer.Option(
+            "--max-age-days",
+            help="Refuse artifacts issued longer ago than this (default: no limit; the runtime form: 30).",
+            metavar="DAYS",
+            show_default=False,
+        ),
     ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every finding.")] = False,
     json_out: JsonFlag = False,
@@ -167,6 +211,7 @@ def main(
     selector_identity: SelectorIdentityOption = None,
     trtllm_dir: TrtllmDirOption = None,
     base_options: BaseOptionsOption = None,
+    version: VersionFlag = False,
 ) -> None:
     """Verify ARTIFACTS; exit 0 if all are valid, 1 if any is rejected, 2 on usage or I/O errors."""
     live_options = LiveOptions(
@@ -175,16 +220,29 @@ def main(
         topology=live_topology,
         gpu=live_gpu,
         gpu_count=live_gpu_count,
+        gpu_snapshot_sha256=live_gpu_snapshot_sha256,
         source_dir=live_source_dir,
         source_head=live_source_head,
         source_diff=live_source_diff,
         runtime_snapshot=live_runtime_snapshot,
         model_config=live_model_config,
+        checkpoint_sha256=live_checkpoint_sha256,
+        attention_backend=live_attention_backend,
+        moe_backend=live_moe_backend,
+        kv_dtype=live_kv_dtype,
     )
+    from dspark_calibrate.artifacts import BINDING_FIELDS
+
+    bad_unbind = sorted(set(unbind or []) - set(BINDING_FIELDS))
+    if bad_unbind:
+        fail_usage(f"--unbind {', '.join(bad_unbind)}: not binding fields; choose from {', '.join(BINDING_FIELDS)}")
+    if max_age_days is not None and max_age_days <= 0:
+        fail_usage(f"--max-age-days {max_age_days:g} must be positive; give the largest acceptable age in days")
+    root, root_info = _trust(trust_root, key)
     if runtime_requested(emit_trtllm_options, fail_open_to_static):
         run_runtime(
             artifacts=artifacts,
-            trust_root=trust_root,
+            trust_root=root,
             expect_fingerprint=expect_fingerprint,
             live_options=live_options,
             unbind=unbind,
@@ -200,22 +258,50 @@ def main(
             verbose=verbose,
             json_out=json_out,
         )
+    _verify_offline(
+        artifacts,
+        root,
+        root_info,
+        expect_fingerprint=expect_fingerprint,
+        live=live,
+        live_options=live_options,
+        unbind=unbind,
+        state=state,
+        record=record,
+        allow_synthetic=allow_synthetic,
+        max_age_days=max_age_days,
+        verbose=verbose,
+        json_out=json_out,
+    )
+
+
+def _verify_offline(
+    artifacts: list[Path],
+    root: TrustRoot,
+    root_info: dict[str, Any],
+    *,
+    expect_fingerprint: Path | None,
+    live: bool,
+    live_options: LiveOptions,
+    unbind: list[str] | None,
+    state: Path | None,
+    record: bool,
+    allow_synthetic: bool,
+    max_age_days: float | None,
+    verbose: bool,
+    json_out: bool,
+) -> None:
+    """The artifact check of ``dspark-verify`` (not the runtime form). Exits the command."""
     from dspark_calibrate.artifacts import (
-        BINDING_FIELDS,
         Expectation,
         Reason,
         RollbackState,
         read_fingerprint,
-        verify_bundle,
-        verify_path,
+        verify_inputs,
     )
 
     if expect_fingerprint is not None and live:
         fail_usage("give either --expect-fingerprint or --live, not both")
-    bad_unbind = sorted(set(unbind or []) - set(BINDING_FIELDS))
-    if bad_unbind:
-        fail_usage(f"--unbind {bad_unbind}: not binding fields; choose from {', '.join(BINDING_FIELDS)}")
-    root = load_root_or_exit(trust_root)
     live_info: dict[str, Any] | None = None
     try:
         fingerprint = None
@@ -227,31 +313,29 @@ def main(
             live_info = ctx.to_dict()
         rollback = RollbackState(state) if state is not None else None
     except DsparkError as exc:
-        fail_usage(str(exc))
+        fail_error(exc)
     expected = Expectation(
         fingerprint=fingerprint,
         unbound_fields=frozenset(unbind or ()),
         allow_synthetic=allow_synthetic,
         max_age=timedelta(days=max_age_days) if max_age_days is not None else None,
     )
-    now = utcnow()
-    reports = []
-    for path in artifacts:
-        if path.is_dir():
-            reports.append(
-                verify_bundle(path, root, now=now, expected=expected, state=rollback, record=record)
-            )
-        else:
-            reports.append(verify_path(path, root, now=now, expected=expected, state=rollback, record=record))
+    reports = verify_inputs(artifacts, root, now=utcnow(), expected=expected, state=rollback, record=record)
     io_error = any(r.reason is Reason.IO_ERROR for r in reports)
-    rejected = any(not r.ok for r in reports)
+    rejected = [r for r in reports if not r.ok]
     code = EXIT_USAGE if io_error else EXIT_REJECTED if rejected else EXIT_OK
     if json_out:
+        first = rejected[0] if rejected else None
+        fix = split_fix(first.message)[1] if first is not None else ""
         print_json(
             {
+                "ok": code == EXIT_OK,
                 "valid": code == EXIT_OK,
+                "error": first.code if first is not None else None,
+                "message": first.message if first is not None else None,
+                "fix": fix if first is not None else None,
                 "exit_code": code,
-                "trust_root": {"path": str(trust_root), "version": root.version, "digest": root.digest()},
+                "trust_root": root_info,
                 "live": live_info,
                 "reports": [r.to_dict() for r in reports],
             }
@@ -259,15 +343,15 @@ def main(
     for r in reports:
         if r.ok:
             if not json_out:
-                out_console.print(f"[green]VALID[/] {r.message}")
+                out_console.print(f"[green]VALID[/] {escape(r.message)}")
                 for n in r.notices:
-                    err_console.print(f"[yellow]notice[/] {n.code}: {n.message}")
+                    err_console.print(f"[yellow]notice[/] {n.code}: {escape(n.message)}")
             continue
-        err_console.print(f"[bold red]REJECTED[/] {r.code}: {r.message}")
+        err_console.print(f"[bold red]REJECTED[/] {r.code}: {escape(r.message)}")
         findings = list(r.findings)
         if verbose:
             for f in findings[1:]:
-                err_console.print(f"  also {f.code}: {f.message}")
+                err_console.print(f"  also {f.code}: {escape(f.message)}")
         diff = _diff_table(findings)
         if diff is not None:
             err_console.print(diff)

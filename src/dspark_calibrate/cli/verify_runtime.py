@@ -28,16 +28,18 @@ from dspark_calibrate.cli._common import (
     EXIT_OK,
     EXIT_REJECTED,
     EXIT_USAGE,
+    LiveOptions,
     err_console,
     exit_with,
     fail_usage,
     out_console,
-    parse_ladder,
     print_json,
+    split_fix,
 )
 from dspark_calibrate.errors import ConfigError
 
 if TYPE_CHECKING:
+    from dspark_calibrate.artifacts import TrustRoot
     from dspark_calibrate.runtime_plugin.admission import AdmissionDecision
     from dspark_calibrate.runtime_plugin.trtllm import TrtllmOptions
 
@@ -58,6 +60,8 @@ EmitTrtllmOption = Annotated[
         "--emit-trtllm-options",
         help="Run the runtime admission hook on one bundle and write TensorRT-LLM extra_llm_api_options "
         "YAML here (dynamic verification if admitted, static K otherwise).",
+        metavar="OPTS.yaml",
+        show_default=False,
     ),
 ]
 FailOpenOption = Annotated[
@@ -72,7 +76,10 @@ SelectorIdentityOption = Annotated[
     str | None,
     typer.Option(
         "--selector-identity",
-        help="The engine's selector identity SHA-256 (64 hex), pinned in the admission receipt.",
+        help="The engine's selector identity SHA-256 (64 hex), pinned in the admission receipt: "
+        "EXACT_SPS_SELECTOR_IDENTITY_SHA256 in tensorrt_llm/_torch/speculative/dspark_planner.py.",
+        metavar="HEX",
+        show_default=False,
     ),
 ]
 TrtllmDirOption = Annotated[
@@ -81,11 +88,18 @@ TrtllmDirOption = Annotated[
         "--trtllm-dir",
         help="Private (0700) directory for the exported deployment files "
         "(default: <OUT stem>-files beside OUT).",
+        metavar="DIR",
+        show_default=False,
     ),
 ]
 BaseOptionsOption = Annotated[
     Path | None,
-    typer.Option("--base-options", help="extra_llm_api_options YAML to merge the decoding fields into."),
+    typer.Option(
+        "--base-options",
+        help="extra_llm_api_options YAML to merge the decoding fields into.",
+        metavar="BASE.yaml",
+        show_default=False,
+    ),
 ]
 
 
@@ -97,27 +111,6 @@ def runtime_requested(emit_trtllm_options: Path | None, fail_open_to_static: boo
 def default_export_dir(out: Path) -> Path:
     """``OUT.yaml`` → ``OUT-files/`` beside it (visible wherever OUT is, e.g. a shared volume)."""
     return out.with_name(f"{out.stem}-files")
-
-
-def _live_arguments(live_options: Any) -> dict[str, Any]:
-    """``collect_live`` keyword arguments from the ``--live-*`` options (explicit values win).
-
-    Raises:
-        ConfigError: a malformed ``--live-ladder``.
-    """
-    o = live_options
-    return {
-        "max_draft_len": o.k,
-        "rank_local_graph_batch_sizes": parse_ladder(o.ladder, option="--live-ladder") if o.ladder else None,
-        "topology": o.topology,
-        "gpu": o.gpu,
-        "gpu_count": o.gpu_count,
-        "source_dir": o.source_dir,
-        "source_head": o.source_head,
-        "source_diff_sha256": o.source_diff,
-        "runtime_snapshot": o.runtime_snapshot,
-        "model_config": o.model_config,
-    }
 
 
 def _render(
@@ -144,9 +137,9 @@ def _render(
 def run_runtime(
     *,
     artifacts: list[Path],
-    trust_root: Path,
+    trust_root: TrustRoot,
     expect_fingerprint: Path | None,
-    live_options: Any,
+    live_options: LiveOptions,
     unbind: list[str] | None,
     state: Path | None,
     record: bool,
@@ -177,7 +170,18 @@ def run_runtime(
     )
 
     if len(artifacts) != 1:
-        fail_usage(f"the runtime form admits exactly one bundle, got {len(artifacts)} paths")
+        fail_usage(f"the runtime form admits exactly one bundle, got {len(artifacts)} paths; pass one bundle directory")
+    if emit_trtllm_options is not None and selector_identity is None and not fail_open_to_static:
+        fail_usage(
+            "--emit-trtllm-options needs --selector-identity HEX (no receipt is written without it); copy "
+            "EXACT_SPS_SELECTOR_IDENTITY_SHA256 from tensorrt_llm/_torch/speculative/dspark_planner.py"
+        )
+    if emit_trtllm_options is not None:
+        # Written into the YAML as they are: relative paths would be relative to wherever the
+        # engine starts, not to here.
+        emit_trtllm_options = emit_trtllm_options.absolute()
+        if trtllm_dir is not None:
+            trtllm_dir = trtllm_dir.absolute()
     base: dict[str, Any] = {}
     if base_options is not None:
         try:
@@ -193,7 +197,7 @@ def run_runtime(
         if expect_fingerprint is not None:
             live = read_fingerprint(expect_fingerprint)
         else:
-            live = _live_arguments(live_options)
+            live = live_options.arguments()
         policy = AdmissionPolicy(
             allow_synthetic=allow_synthetic,
             state_path=state,
@@ -238,8 +242,20 @@ def run_runtime(
     else:
         code = EXIT_REJECTED
     if json_out:
+        reason, message = None, None
+        if not active:
+            if decision is not None and decision.active and options is not None:
+                reason, message = options.reason_code, options.message
+            elif decision is not None:
+                reason, message = decision.reason_code, decision.message
+            elif options is not None:
+                reason, message = options.reason_code, options.message
         print_json(
             {
+                "ok": active,
+                "error": reason,
+                "message": message,
+                "fix": split_fix(message)[1] if message else None,
                 "active": active,
                 "exit_code": code,
                 "decision": decision.to_dict() if decision is not None else None,

@@ -11,14 +11,22 @@ from typing import Annotated, Any
 
 import typer
 
-from dspark_calibrate.cli._common import EXIT_OK, JsonFlag, exit_with, fail_usage, out_console, print_json
+from dspark_calibrate.cli._common import (
+    EXIT_OK,
+    JsonFlag,
+    command,
+    exit_with,
+    fail_error,
+    fail_usage,
+    make_app,
+    out_console,
+    print_json,
+)
 from dspark_calibrate.errors import DsparkError
 
 __all__ = ["register", "workload_app"]
 
-workload_app = typer.Typer(
-    help="Create workload traces (recorded serving steps) for build.", no_args_is_help=True
-)
+workload_app = make_app(None, "Create workload traces (recorded serving steps) for build.")
 
 
 def _report(path: Path, describe: Mapping[str, Any], json_out: bool) -> None:
@@ -34,9 +42,13 @@ def _report(path: Path, describe: Mapping[str, Any], json_out: bool) -> None:
         out_console.print(f"note: {note}")
 
 
-@workload_app.command("synth")
+@command(
+    workload_app,
+    "synth",
+    "dspark-calibrate workload synth --k 5 --steps 4000 --out workload.parquet",
+)
 def synth(
-    out: Annotated[Path, typer.Option("--out", help="Parquet file to write.")],
+    out: Annotated[Path, typer.Option("--out", help="Parquet file to write.", metavar="WORKLOAD.parquet")],
     k: Annotated[int, typer.Option("--k", help="Draft length K.")] = 5,
     steps: Annotated[int, typer.Option("--steps", help="Decode steps.")] = 4000,
     ranks: Annotated[int, typer.Option("--ranks", help="Attention-DP ranks.")] = 1,
@@ -44,7 +56,13 @@ def synth(
     seed: Annotated[int, typer.Option("--seed", help="Random seed.")] = 0,
     temperatures: Annotated[
         str | None,
-        typer.Option("--temperatures", help="STS temperatures of the synthetic head, e.g. 1.3,1.4,1.5."),
+        typer.Option(
+            "--temperatures",
+            help="STS temperatures of the synthetic head, one per position, e.g. 1.3,1.4,1.5,1.6,1.7 "
+            "(default: built in).",
+            metavar="T1,...,TK",
+            show_default=False,
+        ),
     ] = None,
     json_out: JsonFlag = False,
 ) -> None:
@@ -54,24 +72,32 @@ def synth(
     try:
         temps = [float(t) for t in temperatures.split(",")] if temperatures else None
     except ValueError:
-        fail_usage(f"--temperatures {temperatures!r} must be comma-separated numbers")
+        fail_usage(f"--temperatures {temperatures!r} is not a list of numbers; give e.g. 1.3,1.4,1.5")
     try:
         w = synthesize_workload(
             k=k, steps=steps, ranks=ranks, max_rows=max_rows, seed=seed, temperatures=temps
         )
+        out.parent.mkdir(parents=True, exist_ok=True)
         write_workload(out, w)
     except DsparkError as exc:
-        fail_usage(str(exc))
+        fail_error(exc)
     _report(out, w.describe(), json_out)
     exit_with(EXIT_OK)
 
 
-@workload_app.command("import-trtllm")
+@command(
+    workload_app,
+    "import-trtllm",
+    "dspark-calibrate workload import-trtllm traces/conf.rank0.pt traces/conf.rank1.pt --out workload.parquet",
+)
 def import_trtllm(
     shards: Annotated[
-        list[Path], typer.Argument(help="TensorRT-LLM confidence-trace shards (<stem>.rank<r>.pt).")
+        list[Path],
+        typer.Argument(
+            help="TensorRT-LLM confidence-trace shards (<stem>.rank<r>.pt).", metavar="SHARD.pt", show_default=False
+        ),
     ],
-    out: Annotated[Path, typer.Option("--out", help="Parquet file to write.")],
+    out: Annotated[Path, typer.Option("--out", help="Parquet file to write.", metavar="WORKLOAD.parquet")],
     json_out: JsonFlag = False,
 ) -> None:
     """Convert TensorRT-LLM recorder shards into a workload (approximate when step ids are absent)."""
@@ -79,9 +105,10 @@ def import_trtllm(
 
     try:
         w = read_recorder_shards(shards)
+        out.parent.mkdir(parents=True, exist_ok=True)
         write_workload(out, w)
     except DsparkError as exc:
-        fail_usage(str(exc))
+        fail_error(exc)
     _report(out, w.describe(), json_out)
     exit_with(EXIT_OK)
 

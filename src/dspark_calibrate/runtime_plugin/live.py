@@ -16,6 +16,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import os
+import platform
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,11 +24,21 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from dspark_calibrate.artifacts import Fingerprint, ModelError, canonical_json, loads_strict, sha256_hex
+from dspark_calibrate.artifacts import (
+    Fingerprint,
+    ModelError,
+    canonical_json,
+    fingerprint_flag,
+    loads_strict,
+    sha256_hex,
+)
 from dspark_calibrate.errors import ConfigError, ProbeError
 
 __all__ = [
+    "CPU_DEVICE",
     "DEFAULT_RUNTIME_PACKAGES",
+    "SYNTHETIC_DEVICE",
+    "SYNTHETIC_SNAPSHOT_SHA256",
     "GpuInfo",
     "LiveContext",
     "LiveEnvironment",
@@ -37,6 +48,11 @@ __all__ = [
     "normalize_gpu_name",
 ]
 
+#: The ``gpu`` value of a deployment that runs on the CPU; its snapshot is the CPU model's.
+CPU_DEVICE = "cpu"
+#: The ``gpu`` value of the synthetic backend's simulated device, and its fixed snapshot.
+SYNTHETIC_DEVICE = "synthetic"
+SYNTHETIC_SNAPSHOT_SHA256 = hashlib.sha256(b"synthetic").hexdigest()
 #: Packages whose versions make up ``runtime_snapshot`` when it is not given explicitly.
 DEFAULT_RUNTIME_PACKAGES: tuple[str, ...] = (
     "tensorrt_llm",
@@ -216,6 +232,19 @@ class SystemEnvironment:
         except importlib.metadata.PackageNotFoundError:
             return None
 
+    def cpu(self) -> dict[str, Any]:
+        """What identifies this host's CPU model (no serials): architecture, model name, cores."""
+        model = None
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+                for line in handle:
+                    if line.lower().startswith("model name"):
+                        model = line.partition(":")[2].strip()
+                        break
+        except OSError:
+            model = None
+        return {"machine": platform.machine(), "model": model or platform.processor(), "cores": os.cpu_count()}
+
 
 @dataclass(frozen=True)
 class LiveContext:
@@ -333,7 +362,18 @@ def collect_live(
         put("gpu_count", int(world), "env:WORLD_SIZE")
 
     gpus, gpu_source = env.gpus()
-    if gpus:
+    cpu_probe = getattr(env, "cpu", None)
+    if values.get("gpu") == SYNTHETIC_DEVICE:
+        # The synthetic backend's simulated device: one fixed snapshot, nothing to probe.
+        put("gpu_count", 1, "synthetic")
+        put("gpu_snapshot_sha256", SYNTHETIC_SNAPSHOT_SHA256, "synthetic")
+    elif values.get("gpu") == CPU_DEVICE and not gpus and callable(cpu_probe):
+        # A deployment that runs on the CPU (the reference backend's CPU path): its "GPU" is the
+        # CPU model, probed like a GPU would be. Only on request (--live-gpu cpu): a GPU host
+        # whose probes failed must report the GPU fields as missing, not describe its CPU.
+        put("gpu_count", 1, "cpu")
+        put("gpu_snapshot_sha256", sha256_hex(canonical_json({"cpu": cpu_probe()})), "cpu")
+    elif gpus:
         names = sorted({g.name for g in gpus})
         if len(names) == 1:
             put("gpu", names[0], gpu_source)
@@ -345,7 +385,7 @@ def collect_live(
     else:
         for name in ("gpu", "gpu_snapshot_sha256"):
             if name not in values:
-                problems[name] = gpu_source
+                problems[name] = f"{gpu_source} (--live-gpu cpu for a CPU deployment)"
 
     if source_dir is not None and ("source_head" not in values or "source_diff_sha256" not in values):
         head, diff, why = env.git(source_dir)
@@ -374,7 +414,7 @@ def collect_live(
             problems.setdefault(name, why)
     for name in ("model_config_sha256", "checkpoint_sha256", "attention_backend", "moe_backend", "kv_dtype"):
         if name not in values:
-            problems.setdefault(name, "not given")
+            problems.setdefault(name, f"not given ({fingerprint_flag(name)})")
     for name in list(problems):
         if name in values:
             del problems[name]

@@ -37,6 +37,7 @@ from dspark_calibrate.artifacts import (
     atomic_write_bytes,
     is_sha256_hex,
     loads_strict,
+    read_regular_file,
     sha256_hex,
 )
 from dspark_calibrate.errors import ConfigError, DsparkError
@@ -48,6 +49,7 @@ __all__ = [
     "CONFIDENCE_FIELDS",
     "DECODING_TYPE",
     "EXPORTED_FILES",
+    "MAX_OPTIONS_YAML_BYTES",
     "PACKAGE_DIR",
     "Exporter",
     "TrtllmOptions",
@@ -55,6 +57,7 @@ __all__ = [
     "dump_options_yaml",
     "llm_api_options",
     "load_options_yaml",
+    "merge_into_base_options",
     "static_decoding_fields",
     "static_options",
     "to_decoding_config",
@@ -390,3 +393,40 @@ def to_decoding_config(fields: Mapping[str, Any], **extra: Any) -> Any | None:
         return None
     kwargs = {k: v for k, v in fields.items() if v is not None}
     return config_class(**kwargs, **extra)
+
+
+#: Largest options YAML read, in bytes (engine option files are a few KiB).
+MAX_OPTIONS_YAML_BYTES = 1 << 20
+
+
+def merge_into_base_options(exported_yaml: Path, base_path: Path) -> dict[str, Any]:
+    """The exporter's ``extra_llm_api_options.yaml`` merged into the deployment's own options file.
+
+    The export alone is a fragment (``speculative_config`` without ``speculative_model_dir`` and
+    the rest of the engine's options); this keeps everything of ``base_path`` and sets the
+    DSpark fields from the export (see :func:`llm_api_options`).
+
+    Raises:
+        ConfigError: either file cannot be read or parsed, or ``base_path`` configures another
+            speculative decoding type; the message names the file.
+    """
+    docs = []
+    for path in (exported_yaml, base_path):
+        try:
+            text = read_regular_file(path, MAX_OPTIONS_YAML_BYTES).decode("utf-8")
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read ({exc.strerror or exc}); pass a regular YAML file") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not UTF-8 text ({exc.reason}); save it as UTF-8") from exc
+        try:
+            docs.append(load_options_yaml(text))
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from exc
+    exported, base = docs
+    section = dict(exported.get(SPECULATIVE_CONFIG_KEY) or {})
+    k = section.pop("max_draft_len", None)
+    section.pop("decoding_type", None)
+    try:
+        return llm_api_options(section, base, max_draft_len=k if isinstance(k, int) else None)
+    except ConfigError as exc:
+        raise ConfigError(f"{base_path}: {exc}") from exc

@@ -224,7 +224,7 @@ BAD_OPTIONS = [
     ("holdout_big", {"holdout": 0.95}, "--holdout"),
     ("folds", {"folds": 1}, "--folds 1"),
     ("bootstrap", {"bootstrap": -1}, "--bootstrap -1"),
-    ("bins", {"n_bins": 1}, "--bins 1"),
+    ("bins", {"n_bins": 1}, "n_bins 1"),
     ("seed", {"seed": -2}, "--seed -2"),
 ]
 
@@ -449,7 +449,7 @@ def _nan_traces(path: Path) -> Path:
 
 CLI_ERRORS = [
     ("no_traces", lambda d: ["fit", "--out", str(d)], "--traces is required"),
-    ("no_out", lambda d: ["fit", "--traces", str(_nan_traces(d / "n.parquet"))], "--out DIR is required"),
+    ("no_out", lambda d: ["fit", "--traces", str(_nan_traces(d / "n.parquet"))], "--out is required"),
     (
         "missing_file",
         lambda d: ["fit", "--traces", str(d / "nope.parquet"), "--out", str(d)],

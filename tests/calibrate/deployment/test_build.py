@@ -160,7 +160,7 @@ INPUT_CASES = [
     ("workload of another K", "K=4 logits per row, the deployment has K=5"),
     ("G without native cell", r"G \[16\] has no measured native cell"),
     ("sweeps of two deployments", "sweep of another deployment"),
-    ("fingerprint lacks engine fields", "lacks \\['source_head'\\]"),
+    ("fingerprint lacks engine fields", "lacks source_head"),
     ("G outside the ladder", "outside the fingerprint ladder"),
     ("not a sweep", "expected 'sweep'"),
 ]

@@ -213,7 +213,7 @@ def test_cli_synth_and_import(tmp_path: Path) -> None:
     assert doc["synthetic"] is True and doc["steps"] == 50 and doc["k"] == 2
     assert read_workload(out, k=2).synthetic
     bad = runner.invoke(_workload_app(), ["workload", "synth", "--out", str(out), "--temperatures", "x"])
-    assert bad.exit_code == 2 and "comma-separated" in bad.stderr
+    assert bad.exit_code == 2 and "not a list of numbers" in bad.stderr
     missing = runner.invoke(
         _workload_app(), ["workload", "import-trtllm", str(tmp_path / "nope.pt"), "--out", str(out)]
     )

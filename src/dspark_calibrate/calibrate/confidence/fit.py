@@ -138,7 +138,7 @@ class FitOptions:
 
     def __post_init__(self) -> None:
         if self.method not in METHOD_CHOICES:
-            raise ConfigError(f"--method {self.method!r} is not one of {list(METHOD_CHOICES)}")
+            raise ConfigError(f"--method {self.method!r} is unknown; choose one of {', '.join(METHOD_CHOICES)}")
         if not (isinstance(self.holdout, int | float) and 0.0 < self.holdout <= 0.9):
             raise ConfigError(
                 f"--holdout {self.holdout!r} must be in (0, 0.9]; metrics are computed on held-out "
@@ -149,7 +149,7 @@ class FitOptions:
         if not 0 <= self.bootstrap <= 10_000:
             raise ConfigError(f"--bootstrap {self.bootstrap} must be in 0..10000")
         if not 2 <= self.n_bins <= 100:
-            raise ConfigError(f"--bins {self.n_bins} must be in 2..100")
+            raise ConfigError(f"FitOptions.n_bins {self.n_bins} must be in 2..100")
         if self.seed < 0:
             raise ConfigError(f"--seed {self.seed} must be >= 0")
 

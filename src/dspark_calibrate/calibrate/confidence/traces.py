@@ -1075,6 +1075,25 @@ def _format_of(path: Path) -> str:
     return fmt
 
 
+#: Footer key of this package's signed and unsigned artifacts (sweeps, workloads, ...): a Parquet
+#: file that has it is another stage's output, never a trace.
+_ARTIFACT_FOOTER_KEY = b"dspark"
+
+
+def _other_output(path: Path) -> bool:
+    """A file in a trace directory that another stage wrote: a sweep journal or an artifact."""
+    name = path.name.lower()
+    if name.endswith(".journal.jsonl"):
+        return True
+    if path.suffix.lower() not in (".parquet", ".pq"):
+        return False
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except (OSError, pa.ArrowException):
+        return False  # the reader reports it properly
+    return _ARTIFACT_FOOTER_KEY in meta
+
+
 def expand_trace_paths(paths: Sequence[Path | str]) -> list[Path]:
     """Expand directories into their trace files (sorted by name); keep files as given.
 
@@ -1087,10 +1106,15 @@ def expand_trace_paths(paths: Sequence[Path | str]) -> list[Path]:
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
-            found = sorted(c for c in p.iterdir() if c.is_file() and c.suffix.lower() in TRACE_SUFFIXES)
+            found = sorted(
+                c
+                for c in p.iterdir()
+                if c.is_file() and c.suffix.lower() in TRACE_SUFFIXES and not _other_output(c)
+            )
             if not found:
                 raise ConfigError(
-                    f"{p}: directory holds no trace files ({', '.join(sorted(TRACE_SUFFIXES))})"
+                    f"{p}: directory holds no trace files ({', '.join(sorted(TRACE_SUFFIXES))}); "
+                    "pass the directory the recorder wrote, or the trace files themselves"
                 )
             out.extend(found)
         elif p.is_file():

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import secrets
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -48,6 +48,7 @@ from dspark_calibrate.artifacts import (
     Provenance,
     atomic_write_bytes,
     canonical_json,
+    fingerprint_flag,
     logical_sha256,
     publish_directory,
     read_artifact,
@@ -193,6 +194,7 @@ class BuildInputs:
     calibration_source: Mapping[str, Any]
     workload: Workload
     synthetic: bool
+    synthetic_inputs: tuple[str, ...]
     notes: tuple[str, ...]
     calibration_summary: Mapping[str, Any] = field(default_factory=dict)
 
@@ -275,9 +277,10 @@ def load_build_inputs(sweeps: Sequence[Path], calibration: Path, workload: Path)
             raise ConfigError(f"{x.path}: sweep of another deployment than {loaded[0].path} ({names})")
     missing = fp.missing(TRTLLM_FINGERPRINT_FIELDS)
     if missing:
+        flags = " ".join(sorted({fingerprint_flag(n) for n in missing}))
         raise ConfigError(
-            f"{loaded[0].path}: fingerprint lacks {list(missing)}; TensorRT-LLM binds all ten engine fields, "
-            "re-run the sweep with them (--gpu, --topology, --source-head, ...)"
+            f"{loaded[0].path}: fingerprint lacks {', '.join(missing)}; TensorRT-LLM binds all ten engine "
+            f"fields; re-run the sweep with {flags} (or --fingerprint FILE; docs/fingerprint.md)"
         )
     k = fp.max_draft_len
     assert k is not None and fp.rank_local_graph_batch_sizes is not None
@@ -314,8 +317,15 @@ def load_build_inputs(sweeps: Sequence[Path], calibration: Path, workload: Path)
             f"{cal.path}: calibration was fitted for another deployment ({names}); fit it for this one"
         )
     wl = read_workload(workload, k=k)
-    synthetic = any(x.provenance_untrusted().synthetic for x in loaded)
-    synthetic = synthetic or cal.provenance_untrusted().synthetic or wl.synthetic
+    synthetic_inputs = [
+        f"sweep {x.path.name} (backend {x.provenance_untrusted().backend})"
+        for x in loaded
+        if x.provenance_untrusted().synthetic
+    ]
+    if cal.provenance_untrusted().synthetic:
+        synthetic_inputs.append(f"calibration {cal.path.name} (fitted on synthetic traces)")
+    if wl.synthetic:
+        synthetic_inputs.append(f"workload {Path(workload).name}")
     notes = list(wl.notes)
     methods = sorted(set(cal_table.column("method").to_pylist()) - {"sts"})
     if methods:
@@ -339,7 +349,8 @@ def load_build_inputs(sweeps: Sequence[Path], calibration: Path, workload: Path)
             "logical_sha256": logical_sha256(cal_table, "calibration"),
         },
         workload=wl,
-        synthetic=synthetic,
+        synthetic=bool(synthetic_inputs),
+        synthetic_inputs=tuple(synthetic_inputs),
         notes=tuple(notes),
     )
 
@@ -501,8 +512,12 @@ def build_bundle(
     signers: Sequence[Signer],
     trust_root: TrustRoot,
     options: BuildOptions,
+    on_stage: Callable[[str], None] | None = None,
 ) -> BuildResult:
     """Select, replay, sign, verify and publish a bundle (see the module docstring).
+
+    ``on_stage(name)`` is called as each stage starts (``select``, ``replay``, ``sign``,
+    ``verify``, ``publish``), for progress displays.
 
     Raises:
         ConfigError: bad inputs, a refused selection, synthetic input without permission, an
@@ -521,14 +536,16 @@ def build_bundle(
     out_dir = Path(out_dir)
     if inputs.synthetic and not options.allow_synthetic:
         raise ConfigError(
-            "an input is synthetic (a synthetic sweep backend or generated workload); pass --allow-synthetic "
-            "for demos and tests only"
+            f"synthetic inputs: {', '.join(inputs.synthetic_inputs)}; use recorded ones (fit on "
+            "recorder traces, `workload import-trtllm`), or pass --allow-synthetic for demos and CPU trials"
         )
     if out_dir.exists() and not options.force:
         raise ConfigError(f"{out_dir} exists; choose another --out or pass --force to replace it")
     if not signers:
         raise ConfigError("no signing key given: pass --key")
     fp, k = inputs.fingerprint, inputs.k
+    if on_stage is not None:
+        on_stage('select')
     # (2) candidates, drain guard, selection
     grid = CellGrid.from_rows(k, inputs.sweep_rows)
     calibration = Calibration.from_rows(inputs.calibration_table.to_pylist(), use=options.calibration_use)
@@ -544,6 +561,8 @@ def build_bundle(
     )
     cells = require_cells(selection)
     del evidence
+    if on_stage is not None:
+        on_stage('replay')
     # (3) replay the deployed table
     final = grid.restrict(cells)
     evidence = prepare_evidence(
@@ -593,6 +612,7 @@ def build_bundle(
         extra=_json_safe(
             {
                 "build_options": options.to_dict(),
+                "synthetic_inputs": list(inputs.synthetic_inputs),
                 "inputs": {
                     "sweeps": list(inputs.sweep_sources),
                     "calibration": dict(inputs.calibration_source),
@@ -641,6 +661,8 @@ def build_bundle(
     published = False
     try:
         tmp.mkdir(parents=True)
+        if on_stage is not None:
+            on_stage('sign')
         # (4) write, sign and verify each member, then the manifest
         members = {}
         expected_kw = {"fingerprint": fp, "allow_synthetic": options.allow_synthetic}
@@ -683,6 +705,8 @@ def build_bundle(
         if options.plots:
             plot_paths, plot_notes = _plots(report_dir, report)
             notes.extend(plot_notes)
+        if on_stage is not None:
+            on_stage('publish')
         # (5) publish
         publish_directory(tmp, out_dir)
         published = True

@@ -569,11 +569,16 @@ def synthesize_workload(
     """
     if k < 1 or steps < 1 or ranks < 1 or max_rows < 1 or mean_request_steps < 1:
         raise ConfigError("synthetic workload needs k, steps, ranks, max_rows and mean_request_steps >= 1")
+    if temperatures is not None and len(temperatures) != k:
+        raise ConfigError(
+            f"--temperatures has {len(temperatures)} values but --k is {k}; give one temperature per "
+            "draft position"
+        )
     temps = tuple(temperatures) if temperatures is not None else SYNTHETIC_TEMPERATURES[:k]
-    if len(temps) < k:
+    if len(temps) < k:  # the defaults cover K <= 5; longer blocks repeat the last one
         temps = temps + (temps[-1],) * (k - len(temps))
-    if len(temps) != k or not all(math.isfinite(t) and t > 0 for t in temps):
-        raise ConfigError(f"synthetic temperatures must be {k} positive numbers, got {list(temps)}")
+    if not all(math.isfinite(t) and t > 0 for t in temps):
+        raise ConfigError(f"--temperatures {list(temps)} must be finite positive numbers")
     rng = np.random.default_rng(seed)
     s_idx = np.arange(steps)
     phase = rng.uniform(0, 2 * np.pi, size=ranks)

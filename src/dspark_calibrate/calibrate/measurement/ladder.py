@@ -200,7 +200,7 @@ def parse_ladder(text: str) -> tuple[int, ...]:
         values = [int(p) for p in parts]
     except ValueError:
         raise ConfigError(
-            f"--ladder {text!r} is not a comma-separated list of integers, e.g. 8,16,32"
+            f"--ladder {text!r} is not a comma-separated list of integers; give the captured sizes, e.g. 8,16,32"
         ) from None
     return validate_ladder(values)
 

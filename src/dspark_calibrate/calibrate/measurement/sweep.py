@@ -38,6 +38,7 @@ from dspark_calibrate.artifacts import (
     sha256_hex,
     write_unsigned_artifact,
 )
+from dspark_calibrate.calibrate.measurement import resources
 from dspark_calibrate.calibrate.measurement.backends import Backend, load_backend
 from dspark_calibrate.calibrate.measurement.backends.import_samples import group_rounds, read_profiler_jsonl
 from dspark_calibrate.calibrate.measurement.distributed import (
@@ -68,6 +69,7 @@ from dspark_calibrate.calibrate.measurement.sweep_plot import plot_sweep
 from dspark_calibrate.calibrate.measurement.telemetry import SW_POWER_CAP, Telemetry, drop_mask, reason_names
 from dspark_calibrate.calibrate.measurement.timing import Step, Timer
 from dspark_calibrate.errors import ConfigError, MeasurementError, ProbeError
+from dspark_calibrate.runtime_plugin.live import CPU_DEVICE, SYNTHETIC_DEVICE, collect_live
 
 __all__ = [
     "IMPORT_BACKEND",
@@ -79,7 +81,9 @@ __all__ = [
     "SweepRequest",
     "SweepResult",
     "build_fingerprint",
+    "check_reference_resources",
     "default_journal_path",
+    "deployment_base",
     "execute",
     "result_from_imported",
     "round_order",
@@ -253,7 +257,9 @@ class CellResult:
 
 @dataclass(frozen=True, slots=True)
 class SweepEvent:
-    """Progress report for a UI: kind is ``round``, ``visit``, ``cell_done`` or ``end``."""
+    """Progress report for a UI: kind is ``estimate`` (before measuring; ``detail`` says what the
+    sweep needs), ``round``, ``visit``, ``cell_done`` or ``end``. ``eta_s`` comes from the measured
+    time per visit."""
 
     kind: str
     round: int
@@ -263,6 +269,7 @@ class SweepEvent:
     half_width_rel: float | None = None
     eta_s: float | None = None
     decision: Decision | None = None
+    detail: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -989,29 +996,109 @@ def build_fingerprint(
     Raises:
         ConfigError: a conflict between ``base`` and what this sweep establishes, or an invalid field.
     """
+    base = base or Fingerprint()
+    # An explicit GPU count describes the deployment when the sweep measures one rank's share of
+    # it (a DEP8 rank on one GPU with ``ep=8``); otherwise the ranks running are the deployment.
+    gpus = base.gpu_count if base.gpu_count is not None else world_size
     derived: dict[str, Any] = {
         "max_draft_len": k,
         "rank_local_graph_batch_sizes": tuple(ladder),
-        "gpu_count": world_size,
-        "global_graph_batch_sizes": tuple(g * world_size for g in ladder),
+        "gpu_count": gpus,
+        "global_graph_batch_sizes": tuple(g * gpus for g in ladder),
         **{k2: v for k2, v in backend_fields.items() if v is not None},
     }
     if clock_policy is not None:
         derived["clock_policy"] = clock_policy
     if context_len is not None:
         derived["context_len"] = context_len
-    base = base or Fingerprint()
     conflicts = []
     for name, value in sorted(derived.items()):
         have = getattr(base, name)
         if have is not None and have != value:
-            conflicts.append(f"{name} is {have!r} in --fingerprint but this sweep has {value!r}")
+            conflicts.append(f"{name} is {have!r} as given but this sweep has {value!r}")
     if conflicts:
-        raise ConfigError("fingerprint conflicts: " + "; ".join(conflicts) + "; fix the --fingerprint file")
+        raise ConfigError(
+            "fingerprint conflicts: " + "; ".join(conflicts) + "; fix --fingerprint or the --live-* option "
+            "(docs/fingerprint.md)"
+        )
     try:
         return base.replace(**derived)
     except (ModelError, TypeError) as exc:
         raise ConfigError(f"fingerprint: {exc}") from exc
+
+
+#: Fields the sweep itself establishes (from --k, --ladder and the ranks), never from probes.
+_DERIVED_FIELDS = frozenset(
+    {"max_draft_len", "rank_local_graph_batch_sizes", "global_graph_batch_sizes", "gpu_count"}
+)
+
+
+def deployment_base(
+    *,
+    given: Fingerprint | None,
+    live_arguments: Mapping[str, Any],
+    backend_fields: Mapping[str, Any],
+    probe: Callable[..., Any] | None = None,
+) -> Fingerprint:
+    """The fingerprint fields of the deployment this sweep measures, before K and the ladder.
+
+    Precedence, highest first: the ``--live-*`` options, the ``--fingerprint`` file, then the host
+    probes that ``dspark-verify --live`` runs on serving nodes (runtime snapshot, GPU snapshot,
+    source tree), so the two sides establish each field the same way (docs/fingerprint.md). What
+    the backend measured (GPU name, model config, kernels) is checked against the given values
+    by :func:`build_fingerprint`; probed values the backend contradicts are dropped (the
+    synthetic backend on a GPU host).
+
+    Args:
+        given: the ``--fingerprint`` file's fields.
+        live_arguments: ``collect_live`` keyword arguments from the ``--live-*`` options.
+        backend_fields: what the backend establishes.
+        probe: the collector (default :func:`~dspark_calibrate.runtime_plugin.live.collect_live`).
+
+    Raises:
+        ConfigError: a ``--live-*`` option conflicts with the file, or a value is malformed.
+    """
+    args = dict(live_arguments)
+    explicit = {
+        name: value
+        for name, value in (
+            *((n, args.get(n)) for n in ("gpu", "gpu_count", "topology", "source_head", "runtime_snapshot")),
+            ("source_diff_sha256", args.get("source_diff_sha256")),
+            *dict(args.get("overrides") or {}).items(),
+        )
+        if value is not None
+    }
+    base = given or Fingerprint()
+    clash = [
+        f"{n} is {getattr(base, n)!r} in --fingerprint but {v!r} on the command line"
+        for n, v in sorted(explicit.items())
+        if getattr(base, n, None) is not None and getattr(base, n) != (tuple(v) if isinstance(v, list) else v)
+    ]
+    if clash:
+        raise ConfigError("; ".join(clash) + "; give each field once (docs/fingerprint.md)")
+    if "gpu" not in explicit:
+        for device in (CPU_DEVICE, SYNTHETIC_DEVICE):
+            if device in (base.gpu, backend_fields.get("gpu")):
+                args["gpu"] = device  # a pseudo-device: the collector derives its snapshot
+    try:
+        ctx = (probe or collect_live)(**args)
+    except ProbeError as exc:
+        raise ConfigError(f"deployment fingerprint: {exc}; fix the --live-* option") from exc
+    probed = {
+        n: v
+        for n, v in ctx.fingerprint.to_dict().items()
+        if v is not None and n not in _DERIVED_FIELDS and getattr(base, n) is None
+    }
+    if "gpu_count" in explicit and base.gpu_count is None:
+        probed["gpu_count"] = explicit["gpu_count"]
+    backend_gpu = backend_fields.get("gpu")
+    if backend_gpu is not None and probed.get("gpu", backend_gpu) != backend_gpu and "gpu" not in explicit:
+        probed.pop("gpu", None)
+        probed.pop("gpu_snapshot_sha256", None)
+    try:
+        return base.replace(**probed)
+    except (ModelError, TypeError) as exc:
+        raise ConfigError(f"deployment fingerprint: {exc}; fix the --live-* option") from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -1229,9 +1316,53 @@ class SweepRequest:
     command: tuple[str, ...] | None = None
     until_round: int | None = None
     pass_epoch: int | None = None
+    live: Mapping[str, Any] = field(default_factory=dict)
+    check_memory: bool = True
 
 
 IMPORT_BACKEND = "import-samples"
+
+
+def check_reference_resources(
+    request: SweepRequest,
+    cells: Sequence[CellSpec],
+    on_event: Callable[[SweepEvent], None] | None,
+) -> None:
+    """Estimate the reference backend's memory and time; refuse what the machine cannot hold.
+
+    Raises:
+        ConfigError: the estimate exceeds :data:`~.resources.HEADROOM` of the available memory;
+            the message gives the estimate and the options that shrink it.
+    """
+    try:
+        import torch
+    except ImportError as exc:
+        raise ConfigError("the reference backend needs torch; install the 'torch' extra") from exc
+    options = dict(request.backend_options)
+    device = str(options.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")).split(":")[0]
+    est = resources.estimate_reference(options, cells, request.thresholds, device=device)
+    have = resources.available_bytes(device, torch)
+    dtype = str(options.get("dtype") or ("bfloat16" if device == "cuda" else "float32"))
+    rate = resources.matmul_flops_per_second(torch, device, dtype)
+    step_s = est.step_flops / rate
+    floor_s = est.replays * step_s
+    budget = request.thresholds.budget_s
+    detail = (
+        f"needs {est.describe()}"
+        + (f" of {resources.format_bytes(have)} available" if have is not None else "")
+        + f"; largest step ~{1000 * step_s:.3g} ms, at least ~{floor_s:.0f} s of measuring "
+        f"({est.replays} replays; --budget {budget:g} s caps it)"
+    )
+    if on_event is not None:
+        on_event(SweepEvent("estimate", 0, 0, len(cells), eta_s=min(floor_s, budget), detail=detail))
+    if request.check_memory and have is not None and est.total > resources.HEADROOM * have:
+        raise ConfigError(
+            f"this sweep {detail}, more than this machine can hold "
+            f"({resources.HEADROOM:.0%} of {resources.format_bytes(have)}); lower --layers, "
+            "--context-len or the largest G of --ladder, split the experts with --backend-opt ep=8 "
+            "(one DEP8 rank), drop the LM head with --backend-opt lm_head=false, run on a GPU, or pass "
+            "--no-memory-check to try anyway"
+        )
 
 
 def execute(
@@ -1271,7 +1402,7 @@ def execute(
             ladder=request.ladder,
             world_size=1,
             backend_fields={},
-            base=request.fingerprint,
+            base=deployment_base(given=request.fingerprint, live_arguments=request.live, backend_fields={}),
             clock_policy=request.clock_policy,
         )
         config = SweepConfig(
@@ -1297,6 +1428,8 @@ def execute(
         output = write_sweep(result, request.out, fingerprint=fingerprint, provenance=provenance)
         return result, _maybe_plot(result, output, request.plot)
 
+    if request.backend == "reference":
+        check_reference_resources(request, cells, on_event)
     if comm is None:
         comm = from_environment()
     options = dict(request.backend_options)
@@ -1313,7 +1446,7 @@ def execute(
             ladder=request.ladder,
             world_size=comm.world_size,
             backend_fields=fields,
-            base=request.fingerprint,
+            base=deployment_base(given=request.fingerprint, live_arguments=request.live, backend_fields=fields),
             clock_policy=request.clock_policy,
             context_len=context_len,
         )

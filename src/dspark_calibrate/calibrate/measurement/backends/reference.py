@@ -438,7 +438,7 @@ class ReferenceBackend(BackendBase):
         self._device = dev
         dtype = dtype or ("bfloat16" if dev.type == "cuda" else "float32")
         if dtype not in ("bfloat16", "float16", "float32"):
-            raise ConfigError(f"--dtype {dtype!r} must be bfloat16, float16 or float32")
+            raise ConfigError(f"--backend-opt dtype={dtype!r} is unknown; use bfloat16, float16 or float32")
         self._dtype_name = dtype
         self._graphs = graphs and dev.type == "cuda"
         tp_rank, tp_size, all_reduce = 0, 1, None
