@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dspark_calibrate.artifacts import JsonError, canonical_json, loads_strict
+from dspark_calibrate.artifacts._canonical import MAX_JSON_INT_DIGITS
 
 
 def test_matches_trtllm_canonical_form() -> None:
@@ -27,6 +28,7 @@ def test_matches_trtllm_canonical_form() -> None:
         ("non_string_key", {1: "x"}),
         ("set", {"x": {1, 2}}),
         ("bytes", {"x": b"raw"}),
+        ("integer_of_65_digits", {"x": 10**64}),
     ],
 )
 def test_canonical_refuses(name: str, obj: Any) -> None:
@@ -46,11 +48,23 @@ def test_canonical_refuses(name: str, obj: Any) -> None:
         ("syntax", '{"a": '),
         ("not_utf8", b"\xff\xfe"),
         ("too_deep", "[" * 100_000 + "]" * 100_000),
+        ("integer_of_5000_digits", "[" + "9" * 5000 + "]"),
+        ("negative_integer_of_65_digits", '{"v": -' + "1" * 65 + "}"),
     ],
 )
 def test_strict_parser_refuses(name: str, text: str | bytes) -> None:
     with pytest.raises(JsonError):
         loads_strict(text.encode() if isinstance(text, str) else text, what="doc")
+
+
+def test_integers_up_to_the_digit_limit_round_trip() -> None:
+    big = 10**MAX_JSON_INT_DIGITS - 1
+    assert loads_strict(canonical_json([big, -big])) == [big, -big]
+
+
+def test_huge_integer_is_the_documents_error_not_a_bare_value_error() -> None:
+    with pytest.raises(JsonError, match=r"footer of x\.parquet: integer literal of 5000 digits"):
+        loads_strict(b'{"n":' + b"9" * 5000 + b"}", what="footer of x.parquet")
 
 
 def test_strict_parser_message_names_document() -> None:

@@ -3,8 +3,9 @@
 Canonical JSON here is exactly what TensorRT-LLM hashes (DESIGN §6):
 ``json.dumps(obj, sort_keys=True, separators=(",", ":"))`` with the default ASCII escaping,
 encoded as UTF-8, with NaN and ±Infinity refused. The strict parser refuses duplicate keys,
-NaN/Infinity literals and nesting deeper than a fixed limit, because an attacker-chosen payload
-must have exactly one meaning.
+NaN/Infinity literals, integer literals longer than a fixed number of digits and nesting deeper
+than a fixed limit, because an attacker-chosen payload must have exactly one meaning and must not
+reach Python's own integer-conversion limit (a bare ``ValueError``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dspark_calibrate.errors import InvalidValueError
 
 __all__ = [
     "MAX_JSON_DEPTH",
+    "MAX_JSON_INT_DIGITS",
     "JsonError",
     "canonical_json",
     "loads_strict",
@@ -26,6 +28,12 @@ __all__ = [
 
 #: Deepest nesting accepted from untrusted JSON; our documents nest fewer than 8 levels.
 MAX_JSON_DEPTH = 32
+#: Longest integer literal accepted or written, in decimal digits (sign not counted). Every integer
+#: our documents hold fits in 64 bits (at most 20 digits); Python refuses to convert literals of
+#: more than 4,300 digits with a bare ValueError, so a longer literal is refused here first, as
+#: the document's own error.
+MAX_JSON_INT_DIGITS = 64
+_INT_BOUND = 10**MAX_JSON_INT_DIGITS
 
 
 class JsonError(InvalidValueError):
@@ -40,6 +48,8 @@ def _check_finite(obj: Any, depth: int = 0) -> None:
     if isinstance(obj, float):
         if not math.isfinite(obj):
             raise JsonError(f"non-finite number {obj!r} cannot be written as canonical JSON")
+    elif isinstance(obj, int) and not isinstance(obj, bool) and not -_INT_BOUND < obj < _INT_BOUND:
+        raise JsonError(f"an integer of {obj.bit_length()} bits has more than {MAX_JSON_INT_DIGITS} digits")
     elif isinstance(obj, dict):
         for key, value in obj.items():
             if not isinstance(key, str):
@@ -84,8 +94,18 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def _bounded_int(text: str) -> int:
+    digits = len(text) - text.startswith("-")
+    if digits > MAX_JSON_INT_DIGITS:
+        raise JsonError(
+            f"integer literal of {digits} digits is longer than the {MAX_JSON_INT_DIGITS}-digit limit"
+        )
+    return int(text)
+
+
 def loads_strict(data: bytes | str, *, what: str = "JSON document") -> Any:
-    """Parse untrusted JSON, refusing duplicate keys, NaN/Infinity, overflowing numbers, deep nesting.
+    """Parse untrusted JSON, refusing duplicate keys, NaN/Infinity, overflowing numbers, integer
+    literals longer than :data:`MAX_JSON_INT_DIGITS`, deep nesting.
 
     Args:
         data: UTF-8 bytes or text.
@@ -98,7 +118,11 @@ def loads_strict(data: bytes | str, *, what: str = "JSON document") -> Any:
         text = data.decode("utf-8") if isinstance(data, bytes | bytearray) else data
         # The hooks run during parsing, so no second walk over the result is needed.
         return json.loads(
-            text, object_pairs_hook=_no_duplicates, parse_constant=_refuse_constant, parse_float=_finite_float
+            text,
+            object_pairs_hook=_no_duplicates,
+            parse_constant=_refuse_constant,
+            parse_float=_finite_float,
+            parse_int=_bounded_int,
         )
     except JsonError as exc:
         raise JsonError(f"{what}: {exc}") from None
@@ -106,6 +130,8 @@ def loads_strict(data: bytes | str, *, what: str = "JSON document") -> Any:
         raise JsonError(f"{what}: nests too deeply") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise JsonError(f"{what}: not valid UTF-8 JSON ({exc})") from None
+    except ValueError as exc:  # any other conversion the parser refuses: still this document's error
+        raise JsonError(f"{what}: not acceptable JSON ({exc})") from None
 
 
 def sha256_hex(data: bytes) -> str:
