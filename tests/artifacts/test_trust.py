@@ -326,6 +326,18 @@ def _base_key(signed: dict[str, Any]) -> dict[str, Any]:
     return key
 
 
+def _huge_version(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc).encode().replace(b'"version": 1', b'"version": ' + b"9" * 5000, 1)
+
+
+def _surrogate_keyid(doc: dict[str, Any]) -> dict[str, Any]:
+    # A keyid that JSON can carry but UTF-8 cannot: TUF's canonical form of it cannot be built.
+    signed = doc["signed"]
+    signed["keys"]["\ud800"] = signed["keys"].pop(P[0].keyid)
+    signed["roles"]["root"]["keyids"] = ["\ud800"]
+    return doc
+
+
 LOAD_CASES: list[tuple[str, Mutation, Reason]] = [
     ("not-json", _raw(b"{"), INVALID),
     ("duplicate-json-key", _raw(b'{"signed":{},"signed":{},"signatures":[]}'), INVALID),
@@ -365,6 +377,16 @@ LOAD_CASES: list[tuple[str, Mutation, Reason]] = [
     ("tampered-after-signing", _tamper_after_signing, INVALID),
     ("signature-not-hex", _unsigned(lambda d: d["signatures"][0].update(sig="zz")), INVALID),
     ("duplicate-signature-entries", _duplicate_signature, INVALID),
+    # numbers and strings that TUF's canonical JSON cannot carry: the file's own code, no crash
+    ("float-in-signed", _unsigned(_set_in(["signed", "consistent_snapshot"], 1.5)), INVALID),
+    ("float-threshold", _unsigned(_set_in(["signed", "roles", "root", "threshold"], 1.0)), INVALID),
+    (
+        "float-deep-in-a-key",
+        _unsigned(lambda d: _base_key(d["signed"])["keyval"].update(x=[{"y": 2e-3}])),
+        INVALID,
+    ),
+    ("integer-of-5000-digits", _huge_version, INVALID),
+    ("lone-surrogate-keyid", _surrogate_keyid, INVALID),
     ("expired", _signed(_set_in(["expires"], "2029-12-31T00:00:00Z")), EXPIRED),
     ("expires-exactly-now", _signed(_set_in(["expires"], "2030-01-01T12:00:00Z")), EXPIRED),
     # Two defects: a bad signature is reported before expiry.

@@ -33,6 +33,7 @@ from typing import Any
 from securesystemslib.signer import Key, Signer
 from tuf.api.exceptions import UnsignedMetadataError
 from tuf.api.metadata import Metadata, Role, Root
+from tuf.api.serialization import SerializationError
 
 from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict
 from dspark_calibrate.artifacts._keys import check_supported_key, key_identity, tally_signatures
@@ -263,7 +264,16 @@ def _check_threshold(
     error: Callable[[str], TrustRootError],
 ) -> None:
     """Require ``threshold`` distinct ``keys`` to have signed ``md``, and none to have signed badly."""
-    tally = tally_signatures(md.signed_bytes, signatures, keys)
+    try:
+        signed_bytes = md.signed_bytes
+    except SerializationError as exc:
+        # TUF's canonical JSON cannot encode what was parsed (e.g. a string with a lone
+        # surrogate): nothing can have signed it.
+        raise _invalid(
+            f"trust root: the signed part cannot be encoded as TUF canonical JSON ({exc.__cause__ or exc}); "
+            "restore root.json from its signer"
+        ) from exc
+    tally = tally_signatures(signed_bytes, signatures, keys)
     if tally.invalid_keyids:
         raise error(
             f"trust root v{md.signed.version}: the signature by {who} key(s) "
@@ -275,6 +285,20 @@ def _check_threshold(
             f"trust root v{md.signed.version}: signed by {len(tally.accepted_keyids)} distinct {who} key(s), "
             f"{threshold} required; collect signatures from more {who} keys"
         )
+
+
+def _first_float(obj: Any) -> str | None:
+    """The JSON path of the first non-integer number in ``obj``, or None (iterative: any depth)."""
+    stack: list[tuple[str, Any]] = [("", obj)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, float):
+            return where or "the document"
+        if isinstance(value, dict):
+            stack.extend((f"{where}.{k}" if where else str(k), v) for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", v) for i, v in reversed(list(enumerate(value))))
+    return None
 
 
 def _parse(data: bytes) -> Metadata[Root]:
@@ -289,6 +313,14 @@ def _parse(data: bytes) -> Metadata[Root]:
         raise _invalid(f"{exc}; restore root.json from its signer") from exc
     if not isinstance(obj, dict):
         raise _invalid("trust root: not a JSON object")
+    # TUF's canonical JSON has integers only: a root holding a fraction or an exponent cannot have
+    # been signed (python-tuf would fail to re-encode it while checking signatures).
+    at = _first_float(obj)
+    if at is not None:
+        raise _invalid(
+            f"trust root: {at} is a number with a fraction or an exponent; TUF metadata holds integers "
+            "only: restore root.json from its signer"
+        )
     signed = obj.get("signed")
     if isinstance(signed, dict) and signed.get("_type") != ROOT_ROLE:
         raise _invalid(
