@@ -419,6 +419,33 @@ def test_generated_files_do_not_depend_on_umask(tmp_path: Path) -> None:
     assert _mode(pair.public_path) == 0o644
 
 
+@pytest.mark.parametrize("umask", [0o000, 0o022, 0o077], ids=["000", "022", "077"])
+def test_created_key_directories_are_0700_whatever_the_umask(tmp_path: Path, umask: int) -> None:
+    old = os.umask(umask)
+    try:
+        pair = generate_keypair(tmp_path / "a" / "b" / "keys")
+    finally:
+        os.umask(old)
+    for directory in (tmp_path / "a", tmp_path / "a" / "b", pair.private_path.parent):
+        assert _mode(directory) == 0o700, directory
+
+
+def test_fifo_key_path_is_refused_without_blocking(tmp_path: Path) -> None:
+    import time
+
+    from tests.hangs import HANG_S, fifo_watchdog
+
+    fifo = tmp_path / "signing-key.pem"
+    os.mkfifo(fifo, 0o600)
+    with fifo_watchdog(tmp_path):
+        started = time.monotonic()
+        with pytest.raises(ConfigError, match="not a regular file"):
+            load_signer(fifo)
+        with pytest.raises(ConfigError, match="not a regular file"):
+            load_public_key(fifo)
+        assert time.monotonic() - started < HANG_S, "the key read blocked on the FIFO"
+
+
 def test_tally_tolerates_a_mapping_key_that_differs_from_the_key_objects_keyid() -> None:
     signer = CryptoSigner.generate_ed25519()
     _, sig = _signed(signer, b"m")

@@ -279,6 +279,29 @@ def _generate_private(algorithm: KeyAlgorithm) -> ed25519.Ed25519PrivateKey | ec
     )
 
 
+def _make_private_dirs(directory: Path) -> None:
+    """Create ``directory`` and any missing parents with mode exactly 0700 (the umask ignored).
+
+    ``mkdir(mode=...)`` is narrowed by the umask and ``parents=True`` creates parents with the
+    umask's default mode (0755, or 0777 under umask 000); a key directory must never be listable
+    by others, so each directory created here is chmod-ed to 0700. Existing directories are left
+    as they are (the private key inside is 0600 either way).
+    """
+    missing = []
+    current = directory
+    while not current.exists():
+        missing.append(current)
+        if current.parent == current:
+            break
+        current = current.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:  # created concurrently: treat as existing
+            continue
+        os.chmod(path, 0o700)
+
+
 def generate_keypair(
     out_dir: Path,
     *,
@@ -331,7 +354,7 @@ def generate_keypair(
     signer = CryptoSigner(private_key, SSlibKey.from_crypto(private_key.public_key()))
 
     try:
-        out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _make_private_dirs(out_dir)
     except OSError as exc:
         raise ConfigError(
             f"{out_dir}: cannot create the key directory ({exc.strerror}); check the path"
@@ -363,11 +386,12 @@ def _read_key_file(path: Path, *, private: bool) -> bytes:
     """Read a key file, refusing a group/world-readable private key before reading any byte.
 
     The mode is taken with fstat on the opened descriptor, so the file checked is the file read
-    (no window for swapping it between a stat and an open).
+    (no window for swapping it between a stat and an open). Opened non-blocking, so a FIFO at the
+    path is refused rather than waited on (as ``read_regular_file`` does for every other file).
     """
     what = "private key" if private else "public key"
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError as exc:
         raise ConfigError(f"{path}: {what} file not found; check the path") from exc
     except OSError as exc:

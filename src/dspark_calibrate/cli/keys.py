@@ -28,7 +28,9 @@ def keygen(
     out: Annotated[
         Path,
         typer.Option(
-            "--out", help="Directory for signing-key.pem (0600) and signing-key.pub.pem.", metavar="DIR"
+            "--out",
+            help="Directory for signing-key.pem (0600) and signing-key.pub.pem; created 0700 if missing.",
+            metavar="DIR",
         ),
     ],
     algorithm: Annotated[
@@ -57,7 +59,8 @@ def keygen(
             fail_usage(f"--passphrase-env {passphrase_env}: the variable is unset or empty; export it with the passphrase")
         passphrase = value.encode()
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        # The library creates a missing directory 0700 (umask ignored); creating it here first
+        # would give it the umask's mode.
         pair = generate_keypair(out, algorithm=algorithm, passphrase=passphrase, name=name)
     except (ConfigError, OSError) as exc:
         fail_error(exc)
