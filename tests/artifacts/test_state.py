@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import multiprocessing
 import os
 import random
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,8 +18,15 @@ from filelock import FileLock
 
 from dspark_calibrate.artifacts import _atomic
 from dspark_calibrate.artifacts._reasons import Reason
-from dspark_calibrate.artifacts._state import RollbackState, StateError
+from dspark_calibrate.artifacts._state import (
+    DEFAULT_STATE_LOCK_TIMEOUT_S,
+    RollbackState,
+    SeriesIdentity,
+    StateError,
+    StoredRoot,
+)
 from dspark_calibrate.errors import DsparkError
+from tests.hangs import HANG_S, fifo_watchdog
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
@@ -39,81 +48,144 @@ def _reason(fn: Callable[[], object]) -> Reason:
 # ---------------------------------------------------------------------------------------------
 
 
+def ident(
+    name: str = "s", kind: str = "cost-table", legacy: str | None = None, **binding: object
+) -> SeriesIdentity:
+    """A series identity whose binding is ``{"gpu": name, **binding}``."""
+    return SeriesIdentity(kind, {"gpu": name, **binding}, legacy)
+
+
 def test_empty_state(tmp_path: Path) -> None:
     state = RollbackState(tmp_path / "state.json")
-    assert state.highest("cost-table:abc") is None
-    assert state.check("cost-table:abc", 0) is None
+    assert state.highest(ident()) is None
+    assert state.check(ident(), 0) is None
+    assert state.trust_root() is None
     assert not (tmp_path / "state.json").exists()  # reading creates nothing
 
 
 def test_record_and_check(tmp_path: Path) -> None:
     state = RollbackState(tmp_path / "state.json")
-    state.record("s", 5)
-    assert state.highest("s") == 5
-    assert state.check("s", 5) is None  # the same artifact again is not a rollback
-    assert state.check("s", 6) is None
-    finding = state.check("s", 4)
+    state.record(ident(), 5)
+    assert state.highest(ident()) == 5
+    assert state.check(ident(), 5) is None  # the same artifact again is not a rollback
+    assert state.check(ident(), 6) is None
+    finding = state.check(ident(), 4)
     assert finding is not None
     assert finding.reason is Reason.ROLLBACK
     assert (finding.field, finding.expected, finding.actual) == ("version", 5, 4)
-    assert "s" in finding.message and "5" in finding.message
+    assert "cost-table" in finding.message and "5" in finding.message
 
 
 def test_record_never_lowers(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     state = RollbackState(path)
-    state.record("s", 7)
+    state.record(ident(), 7)
     before = path.stat().st_mtime_ns, path.read_bytes()
-    state.record("s", 3)
-    state.record("s", 7)
-    assert state.highest("s") == 7
+    state.record(ident(), 3)
+    state.record(ident(), 7)
+    assert state.highest(ident()) == 7
     assert (path.stat().st_mtime_ns, path.read_bytes()) == before  # no needless rewrite
 
 
 def test_series_are_independent(tmp_path: Path) -> None:
     state = RollbackState(tmp_path / "state.json")
-    state.record("a", 3)
-    state.record("b", 1)
-    assert (state.highest("a"), state.highest("b")) == (3, 1)
-    assert state.check("b", 2) is None
+    state.record(ident("a"), 3)
+    state.record(ident("b"), 1)
+    state.record(ident("a", kind="calibration"), 9)
+    assert (state.highest(ident("a")), state.highest(ident("b"))) == (3, 1)
+    assert state.check(ident("b"), 2) is None
+
+
+def test_unbound_fields_do_not_split_a_series(tmp_path: Path) -> None:
+    """An entry counts for every artifact that agrees with it on the fields bound *now*."""
+    state = RollbackState(tmp_path / "state.json")
+    state.record(ident("H200", topology="TP1"), 5)
+    other_topology = ident("H200", topology="DEP8")
+    assert state.highest(other_topology) is None  # both fields bound: another series
+    assert state.highest(other_topology, bound=("gpu",)) == 5  # topology unbound: the same one
+    finding = state.check(other_topology, 4, bound=("gpu",))
+    assert finding is not None and finding.reason is Reason.ROLLBACK
+    assert state.highest(ident("B300", topology="TP1"), bound=("gpu",)) is None
+
+
+def test_one_update_records_many_and_the_root(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    state = RollbackState(path)
+    root = StoredRoot(3, b'{"signed":{"version":3}}')
+    state.update([(ident("a"), 1), (ident("b"), 2)], root=root)
+    assert (state.highest(ident("a")), state.highest(ident("b"))) == (1, 2)
+    assert state.trust_root() == root
+    state.update(root=StoredRoot(2, b'{"signed":{"version":2}}'))  # never lowered
+    assert state.trust_root() == root
 
 
 def test_file_format_is_canonical_json(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     state = RollbackState(path)
-    state.record("b:1", 2)
-    state.record("a:\u00e9", 10)
-    assert path.read_bytes() == b'{"schema_version":1,"series":{"a:\\u00e9":10,"b:1":2}}'
-    assert json.loads(path.read_bytes()) == {"schema_version": 1, "series": {"a:\u00e9": 10, "b:1": 2}}
+    state.record(SeriesIdentity("cost-table", {"gpu": "\u00e9"}), 2)
+    key = "cost-table:" + hashlib.sha256(b'{"gpu":"\\u00e9"}').hexdigest()
+    assert path.read_bytes() == (
+        b'{"legacy_series":{},"schema_version":2,"series":{"'
+        + key.encode()
+        + b'":{"binding":{"gpu":"\\u00e9"},"kind":"cost-table","version":2}},"trust_root":null}'
+    )
+
+
+def test_schema_1_state_is_read_as_legacy_and_migrated(tmp_path: Path) -> None:
+    """A file written before series identities keeps refusing what it refused."""
+    path = tmp_path / "state.json"
+    path.write_bytes(b'{"schema_version":1,"series":{"cost-table:old":7}}')
+    state = RollbackState(path)
+    old = ident(legacy="cost-table:old")
+    assert state.highest(old) == 7
+    finding = state.check(old, 6)
+    assert finding is not None and finding.reason is Reason.ROLLBACK
+    assert state.highest(ident()) is None  # no legacy key: not that series
+    state.record(ident(), 8)
+    data = json.loads(path.read_bytes())
+    assert data["schema_version"] == 2 and data["legacy_series"] == {"cost-table:old": 7}
+    assert state.highest(old) == 8  # the new entry and the legacy one are the same series
 
 
 def test_state_survives_a_new_instance(tmp_path: Path) -> None:
-    RollbackState(tmp_path / "state.json").record("s", 9)
-    assert RollbackState(tmp_path / "state.json").highest("s") == 9
+    RollbackState(tmp_path / "state.json").record(ident(), 9)
+    assert RollbackState(tmp_path / "state.json").highest(ident()) == 9
 
 
 def test_parent_directory_is_created(tmp_path: Path) -> None:
     state = RollbackState(tmp_path / "var" / "lib" / "dspark" / "state.json")
-    state.record("s", 1)
-    assert state.highest("s") == 1
+    state.record(ident(), 1)
+    assert state.highest(ident()) == 1
 
 
-@pytest.mark.parametrize(
-    ("series", "version"),
-    [("", 1), ("s", -1), ("s", True), ("s", 1.0), (None, 1)],
-    ids=["empty-series", "negative", "bool", "float", "series-none"],
-)
-def test_caller_bugs_raise_value_error(tmp_path: Path, series: object, version: object) -> None:
+@pytest.mark.parametrize("version", [-1, True, 1.0, None], ids=["negative", "bool", "float", "none"])
+def test_caller_bugs_raise_value_error(tmp_path: Path, version: object) -> None:
     state = RollbackState(tmp_path / "state.json")
     with pytest.raises(ValueError):
-        state.record(series, version)  # type: ignore[arg-type]  # wrong types are the test
+        state.record(ident(), version)  # type: ignore[arg-type]  # wrong types are the test
     with pytest.raises(ValueError):
-        state.check(series, version)  # type: ignore[arg-type]  # wrong types are the test
+        state.check(ident(), version)  # type: ignore[arg-type]  # wrong types are the test
+    with pytest.raises(ValueError):
+        SeriesIdentity("", {})
+    with pytest.raises(ValueError):
+        SeriesIdentity("cost-table", None)  # type: ignore[arg-type]  # wrong types are the test
 
 
 # ---------------------------------------------------------------------------------------------
 # corruption: one row per way the file can be wrong
 # ---------------------------------------------------------------------------------------------
+
+_KEY = "cost-table:" + hashlib.sha256(b'{"gpu":"s"}').hexdigest()
+
+
+def _v2(series: str = "{}", root: str = "null", legacy: str = "{}") -> bytes:
+    return (f'{{"legacy_series":{legacy},"schema_version":2,"series":{series},"trust_root":{root}}}').encode()
+
+
+def _entry(**changes: object) -> str:
+    entry: dict[str, object] = {"kind": "cost-table", "binding": {"gpu": "s"}, "version": 1, **changes}
+    return json.dumps({_KEY: entry})
+
 
 CORRUPT: list[tuple[str, bytes]] = [
     ("empty-file", b""),
@@ -122,11 +194,12 @@ CORRUPT: list[tuple[str, bytes]] = [
     ("truncated", b'{"schema_version":1,"series":{"s":'),
     ("duplicate-key", b'{"schema_version":1,"series":{"s":1,"s":9}}'),
     ("nan", b'{"schema_version":1,"series":{"s":NaN}}'),
+    ("huge-integer", b'{"schema_version":1,"series":{"s":' + b"9" * 5000 + b"}}"),
     ("top-level-list", b"[]"),
     ("missing-series", b'{"schema_version":1}'),
     ("missing-schema-version", b'{"series":{}}'),
     ("extra-key", b'{"schema_version":1,"series":{},"x":1}'),
-    ("schema-version-2", b'{"schema_version":2,"series":{}}'),
+    ("schema-version-3", b'{"schema_version":3,"series":{}}'),
     ("schema-version-bool", b'{"schema_version":true,"series":{}}'),
     ("schema-version-string", b'{"schema_version":"1","series":{}}'),
     ("series-list", b'{"schema_version":1,"series":[]}'),
@@ -136,6 +209,23 @@ CORRUPT: list[tuple[str, bytes]] = [
     ("version-string", b'{"schema_version":1,"series":{"s":"3"}}'),
     ("version-null", b'{"schema_version":1,"series":{"s":null}}'),
     ("empty-series-name", b'{"schema_version":1,"series":{"":1}}'),
+    # schema 2
+    ("v2-missing-trust-root", b'{"legacy_series":{},"schema_version":2,"series":{}}'),
+    ("v2-extra-key", b'{"legacy_series":{},"schema_version":2,"series":{},"trust_root":null,"x":1}'),
+    ("v2-series-list", _v2(series="[]")),
+    ("v2-entry-not-object", _v2(series=json.dumps({_KEY: 1}))),
+    ("v2-entry-extra-field", _v2(series=_entry(extra=1))),
+    ("v2-entry-kind-empty", _v2(series=_entry(kind=""))),
+    ("v2-entry-binding-list", _v2(series=_entry(binding=[]))),
+    ("v2-entry-version-negative", _v2(series=_entry(version=-1))),
+    ("v2-entry-version-float", _v2(series=_entry(version=2.0))),
+    ("v2-entry-key-mismatch", _v2(series=_entry(binding={"gpu": "other"}))),
+    ("v2-legacy-not-object", _v2(legacy="[]")),
+    ("v2-legacy-version-bool", _v2(legacy='{"s":false}')),
+    ("v2-root-not-object", _v2(root="1")),
+    ("v2-root-version-zero", _v2(root='{"root":{},"sha256":"00","version":0}')),
+    ("v2-root-digest-mismatch", _v2(root='{"root":{},"sha256":"00","version":1}')),
+    ("v2-root-extra-field", _v2(root='{"root":{},"sha256":"00","version":1,"x":1}')),
 ]
 
 
@@ -144,9 +234,9 @@ def test_corrupt_state_fails_closed_and_is_left_untouched(tmp_path: Path, case: 
     path = tmp_path / "state.json"
     path.write_bytes(content)
     state = RollbackState(path)
-    assert _reason(lambda: state.highest("s")) is Reason.STATE_CORRUPT
-    assert _reason(lambda: state.check("s", 1)) is Reason.STATE_CORRUPT
-    assert _reason(lambda: state.record("s", 5)) is Reason.STATE_CORRUPT
+    assert _reason(lambda: state.highest(ident())) is Reason.STATE_CORRUPT
+    assert _reason(lambda: state.check(ident(), 1)) is Reason.STATE_CORRUPT
+    assert _reason(lambda: state.record(ident(), 5)) is Reason.STATE_CORRUPT
     assert path.read_bytes() == content
 
 
@@ -156,7 +246,7 @@ def test_oversized_state_is_corrupt(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(_state, "MAX_STATE_BYTES", 16)
     path = tmp_path / "state.json"
     path.write_bytes(b'{"schema_version":1,"series":{"s":1}}')
-    assert _reason(lambda: RollbackState(path).highest("s")) is Reason.STATE_CORRUPT
+    assert _reason(lambda: RollbackState(path).highest(ident())) is Reason.STATE_CORRUPT
 
 
 # ---------------------------------------------------------------------------------------------
@@ -172,7 +262,7 @@ def test_write_fault_is_unwritable_and_old_state_survives(
 ) -> None:
     path = tmp_path / "state.json"
     state = RollbackState(path)
-    state.record("s", 1)
+    state.record(ident(), 1)
     before = path.read_bytes()
 
     def failing_write(fd: int, data: object) -> None:
@@ -180,27 +270,41 @@ def test_write_fault_is_unwritable_and_old_state_survives(
 
     monkeypatch.setattr(_atomic, "_write_all", failing_write)
     with pytest.raises(StateError) as info:
-        state.record("s", 2)
+        state.record(ident(), 2)
     assert info.value.reason is Reason.STATE_UNWRITABLE
     assert str(path) in str(info.value)
     assert path.read_bytes() == before
     assert _leftovers(tmp_path) == []
     monkeypatch.undo()
-    state.record("s", 2)  # the lock was released: a later update works
-    assert state.highest("s") == 2
+    state.record(ident(), 2)  # the lock was released: a later update works
+    assert state.highest(ident()) == 2
+
+
+def test_fifo_state_is_refused_without_blocking(tmp_path: Path) -> None:
+    """A FIFO where the state file should be is an I/O error at once, never a wait for a writer."""
+    path = tmp_path / "state.json"
+    os.mkfifo(path)
+    state = RollbackState(path)
+    with fifo_watchdog(tmp_path):
+        start = time.monotonic()
+        assert _reason(lambda: state.highest(ident())) is Reason.IO_ERROR
+        assert _reason(lambda: state.record(ident(), 1)) is Reason.IO_ERROR
+        assert _reason(lambda: state.trust_root()) is Reason.IO_ERROR
+        assert time.monotonic() - start < HANG_S / 2
+    assert stat.S_ISFIFO(path.lstat().st_mode)  # left as it was
 
 
 def test_parent_is_a_file(tmp_path: Path) -> None:
     (tmp_path / "file").write_bytes(b"")
     state = RollbackState(tmp_path / "file" / "state.json")
-    assert _reason(lambda: state.record("s", 1)) is Reason.STATE_UNWRITABLE
+    assert _reason(lambda: state.record(ident(), 1)) is Reason.STATE_UNWRITABLE
 
 
 def test_state_path_is_a_directory(tmp_path: Path) -> None:
     (tmp_path / "state.json").mkdir()
     state = RollbackState(tmp_path / "state.json")
-    assert _reason(lambda: state.highest("s")) is Reason.IO_ERROR
-    assert _reason(lambda: state.record("s", 1)) is Reason.IO_ERROR
+    assert _reason(lambda: state.highest(ident())) is Reason.IO_ERROR
+    assert _reason(lambda: state.record(ident(), 1)) is Reason.IO_ERROR
 
 
 @pytest.mark.skipif(IS_ROOT, reason="root ignores directory permissions")
@@ -208,11 +312,11 @@ def test_read_only_directory_is_unwritable(tmp_path: Path) -> None:
     directory = tmp_path / "ro"
     directory.mkdir()
     state = RollbackState(directory / "state.json")
-    state.record("s", 1)
+    state.record(ident(), 1)
     directory.chmod(0o500)
     try:
-        assert _reason(lambda: state.record("s", 2)) is Reason.STATE_UNWRITABLE
-        assert state.highest("s") == 1
+        assert _reason(lambda: state.record(ident(), 2)) is Reason.STATE_UNWRITABLE
+        assert state.highest(ident()) == 1
     finally:
         directory.chmod(0o700)
 
@@ -233,7 +337,7 @@ def _hold_lock(
 def test_lock_held_elsewhere_is_state_locked(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     state = RollbackState(path, lock_timeout_s=0.2)
-    state.record("s", 1)
+    state.record(ident(), 1)
     ctx = multiprocessing.get_context("fork")
     ready, release = ctx.Event(), ctx.Event()
     holder = ctx.Process(target=_hold_lock, args=(f"{path}.lock", ready, release))
@@ -241,14 +345,28 @@ def test_lock_held_elsewhere_is_state_locked(tmp_path: Path) -> None:
     try:
         assert ready.wait(10)
         start = time.monotonic()
-        assert _reason(lambda: state.record("s", 2)) is Reason.STATE_LOCKED
+        assert _reason(lambda: state.record(ident(), 2)) is Reason.STATE_LOCKED
         assert time.monotonic() - start < 5
-        assert state.highest("s") == 1  # reading needs no lock
+        assert state.highest(ident()) == 1  # reading needs no lock
     finally:
         release.set()
         holder.join(10)
-    state.record("s", 2)
-    assert state.highest("s") == 2
+    state.record(ident(), 2)
+    assert state.highest(ident()) == 2
+
+
+def test_default_lock_wait_is_inside_the_serving_budget(tmp_path: Path) -> None:
+    """Another holder makes an update fail closed within the default wait (<= 100 ms), not 2 s."""
+    assert DEFAULT_STATE_LOCK_TIMEOUT_S <= 0.1
+    path = tmp_path / "state.json"
+    state = RollbackState(path)
+    lock = FileLock(f"{path}.lock")
+    with lock:  # held by this process through another file descriptor: flock excludes it too
+        start = time.monotonic()
+        assert _reason(lambda: state.record(ident(), 1)) is Reason.STATE_LOCKED
+        waited = time.monotonic() - start
+    assert DEFAULT_STATE_LOCK_TIMEOUT_S <= waited < 1.0
+    state.record(ident(), 1)
 
 
 def test_lock_of_a_dead_holder_is_released(tmp_path: Path) -> None:
@@ -261,8 +379,8 @@ def test_lock_of_a_dead_holder_is_released(tmp_path: Path) -> None:
     assert ready.wait(10)
     holder.kill()
     holder.join(10)
-    RollbackState(path, lock_timeout_s=2).record("s", 1)
-    assert RollbackState(path).highest("s") == 1
+    RollbackState(path, lock_timeout_s=2).record(ident(), 1)
+    assert RollbackState(path).highest(ident()) == 1
 
 
 def _record_many(path: str, worker: int, rounds: int) -> None:
@@ -270,8 +388,8 @@ def _record_many(path: str, worker: int, rounds: int) -> None:
     versions = [worker + 8 * r for r in range(rounds)]
     random.Random(worker).shuffle(versions)
     for version in versions:
-        state.record("shared", version)
-        state.record(f"own-{worker}", version)
+        state.record(ident("shared"), version)
+        state.record(ident(f"own-{worker}"), version)
 
 
 def test_eight_processes_keep_the_maximum_and_the_file_always_parses(tmp_path: Path) -> None:
@@ -286,16 +404,16 @@ def test_eight_processes_keep_the_maximum_and_the_file_always_parses(tmp_path: P
         if path.exists():
             # Every observed state is complete and valid (atomic replacement), never a partial file.
             data = json.loads(path.read_bytes())
-            assert data["schema_version"] == 1
+            assert data["schema_version"] == 2
             reads += 1
         time.sleep(0.001)
     for w in workers:
         w.join(30)
         assert w.exitcode == 0
     state = RollbackState(path)
-    assert state.highest("shared") == 7 + 8 * (rounds - 1)
+    assert state.highest(ident("shared")) == 7 + 8 * (rounds - 1)
     for worker in range(8):
-        assert state.highest(f"own-{worker}") == worker + 8 * (rounds - 1)
+        assert state.highest(ident(f"own-{worker}")) == worker + 8 * (rounds - 1)
     assert _leftovers(tmp_path) == []
     assert reads > 0
 

@@ -26,6 +26,7 @@ from dspark_calibrate.artifacts._trust import (
     TrustRoot,
     TrustRootError,
     TrustRootUnreadable,
+    check_root_rollback,
     init_root,
     load_trust_root,
     read_trust_root,
@@ -692,3 +693,65 @@ def test_read_trust_root_refuses(
     assert info.value.reason is reason
     assert isinstance(info.value, TrustRootUnreadable) is unreadable
     assert str(info.value).startswith(str(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# root rollback: the newest root seen is never replaced by an older one (TUF client rule)
+# ---------------------------------------------------------------------------------------------
+
+
+def _forked_v2(roots: list[TrustRoot]) -> TrustRoot:
+    """Another v2 than ``roots[1]``, validly rotated from v1 (e.g. by whoever held the v1 key)."""
+    return rotate_root(roots[0], signers=[K[0]], expires=LATER - timedelta(days=1))
+
+
+def _self_signed_v2(roots: list[TrustRoot]) -> TrustRoot:
+    """A v2 whose keys never held the root role: signed only by itself."""
+    return load_trust_root(manual_root((4,), 1, (4,), version=2), now=NOW)
+
+
+ROOT_ROLLBACK_CASES: list[
+    tuple[str, int | None, Callable[[list[TrustRoot]], TrustRoot], Sequence[int], Reason | None]
+] = [
+    # (case, index of the root seen before or None, the pinned root, chain indices, outcome)
+    ("first-use-trusts-the-pinned-root", None, lambda r: r[0], (), None),
+    ("same-root-again", 1, lambda r: r[1], (), None),
+    ("next-version-rotated", 0, lambda r: r[1], (), None),
+    ("two-versions-ahead-with-the-chain", 0, lambda r: r[2], (1,), None),
+    ("chain-in-any-order-and-with-extras", 0, lambda r: r[3], (3, 2, 0, 1), None),
+    ("older-root-is-a-rollback", 2, lambda r: r[0], (), Reason.TRUST_ROOT_ROLLBACK),
+    ("one-version-back", 1, lambda r: r[0], (), Reason.TRUST_ROOT_ROLLBACK),
+    ("same-version-other-root-is-a-fork", 1, _forked_v2, (), ROTATION),
+    ("newer-root-not-chained-to-the-seen-one", 0, _self_signed_v2, (), ROTATION),
+    ("two-versions-ahead-without-the-chain", 0, lambda r: r[2], (), ROTATION),
+    ("chain-with-a-foreign-intermediate", 0, lambda r: r[2], (-1,), ROTATION),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "seen", "pinned", "chain", "reason"),
+    ROOT_ROLLBACK_CASES,
+    ids=[c[0] for c in ROOT_ROLLBACK_CASES],
+)
+def test_root_rollback(
+    case: str,
+    seen: int | None,
+    pinned: Callable[[list[TrustRoot]], TrustRoot],
+    chain: Sequence[int],
+    reason: Reason | None,
+) -> None:
+    roots = _chain(4)
+    foreign = rotate_root(make_root((4,), 1), signers=[K[4]], expires=LATER)  # a v2 of another lineage
+    presented = pinned(roots)
+    newest_seen = roots[seen].to_bytes() if seen is not None else None
+    data = [(foreign if i == -1 else roots[i]).to_bytes() for i in chain]
+    if reason is None:
+        assert check_root_rollback(presented, newest_seen, data, NOW) == presented
+    else:
+        assert _reason(lambda: check_root_rollback(presented, newest_seen, data, NOW)) is reason
+
+
+def test_root_rollback_message_names_both_versions() -> None:
+    roots = _chain(2)
+    with pytest.raises(TrustRootError, match=r"v1 is older than v2"):
+        check_root_rollback(roots[0], roots[1].to_bytes(), [], NOW)

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -48,6 +49,7 @@ from tests.factories import (
     make_provenance,
     make_table,
 )
+from tests.hangs import HANG_S, fifo_watchdog
 from tests.signing import envelope_of, make_root, make_signers, put_envelope, resign, sign_table
 
 
@@ -170,7 +172,7 @@ def _flip_float_in_data_page(ctx: Ctx) -> None:
 def _state_with(ctx: Ctx, version: int) -> None:
     state = RollbackState(ctx.tmp / "state.json")
     art = require_valid(run(ctx))
-    state.record(art.series, version)
+    state.record(art.identity, version)
     ctx.state = state
 
 
@@ -609,6 +611,121 @@ CASES += [
 ]
 
 
+# --- resource exhaustion and malformed numbers (issue: hardening) ---
+
+HUGE = b"9" * 5000  # an integer literal beyond Python's 4,300-digit conversion limit
+
+
+def _many_rows(ctx: Ctx, *, rows: int = 5000) -> None:
+    """The same cells repeated past the cost-table row limit (unsigned change)."""
+    _rewrite_table(ctx, lambda t: t.take(pa.array([i % t.num_rows for i in range(rows)])))
+
+
+def _expanding_strings(ctx: Ctx) -> None:
+    """A dictionary page of one 20 kB string used by 4,000 rows: ~80 MB once decoded."""
+    loaded = read_artifact(ctx.path)
+    t = loaded.table
+    n = 4000
+    wide = pa.DictionaryArray.from_arrays(pa.array([0] * n, pa.int32()), pa.array(["x" * 20_000]))
+    rows = t.take(pa.array([i % t.num_rows for i in range(n)]))
+    rows = rows.set_column(rows.schema.get_field_index("stop_reason"), "stop_reason", wide)
+    ctx.path.write_bytes(encode_artifact(rows, dict(loaded.metadata)))
+
+
+def _delta_byte_array(ctx: Ctx) -> None:
+    """The signed table re-encoded with an encoding whose decoded size the footer cannot bound."""
+    loaded = read_artifact(ctx.path)
+    sink = io.BytesIO()
+    meta = {b"dspark": json.dumps(dict(loaded.metadata)).encode()}
+    pq.write_table(
+        loaded.table.replace_schema_metadata(meta),
+        sink,
+        use_dictionary=False,
+        column_encoding={"stop_reason": "DELTA_BYTE_ARRAY"},
+    )
+    ctx.path.write_bytes(sink.getvalue())
+
+
+def _huge_integer_envelope(ctx: Ctx) -> None:
+    env = envelope_of(ctx.path)
+    put_envelope(ctx.path, None, detached=False)
+    detached_envelope_path(ctx.path).write_bytes(json.dumps(env).encode()[:-1] + b',"n":' + HUGE + b"}")
+
+
+def _state_file(ctx: Ctx, content: bytes | None) -> None:
+    """A state file with ``content`` (None: a FIFO)."""
+    path = ctx.tmp / "state.json"
+    if content is None:
+        os.mkfifo(path)
+    else:
+        path.write_bytes(content)
+    ctx.state = RollbackState(path)
+
+
+def _newer_under_other_conditions(ctx: Ctx, unbind: frozenset[str] = frozenset(), **changes: Any) -> None:
+    """Accept and record v2 of the series made with other unbound fields; then verify v1."""
+    other = sign_table(
+        ctx.tmp / "newer.parquet",
+        "cost-table",
+        make_cost_table(),
+        ctx.signers,
+        version=2,
+        fingerprint=make_fingerprint(**changes),
+    )
+    ctx.expected = dataclasses.replace(ctx.expected, unbound_fields=unbind)
+    state = RollbackState(ctx.tmp / "state.json")
+    newer = dataclasses.replace(ctx.expected, fingerprint=make_fingerprint(**changes))
+    assert verify_path(other, ctx.root, now=ctx.now, expected=newer, state=state, record=True).ok
+    ctx.state = state
+
+
+CASES += [
+    ("rows_above_kind_limit", _many_rows, Reason.TABLE_TOO_LARGE, None),
+    ("strings_expand_past_decoded_limit", _expanding_strings, Reason.TABLE_TOO_LARGE, None),
+    ("unboundable_string_encoding", _delta_byte_array, Reason.TABLE_TOO_LARGE, None),
+    (
+        "footer_integer_of_5000_digits",
+        lambda c: _raw_footer(c, b'{"format":"dspark-calibrate/artifact","n":' + HUGE + b"}"),
+        Reason.METADATA_INVALID,
+        None,
+    ),
+    ("envelope_integer_of_5000_digits", _huge_integer_envelope, Reason.ENVELOPE_INVALID, None),
+    (
+        "payload_integer_of_5000_digits",
+        lambda c: resign(c.path, c.signers, payload=b'{"n":' + HUGE + b"}"),
+        Reason.PAYLOAD_INVALID,
+        None,
+    ),
+    ("state_is_a_fifo", lambda c: _state_file(c, None), Reason.IO_ERROR, None),
+    (
+        "state_integer_of_5000_digits",
+        lambda c: _state_file(c, b'{"schema_version":1,"series":{"s":' + HUGE + b"}}"),
+        Reason.STATE_CORRUPT,
+        None,
+    ),
+    # rollback: a newer version made under other measurement conditions (fields never bound)
+    (
+        "rollback_across_context_len",
+        lambda c: _newer_under_other_conditions(c, context_len=4096),
+        Reason.ROLLBACK,
+        "version",
+    ),
+    (
+        "rollback_across_clock_policy",
+        lambda c: _newer_under_other_conditions(c, clock_policy="locked-1980mhz"),
+        Reason.ROLLBACK,
+        "version",
+    ),
+    # ... and across a field the operator unbinds
+    (
+        "rollback_across_unbound_gpu",
+        lambda c: _newer_under_other_conditions(c, frozenset({"gpu"}), gpu="H100"),
+        Reason.ROLLBACK,
+        "version",
+    ),
+]
+
+
 @pytest.mark.parametrize(("name", "mutate", "reason", "field_name"), CASES, ids=[c[0] for c in CASES])
 def test_tamper_matrix(
     ctx: Ctx,
@@ -622,14 +739,19 @@ def test_tamper_matrix(
         mutate(ctx, keys)
     else:
         mutate(ctx)
-    report = run(ctx)
+    with fifo_watchdog(ctx.tmp):  # a read that blocks on a FIFO returns late, and wrong
+        started = time.monotonic()
+        report = run(ctx)
+        sequential = _sequential(ctx)
+        elapsed = time.monotonic() - started
+    assert elapsed < HANG_S, "a read blocked"
     assert not report.ok
     assert report.reason is reason, (report.code, report.message)
     if field_name is not None:
         assert report.findings[0].field == field_name
     # verify_path decodes the table while checking the signature; reading first and then
     # verifying must reach exactly the same findings.
-    assert [f.code for f in _sequential(ctx).findings] == [f.code for f in report.findings]
+    assert [f.code for f in sequential.findings] == [f.code for f in report.findings]
     assert report.message  # one human line
     with pytest.raises(ArtifactRejected):
         require_valid(report)
@@ -684,11 +806,11 @@ def test_state_records_only_after_success(ctx: Ctx) -> None:
     verify_path(ctx.path, ctx.root, now=ctx.now, expected=ctx.expected, state=state, record=True)
     assert (
         not (ctx.tmp / "state.json").exists()
-        or state.highest(require_valid(verify_path(ctx.path, ctx.root, now=ctx.now, state=None)).series)
+        or state.highest(require_valid(verify_path(ctx.path, ctx.root, now=ctx.now, state=None)).identity)
         is None
     )
     ok = verify_path(ctx.path, ctx.root, now=ctx.now, state=state, record=True)
-    assert ok.ok and state.highest(ok.artifact.series) == 1
+    assert ok.ok and state.highest(ok.artifact.identity) == 1
 
 
 def test_calibration_k_consistency(tmp_path: Path, keys: tuple[Any, ...]) -> None:

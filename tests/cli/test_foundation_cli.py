@@ -8,6 +8,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -241,3 +242,73 @@ def test_entry_point_help_runs() -> None:
     proc = subprocess.run([str(exe), "--help"], capture_output=True, timeout=60)
     assert proc.returncode == 0
     assert b"--trust-root" in proc.stdout
+
+
+# -------------------------------------------------------------------------------------------------
+# hardening: no hang, no traceback, no root rollback, private key directories
+# -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o000], ids=["umask-022", "umask-000"])
+def test_keygen_creates_a_missing_directory_0700(tmp_path: Path, umask: int) -> None:
+    old = os.umask(umask)
+    try:
+        out = tmp_path / "new" / "keys"
+        assert calib("keygen", "--out", out).exit_code == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o700
+    assert stat.S_IMODE(out.parent.stat().st_mode) == 0o700
+
+
+def test_verify_state_fifo_exits_2_without_blocking(setup: dict[str, Path]) -> None:
+    from tests.hangs import HANG_S, fifo_watchdog
+
+    state = setup["tmp"] / "state.json"
+    os.mkfifo(state)
+    with fifo_watchdog(setup["tmp"]):
+        started = time.monotonic()
+        r = verify(setup["table"], "--trust-root", setup["root"], "--state", state, "--json")
+        elapsed = time.monotonic() - started
+    assert elapsed < HANG_S
+    assert r.exit_code == 2, r.output
+    assert json.loads(r.stdout)["reports"][0]["reason"] == "IO_ERROR"
+
+
+@pytest.mark.parametrize(
+    ("case", "edit"),
+    [
+        ("float", lambda raw: raw.replace(b'"consistent_snapshot":true', b'"consistent_snapshot":1.5')),
+        ("integer-of-5000-digits", lambda raw: raw.replace(b'"version":1', b'"version":' + b"9" * 5000, 1)),
+    ],
+)
+def test_verify_malformed_root_numbers_exit_1_without_traceback(
+    setup: dict[str, Path], case: str, edit: Any
+) -> None:
+    bad = setup["tmp"] / "bad-root.json"
+    raw = setup["root"].read_bytes()
+    bad.write_bytes(edit(raw))
+    assert bad.read_bytes() != raw
+    r = verify(setup["table"], "--trust-root", bad)
+    assert r.exit_code == 1, r.output
+    assert "TRUST_ROOT_INVALID" in r.stderr
+    # CliRunner exits 1 on an uncaught exception too: it must have been a clean exit
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+
+
+def test_verify_refuses_an_older_trust_root(setup: dict[str, Path], tmp_path: Path) -> None:
+    """After root v2 is seen with --state, putting v1 back is TRUST_ROOT_ROLLBACK (exit 1)."""
+    state = setup["tmp"] / "state.json"
+    v2 = tmp_path / "root-v2.json"
+    key = setup["keys"] / "signing-key.pem"
+    assert calib("trust", "rotate", "--root", setup["root"], "--key", key, "--out", v2).exit_code == 0
+    v3 = tmp_path / "root-v3.json"
+    assert calib("trust", "rotate", "--root", v2, "--key", key, "--out", v3).exit_code == 0
+    assert verify(setup["table"], "--trust-root", v2, "--state", state).exit_code == 0
+    r = verify(setup["table"], "--trust-root", setup["root"], "--state", state, "--json")
+    assert r.exit_code == 1
+    assert json.loads(r.stdout)["reports"][0]["code"] == "TRUST_ROOT_ROLLBACK:trust_root"
+    assert "TRUST_ROOT_ROLLBACK" in r.stderr
+    # a newer root is accepted through its rotation chain, and remembered
+    assert verify(setup["table"], "--trust-root", v3, "--state", state).exit_code == 0
+    assert verify(setup["table"], "--trust-root", v2, "--state", state).exit_code == 1

@@ -9,6 +9,7 @@ the static engine configuration, and a time far inside the target.
 from __future__ import annotations
 
 import errno
+import io
 import json
 import logging
 import os
@@ -21,10 +22,21 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from filelock import FileLock
 
-from dspark_calibrate.artifacts import BUNDLE_MANIFEST, Reason, load_trust_root
+from dspark_calibrate.artifacts import (
+    BUNDLE_MANIFEST,
+    Reason,
+    canonical_json,
+    load_trust_root,
+    public_key_of,
+    read_artifact,
+    rotate_root,
+)
+from dspark_calibrate.artifacts._parquet import encode_artifact
 from dspark_calibrate.calibrate.measurement.sentinel_backend import load_sentinel_backend
 from dspark_calibrate.errors import ProbeError
 from dspark_calibrate.runtime_plugin.admission import (
@@ -40,6 +52,7 @@ from dspark_calibrate.runtime_plugin.live import GpuInfo, collect_live
 from dspark_calibrate.runtime_plugin.sentinel import SentinelPolicy
 from dspark_calibrate.runtime_plugin.trtllm import decoding_fields, static_decoding_fields
 from tests.factories import NOW, calibration_rows, cost_rows, make_fingerprint, make_provenance
+from tests.hangs import fifo_watchdog
 from tests.runtime_plugin.bundles import LATER, admission_rows, admission_summary, make_bundle
 from tests.signing import make_root, make_signers
 
@@ -343,6 +356,118 @@ def not_a_path(c: Ctx) -> dict[str, Any]:
     return {"bundle": 12345}
 
 
+# --- hardening: hangs, resource exhaustion, malformed numbers, rollback bypasses ---
+
+HUGE = b"9" * 5000  # an integer literal beyond Python's 4,300-digit conversion limit
+
+
+def state_is_a_fifo(c: Ctx) -> dict[str, Any]:
+    c.state.parent.mkdir(parents=True)
+    os.mkfifo(c.state)  # reading it must not block admission
+    return {}
+
+
+def state_locked_default_wait(c: Ctx) -> dict[str, Any]:
+    state_locked(c)
+    return {}  # the default policy's wait: inside the serving budget
+
+
+def state_huge_integer(c: Ctx) -> dict[str, Any]:
+    c.state.parent.mkdir(parents=True)
+    c.state.write_bytes(b'{"schema_version":1,"series":{"s":' + HUGE + b"}}")
+    return {}
+
+
+def root_with(edit: Callable[[dict[str, Any]], None]) -> Callable[[Ctx], dict[str, Any]]:
+    def inject(c: Ctx) -> dict[str, Any]:
+        doc = json.loads(c.root_path.read_bytes())
+        edit(doc)
+        c.root_path.write_bytes(json.dumps(doc).encode())
+        return {}
+
+    return inject
+
+
+def root_huge_integer(c: Ctx) -> dict[str, Any]:
+    c.root_path.write_bytes(c.root_path.read_bytes().replace(b'"version":1', b'"version":' + HUGE, 1))
+    return {}
+
+
+def manifest_huge_integer(c: Ctx) -> dict[str, Any]:
+    path = c.bundle / BUNDLE_MANIFEST
+    path.write_bytes(b'{"n":' + HUGE + b"," + path.read_bytes()[1:])
+    return {}
+
+
+def member_footer_huge_integer(c: Ctx) -> dict[str, Any]:
+    path = c.bundle / "cost-table.parquet"
+    loaded = read_artifact(path)
+    raw = b'{"n":' + HUGE + b"," + canonical_json(dict(loaded.metadata))[1:]
+    sink = io.BytesIO()
+    pq.write_table(loaded.table.replace_schema_metadata({b"dspark": raw}), sink)
+    path.write_bytes(sink.getvalue())
+    return {}
+
+
+def member_too_many_rows(c: Ctx) -> dict[str, Any]:
+    # 5,000 rows describe no real deployment; the footer says so before anything is decoded.
+    path = c.bundle / "cost-table.parquet"
+    loaded = read_artifact(path)
+    table = loaded.table.take(pa.array([i % loaded.table.num_rows for i in range(5000)]))
+    path.write_bytes(encode_artifact(table, dict(loaded.metadata)))
+    return {}
+
+
+def newer_with(unbound: frozenset[str] = frozenset(), **changes: Any) -> Callable[[Ctx], dict[str, Any]]:
+    """Admit v2 of the deployment built under other (unbound) conditions; then v1 must be a rollback."""
+
+    def inject(c: Ctx) -> dict[str, Any]:
+        policy = c.policy(unbound_fields=unbound)
+        newer = c.other_bundle("v2", version=2, fingerprint=make_fingerprint(**changes))
+        live = make_fingerprint(**{k: v for k, v in changes.items() if k in unbound})
+        assert run_admit(c, bundle=newer, policy=policy, live=live).active
+        return {"policy": policy}
+
+    return inject
+
+
+def _rotated(c: Ctx, versions: int, new_artifact_signer: Any = None) -> list[Path]:
+    """Root files v1..v(1+versions), each rotation signed by the (unchanged) root key; the first
+    one replaces the artifact key by ``new_artifact_signer`` when given."""
+    roots = [load_trust_root(c.root_path.read_bytes(), now=NOW)]
+    for i in range(versions):
+        changes: dict[str, Any] = {}
+        if new_artifact_signer is not None and i == 0:
+            changes = {
+                "remove_artifact_keyids": [public_key_of(c.keys[0]).keyid],
+                "add_artifact_keys": [public_key_of(new_artifact_signer)],
+            }
+        roots.append(
+            rotate_root(roots[-1], signers=[c.keys[0]], expires=NOW + timedelta(days=300), **changes)
+        )
+    paths = []
+    for r in roots:
+        path = c.tmp / f"root-v{r.version}.json"
+        path.write_bytes(r.to_bytes())
+        paths.append(path)
+    return paths
+
+
+def root_rolled_back(c: Ctx) -> dict[str, Any]:
+    """Root v2 revokes the artifact key; putting v1 back must not re-admit what that key signed."""
+    new = make_signers(c.tmp / "new-keys", 1, prefix="new")
+    v1, v2 = _rotated(c, 1, new[0])
+    signed_by_new = make_bundle(c.tmp / "new", new, version=2)
+    assert run_admit(c, bundle=signed_by_new, trust_root=v2).active
+    return {"trust_root": v1}  # with the original bundle, signed by the revoked key
+
+
+def root_skips_versions(c: Ctx) -> dict[str, Any]:
+    v1, _, v3 = _rotated(c, 2)
+    assert run_admit(c, trust_root=v1).active  # v1 recorded as the newest root seen
+    return {"trust_root": v3}  # v2 is not given: v3 cannot be chained to v1
+
+
 GAIN_NOT_PROVEN = "GAIN_NOT_PROVEN:predicted_gain_ci_low"
 NOT_ADMITTED = {"gross_compact_value_ms_lower_bound": 120.0, "net_value_ms": -30.0, "admitted": False}
 calibration_without_temperature = [
@@ -470,6 +595,28 @@ FAULTS: list[tuple[str, Callable[[Ctx], dict[str, Any]], str]] = [
     ),
     ("backend-import-error", sentinel("no_such_package.backends:Backend"), "BACKEND_IMPORT_ERROR:backend"),
     ("backend-not-a-backend", sentinel(f"{FAKE}:table_time_ms"), "BACKEND_IMPORT_ERROR:backend"),
+    # hangs: a FIFO in place of the state, a lock held by another process (bounded wait)
+    ("state-is-a-fifo", state_is_a_fifo, "IO_ERROR"),
+    ("state-locked-default-wait", state_locked_default_wait, "STATE_LOCKED"),
+    # resource exhaustion: a table far larger than any real one, judged from the footer
+    ("member-too-many-rows", member_too_many_rows, "TABLE_TOO_LARGE"),
+    # numbers the strict loader must refuse as the file's own error (never INTERNAL_ERROR)
+    ("trust-root-integer-of-5000-digits", root_huge_integer, "TRUST_ROOT_INVALID:trust_root"),
+    (
+        "trust-root-float",
+        root_with(lambda d: d["signed"].update(consistent_snapshot=1.5)),
+        "TRUST_ROOT_INVALID:trust_root",
+    ),
+    ("manifest-integer-of-5000-digits", manifest_huge_integer, "ENVELOPE_INVALID"),
+    ("member-footer-integer-of-5000-digits", member_footer_huge_integer, "METADATA_INVALID"),
+    ("state-integer-of-5000-digits", state_huge_integer, "STATE_CORRUPT"),
+    # rollback: the series is kind + bound fields, never the unbound ones
+    ("rollback-across-context-len", newer_with(context_len=4096), "ROLLBACK:version"),
+    ("rollback-across-clock-policy", newer_with(clock_policy="locked"), "ROLLBACK:version"),
+    ("rollback-across-unbound-gpu", newer_with(frozenset({"gpu"}), gpu="B300"), "ROLLBACK:version"),
+    # trust-root rollback: never older than the newest root seen, newer only through a chain
+    ("trust-root-rolled-back", root_rolled_back, "TRUST_ROOT_ROLLBACK:trust_root"),
+    ("trust-root-skips-versions", root_skips_versions, "TRUST_ROOT_ROTATION_INVALID:trust_root"),
     # anything unexpected
     ("metrics-callback-raises", callback_raises, "INTERNAL_ERROR:metrics_callback"),
     ("rank-collective-fails", collective_fails, "INTERNAL_ERROR:rank_agreement"),
@@ -480,7 +627,8 @@ FAULTS: list[tuple[str, Callable[[Ctx], dict[str, Any]], str]] = [
 @pytest.mark.parametrize(("name", "inject", "code"), FAULTS, ids=[f[0] for f in FAULTS])
 def test_fault_fails_closed(ctx: Ctx, name: str, inject: Callable[[Ctx], dict[str, Any]], code: str) -> None:
     overrides = inject(ctx)
-    decision = run_admit(ctx, **overrides)  # admit never raises: no pytest.raises anywhere here
+    with fifo_watchdog(ctx.tmp):  # a read that blocks on a FIFO returns late, and wrong
+        decision = run_admit(ctx, **overrides)  # admit never raises: no pytest.raises anywhere here
     assert decision.active is False
     assert not decision
     assert decision.reason_code == code, decision.message
@@ -489,6 +637,16 @@ def test_fault_fails_closed(ctx: Ctx, name: str, inject: Callable[[Ctx], dict[st
     assert decision.engine_config == STATIC_ENGINE_CONFIG
     assert dict(decoding_fields(decision).fields) == static_decoding_fields()
     assert decision.timings_ms["total"] < FAULT_TIME_LIMIT_MS
+
+
+def test_root_rotation_chain_is_followed(ctx: Ctx) -> None:
+    """A pinned root that skips versions is accepted through the roots in between, then recorded."""
+    v1, v2, v3 = _rotated(ctx, 2)
+    assert run_admit(ctx, trust_root=v1).active
+    decision = run_admit(ctx, trust_root=v3, policy=ctx.policy(trust_root_chain=(v2,)))
+    assert decision.active, decision.message
+    assert json.loads(ctx.state.read_bytes())["trust_root"]["version"] == 3
+    assert run_admit(ctx, trust_root=v2).reason_code == "TRUST_ROOT_ROLLBACK:trust_root"
 
 
 def test_two_defects_report_the_earlier_step(ctx: Ctx) -> None:
@@ -523,7 +681,8 @@ def test_happy_path_activates(ctx: Ctx) -> None:
     assert [r["reason_code"] for r in records] == ["OK"]
     # accepted versions are recorded: manifest and the three members
     state = json.loads(ctx.state.read_text())
-    assert sorted(v for v in state["series"].values()) == [1, 1, 1, 1]
+    assert sorted(e["version"] for e in state["series"].values()) == [1, 1, 1, 1]
+    assert state["trust_root"]["version"] == 1  # the trust root seen is remembered too
     # read-only members
     with pytest.raises(TypeError):
         config["enable_confidence_scheduling"] = False  # type: ignore[index]

@@ -57,8 +57,8 @@ def test_eight_processes_admit_at_once(tmp_path: Path) -> None:
     assert all(code in ("OK", "ROLLBACK:version") for _, code in by_bundle[str(v1)])
     # the state holds the highest version of every series (manifest + 3 members), never lowered
     data = json.loads(state.read_text())
-    assert data["schema_version"] == 1
-    assert sorted(data["series"].values()) == [2, 2, 2, 2]
+    assert data["schema_version"] == 2
+    assert sorted(e["version"] for e in data["series"].values()) == [2, 2, 2, 2]
     assert sorted(p.name for p in state.parent.iterdir()) == ["rollback.json", "rollback.json.lock"]
     # and a sequential admission afterwards agrees with it
     late = admit(v1, root, live=make_fingerprint(), policy=AdmissionPolicy(state_path=state), now=LATER)

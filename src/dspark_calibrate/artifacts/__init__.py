@@ -23,6 +23,7 @@ from typing import Any
 from dspark_calibrate.artifacts._atomic import atomic_write_bytes, publish_directory
 from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict, sha256_hex
 from dspark_calibrate.artifacts._content import LEGACY_UNPAIRED_COSTS, ArtifactNotice
+from dspark_calibrate.artifacts._files import FileTooLarge, read_regular_file
 from dspark_calibrate.artifacts._inputs import read_fingerprint
 from dspark_calibrate.artifacts._logical_hash import (
     LogicalHashError,
@@ -46,11 +47,16 @@ from dspark_calibrate.artifacts._parquet import (
     ReadLimits,
     detached_envelope_path,
     read_artifact,
-    read_regular_file,
     write_unsigned_artifact,
 )
 from dspark_calibrate.artifacts._reasons import Finding, Reason
-from dspark_calibrate.artifacts._state import RollbackState, StateError
+from dspark_calibrate.artifacts._state import (
+    DEFAULT_STATE_LOCK_TIMEOUT_S,
+    RollbackState,
+    SeriesIdentity,
+    StateError,
+    StoredRoot,
+)
 
 # Names served lazily from modules that import cryptography / securesystemslib / tuf.
 _LAZY: dict[str, str] = {
@@ -77,6 +83,9 @@ _LAZY: dict[str, str] = {
     "single_key_root": "_trust",
     "load_trust_root": "_trust",
     "read_trust_root": "_trust",
+    "verify_root_chain": "_trust",
+    "MAX_TRUST_ROOT_BYTES": "_trust",
+    "check_root_rollback": "_trust",
     # signing, bundles, verification
     "sign_artifact": "_sign",
     "SignedArtifact": "_sign",
@@ -87,6 +96,8 @@ _LAZY: dict[str, str] = {
     "verify_path": "_verify",
     "require_valid": "_verify",
     "BINDING_FIELDS": "_verify",
+    "series_identity": "_verify",
+    "check_trust_root_freshness": "_verify",
     "BundleReport": "_bundle",
     "write_bundle": "_bundle",
     "verify_bundle": "_bundle",
@@ -105,10 +116,12 @@ _LAZY: dict[str, str] = {
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "DEFAULT_STATE_LOCK_TIMEOUT_S",
     "FINGERPRINT_FLAGS",
     "LEGACY_UNPAIRED_COSTS",
     "TRTLLM_FINGERPRINT_FIELDS",
     "ArtifactReadError",
+    "FileTooLarge",
     "Finding",
     "Fingerprint",
     "JsonError",
@@ -120,7 +133,9 @@ __all__ = [
     "ReadLimits",
     "Reason",
     "RollbackState",
+    "SeriesIdentity",
     "StateError",
+    "StoredRoot",
     "atomic_write_bytes",
     "canonical_json",
     "canonical_table_bytes",

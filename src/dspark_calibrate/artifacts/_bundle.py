@@ -28,8 +28,9 @@ from dspark_calibrate.artifacts._envelope import (
     parse_envelope,
     sign_envelope,
 )
+from dspark_calibrate.artifacts._files import FileTooLarge, read_regular_file
 from dspark_calibrate.artifacts._models import Fingerprint, ModelError, is_sha256_hex
-from dspark_calibrate.artifacts._parquet import DEFAULT_LIMITS, ReadLimits, _TooLarge, read_regular_file
+from dspark_calibrate.artifacts._parquet import DEFAULT_LIMITS, ReadLimits
 from dspark_calibrate.artifacts._reasons import Finding, FindingsOutcome, Reason
 from dspark_calibrate.artifacts._sign import format_time, parse_time, series_of
 from dspark_calibrate.artifacts._state import RollbackState, StateError
@@ -40,9 +41,11 @@ from dspark_calibrate.artifacts._verify import (
     VerifiedArtifact,
     _statement_parts,
     _Stop,
+    bound_fields,
     check_binding,
     check_envelope,
     check_freshness,
+    series_identity,
     verify_path,
 )
 from dspark_calibrate.errors import ConfigError
@@ -244,7 +247,7 @@ def verify_bundle(
                     )
                 ]
             ) from None
-        except _TooLarge as big:
+        except FileTooLarge as big:
             raise _Stop(
                 [Finding(Reason.ENVELOPE_TOO_LARGE, f"{manifest}: {big.size} bytes is above the limit")]
             ) from None
@@ -258,8 +261,10 @@ def verify_bundle(
             raise _Stop([Finding(exc.reason, f"{manifest}: {exc}")]) from None
         keyids, statement = check_envelope(env, trust_root, manifest)
         predicate, fp, issued, expires = _manifest_predicate(statement, manifest)
+        identity = series_identity("bundle", fp, predicate["series"])
         fresh = check_freshness(
-            series=predicate["series"],
+            identity=identity,
+            bound=bound_fields(expected),
             version=predicate["version"],
             issued_at=issued,
             expires_at=expires,
@@ -330,12 +335,13 @@ def verify_bundle(
         if findings:
             raise _Stop(findings)
         if record and state is not None:
+            accepted = [(identity, predicate["version"])]
+            for report in members.values():
+                a = report.artifact
+                assert a is not None
+                accepted.append((a.identity, a.version))
             try:
-                state.record(predicate["series"], predicate["version"])
-                for report in members.values():
-                    a = report.artifact
-                    assert a is not None
-                    state.record(a.series, a.version)
+                state.update(accepted)  # one locked, atomic update for the manifest and its members
             except StateError as exc:
                 raise _Stop([Finding(exc.reason, f"{manifest}: {exc}")]) from None
     except _Stop as stop:
@@ -365,7 +371,9 @@ def verify_inputs(
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            out.append(verify_bundle(path, trust_root, now=now, expected=expected, state=state, record=record))
+            out.append(
+                verify_bundle(path, trust_root, now=now, expected=expected, state=state, record=record)
+            )
         else:
             out.append(verify_path(path, trust_root, now=now, expected=expected, state=state, record=record))
     return out

@@ -2,7 +2,7 @@
 
 One reader for every command and stage that takes a fingerprint file (``sweep --fingerprint``,
 ``fit --fingerprint``, ``dspark-verify --expect-fingerprint``, ``export``, ``report``). The file is
-read bounded and non-blocking (:func:`~dspark_calibrate.artifacts._parquet.read_regular_file`) and
+read bounded and non-blocking (:func:`~dspark_calibrate.artifacts._files.read_regular_file`) and
 parsed strictly (duplicate keys, non-finite numbers and unknown fields are refused).
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from dspark_calibrate.artifacts._canonical import JsonError, loads_strict
+from dspark_calibrate.artifacts._files import FileTooLarge, read_regular_file
 from dspark_calibrate.artifacts._models import Fingerprint, ModelError
-from dspark_calibrate.artifacts._parquet import _TooLarge, read_regular_file
 from dspark_calibrate.errors import ConfigError
 
 __all__ = ["MAX_FINGERPRINT_FILE_BYTES", "read_fingerprint"]
@@ -33,7 +33,7 @@ def read_fingerprint(path: Path | str) -> Fingerprint:
     p = Path(path)
     try:
         data = read_regular_file(p, MAX_FINGERPRINT_FILE_BYTES)
-    except _TooLarge:
+    except FileTooLarge:
         raise ConfigError(
             f"{p}: larger than {MAX_FINGERPRINT_FILE_BYTES} bytes; not a fingerprint file"
         ) from None

@@ -479,9 +479,7 @@ def _load_private_key(
     return key
 
 
-def load_signer(
-    path: Path, *, passphrase: bytes | None = None, ask: SecretsHandler | None = None
-) -> Signer:
+def load_signer(path: Path, *, passphrase: bytes | None = None, ask: SecretsHandler | None = None) -> Signer:
     """Load a local private key file as a securesystemslib ``Signer``.
 
     Args:

@@ -9,9 +9,7 @@ signature verifies; this module only loads it.
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 import struct
 import threading
 from collections.abc import Mapping
@@ -21,10 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dspark_calibrate.artifacts._atomic import atomic_write_bytes
 from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict
+from dspark_calibrate.artifacts._files import FileTooLarge, read_regular_file
+from dspark_calibrate.artifacts._limits import DEFAULT_TABLE_LIMIT, TABLE_LIMITS, TableLimit, table_size
 from dspark_calibrate.artifacts._logical_hash import canonical_order, logical_sha256
 from dspark_calibrate.artifacts._models import Fingerprint, ModelError, Provenance
 from dspark_calibrate.artifacts._reasons import Reason
@@ -44,7 +45,6 @@ __all__ = [
     "footer_metadata",
     "open_artifact",
     "read_artifact",
-    "read_regular_file",
     "write_unsigned_artifact",
 ]
 
@@ -56,16 +56,23 @@ _MAGIC = b"PAR1"
 
 @dataclass(frozen=True, slots=True)
 class ReadLimits:
-    """Caps applied before parsing untrusted files (bytes).
+    """Caps applied before parsing untrusted files (bytes), and per-kind table limits.
 
     Defaults: our largest artifacts (raw sweep samples of a long sweep) stay far below 256 MiB; a
-    footer above 8 MiB or a ``dspark`` value above 2 MiB can only be an attack or a bug.
+    footer above 8 MiB or a ``dspark`` value above 2 MiB can only be an attack or a bug. Rows and
+    decoded bytes are capped per kind (``_limits.TABLE_LIMITS``), because a small file can
+    describe a huge table.
     """
 
     max_file_bytes: int = 256 << 20
     max_footer_bytes: int = 8 << 20
     max_metadata_bytes: int = 2 << 20
     max_envelope_bytes: int = 1 << 20
+    tables: Mapping[str, TableLimit] = field(default_factory=lambda: TABLE_LIMITS)
+
+    def table_limit(self, kind: str | None) -> TableLimit:
+        """The limit for a table of ``kind`` (the strict default when the kind is not known)."""
+        return self.tables.get(kind, DEFAULT_TABLE_LIMIT) if kind is not None else DEFAULT_TABLE_LIMIT
 
 
 DEFAULT_LIMITS = ReadLimits()
@@ -77,45 +84,6 @@ class ArtifactReadError(DsparkError):
     def __init__(self, reason: Reason, message: str) -> None:
         self.reason = reason
         super().__init__(message)
-
-
-class _TooLarge(Exception):
-    def __init__(self, size: int) -> None:
-        self.size = size
-
-
-def read_regular_file(path: Path, max_bytes: int) -> bytes:
-    """Read a regular file of at most ``max_bytes``, without ever blocking.
-
-    Opened non-blocking and checked with ``fstat`` on the open descriptor, so a FIFO, device or
-    directory put where an artifact should be is refused instead of hanging the reader, and the
-    size check and the read concern the same file.
-
-    Raises:
-        OSError: unreadable, or not a regular file (``EINVAL``).
-        _TooLarge: larger than ``max_bytes``.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
-        if info.st_size > max_bytes:
-            raise _TooLarge(info.st_size)
-        chunks = []
-        remaining = info.st_size + 1  # one byte more detects growth while reading
-        while remaining > 0:
-            chunk = os.read(fd, min(remaining, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            remaining -= len(chunk)
-        data = b"".join(chunks)
-        if len(data) > max_bytes:
-            raise _TooLarge(len(data))
-        return data
-    finally:
-        os.close(fd)
 
 
 def detached_envelope_path(path: Path) -> Path:
@@ -302,17 +270,127 @@ def _corrupt(path: Path, exc: Exception) -> ArtifactReadError:
     )
 
 
-def _decode(pf: pq.ParquetFile, path: Path) -> pa.Table:
+@dataclass(frozen=True, slots=True)
+class _Measure:
+    """Decode ``columns`` as dictionaries and measure the dense size before expanding them."""
+
+    data: bytes = field(repr=False)
+    columns: tuple[str, ...]
+    kind: str | None
+    max_decoded_bytes: int
+
+
+def _decode(pf: pq.ParquetFile, path: Path, measure: _Measure | None = None) -> pa.Table:
     try:
-        return pf.read().replace_schema_metadata(None)
+        if measure is None:
+            return pf.read().replace_schema_metadata(None)
+        return _decode_measured(path, measure)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise _corrupt(path, exc) from exc
+
+
+def _decode_measured(path: Path, measure: _Measure) -> pa.Table:
+    """Decode with the dictionary-encoded string columns kept as dictionaries (which never expand),
+    add up their dense size exactly, and expand them only when the whole table is within the limit.
+
+    Raises:
+        ArtifactReadError: TABLE_TOO_LARGE.
+    """
+    pf = pq.ParquetFile(
+        pa.BufferReader(measure.data), page_checksum_verification=True, read_dictionary=list(measure.columns)
+    )
+    table = pf.read().replace_schema_metadata(None)
+    total = 0
+    fields = []
+    for f, column in zip(table.schema, table.columns, strict=True):
+        if not pa.types.is_dictionary(f.type):
+            total += column.nbytes
+            fields.append(f)
+            continue
+        for chunk in column.chunks:
+            lengths = pc.binary_length(chunk.dictionary).take(chunk.indices)
+            total += int(pc.sum(lengths).as_py() or 0) + 4 * (len(chunk) + 1)
+        fields.append(f.with_type(f.type.value_type))
+    if total > measure.max_decoded_bytes:
+        raise _too_large(
+            path, measure.kind, f"{total} bytes once decoded", f"{measure.max_decoded_bytes}-byte"
+        )
+    schema = pa.schema(fields)
+    return pa.Table.from_arrays(
+        [c.cast(f.type) if c.type != f.type else c for c, f in zip(table.columns, schema, strict=True)],
+        schema=schema,
+    )
+
+
+def _too_large(path: Path, kind: str | None, what: str, limit: str) -> ArtifactReadError:
+    return ArtifactReadError(
+        Reason.TABLE_TOO_LARGE,
+        f"{path}: the table holds {what}, above the {limit} limit of {'a ' + kind if kind else 'an artifact'} "
+        "table; refused before decoding (no real table of this kind is so large: check that this is the "
+        "right file, or rebuild it)",
+    )
+
+
+def _footer_kind(raw_meta: bytes) -> str | None:
+    """The footer's (untrusted) kind, used only to pick a table limit when none is expected."""
+    try:
+        meta = loads_strict(raw_meta, what="footer")
+    except JsonError:
+        return None
+    kind = meta.get("kind") if isinstance(meta, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def _check_table(
+    pf: pq.ParquetFile, data: bytes, raw_meta: bytes, path: Path, limits: ReadLimits, kind: str | None
+) -> _Measure | None:
+    """Rows and decoded size from the footer against the kind's limit, before any page is decoded.
+
+    With no expected kind, a table above the strict default is judged by the footer's own kind
+    (untrusted; the signature check refuses a kind that differs from the signed one).
+
+    Returns:
+        How to decode when dictionary-encoded strings might expand past the limit, else None.
+
+    Raises:
+        ArtifactReadError: TABLE_TOO_LARGE.
+    """
+    try:
+        size = table_size(pf.metadata)
+    except (pa.ArrowException, OSError, ValueError) as exc:  # e.g. a column name that is not UTF-8
+        raise _corrupt(path, exc) from exc
+    limit = limits.table_limit(kind)
+    if kind is None and (size.rows > limit.max_rows or size.worst_case_bytes > limit.max_decoded_bytes):
+        kind = _footer_kind(raw_meta)
+        limit = limits.table_limit(kind)
+    if size.rows > limit.max_rows:
+        raise _too_large(path, kind, f"{size.rows} rows", f"{limit.max_rows}-row")
+    if size.unboundable is not None:
+        column, encoding = size.unboundable
+        raise ArtifactReadError(
+            Reason.TABLE_TOO_LARGE,
+            f"{path}: column {column} uses {encoding}, whose decoded size the footer cannot bound; refused "
+            "before decoding: rewrite the table with the default encodings",
+        )
+    if size.decoded_bytes > limit.max_decoded_bytes:
+        raise _too_large(
+            path, kind, f"{size.decoded_bytes} bytes once decoded", f"{limit.max_decoded_bytes}-byte"
+        )
+    if size.worst_case_bytes <= limit.max_decoded_bytes:
+        return None
+    if size.nested_dictionary:
+        raise _too_large(
+            path, kind, f"up to {size.worst_case_bytes} bytes once decoded", f"{limit.max_decoded_bytes}-byte"
+        )
+    return _Measure(data, size.dictionary_columns, kind, limit.max_decoded_bytes)
 
 
 class _PendingTable:
     """A table being decoded: on a worker thread, or inline when no worker can be had."""
 
-    def __init__(self, pf: pq.ParquetFile, path: Path, *, background: bool) -> None:
+    def __init__(
+        self, pf: pq.ParquetFile, path: Path, *, background: bool, measure: _Measure | None = None
+    ) -> None:
         self._future: Future[pa.Table] | None = None
         self._table: pa.Table | None = None
         self._error: ArtifactReadError | None = None
@@ -321,7 +399,7 @@ class _PendingTable:
 
             def job() -> pa.Table:
                 started.set()
-                return _decode(pf, path)
+                return _decode(pf, path, measure)
 
             try:
                 self._future = _decode_pool().submit(job)
@@ -335,7 +413,7 @@ class _PendingTable:
                 started.wait(timeout=1.0)
                 return
         try:
-            self._table = _decode(pf, path)
+            self._table = _decode(pf, path, measure)
         except ArtifactReadError as exc:
             self._error = exc
 
@@ -396,18 +474,29 @@ class OpenedArtifact:
         )
 
 
-def read_artifact(path: Path | str, limits: ReadLimits = DEFAULT_LIMITS) -> LoadedArtifact:
+def read_artifact(
+    path: Path | str, limits: ReadLimits = DEFAULT_LIMITS, *, kind: str | None = None
+) -> LoadedArtifact:
     """Read a Parquet artifact, its ``dspark`` footer and any detached envelope, within ``limits``.
 
+    Args:
+        path: the artifact.
+        limits: size caps applied before parsing.
+        kind: the kind the caller expects, whose table limit applies (default: the footer's).
+
     Raises:
-        ArtifactReadError: IO_ERROR, NOT_PARQUET, FOOTER_TOO_LARGE, METADATA_INVALID or
-            ENVELOPE_TOO_LARGE, with a message naming the file.
+        ArtifactReadError: IO_ERROR, NOT_PARQUET, FOOTER_TOO_LARGE, TABLE_TOO_LARGE,
+            METADATA_INVALID or ENVELOPE_TOO_LARGE, with a message naming the file.
     """
-    return open_artifact(path, limits, background=False).loaded()
+    return open_artifact(path, limits, background=False, kind=kind).loaded()
 
 
 def open_artifact(
-    path: Path | str, limits: ReadLimits = DEFAULT_LIMITS, *, background: bool = True
+    path: Path | str,
+    limits: ReadLimits = DEFAULT_LIMITS,
+    *,
+    background: bool = True,
+    kind: str | None = None,
 ) -> OpenedArtifact:
     """Read an artifact's file, footer and envelopes; decode its table in the background.
 
@@ -419,15 +508,17 @@ def open_artifact(
         path: the artifact.
         limits: size caps applied before parsing.
         background: decode the table on a worker thread (the caller overlaps other work with it).
+        kind: the kind the caller expects, whose table limit applies (default: the footer's).
 
     Raises:
-        ArtifactReadError: IO_ERROR, NOT_PARQUET, FOOTER_TOO_LARGE, METADATA_INVALID or
-            ENVELOPE_TOO_LARGE, with a message naming the file.
+        ArtifactReadError: IO_ERROR, NOT_PARQUET, FOOTER_TOO_LARGE, TABLE_TOO_LARGE (rows or
+            decoded size above the kind's limit, judged from the footer before decoding),
+            METADATA_INVALID or ENVELOPE_TOO_LARGE, with a message naming the file.
     """
     path = Path(path)
     try:
         data = read_regular_file(path, limits.max_file_bytes)
-    except _TooLarge as big:
+    except FileTooLarge as big:
         raise ArtifactReadError(
             Reason.NOT_PARQUET,
             f"{path}: {big.size} bytes is above the {limits.max_file_bytes}-byte artifact limit; refused unread",
@@ -458,7 +549,8 @@ def open_artifact(
             Reason.FOOTER_TOO_LARGE,
             f"{path}: 'dspark' footer value is {len(raw_meta)} bytes, above {limits.max_metadata_bytes}; refused unread",
         )
-    pending = _PendingTable(pf, path, background=background)
+    measure = _check_table(pf, data, raw_meta, path, limits, kind)
+    pending = _PendingTable(pf, path, background=background, measure=measure)
     try:
         metadata, envelope, detached = _read_footer_and_envelopes(path, raw_meta, limits)
     except ArtifactReadError:
@@ -498,7 +590,7 @@ def _read_footer_and_envelopes(
         detached = read_regular_file(dpath, limits.max_envelope_bytes)
     except FileNotFoundError:
         detached = None
-    except _TooLarge as big:
+    except FileTooLarge as big:
         raise ArtifactReadError(
             Reason.ENVELOPE_TOO_LARGE,
             f"{dpath}: {big.size} bytes, above the {limits.max_envelope_bytes}-byte limit; remove or replace this "

@@ -1,40 +1,82 @@
-"""Rollback protection: the highest accepted version per series, kept in a small state file.
+"""Rollback protection: the highest accepted version per series, and the newest trust root seen.
 
-DESIGN §4 (freshness): ``series`` is kind + fingerprint digest and ``version`` is monotonic per
-series. A verifier refuses an artifact whose version is below the highest it has accepted, so an
-attacker cannot replay an older, validly signed table.
+DESIGN §4 (freshness): ``version`` is monotonic per series. A verifier refuses an artifact whose
+version is below the highest it has accepted for the same series, so an attacker cannot replay an
+older, validly signed table; and it refuses a trust root older than the newest it has accepted,
+so a revoked key cannot come back with an old root (TUF's client rule).
 
-The file is canonical JSON ``{"schema_version": 1, "series": {series: version}}``. Updates are
-read-modify-write under an exclusive file lock (``<path>.lock``, a kernel ``flock`` released if
-the holder dies) and replace the file atomically, so concurrent verifiers on one host never lose
-an update or see a partial file, and a stored version is never lowered. Any doubt (corrupt file,
-lock not obtained, disk full) raises :class:`StateError`; callers fail closed.
+**Series identity.** A series is the artifact's kind plus the fingerprint fields the verifier
+*binds* (``BINDING_FIELDS`` minus the ones the operator unbinds). Fields that are never bound
+(``context_len``, ``clock_policy``) or that this verifier unbinds cannot start a new series, or an
+old version made under other measurement conditions would pass as a "new" series. So each entry
+stores the kind and the values of every binding field, and :meth:`RollbackState.check` takes the
+highest version over the entries of that kind that agree with the artifact on every field bound
+*now*; a later change of the unbound set neither forgets history nor splits a series.
+
+**File.** Canonical JSON::
+
+    {"schema_version": 2,
+     "series": {"<kind>:<sha256 of the binding values>": {"kind": ..., "binding": {...}, "version": N}},
+     "legacy_series": {"<kind>:<fingerprint digest>": N},
+     "trust_root": null | {"version": N, "sha256": "<hex>", "root": {...root.json...}}}
+
+A schema-1 file (``{"schema_version": 1, "series": {key: version}}``, keyed by the digest of the
+whole fingerprint) is read as ``legacy_series``: those entries keep refusing what they refused
+(an artifact is also checked against its signed ``series`` key), nothing new is written under old
+keys, and the next update writes schema 2. Older tools refuse a schema-2 file (fail closed).
+
+Updates are read-modify-write under an exclusive kernel lock (``<path>.lock``, released if the
+holder dies) with a bounded wait, and replace the file atomically, so concurrent verifiers on one
+host never lose an update or see a partial file, and nothing stored is ever lowered. Any doubt
+(corrupt file, lock not obtained in time, disk full) raises :class:`StateError`; callers fail
+closed. Reads are bounded (a FIFO or device at the path is refused, never waited on).
 
 This module does the state file's I/O and nothing else: it does not decide *whether* to record
-(the verification pipeline records only fully verified artifacts).
+(the verification pipeline records only fully verified artifacts and roots).
 """
 
 from __future__ import annotations
 
 import errno
-from collections.abc import Mapping
+import hashlib
+import math
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock, Timeout
 
 from dspark_calibrate.artifacts._atomic import atomic_write_bytes
-from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict
+from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict, sha256_hex
+from dspark_calibrate.artifacts._files import FileTooLarge, read_regular_file
 from dspark_calibrate.artifacts._reasons import Finding, Reason
 from dspark_calibrate.errors import DsparkError
 
-__all__ = ["MAX_STATE_BYTES", "STATE_SCHEMA_VERSION", "RollbackState", "StateError"]
+__all__ = [
+    "DEFAULT_STATE_LOCK_TIMEOUT_S",
+    "MAX_STATE_BYTES",
+    "STATE_SCHEMA_VERSION",
+    "RollbackState",
+    "SeriesIdentity",
+    "StateError",
+    "StoredRoot",
+]
 
-#: Version of the state file format.
-STATE_SCHEMA_VERSION = 1
-#: Largest state file read, in bytes. One series entry is ~100 bytes; 16 MiB is far beyond any
-#: deployment and keeps a wrong path from being read into memory.
+#: Version of the state file format (1: keyed by the whole fingerprint's digest; read as legacy).
+STATE_SCHEMA_VERSION = 2
+_LEGACY_SCHEMA_VERSION = 1
+#: Largest state file read, in bytes. One series entry is ~1 KiB with its binding values and a
+#: trust root a few KiB; 16 MiB is far beyond any deployment and keeps a wrong path from being
+#: read into memory.
 MAX_STATE_BYTES = 16 << 20
+#: Default wait for the state lock, in seconds. Admission runs inside a serving start whose
+#: budget is 100 ms; waiting longer for another verifier is worse than failing closed to static K.
+DEFAULT_STATE_LOCK_TIMEOUT_S = 0.1
+#: How often a waiting verifier retries the lock, in seconds (one non-blocking flock call each):
+#: a fraction of the wait, so a lock released mid-wait is taken within a few ms.
+_LOCK_POLL_S = 0.002
 
 
 class StateError(DsparkError):
@@ -50,9 +92,79 @@ class StateError(DsparkError):
         super().__init__(message)
 
 
-def _check_series(series: str) -> None:
-    if not isinstance(series, str) or not series:
-        raise ValueError(f"series must be a non-empty string, got {series!r}")
+@dataclass(frozen=True, slots=True)
+class SeriesIdentity:
+    """Which series an accepted artifact belongs to.
+
+    Attributes:
+        kind: the artifact kind (``bundle`` for manifests).
+        binding: the JSON form of every binding field of its signed fingerprint (field -> value).
+        legacy: its signed ``series`` string (kind + digest of the whole fingerprint), the key of
+            schema-1 state files; checked, never written.
+    """
+
+    kind: str
+    binding: Mapping[str, Any]
+    legacy: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, str) or not self.kind:
+            raise ValueError(f"series kind must be a non-empty string, got {self.kind!r}")
+        if not isinstance(self.binding, Mapping):
+            raise ValueError(f"series binding must be a mapping, got {type(self.binding).__name__}")
+
+    @property
+    def key(self) -> str:
+        """The entry's key in the state file: ``<kind>:<sha256 of the binding values>``."""
+        return f"{self.kind}:{sha256_hex(canonical_json(dict(self.binding)))}"
+
+    def matches(self, kind: str, binding: Mapping[str, Any], bound: Iterable[str]) -> bool:
+        """True when ``(kind, binding)`` is this series as seen by a verifier binding ``bound``."""
+        return kind == self.kind and all(binding.get(name) == self.binding.get(name) for name in bound)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRoot:
+    """The newest trust root a verifier accepted (canonical ``root.json`` bytes and version)."""
+
+    version: int
+    raw: bytes = field(repr=False)
+
+    @property
+    def sha256(self) -> str:
+        """SHA-256 of :attr:`raw`."""
+        return hashlib.sha256(self.raw).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    kind: str
+    binding: Mapping[str, Any]
+    version: int
+
+
+@dataclass(slots=True)
+class _Contents:
+    series: dict[str, _Entry] = field(default_factory=dict)
+    legacy: dict[str, int] = field(default_factory=dict)
+    root: StoredRoot | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": STATE_SCHEMA_VERSION,
+            "series": {
+                key: {"kind": e.kind, "binding": dict(e.binding), "version": e.version}
+                for key, e in self.series.items()
+            },
+            "legacy_series": dict(self.legacy),
+            "trust_root": None
+            if self.root is None
+            else {
+                "version": self.root.version,
+                "sha256": self.root.sha256,
+                "root": loads_strict(self.root.raw, what="trust root"),
+            },
+        }
 
 
 def _check_version(version: int) -> None:
@@ -60,19 +172,25 @@ def _check_version(version: int) -> None:
         raise ValueError(f"version must be an integer >= 0, got {version!r}")
 
 
+def _is_version(value: Any, minimum: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
 class RollbackState:
-    """The highest accepted version per series, persisted in ``path``.
+    """The highest accepted version per series and the newest trust root, persisted in ``path``.
 
     Args:
-        path: the state file (created on first :meth:`record`, with its parent directory).
-        lock_timeout_s: how long :meth:`record` waits for the lock before ``STATE_LOCKED``.
+        path: the state file (created on first update, with its parent directory).
+        lock_timeout_s: how long an update waits for the lock before ``STATE_LOCKED`` (seconds).
     """
 
     __slots__ = ("_lock_path", "_lock_timeout_s", "_path")
 
-    def __init__(self, path: Path, *, lock_timeout_s: float = 2.0) -> None:
-        if lock_timeout_s < 0:
-            raise ValueError(f"lock_timeout_s must be >= 0, got {lock_timeout_s!r}")
+    def __init__(self, path: Path, *, lock_timeout_s: float = DEFAULT_STATE_LOCK_TIMEOUT_S) -> None:
+        if not (
+            isinstance(lock_timeout_s, int | float) and math.isfinite(lock_timeout_s) and lock_timeout_s >= 0
+        ):
+            raise ValueError(f"lock_timeout_s must be a finite number >= 0, got {lock_timeout_s!r}")
         self._path = Path(path)
         self._lock_path = Path(f"{self._path}.lock")
         self._lock_timeout_s = float(lock_timeout_s)
@@ -89,24 +207,24 @@ class RollbackState:
     # reading
     # ----------------------------------------------------------------------------------------
 
-    def _read(self) -> dict[str, int]:
-        """The stored map; empty when the file does not exist yet.
+    def _read(self) -> _Contents:
+        """The stored contents; empty when the file does not exist yet.
 
         No lock is needed to read: writers replace the file atomically, so a reader sees one
         complete version or the other.
         """
         try:
-            with open(self._path, "rb") as handle:
-                data = handle.read(MAX_STATE_BYTES + 1)
+            data = read_regular_file(self._path, MAX_STATE_BYTES)
         except FileNotFoundError:
-            return {}
+            return _Contents()
+        except FileTooLarge as big:
+            raise self._corrupt(f"{big.size} bytes, larger than {MAX_STATE_BYTES}") from None
         except OSError as exc:
             raise StateError(
                 Reason.IO_ERROR,
-                f"{self._path}: cannot read the rollback state ({exc.strerror}); check its permissions",
+                f"{self._path}: cannot read the rollback state ({exc.strerror or exc}); it must be a "
+                "regular file: check the path and its permissions",
             ) from exc
-        if len(data) > MAX_STATE_BYTES:
-            raise self._corrupt(f"larger than {MAX_STATE_BYTES} bytes")
         try:
             obj: Any = loads_strict(data, what="rollback state")
         except JsonError as exc:
@@ -117,56 +235,127 @@ class RollbackState:
         return StateError(
             Reason.STATE_CORRUPT,
             f"{self._path}: rollback state is corrupt ({detail}); restore it from a backup, or delete it "
-            "only if you accept that older artifacts become admissible again",
+            "only if you accept that older artifacts and trust roots become admissible again",
         )
 
-    def _validate(self, obj: Any) -> dict[str, int]:
-        if not isinstance(obj, Mapping) or set(obj) != {"schema_version", "series"}:
-            raise self._corrupt("expected exactly the keys schema_version and series")
-        if obj["schema_version"] != STATE_SCHEMA_VERSION or isinstance(obj["schema_version"], bool):
+    def _validate(self, obj: Any) -> _Contents:
+        if not isinstance(obj, Mapping) or "schema_version" not in obj:
+            raise self._corrupt("expected an object with a schema_version")
+        version = obj["schema_version"]
+        if isinstance(version, bool) or version not in (_LEGACY_SCHEMA_VERSION, STATE_SCHEMA_VERSION):
             raise self._corrupt(
-                f"schema_version is {obj['schema_version']!r}, expected {STATE_SCHEMA_VERSION}"
+                f"schema_version is {version!r}, expected {STATE_SCHEMA_VERSION} (or {_LEGACY_SCHEMA_VERSION}, "
+                "read as legacy); a newer dspark-calibrate wrote it: upgrade this one"
             )
+        if version == _LEGACY_SCHEMA_VERSION:
+            if set(obj) != {"schema_version", "series"}:
+                raise self._corrupt("a schema-1 state holds exactly the keys schema_version and series")
+            return _Contents(legacy=self._legacy(obj["series"], "series"))
+        expected = {"schema_version", "series", "legacy_series", "trust_root"}
+        if set(obj) != expected:
+            raise self._corrupt(
+                f"keys: extra {sorted(set(obj) - expected)}, missing {sorted(expected - set(obj))}"
+            )
+        out = _Contents(legacy=self._legacy(obj["legacy_series"], "legacy_series"))
         series = obj["series"]
         if not isinstance(series, Mapping):
             raise self._corrupt("series is not an object")
-        out: dict[str, int] = {}
-        for name, version in series.items():
-            if not name or isinstance(version, bool) or not isinstance(version, int) or version < 0:
-                raise self._corrupt(f"series {name!r} has version {version!r}, expected an integer >= 0")
-            out[name] = version
+        for key, entry in series.items():
+            if (
+                not isinstance(entry, Mapping)
+                or set(entry) != {"kind", "binding", "version"}
+                or not isinstance(entry["kind"], str)
+                or not entry["kind"]
+                or not isinstance(entry["binding"], Mapping)
+                or not _is_version(entry["version"])
+            ):
+                raise self._corrupt(
+                    f"series entry {key!r} must be {{kind: non-empty string, binding: object, version: integer >= 0}}"
+                )
+            identity = SeriesIdentity(entry["kind"], entry["binding"])
+            if identity.key != key:
+                raise self._corrupt(f"series entry {key!r} does not match its kind and binding values")
+            out.series[key] = _Entry(entry["kind"], entry["binding"], entry["version"])
+        root = obj["trust_root"]
+        if root is not None:
+            if (
+                not isinstance(root, Mapping)
+                or set(root) != {"version", "sha256", "root"}
+                or not _is_version(root["version"], 1)
+                or not isinstance(root["root"], Mapping)
+            ):
+                raise self._corrupt(
+                    "trust_root must be null or {version: integer >= 1, sha256, root: object}"
+                )
+            raw = canonical_json(root["root"])
+            stored = StoredRoot(root["version"], raw)
+            if stored.sha256 != root["sha256"]:
+                raise self._corrupt("trust_root.sha256 does not match the stored root")
+            out.root = stored
         return out
 
-    def highest(self, series: str) -> int | None:
-        """The highest version recorded for ``series``, or None when none was.
+    def _legacy(self, series: Any, name: str) -> dict[str, int]:
+        if not isinstance(series, Mapping):
+            raise self._corrupt(f"{name} is not an object")
+        out: dict[str, int] = {}
+        for key, version in series.items():
+            if not key or not _is_version(version):
+                raise self._corrupt(f"{name} {key!r} has version {version!r}, expected an integer >= 0")
+            out[key] = version
+        return out
+
+    def highest(self, identity: SeriesIdentity, bound: Iterable[str] | None = None) -> int | None:
+        """The highest version recorded for ``identity`` as seen when binding ``bound``, or None.
+
+        Every entry of the same kind that agrees with ``identity`` on each field of ``bound``
+        (default: every field of ``identity.binding``) counts, and so does the schema-1 entry
+        under ``identity.legacy``.
 
         Raises:
             StateError: ``STATE_CORRUPT`` or ``IO_ERROR``.
         """
-        _check_series(series)
-        return self._read().get(series)
+        contents = self._read()
+        bound = tuple(identity.binding if bound is None else bound)
+        versions = [
+            e.version
+            for e in contents.series.values()
+            if SeriesIdentity(e.kind, e.binding).matches(identity.kind, identity.binding, bound)
+        ]
+        if identity.legacy is not None and identity.legacy in contents.legacy:
+            versions.append(contents.legacy[identity.legacy])
+        return max(versions) if versions else None
 
-    def check(self, series: str, version: int) -> Finding | None:
+    def check(
+        self, identity: SeriesIdentity, version: int, bound: Iterable[str] | None = None
+    ) -> Finding | None:
         """A ``ROLLBACK`` finding when ``version`` is below the highest recorded one, else None.
 
         An equal version is accepted: re-admitting the same artifact (a restart) is not a rollback.
 
         Raises:
             StateError: ``STATE_CORRUPT`` or ``IO_ERROR``.
-            ValueError: an empty series or a negative/non-integer version (a caller bug).
+            ValueError: a negative/non-integer version (a caller bug).
         """
         _check_version(version)
-        highest = self.highest(series)
+        highest = self.highest(identity, bound)
         if highest is not None and version < highest:
             return Finding(
                 Reason.ROLLBACK,
-                f"version {version} of series {series} is older than version {highest} already accepted "
-                f"(state {self._path}); deploy version >= {highest}",
+                f"version {version} of this {identity.kind} series is older than version {highest} already "
+                f"accepted (state {self._path}); deploy version >= {highest}",
                 field="version",
                 expected=highest,
                 actual=version,
             )
         return None
+
+    def trust_root(self) -> StoredRoot | None:
+        """The newest trust root recorded, or None.
+
+        Raises:
+            StateError: ``STATE_CORRUPT`` or ``IO_ERROR``.
+        """
+        return self._read().root
 
     # ----------------------------------------------------------------------------------------
     # writing
@@ -185,21 +374,35 @@ class RollbackState:
             f"{self._path}: cannot {what} ({exc.strerror or exc}); {hint}",
         )
 
-    def record(self, series: str, version: int) -> None:
-        """Raise the stored version of ``series`` to ``version`` (never lowers it).
+    def record(self, identity: SeriesIdentity, version: int) -> None:
+        """Raise the stored version of ``identity`` to ``version`` (never lowers it).
 
-        Holds ``<path>.lock`` while reading, comparing and atomically replacing the file; the old
-        file stays intact when anything fails.
+        Raises:
+            StateError: as :meth:`update`.
+            ValueError: a negative/non-integer version (a caller bug).
+        """
+        self.update([(identity, version)])
+
+    def update(
+        self, accepted: Iterable[tuple[SeriesIdentity, int]] = (), *, root: StoredRoot | None = None
+    ) -> None:
+        """Record accepted versions and the newest trust root in one locked, atomic update.
+
+        Holds ``<path>.lock`` (waiting at most the lock timeout) while reading, comparing and
+        atomically replacing the file; the old file stays intact when anything fails, and the file
+        is not rewritten when nothing would change. A stored version or root is never lowered: a
+        root is replaced only by one of a higher version.
 
         Raises:
             StateError: ``STATE_LOCKED`` (lock not obtained within the timeout),
                 ``STATE_CORRUPT`` (the existing file is not a valid state; it is left untouched),
                 ``STATE_UNWRITABLE`` (directory, lock or file cannot be written: ENOSPC, EACCES, ...),
                 ``IO_ERROR`` (the existing file cannot be read).
-            ValueError: an empty series or a negative/non-integer version (a caller bug).
+            ValueError: a negative/non-integer version (a caller bug).
         """
-        _check_series(series)
-        _check_version(version)
+        accepted = list(accepted)
+        for _, version in accepted:
+            _check_version(version)
         try:
             self._path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -207,29 +410,33 @@ class RollbackState:
         # A kernel lock (flock), not a marker file: it vanishes with a crashed holder, so a dead
         # verifier cannot wedge the others. The lock file is kept between uses so that every
         # process locks the same inode.
-        lock = FileLock(
-            self._lock_path,
-            timeout=self._lock_timeout_s,
-            preserve_lock_file=True,
-            fallback_to_soft=False,
-        )
+        lock = FileLock(self._lock_path, preserve_lock_file=True, fallback_to_soft=False)
+        started = time.monotonic()
         try:
-            lock.acquire()
+            lock.acquire(timeout=self._lock_timeout_s, poll_interval=min(_LOCK_POLL_S, self._lock_timeout_s))
         except Timeout as exc:  # before OSError: filelock's Timeout subclasses it
             raise StateError(
                 Reason.STATE_LOCKED,
                 f"{self._lock_path}: rollback state is locked by another process for more than "
-                f"{self._lock_timeout_s:g}s; retry, or check for a stuck verifier",
+                f"{self._lock_timeout_s:g}s (waited {time.monotonic() - started:.3f}s); retry, or check for "
+                "a stuck verifier",
             ) from exc
         except OSError as exc:
             raise self._unwritable(exc, "create or lock the lock file") from exc
         try:
-            current = self._read()
-            stored = current.get(series)
-            if stored is not None and stored >= version:
+            contents = self._read()
+            changed = False
+            for identity, version in accepted:
+                stored = contents.series.get(identity.key)
+                if stored is None or stored.version < version:
+                    contents.series[identity.key] = _Entry(identity.kind, dict(identity.binding), version)
+                    changed = True
+            if root is not None and (contents.root is None or contents.root.version < root.version):
+                contents.root = root
+                changed = True
+            if not changed:
                 return
-            current[series] = version
-            data = canonical_json({"schema_version": STATE_SCHEMA_VERSION, "series": current})
+            data = canonical_json(contents.to_json())
             try:
                 atomic_write_bytes(self._path, data, mode=0o644)
             except OSError as exc:

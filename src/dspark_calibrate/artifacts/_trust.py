@@ -14,7 +14,9 @@ Rules enforced, each with its reason code:
   root threshold of distinct root keys signing it (or a root key's signature that is invalid);
 - ``TRUST_ROOT_EXPIRED``: ``now`` is at or past ``expires``;
 - ``TRUST_ROOT_ROTATION_INVALID``: against a previous root, the version is not previous + 1, or
-  the signatures do not meet *both* the previous root threshold and the new one (TUF's rule).
+  the signatures do not meet *both* the previous root threshold and the new one (TUF's rule);
+- ``TRUST_ROOT_ROLLBACK``: the pinned root is older than the newest root this verifier already
+  accepted (:func:`check_root_rollback`; the newest root is kept in the rollback state).
 
 Thresholds count distinct public key values, never keyids. Performs no file I/O and reads no
 clock: callers pass the bytes and ``now``. Writing ``root.json`` (atomically) is the caller's job.
@@ -36,8 +38,8 @@ from tuf.api.metadata import Metadata, Role, Root
 from tuf.api.serialization import SerializationError
 
 from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict
+from dspark_calibrate.artifacts._files import FileTooLarge, read_regular_file
 from dspark_calibrate.artifacts._keys import check_supported_key, key_identity, tally_signatures
-from dspark_calibrate.artifacts._parquet import _TooLarge, read_regular_file
 from dspark_calibrate.artifacts._reasons import Reason
 from dspark_calibrate.errors import ConfigError, DsparkError
 
@@ -49,6 +51,7 @@ __all__ = [
     "TrustRoot",
     "TrustRootError",
     "TrustRootUnreadable",
+    "check_root_rollback",
     "init_root",
     "load_trust_root",
     "read_trust_root",
@@ -445,7 +448,7 @@ def read_trust_root(path: Path | str, *, now: datetime, previous: TrustRoot | No
     p = Path(path)
     try:
         data = read_regular_file(p, MAX_TRUST_ROOT_BYTES)
-    except _TooLarge:
+    except FileTooLarge:
         raise _invalid(f"{p}: larger than {MAX_TRUST_ROOT_BYTES} bytes; not a trust root") from None
     except OSError as exc:
         raise TrustRootUnreadable(
@@ -489,6 +492,67 @@ def verify_root_chain(pinned: TrustRoot, chain: Sequence[bytes], now: datetime) 
         current = _verify(md, current)
     _check_expiry(current, now)
     return current
+
+
+def check_root_rollback(
+    presented: TrustRoot, newest_seen: bytes | None, chain: Sequence[bytes], now: datetime
+) -> TrustRoot:
+    """Refuse a pinned root older than the newest one accepted before, TUF-client style.
+
+    A root newer than ``newest_seen`` is accepted only through a valid rotation chain from it:
+    every version in between (taken from ``chain``, in any order) and then ``presented``, each
+    signed by the thresholds of the root before it and of itself. The same version must be the
+    same root (two different roots of one version are a fork, not a rotation).
+
+    Args:
+        presented: the pinned root, already verified on its own (signatures, expiry).
+        newest_seen: canonical bytes of the newest root accepted before, or None (first use:
+            ``presented`` is trusted as pinned).
+        chain: ``root.json`` bytes of intermediate versions; elements outside
+            (newest_seen.version, presented.version) are ignored.
+        now: the current time (timezone-aware).
+
+    Returns:
+        ``presented``, when acceptable.
+
+    Raises:
+        TrustRootError: ``TRUST_ROOT_ROLLBACK`` (older than the newest seen),
+            ``TRUST_ROOT_ROTATION_INVALID`` (same version but another root, or no valid chain),
+            ``TRUST_ROOT_INVALID`` (a malformed chain element).
+    """
+    _aware(now, "now")
+    if newest_seen is None:
+        return presented
+    seen = _verify(_parse(newest_seen), None)  # expiry does not matter: it was trusted in its time
+    if presented.version < seen.version:
+        raise TrustRootError(
+            Reason.TRUST_ROOT_ROLLBACK,
+            f"trust root v{presented.version} is older than v{seen.version} already accepted here; an older "
+            f"root may trust keys that v{seen.version} revoked: pin root.json v{seen.version} or later",
+        )
+    if presented.version == seen.version:
+        if presented.raw != seen.raw:
+            raise _rotation(
+                f"trust root v{presented.version} (sha256 {presented.digest()[:16]}…) is not the v{seen.version} "
+                f"accepted here (sha256 {seen.digest()[:16]}…); two roots of one version are a fork: pin "
+                "the accepted root, or start a new state file if you replaced the trust root on purpose"
+            )
+        return presented
+    between: dict[int, bytes] = {}
+    for data in chain:
+        version = _parse(data).signed.version
+        if seen.version < version < presented.version:
+            between.setdefault(version, data)
+    missing = [v for v in range(seen.version + 1, presented.version) if v not in between]
+    if missing:
+        raise _rotation(
+            f"trust root v{presented.version} cannot be reached from v{seen.version} accepted here: "
+            f"intermediate root(s) {missing} not given; pass every root.json in between as a rotation chain"
+        )
+    newest = verify_root_chain(seen, [*(between[v] for v in sorted(between)), presented.raw], now)
+    if newest != presented:  # pragma: no cover - verify_root_chain ends at its last element
+        raise _rotation(f"trust root v{presented.version}: the rotation chain ends elsewhere")
+    return presented
 
 
 def _unique_keys(keys: Iterable[Key], what: str) -> list[Key]:

@@ -53,8 +53,8 @@ from dspark_calibrate.artifacts._parquet import (
 )
 from dspark_calibrate.artifacts._reasons import Finding, FindingsOutcome, Reason
 from dspark_calibrate.artifacts._sign import parse_time, series_of
-from dspark_calibrate.artifacts._state import RollbackState, StateError
-from dspark_calibrate.artifacts._trust import TrustRoot
+from dspark_calibrate.artifacts._state import RollbackState, SeriesIdentity, StateError, StoredRoot
+from dspark_calibrate.artifacts._trust import TrustRoot, TrustRootError, check_root_rollback
 from dspark_calibrate.errors import ArtifactRejected
 from dspark_calibrate.schemas import ARTIFACT_KINDS, SCHEMA_VERSION, SUPPORTED_SCHEMA_VERSIONS
 
@@ -64,10 +64,13 @@ __all__ = [
     "Expectation",
     "VerificationReport",
     "VerifiedArtifact",
+    "bound_fields",
     "check_binding",
     "check_envelope",
     "check_freshness",
+    "check_trust_root_freshness",
     "require_valid",
+    "series_identity",
     "verify_artifact",
     "verify_path",
 ]
@@ -83,6 +86,23 @@ BINDING_FIELDS: tuple[str, ...] = (
     "moe_backend",
     "kv_dtype",
 )
+
+
+def series_identity(kind: str, fingerprint: Fingerprint, signed_series: str | None = None) -> SeriesIdentity:
+    """The rollback series of an artifact: its kind and the values of every binding field.
+
+    Fields outside :data:`BINDING_FIELDS` (measurement conditions) never enter it; which binding
+    fields count is the verifier's choice at check time (:func:`bound_fields`). ``signed_series``
+    (the predicate's ``series``) is the key older state files used.
+    """
+    values = fingerprint.to_dict()
+    return SeriesIdentity(kind, {name: values[name] for name in BINDING_FIELDS}, signed_series)
+
+
+def bound_fields(expected: Expectation) -> tuple[str, ...]:
+    """The binding fields that define a series for this verifier: all but the unbound ones."""
+    return tuple(name for name in BINDING_FIELDS if name not in expected.unbound_fields)
+
 
 #: Tolerated clock difference between the signing host and the verifier for issued_at.
 CLOCK_SKEW = timedelta(minutes=5)
@@ -142,6 +162,7 @@ class VerifiedArtifact:
     table: pa.Table
     logical_sha256: str
     signer_keyids: tuple[str, ...]
+    identity: SeriesIdentity
     notices: tuple[ArtifactNotice, ...] = ()
 
 
@@ -491,7 +512,8 @@ def _step5_footer_consistent(
 
 def check_freshness(
     *,
-    series: str,
+    identity: SeriesIdentity,
+    bound: Sequence[str],
     version: int,
     issued_at: datetime,
     expires_at: datetime,
@@ -500,7 +522,11 @@ def check_freshness(
     state: RollbackState | None,
     where: Path | str,
 ) -> list[Finding]:
-    """Step (6): expiry, issue time, maximum age and rollback. Reads (does not write) the state."""
+    """Step (6): expiry, issue time, maximum age and rollback. Reads (does not write) the state.
+
+    Rollback compares ``version`` with the highest accepted version of ``identity``'s series as
+    defined by the ``bound`` fields (see ``_state``).
+    """
     out: list[Finding] = []
     if now >= expires_at:
         out.append(
@@ -529,7 +555,7 @@ def check_freshness(
         )
     if not out and state is not None:
         try:
-            finding = state.check(series, version)
+            finding = state.check(identity, version, bound)
         except StateError as exc:
             return [Finding(exc.reason, f"{where}: {exc}")]
         if finding is not None:
@@ -543,6 +569,40 @@ def check_freshness(
                 )
             )
     return out
+
+
+def check_trust_root_freshness(
+    root: TrustRoot,
+    state: RollbackState | None,
+    *,
+    now: datetime,
+    chain: Sequence[bytes] = (),
+    record: bool = True,
+    where: Path | str = "trust root",
+) -> Finding | None:
+    """Refuse a trust root older than the newest one this verifier accepted; remember a newer one.
+
+    Run once per verification run, before any artifact (``dspark-verify`` and ``admit`` both do).
+    Without a state there is nothing to compare with and nothing is checked. A newer root is
+    accepted only through a valid rotation chain from the stored one (``chain`` holds the roots
+    in between) and, with ``record``, stored at once, as a TUF client does.
+
+    Returns:
+        None when the root is acceptable, else a ``TRUST_ROOT_ROLLBACK``,
+        ``TRUST_ROOT_ROTATION_INVALID``, ``TRUST_ROOT_INVALID`` or state finding.
+    """
+    if state is None:
+        return None
+    try:
+        stored = state.trust_root()
+        check_root_rollback(root, stored.raw if stored is not None else None, chain, now)
+        if record and (stored is None or stored.version < root.version):
+            state.update(root=StoredRoot(root.version, root.raw))
+    except TrustRootError as exc:
+        return Finding(exc.reason, f"{where}: {exc}", field="trust_root")
+    except StateError as exc:
+        return Finding(exc.reason, f"{where}: {exc}")
+    return None
 
 
 def check_binding(
@@ -698,9 +758,11 @@ def _pipeline(
         _step5_hash(table, kind, digest, where)
         _step5_footer_consistent(head, predicate, digest, where)
         lap("logical_hash")
-        # (6) expiry, rollback
+        # (6) expiry, rollback (the series is the kind + the bound fingerprint fields, DESIGN §4)
+        identity = series_identity(kind, fp, predicate["series"])
         fresh = check_freshness(
-            series=predicate["series"],
+            identity=identity,
+            bound=bound_fields(expected),
             version=predicate["version"],
             issued_at=issued,
             expires_at=expires,
@@ -735,7 +797,7 @@ def _pipeline(
         lap("content")
         if record and state is not None:
             try:
-                state.record(predicate["series"], predicate["version"])
+                state.record(identity, predicate["version"])
             except StateError as exc:
                 raise _Stop([Finding(exc.reason, f"{where}: {exc}")]) from None
             lap("record")
@@ -766,6 +828,7 @@ def _pipeline(
         table=table,
         logical_sha256=digest,
         signer_keyids=keyids,
+        identity=identity,
         notices=content_notices(kind, predicate["schema_version"], where=str(where)),
     )
     return VerificationReport(
@@ -788,7 +851,7 @@ def verify_path(
     The table decodes on a worker thread while steps 1-4 check the envelope and signature.
     """
     try:
-        opened = open_artifact(path, limits)
+        opened = open_artifact(path, limits, kind=expected.kind)
     except ArtifactReadError as exc:
         return VerificationReport(path=Path(path), findings=(Finding(exc.reason, str(exc)),))
     return _pipeline(

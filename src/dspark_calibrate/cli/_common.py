@@ -211,9 +211,7 @@ def _version_callback(value: bool) -> None:
 
 VersionFlag = Annotated[
     bool,
-    typer.Option(
-        "--version", callback=_version_callback, is_eager=True, help="Print the version and exit."
-    ),
+    typer.Option("--version", callback=_version_callback, is_eager=True, help="Print the version and exit."),
 ]
 
 
@@ -408,7 +406,8 @@ def _fp_option(flag: str, help: str, metavar: str) -> Any:
 
 
 LiveGpu = Annotated[
-    str | None, _fp_option("--live-gpu", "GPU name, e.g. H200 (probed by NVML); cpu for a CPU deployment.", "NAME")
+    str | None,
+    _fp_option("--live-gpu", "GPU name, e.g. H200 (probed by NVML); cpu for a CPU deployment.", "NAME"),
 ]
 LiveGpuCount = Annotated[
     int | None,

@@ -64,7 +64,8 @@ def trtllm(
     out: Annotated[Path, typer.Option("--out", help="Directory to write the package into.", metavar="DIR")],
     trust_root: TrustRootOption,
     selector_identity: Annotated[
-        str | None, typer.Option("--selector-identity", help=_SELECTOR_HELP, metavar="HEX", show_default=False)
+        str | None,
+        typer.Option("--selector-identity", help=_SELECTOR_HELP, metavar="HEX", show_default=False),
     ] = None,
     deploy_dir: Annotated[
         str | None,

@@ -142,7 +142,9 @@ def fit(
     traces: TracesOption = None,
     out: Annotated[
         Path | None,
-        typer.Option("--out", help="Output directory (required unless --evaluate).", metavar="DIR", show_default=False),
+        typer.Option(
+            "--out", help="Output directory (required unless --evaluate).", metavar="DIR", show_default=False
+        ),
     ] = None,
     method: Annotated[str, typer.Option("--method", help="auto | sts | platt | beta | isotonic.")] = "auto",
     holdout: Annotated[
@@ -232,7 +234,9 @@ def fit(
             label="rejected",
         )
     if out is None:
-        fail_usage("--out is required with --traces; pass --out DIR for calibration.parquet, sts.json, the report and plots")
+        fail_usage(
+            "--out is required with --traces; pass --out DIR for calibration.parquet, sts.json, the report and plots"
+        )
     stage_line("fit", "reading traces and fitting", ", ".join(str(t) for t in traces))
     try:
         options = FitOptions(

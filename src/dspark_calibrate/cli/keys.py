@@ -56,7 +56,9 @@ def keygen(
     if passphrase_env is not None:
         value = os.environ.get(passphrase_env)
         if not value:
-            fail_usage(f"--passphrase-env {passphrase_env}: the variable is unset or empty; export it with the passphrase")
+            fail_usage(
+                f"--passphrase-env {passphrase_env}: the variable is unset or empty; export it with the passphrase"
+            )
         passphrase = value.encode()
     try:
         # The library creates a missing directory 0700 (umask ignored); creating it here first

@@ -90,7 +90,9 @@ def report(
     from dspark_calibrate.calibrate.report import write_report
 
     if max_age_days is not None and max_age_days <= 0:
-        fail_usage(f"--max-age-days {max_age_days:g} is not positive; give the largest acceptable age in days")
+        fail_usage(
+            f"--max-age-days {max_age_days:g} is not positive; give the largest acceptable age in days"
+        )
     target = out if out is not None else Path(f"report.{fmt.value}")
     stage_line("report", "verifying and rendering", str(target))
     try:

@@ -95,5 +95,7 @@ def register(app: typer.Typer) -> None:
     """Add ``sign`` to the app."""
     app.command(
         "sign",
-        epilog=example("dspark-calibrate sign fit/calibration.parquet --key keys/signing-key.pem --version 1"),
+        epilog=example(
+            "dspark-calibrate sign fit/calibration.parquet --key keys/signing-key.pem --version 1"
+        ),
     )(sign)

@@ -324,7 +324,9 @@ def register(app: typer.Typer) -> None:
         out: Annotated[
             Path,
             typer.Option(
-                "--out", help="Summary Parquet; samples go to <stem>.samples.parquet.", metavar="SWEEP.parquet"
+                "--out",
+                help="Summary Parquet; samples go to <stem>.samples.parquet.",
+                metavar="SWEEP.parquet",
             ),
         ],
         backend: Annotated[
@@ -401,7 +403,10 @@ def register(app: typer.Typer) -> None:
         ] = "adaptive",
         preset: Annotated[
             str,
-            typer.Option(help="Threshold preset: default, or quick (2% precision, small caps: CPU trials).", metavar="NAME"),
+            typer.Option(
+                help="Threshold preset: default, or quick (2% precision, small caps: CPU trials).",
+                metavar="NAME",
+            ),
         ] = "default",
         precision: Annotated[
             float | None,
@@ -412,43 +417,69 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         min_samples: Annotated[
-            int | None, typer.Option(help="Kept samples before a cell may stop (default 8).", metavar="N", show_default=False)
+            int | None,
+            typer.Option(
+                help="Kept samples before a cell may stop (default 8).", metavar="N", show_default=False
+            ),
         ] = None,
         min_rounds: Annotated[
-            int | None, typer.Option(help="Rounds before a cell may stop (default 6).", metavar="N", show_default=False)
+            int | None,
+            typer.Option(help="Rounds before a cell may stop (default 6).", metavar="N", show_default=False),
         ] = None,
         min_time: Annotated[
-            float | None, typer.Option(help="Seconds per cell before it may stop (default 0).", metavar="S", show_default=False)
+            float | None,
+            typer.Option(
+                help="Seconds per cell before it may stop (default 0).", metavar="S", show_default=False
+            ),
         ] = None,
         max_samples: Annotated[
-            int | None, typer.Option(help="Per-cell sample cap (default 48).", metavar="N", show_default=False)
+            int | None,
+            typer.Option(help="Per-cell sample cap (default 48).", metavar="N", show_default=False),
         ] = None,
         max_cell_seconds: Annotated[
-            float | None, typer.Option(help="Per-cell time cap in s (default 60; quick 10).", metavar="S", show_default=False)
+            float | None,
+            typer.Option(
+                help="Per-cell time cap in s (default 60; quick 10).", metavar="S", show_default=False
+            ),
         ] = None,
         budget: Annotated[
             float | None,
-            typer.Option(help="Total sweep budget in s (default 3600; quick 600).", metavar="S", show_default=False),
+            typer.Option(
+                help="Total sweep budget in s (default 3600; quick 600).", metavar="S", show_default=False
+            ),
         ] = None,
         warmup: Annotated[
-            int | None, typer.Option(help="Warm-up replays on a cell's first visit (default 8).", metavar="N", show_default=False)
+            int | None,
+            typer.Option(
+                help="Warm-up replays on a cell's first visit (default 8).", metavar="N", show_default=False
+            ),
         ] = None,
         rewarm: Annotated[
-            int | None, typer.Option(help="Warm-up replays on later visits (default 2).", metavar="N", show_default=False)
+            int | None,
+            typer.Option(
+                help="Warm-up replays on later visits (default 2).", metavar="N", show_default=False
+            ),
         ] = None,
         replays: Annotated[
-            int | None, typer.Option(help="Back-to-back replays per sample (default 2).", metavar="N", show_default=False)
+            int | None,
+            typer.Option(
+                help="Back-to-back replays per sample (default 2).", metavar="N", show_default=False
+            ),
         ] = None,
         samples_per_visit: Annotated[
             int | None, typer.Option(help="Samples per visit (default 2).", metavar="N", show_default=False)
         ] = None,
-        seed: Annotated[int, typer.Option(help="Seed of the round order and the bootstrap.", metavar="N")] = 0,
+        seed: Annotated[
+            int, typer.Option(help="Seed of the round order and the bootstrap.", metavar="N")
+        ] = 0,
         resume: Annotated[
             bool, typer.Option("--resume", help="Continue the journal of an interrupted sweep.")
         ] = False,
         journal: Annotated[
             Path | None,
-            typer.Option(help="Journal path (default <stem>.journal.jsonl).", metavar="FILE", show_default=False),
+            typer.Option(
+                help="Journal path (default <stem>.journal.jsonl).", metavar="FILE", show_default=False
+            ),
         ] = None,
         config: Annotated[
             str | None,
@@ -461,31 +492,46 @@ def register(app: typer.Typer) -> None:
         ] = None,
         layers: Annotated[
             int | None,
-            typer.Option(help="reference: layers to build (default: the config's).", metavar="N", show_default=False),
+            typer.Option(
+                help="reference: layers to build (default: the config's).", metavar="N", show_default=False
+            ),
         ] = None,
         context_len: Annotated[
             int | None,
-            typer.Option(help="reference: KV-cache tokens per row (default 256).", metavar="TOKENS", show_default=False),
+            typer.Option(
+                help="reference: KV-cache tokens per row (default 256).", metavar="TOKENS", show_default=False
+            ),
         ] = None,
         device: Annotated[
             str | None,
-            typer.Option(help="reference: cpu or cuda[:i] (default: cuda when available).", metavar="DEV", show_default=False),
+            typer.Option(
+                help="reference: cpu or cuda[:i] (default: cuda when available).",
+                metavar="DEV",
+                show_default=False,
+            ),
         ] = None,
         model: Annotated[
             str | None,
             typer.Option(
-                "--model", help="trtllm: the model path or name for tensorrt_llm.LLM.", metavar="MODEL", show_default=False
+                "--model",
+                help="trtllm: the model path or name for tensorrt_llm.LLM.",
+                metavar="MODEL",
+                show_default=False,
             ),
         ] = None,
         factory: Annotated[
             str | None,
             typer.Option(
-                help="module: pkg.mod:factory returning a step for (G, V, K).", metavar="PKG.MOD:FN", show_default=False
+                help="module: pkg.mod:factory returning a step for (G, V, K).",
+                metavar="PKG.MOD:FN",
+                show_default=False,
             ),
         ] = None,
         input_path: Annotated[
             Path | None,
-            typer.Option("--input", help="import-samples: profiler JSONL.", metavar="FILE", show_default=False),
+            typer.Option(
+                "--input", help="import-samples: profiler JSONL.", metavar="FILE", show_default=False
+            ),
         ] = None,
         backend_opt: Annotated[
             list[str] | None,
@@ -525,7 +571,9 @@ def register(app: typer.Typer) -> None:
         live_kv_dtype: LiveKvDtype = None,
         clock_policy: Annotated[
             str | None,
-            typer.Option(help="GPU clock policy, e.g. default or locked:1980.", metavar="POLICY", show_default=False),
+            typer.Option(
+                help="GPU clock policy, e.g. default or locked:1980.", metavar="POLICY", show_default=False
+            ),
         ] = None,
         plot: Annotated[
             bool, typer.Option("--plot/--no-plot", help="Write <stem>.png (needs matplotlib).")
@@ -568,7 +616,9 @@ def register(app: typer.Typer) -> None:
                 if v is not None
             }
             if backend == "trtllm" and model is None and "model" not in " ".join(backend_opt or []):
-                raise ConfigError("--backend trtllm needs a model; pass --model MODEL (the path or name tensorrt_llm.LLM loads)")
+                raise ConfigError(
+                    "--backend trtllm needs a model; pass --model MODEL (the path or name tensorrt_llm.LLM loads)"
+                )
             options = _backend_options(
                 backend_opt or [],
                 {

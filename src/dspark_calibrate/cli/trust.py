@@ -135,7 +135,9 @@ def signers_from_keys(
             "in the same order"
         )
     if not paths and not uris:
-        raise ConfigError("no signing key given; pass --key KEY.pem (or --signer-uri URI --signer-public-key PUB.pem)")
+        raise ConfigError(
+            "no signing key given; pass --key KEY.pem (or --signer-uri URI --signer-public-key PUB.pem)"
+        )
     common, per_key = _passphrases(passphrase_env)
     signers = []
     for path in paths or []:
@@ -340,7 +342,8 @@ def rotate(
 @trust_app.command("show", epilog=example("dspark-calibrate trust show root.json --json"))
 def show(
     root_path: Annotated[
-        Path, typer.Argument(help="root.json to show (verified first).", metavar="ROOT.json", show_default=False)
+        Path,
+        typer.Argument(help="root.json to show (verified first).", metavar="ROOT.json", show_default=False),
     ],
     json_out: JsonFlag = False,
 ) -> None:

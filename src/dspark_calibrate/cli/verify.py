@@ -58,12 +58,23 @@ from dspark_calibrate.cli.verify_runtime import (
     run_runtime,
     runtime_requested,
 )
-from dspark_calibrate.errors import DsparkError
+from dspark_calibrate.errors import ConfigError, DsparkError
 
 if TYPE_CHECKING:
     from dspark_calibrate.artifacts import Finding, TrustRoot
 
-__all__ = ["LiveOptions", "verify_app"]
+__all__ = ["LiveOptions", "RootChainOption", "read_root_chain", "verify_app"]
+
+RootChainOption = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--root-chain",
+        help="A root.json between the newest trust root recorded in --state and --trust-root "
+        "(repeatable; needed when the pinned root skips versions).",
+        metavar="ROOT.json",
+        show_default=False,
+    ),
+]
 
 verify_app = make_app(
     "dspark-verify",
@@ -99,6 +110,25 @@ def _trust(trust_root: Path | None, key: Path | None) -> tuple[TrustRoot, dict[s
     except DsparkError as exc:
         fail_error(exc)
     return root, {"key": str(key), "keyid": public.keyid}
+
+
+def read_root_chain(paths: list[Path] | None) -> list[bytes]:
+    """The ``--root-chain`` files' bytes (bounded reads).
+
+    Raises:
+        ConfigError: a file cannot be read; the message names it.
+    """
+    from dspark_calibrate.artifacts import MAX_TRUST_ROOT_BYTES, read_regular_file
+
+    out = []
+    for path in paths or []:
+        try:
+            out.append(read_regular_file(path, MAX_TRUST_ROOT_BYTES))
+        except OSError as exc:
+            raise ConfigError(
+                f"--root-chain {path}: cannot read ({exc.strerror or exc}); pass a root.json file"
+            ) from exc
+    return out
 
 
 def _diff_table(findings: list[Finding]) -> Table | None:
@@ -160,7 +190,10 @@ def main(
     live_ladder: Annotated[
         str | None,
         typer.Option(
-            "--live-ladder", help="The engine's rank-local graph ladder.", metavar="G1,G2,...", show_default=False
+            "--live-ladder",
+            help="The engine's rank-local graph ladder.",
+            metavar="G1,G2,...",
+            show_default=False,
         ),
     ] = None,
     live_topology: LiveTopology = None,
@@ -179,14 +212,17 @@ def main(
     unbind: Annotated[
         list[str] | None,
         typer.Option(
-            "--unbind", help="Fingerprint field not to compare (repeatable).", metavar="FIELD", show_default=False
+            "--unbind",
+            help="Fingerprint field not to compare (repeatable).",
+            metavar="FIELD",
+            show_default=False,
         ),
     ] = None,
     state: Annotated[
         Path | None,
         typer.Option(
             "--state",
-            help="Rollback state file (highest accepted versions).",
+            help="Rollback state file (highest accepted versions, newest trust root).",
             metavar="STATE.json",
             show_default=False,
         ),
@@ -194,6 +230,7 @@ def main(
     record: Annotated[
         bool, typer.Option("--record/--no-record", help="Record accepted versions in --state.")
     ] = True,
+    root_chain: RootChainOption = None,
     allow_synthetic: AllowSyntheticFlag = False,
     max_age_days: Annotated[
         float | None,
@@ -235,9 +272,13 @@ def main(
 
     bad_unbind = sorted(set(unbind or []) - set(BINDING_FIELDS))
     if bad_unbind:
-        fail_usage(f"--unbind {', '.join(bad_unbind)}: not binding fields; choose from {', '.join(BINDING_FIELDS)}")
+        fail_usage(
+            f"--unbind {', '.join(bad_unbind)}: not binding fields; choose from {', '.join(BINDING_FIELDS)}"
+        )
     if max_age_days is not None and max_age_days <= 0:
-        fail_usage(f"--max-age-days {max_age_days:g} must be positive; give the largest acceptable age in days")
+        fail_usage(
+            f"--max-age-days {max_age_days:g} must be positive; give the largest acceptable age in days"
+        )
     root, root_info = _trust(trust_root, key)
     if runtime_requested(emit_trtllm_options, fail_open_to_static):
         run_runtime(
@@ -248,6 +289,7 @@ def main(
             unbind=unbind,
             state=state,
             record=record,
+            root_chain=root_chain,
             allow_synthetic=allow_synthetic,
             max_age_days=max_age_days,
             emit_trtllm_options=emit_trtllm_options,
@@ -268,6 +310,7 @@ def main(
         unbind=unbind,
         state=state,
         record=record,
+        root_chain=root_chain,
         allow_synthetic=allow_synthetic,
         max_age_days=max_age_days,
         verbose=verbose,
@@ -286,6 +329,7 @@ def _verify_offline(
     unbind: list[str] | None,
     state: Path | None,
     record: bool,
+    root_chain: list[Path] | None,
     allow_synthetic: bool,
     max_age_days: float | None,
     verbose: bool,
@@ -296,6 +340,8 @@ def _verify_offline(
         Expectation,
         Reason,
         RollbackState,
+        VerificationReport,
+        check_trust_root_freshness,
         read_fingerprint,
         verify_inputs,
     )
@@ -312,6 +358,7 @@ def _verify_offline(
             fingerprint = ctx.fingerprint
             live_info = ctx.to_dict()
         rollback = RollbackState(state) if state is not None else None
+        chain = read_root_chain(root_chain)
     except DsparkError as exc:
         fail_error(exc)
     expected = Expectation(
@@ -320,7 +367,22 @@ def _verify_offline(
         allow_synthetic=allow_synthetic,
         max_age=timedelta(days=max_age_days) if max_age_days is not None else None,
     )
-    reports = verify_inputs(artifacts, root, now=utcnow(), expected=expected, state=rollback, record=record)
+    now = utcnow()
+    # The pinned trust root first: never older than the newest one this state accepted (TUF's
+    # rule). A --key root is made on the spot from the pinned key, so it has no history to check.
+    root_finding = (
+        check_trust_root_freshness(
+            root, rollback, now=now, chain=chain, record=record, where=root_info["path"]
+        )
+        if "path" in root_info
+        else None
+    )
+    if root_finding is not None:
+        reports: list[Any] = [VerificationReport(path=Path(root_info["path"]), findings=(root_finding,))]
+    else:
+        reports = list(
+            verify_inputs(artifacts, root, now=now, expected=expected, state=rollback, record=record)
+        )
     io_error = any(r.reason is Reason.IO_ERROR for r in reports)
     rejected = [r for r in reports if not r.ok]
     code = EXIT_USAGE if io_error else EXIT_REJECTED if rejected else EXIT_OK

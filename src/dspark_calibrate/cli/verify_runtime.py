@@ -54,6 +54,9 @@ __all__ = [
     "runtime_requested",
 ]
 
+#: Largest ``--base-options`` YAML read, in bytes (engine option files are a few KiB).
+MAX_BASE_OPTIONS_BYTES = 1 << 20
+
 EmitTrtllmOption = Annotated[
     Path | None,
     typer.Option(
@@ -143,6 +146,7 @@ def run_runtime(
     unbind: list[str] | None,
     state: Path | None,
     record: bool,
+    root_chain: list[Path] | None,
     allow_synthetic: bool,
     max_age_days: float | None,
     emit_trtllm_options: Path | None,
@@ -160,7 +164,7 @@ def run_runtime(
         live_options: ``verify.LiveOptions`` with the ``--live-*`` values.
         Other arguments: the ``dspark-verify`` options of the same names.
     """
-    from dspark_calibrate.artifacts import Reason, read_fingerprint
+    from dspark_calibrate.artifacts import Reason, read_fingerprint, read_regular_file
     from dspark_calibrate.runtime_plugin.admission import DEFAULT_MAX_ARTIFACT_AGE, AdmissionPolicy, admit
     from dspark_calibrate.runtime_plugin.trtllm import (
         decoding_fields,
@@ -170,7 +174,9 @@ def run_runtime(
     )
 
     if len(artifacts) != 1:
-        fail_usage(f"the runtime form admits exactly one bundle, got {len(artifacts)} paths; pass one bundle directory")
+        fail_usage(
+            f"the runtime form admits exactly one bundle, got {len(artifacts)} paths; pass one bundle directory"
+        )
     if emit_trtllm_options is not None and selector_identity is None and not fail_open_to_static:
         fail_usage(
             "--emit-trtllm-options needs --selector-identity HEX (no receipt is written without it); copy "
@@ -185,9 +191,12 @@ def run_runtime(
     base: dict[str, Any] = {}
     if base_options is not None:
         try:
-            base = load_options_yaml(base_options.read_text(encoding="utf-8"))
+            text = read_regular_file(base_options, MAX_BASE_OPTIONS_BYTES).decode("utf-8")
+            base = load_options_yaml(text)
         except OSError as exc:
-            fail_usage(f"{base_options}: cannot read ({exc.strerror or exc})")
+            fail_usage(f"{base_options}: cannot read ({exc.strerror or exc}); pass a regular YAML file")
+        except UnicodeDecodeError as exc:
+            fail_usage(f"{base_options}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8")
         except ConfigError as exc:
             fail_usage(f"{base_options}: {exc}")
     problem: str | None = None
@@ -202,6 +211,7 @@ def run_runtime(
             allow_synthetic=allow_synthetic,
             state_path=state,
             record_state=record,
+            trust_root_chain=tuple(root_chain or ()),
             unbound_fields=frozenset(unbind or ()),
             max_artifact_age=(
                 timedelta(days=max_age_days) if max_age_days is not None else DEFAULT_MAX_ARTIFACT_AGE

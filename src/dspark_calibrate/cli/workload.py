@@ -94,7 +94,9 @@ def import_trtllm(
     shards: Annotated[
         list[Path],
         typer.Argument(
-            help="TensorRT-LLM confidence-trace shards (<stem>.rank<r>.pt).", metavar="SHARD.pt", show_default=False
+            help="TensorRT-LLM confidence-trace shards (<stem>.rank<r>.pt).",
+            metavar="SHARD.pt",
+            show_default=False,
         ),
     ],
     out: Annotated[Path, typer.Option("--out", help="Parquet file to write.", metavar="WORKLOAD.parquet")],

@@ -5,7 +5,9 @@ evidence, and fall back to static K on any doubt (DESIGN §4–§6, STYLE rule 1
 returns an :class:`AdmissionDecision`; it never raises. Checks, in order:
 
     (1) trust root: ``root.json`` read and verified by ``artifacts.read_trust_root`` (bounded,
-        regular files only; signatures, expiry), or a given ``TrustRoot`` checked for expiry
+        regular files only; signatures, expiry), or a given ``TrustRoot`` checked for expiry; with
+        a rollback state, never older than the newest root accepted before and newer only through
+        a rotation chain (TUF's client rule)
     (2) live deployment: the given context, or collected by ``live.collect_live`` (explicit engine
         arguments win over probes)
     (3) the bundle, through the artifacts pipeline (``verify_bundle``): manifest and every member —
@@ -29,14 +31,14 @@ The decision record lives in :mod:`.admission_decision` and the economics and ga
 :mod:`.economics` (both re-exported here), so that the engine adapters and rank agreement can use
 them without importing this module.
 
-I/O here: reading ``root.json`` (``artifacts.read_trust_root``), the bundle manifest's bytes (for
-its digest), and the clock when ``now`` is not given. Verification I/O belongs to the artifacts
-pipeline; the checks in steps (4) and (5) are pure functions.
+I/O here: reading ``root.json`` (``artifacts.read_trust_root``), rotation-chain roots and the
+bundle manifest's bytes (for its digest) through ``artifacts.read_regular_file`` (bounded: a FIFO
+is refused, never waited on), and the clock when ``now`` is not given. Verification I/O belongs to
+the artifacts pipeline; the checks in steps (4) and (5) are pure functions.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import math
@@ -52,12 +54,14 @@ from typing import TYPE_CHECKING, Any
 
 from dspark_calibrate.artifacts import (
     DEFAULT_LIMITS,
+    DEFAULT_STATE_LOCK_TIMEOUT_S,
     Finding,
     Fingerprint,
     ModelError,
     ReadLimits,
     Reason,
     RollbackState,
+    read_regular_file,
     sha256_hex,
 )
 from dspark_calibrate.decision import Status
@@ -124,10 +128,13 @@ class AdmissionPolicy:
         allow_synthetic: accept evidence made from synthetic measurements (demos and tests only).
         max_artifact_age: refuse artifacts and manifests issued longer ago than this (``None``: only
             the signed expiry applies).
-        state_path: the rollback state file (highest accepted version per series); ``None``
-            disables rollback protection.
-        record_state: record accepted versions in the state (off: check only).
-        state_lock_timeout_s: how long recording waits for the state lock before ``STATE_LOCKED``.
+        state_path: the rollback state file (highest accepted version per series, newest trust
+            root seen); ``None`` disables rollback protection, of artifacts and of the trust root.
+        record_state: record accepted versions and a newer trust root in the state (off: check only).
+        state_lock_timeout_s: how long recording waits for the state lock before ``STATE_LOCKED``
+            (seconds; the default keeps a contended admission inside the serving path's 100 ms).
+        trust_root_chain: ``root.json`` files of the versions between the newest root recorded in
+            the state and the pinned one, when the pinned root skips versions (TUF rotation chain).
         required_members: bundle members that must be present (cost-table and calibration always).
         unbound_fields: fingerprint fields deliberately not compared with the live deployment.
         min_gain_lower_bound: the admission artifact's predicted-gain CI lower bound must exceed
@@ -141,7 +148,8 @@ class AdmissionPolicy:
     max_artifact_age: timedelta | None = DEFAULT_MAX_ARTIFACT_AGE
     state_path: Path | None = None
     record_state: bool = True
-    state_lock_timeout_s: float = 2.0
+    state_lock_timeout_s: float = DEFAULT_STATE_LOCK_TIMEOUT_S
+    trust_root_chain: tuple[Path, ...] = ()
     required_members: tuple[str, ...] = _ALL_MEMBERS
     unbound_fields: frozenset[str] = frozenset()
     min_gain_lower_bound: float | None = 0.0
@@ -167,6 +175,7 @@ class AdmissionPolicy:
         object.__setattr__(self, "unbound_fields", unbound)
         if self.state_path is not None:
             object.__setattr__(self, "state_path", Path(self.state_path))
+        object.__setattr__(self, "trust_root_chain", tuple(Path(p) for p in self.trust_root_chain))
         if self.max_artifact_age is not None and self.max_artifact_age <= timedelta(0):
             raise ConfigError(f"max_artifact_age must be positive, got {self.max_artifact_age}")
         if self.min_gain_lower_bound is not None and not math.isfinite(self.min_gain_lower_bound):
@@ -180,6 +189,8 @@ class AdmissionPolicy:
             "allow_synthetic": self.allow_synthetic,
             "max_artifact_age_s": self.max_artifact_age.total_seconds() if self.max_artifact_age else None,
             "state_path": str(self.state_path) if self.state_path else None,
+            "state_lock_timeout_s": self.state_lock_timeout_s,
+            "trust_root_chain": [str(p) for p in self.trust_root_chain],
             "required_members": list(self.required_members),
             "unbound_fields": sorted(self.unbound_fields),
             "min_gain_lower_bound": self.min_gain_lower_bound,
@@ -314,31 +325,6 @@ class _Run:
         )
 
 
-def _read_bounded(path: Path, limit: int) -> bytes:
-    """Up to ``limit + 1`` bytes of a regular file (a FIFO or device is refused, never waited on).
-
-    Reads the bundle manifest for its digest; the trust root goes through ``read_trust_root``.
-
-    Raises:
-        OSError: missing, unreadable, or not a regular file.
-    """
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
-        chunks: list[bytes] = []
-        remaining = limit + 1
-        while remaining > 0:
-            chunk = os.read(fd, remaining)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            remaining -= len(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
 def _load_root(trust_root: Any, now: datetime) -> tuple[TrustRoot | None, Finding | None]:
     """Step (1): a path is read and verified; a loaded root is checked for expiry."""
     from dspark_calibrate.artifacts import TrustRoot, TrustRootError, read_trust_root
@@ -358,6 +344,24 @@ def _load_root(trust_root: Any, now: datetime) -> tuple[TrustRoot | None, Findin
         return read_trust_root(trust_root, now=now), None
     except TrustRootError as exc:
         return None, Finding(exc.reason, str(exc), field="trust_root")
+
+
+def _read_chain(paths: Sequence[Path]) -> tuple[list[bytes], Finding | None]:
+    """The rotation chain's ``root.json`` files (bounded reads), or the finding for one that fails."""
+    from dspark_calibrate.artifacts import MAX_TRUST_ROOT_BYTES
+
+    out: list[bytes] = []
+    for path in paths:
+        try:
+            out.append(read_regular_file(path, MAX_TRUST_ROOT_BYTES))
+        except OSError as exc:  # FileTooLarge included
+            return [], Finding(
+                Reason.TRUST_ROOT_INVALID,
+                f"{path}: cannot read this rotation-chain root ({exc.strerror or exc}); pass the root.json "
+                "files between the accepted and the pinned trust root",
+                field="trust_root_chain",
+            )
+    return out, None
 
 
 def _resolve_live(live: LiveSpec) -> LiveContext:
@@ -383,10 +387,9 @@ def _manifest_bytes(bundle: Path, limits: ReadLimits) -> bytes | None:
 
     manifest = bundle / BUNDLE_MANIFEST if bundle.is_dir() else bundle
     try:
-        data = _read_bounded(manifest, limits.max_envelope_bytes)
-    except OSError:
+        return read_regular_file(manifest, limits.max_envelope_bytes)
+    except OSError:  # FileTooLarge included
         return None
-    return data if len(data) <= limits.max_envelope_bytes else None
 
 
 def _special_files(bundle: Path) -> list[Finding]:
@@ -440,19 +443,36 @@ def _decide(
     bundle: Path | str, trust_root: Any, live: LiveSpec, policy: AdmissionPolicy, now: datetime, run: _Run
 ) -> AdmissionDecision:
     """Steps (1)–(6); returns the local decision (rank agreement comes after)."""
-    from dspark_calibrate.artifacts import Expectation, verify_bundle
+    from dspark_calibrate.artifacts import Expectation, check_trust_root_freshness, verify_bundle
 
     if now.tzinfo is None:
         raise TypeError("now must be timezone-aware")
     bundle_path = Path(bundle)
-    # (1) trust root
+    state = (
+        RollbackState(policy.state_path, lock_timeout_s=policy.state_lock_timeout_s)
+        if policy.state_path is not None
+        else None
+    )
+    # (1) trust root: verified on its own, then never older than the newest one accepted here
     run.enter("trust_root")
     root, finding = _load_root(trust_root, now)
+    if root is not None:
+        run.info.update(trust_root_version=root.version, trust_root_sha256=root.digest())
+        if state is not None:
+            chain, finding = _read_chain(policy.trust_root_chain)
+            if finding is None:
+                finding = check_trust_root_freshness(
+                    root,
+                    state,
+                    now=now,
+                    chain=chain,
+                    record=policy.record_state,
+                    where=trust_root if isinstance(trust_root, (str, Path)) else "trust root",
+                )
     run.done()
     if finding is not None or root is None:
         assert finding is not None
         return run.inactive([finding])
-    run.info.update(trust_root_version=root.version, trust_root_sha256=root.digest())
     # (2) live deployment
     run.enter("live")
     try:
@@ -476,11 +496,6 @@ def _decide(
         return run.inactive(special)
     manifest = _manifest_bytes(bundle_path, policy.limits)
     run.info["bundle_sha256"] = sha256_hex(manifest) if manifest is not None else None
-    state = (
-        RollbackState(policy.state_path, lock_timeout_s=policy.state_lock_timeout_s)
-        if policy.state_path is not None
-        else None
-    )
     expected = Expectation(
         fingerprint=ctx.fingerprint,
         unbound_fields=policy.unbound_fields,

@@ -30,6 +30,7 @@ from dspark_calibrate.artifacts import (
     canonical_json,
     fingerprint_flag,
     loads_strict,
+    read_regular_file,
     sha256_hex,
 )
 from dspark_calibrate.errors import ConfigError, ProbeError
@@ -243,7 +244,11 @@ class SystemEnvironment:
                         break
         except OSError:
             model = None
-        return {"machine": platform.machine(), "model": model or platform.processor(), "cores": os.cpu_count()}
+        return {
+            "machine": platform.machine(),
+            "model": model or platform.processor(),
+            "cores": os.cpu_count(),
+        }
 
 
 @dataclass(frozen=True)
@@ -270,6 +275,11 @@ class LiveContext:
         }
 
 
+#: Largest model ``config.json`` read, in bytes (HF configs are a few KiB; a path to the weights
+#: by mistake is refused unread).
+MAX_MODEL_CONFIG_BYTES = 4 << 20
+
+
 def model_config_digest(path: Path) -> str:
     """SHA-256 of the canonical JSON of an HF-style ``config.json`` (formatting-independent).
 
@@ -277,7 +287,7 @@ def model_config_digest(path: Path) -> str:
         ConfigError: unreadable or not JSON.
     """
     try:
-        data = loads_strict(path.read_bytes(), what=str(path))
+        data = loads_strict(read_regular_file(path, MAX_MODEL_CONFIG_BYTES), what=str(path))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path}: cannot read model config ({exc}); pass the model's config.json") from exc
     return sha256_hex(canonical_json(data))

@@ -208,11 +208,12 @@ def _default_exporter() -> Exporter:
 
 
 def _read_pinned(path: Path) -> bytes:
-    with open(path, "rb") as handle:
-        data = handle.read(MAX_EXPORTED_FILE_BYTES + 1)
-    if len(data) > MAX_EXPORTED_FILE_BYTES:
-        raise ConfigError(f"{path}: larger than {MAX_EXPORTED_FILE_BYTES} bytes")
-    return data
+    """An exported file's bytes (a bounded read: a FIFO or an oversized file is refused).
+
+    Raises:
+        OSError: unreadable, not a regular file, or larger than ``MAX_EXPORTED_FILE_BYTES``.
+    """
+    return read_regular_file(path, MAX_EXPORTED_FILE_BYTES)
 
 
 def _check_receipt(receipt: bytes, digests: Mapping[str, str], where: Path) -> None:
@@ -415,7 +416,9 @@ def merge_into_base_options(exported_yaml: Path, base_path: Path) -> dict[str, A
         try:
             text = read_regular_file(path, MAX_OPTIONS_YAML_BYTES).decode("utf-8")
         except OSError as exc:
-            raise ConfigError(f"{path}: cannot read ({exc.strerror or exc}); pass a regular YAML file") from exc
+            raise ConfigError(
+                f"{path}: cannot read ({exc.strerror or exc}); pass a regular YAML file"
+            ) from exc
         except UnicodeDecodeError as exc:
             raise ConfigError(f"{path}: not UTF-8 text ({exc.reason}); save it as UTF-8") from exc
         try:

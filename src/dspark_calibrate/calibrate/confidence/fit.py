@@ -138,7 +138,9 @@ class FitOptions:
 
     def __post_init__(self) -> None:
         if self.method not in METHOD_CHOICES:
-            raise ConfigError(f"--method {self.method!r} is unknown; choose one of {', '.join(METHOD_CHOICES)}")
+            raise ConfigError(
+                f"--method {self.method!r} is unknown; choose one of {', '.join(METHOD_CHOICES)}"
+            )
         if not (isinstance(self.holdout, int | float) and 0.0 < self.holdout <= 0.9):
             raise ConfigError(
                 f"--holdout {self.holdout!r} must be in (0, 0.9]; metrics are computed on held-out "

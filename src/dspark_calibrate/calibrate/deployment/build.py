@@ -545,7 +545,7 @@ def build_bundle(
         raise ConfigError("no signing key given: pass --key")
     fp, k = inputs.fingerprint, inputs.k
     if on_stage is not None:
-        on_stage('select')
+        on_stage("select")
     # (2) candidates, drain guard, selection
     grid = CellGrid.from_rows(k, inputs.sweep_rows)
     calibration = Calibration.from_rows(inputs.calibration_table.to_pylist(), use=options.calibration_use)
@@ -562,7 +562,7 @@ def build_bundle(
     cells = require_cells(selection)
     del evidence
     if on_stage is not None:
-        on_stage('replay')
+        on_stage("replay")
     # (3) replay the deployed table
     final = grid.restrict(cells)
     evidence = prepare_evidence(
@@ -662,7 +662,7 @@ def build_bundle(
     try:
         tmp.mkdir(parents=True)
         if on_stage is not None:
-            on_stage('sign')
+            on_stage("sign")
         # (4) write, sign and verify each member, then the manifest
         members = {}
         expected_kw = {"fingerprint": fp, "allow_synthetic": options.allow_synthetic}
@@ -706,7 +706,7 @@ def build_bundle(
             plot_paths, plot_notes = _plots(report_dir, report)
             notes.extend(plot_notes)
         if on_stage is not None:
-            on_stage('publish')
+            on_stage("publish")
         # (5) publish
         publish_directory(tmp, out_dir)
         published = True

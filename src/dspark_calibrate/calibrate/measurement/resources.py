@@ -137,7 +137,9 @@ def estimate_reference(
     max_row_len = int(options.get("max_row_len", 16))
     ep = int(options.get("ep", 1))
     lm_head = bool(options.get("lm_head", True))
-    params = sum(_layer_params(s, moe=bool(s.experts) and i >= s.dense_layers, tp=tp, ep=ep) for i in range(s.layers))
+    params = sum(
+        _layer_params(s, moe=bool(s.experts) and i >= s.dense_layers, tp=tp, ep=ep) for i in range(s.layers)
+    )
     params += s.hidden * (s.vocab // tp) if lm_head else 0
     span = ctx + max_row_len
     per_token_cache = (
@@ -158,7 +160,10 @@ def estimate_reference(
     attn_flops = 4.0 * s.layers * rows * heads * qmax * (ctx + qmax) * head_dim
     active = params - (
         sum(
-            (s.experts // ep - min(s.experts // ep, math.ceil(tokens * s.top_k / ep))) * 3 * s.hidden * (s.moe_intermediate // tp)
+            (s.experts // ep - min(s.experts // ep, math.ceil(tokens * s.top_k / ep)))
+            * 3
+            * s.hidden
+            * (s.moe_intermediate // tp)
             for i in range(s.layers)
             if s.experts and i >= s.dense_layers
         )

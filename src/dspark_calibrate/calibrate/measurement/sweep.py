@@ -1446,7 +1446,9 @@ def execute(
             ladder=request.ladder,
             world_size=comm.world_size,
             backend_fields=fields,
-            base=deployment_base(given=request.fingerprint, live_arguments=request.live, backend_fields=fields),
+            base=deployment_base(
+                given=request.fingerprint, live_arguments=request.live, backend_fields=fields
+            ),
             clock_policy=request.clock_policy,
             context_len=context_len,
         )

@@ -1,0 +1,74 @@
+"""Bounded reads of untrusted files: the one way the serving path reads a file.
+
+A path that should name an artifact, an envelope, a trust root, the rollback state or a config file
+may name a FIFO, a device or a directory instead (by mistake or by an attacker with write access
+to the directory). ``open()`` on a FIFO blocks until a writer appears, so a serving start would
+hang forever. :func:`read_regular_file` opens without blocking, checks the open descriptor with
+``fstat`` (the file checked is the file read) and reads at most the caller's limit, so every read
+is bounded in time and memory. Imports only the standard library (DESIGN §3: ``calibrate`` may use
+it on GPU images without ``cryptography``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+__all__ = ["FileTooLarge", "read_regular_file"]
+
+_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
+_CHUNK = 1 << 20  # bytes per read() call
+
+
+class FileTooLarge(OSError):
+    """A file larger than the caller's limit; refused unread (``errno.EFBIG``).
+
+    Attributes:
+        size: the size found, in bytes (at least ``limit + 1`` when the file grew while read).
+        limit: the caller's limit, in bytes.
+    """
+
+    def __init__(self, path: Path | str, size: int, limit: int) -> None:
+        super().__init__(errno.EFBIG, f"{size} bytes, above the {limit}-byte limit", str(path))
+        self.size = size
+        self.limit = limit
+
+
+def read_regular_file(path: Path | str, max_bytes: int) -> bytes:
+    """Read a regular file of at most ``max_bytes`` bytes, without ever blocking.
+
+    Args:
+        path: the file.
+        max_bytes: the largest size accepted, in bytes.
+
+    Returns:
+        The file's bytes.
+
+    Raises:
+        FileTooLarge: larger than ``max_bytes`` (before reading, or grown while reading).
+        OSError: missing (``FileNotFoundError``), unreadable, or not a regular file (``EINVAL``:
+            a FIFO, socket, device or directory).
+    """
+    fd = os.open(path, _READ_FLAGS)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (a FIFO, socket, device or directory)", str(path))
+        if info.st_size > max_bytes:
+            raise FileTooLarge(path, info.st_size, max_bytes)
+        chunks = []
+        remaining = info.st_size + 1  # one byte more detects growth while reading
+        while remaining > 0:
+            chunk = os.read(fd, min(remaining, _CHUNK))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) > max_bytes:
+            raise FileTooLarge(path, len(data), max_bytes)
+        return data
+    finally:
+        os.close(fd)
