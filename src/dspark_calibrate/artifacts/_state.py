@@ -374,6 +374,22 @@ class RollbackState:
             f"{self._path}: cannot {what} ({exc.strerror or exc}); {hint}",
         )
 
+    @staticmethod
+    def _apply(
+        contents: _Contents, accepted: list[tuple[SeriesIdentity, int]], root: StoredRoot | None
+    ) -> bool:
+        """Raise ``contents`` to hold ``accepted`` and ``root``; True when anything changed."""
+        changed = False
+        for identity, version in accepted:
+            stored = contents.series.get(identity.key)
+            if stored is None or stored.version < version:
+                contents.series[identity.key] = _Entry(identity.kind, dict(identity.binding), version)
+                changed = True
+        if root is not None and (contents.root is None or contents.root.version < root.version):
+            contents.root = root
+            changed = True
+        return changed
+
     def record(self, identity: SeriesIdentity, version: int) -> None:
         """Raise the stored version of ``identity`` to ``version`` (never lowers it).
 
@@ -389,8 +405,8 @@ class RollbackState:
         """Record accepted versions and the newest trust root in one locked, atomic update.
 
         Holds ``<path>.lock`` (waiting at most the lock timeout) while reading, comparing and
-        atomically replacing the file; the old file stays intact when anything fails, and the file
-        is not rewritten when nothing would change. A stored version or root is never lowered: a
+        atomically replacing the file; the old file stays intact when anything fails. When the
+        file already holds everything, it is neither locked nor rewritten. A stored version or root is never lowered: a
         root is replaced only by one of a higher version.
 
         Raises:
@@ -403,6 +419,14 @@ class RollbackState:
         accepted = list(accepted)
         for _, version in accepted:
             _check_version(version)
+        # Most updates change nothing (a restart re-admits what is recorded; of many processes
+        # admitting one bundle, only the first writes). Stored values only ever rise and the file
+        # is replaced atomically, so a file that already holds everything needs no lock at all.
+        try:
+            if not self._apply(self._read(), accepted, root):
+                return
+        except StateError:
+            pass  # reported below, under the lock, with the directory's own error if it has one
         try:
             self._path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -425,16 +449,7 @@ class RollbackState:
             raise self._unwritable(exc, "create or lock the lock file") from exc
         try:
             contents = self._read()
-            changed = False
-            for identity, version in accepted:
-                stored = contents.series.get(identity.key)
-                if stored is None or stored.version < version:
-                    contents.series[identity.key] = _Entry(identity.kind, dict(identity.binding), version)
-                    changed = True
-            if root is not None and (contents.root is None or contents.root.version < root.version):
-                contents.root = root
-                changed = True
-            if not changed:
+            if not self._apply(contents, accepted, root):
                 return
             data = canonical_json(contents.to_json())
             try:
