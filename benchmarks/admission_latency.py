@@ -14,11 +14,18 @@ them, after the import and after a first admission.
 
 Run: ``.venv/bin/python benchmarks/admission_latency.py`` → ``benchmarks/results/admission.json``.
 Target: warm ``admit()`` median <= 100 ms.
+
+Side by side with another version of the package (e.g. ``git archive main src | tar -x -C /tmp/base``):
+``.venv/bin/python benchmarks/admission_latency.py --compare-src /tmp/base/src`` alternates warm
+measurements of both in fresh interpreters, round by round, and writes
+``benchmarks/results/admission_ab.json`` with the ratio of their medians.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -280,7 +287,92 @@ def _cold(bundle: Path, root: Path, fp: Fingerprint) -> dict[str, Any]:
     }
 
 
+def _warm_only() -> None:
+    """One interpreter's warm medians, as JSON on stdout (for ``--compare-src``)."""
+    tmp = Path(tempfile.mkdtemp(prefix="dspark-bench-admission-"))
+    now = datetime.now(UTC)
+    bundle, root, fp = _bundle(tmp, now)
+    import dspark_calibrate
+
+    out = {
+        "package": str(Path(dspark_calibrate.__file__).parent),
+        "with_state": _warm(
+            bundle, root, fp, AdmissionPolicy(allow_synthetic=True, state_path=tmp / "state.json")
+        ),
+        "without_state": _warm(bundle, root, fp, AdmissionPolicy(allow_synthetic=True)),
+    }
+    print(json.dumps(out))
+
+
+def _compare(baseline_src: Path, rounds: int) -> None:
+    """Alternate warm runs of the baseline package and this checkout's, then record the ratios."""
+    here = str(Path(__file__).resolve().parent.parent / "src")
+    samples: dict[str, dict[str, list[float]]] = {
+        side: {"with_state": [], "without_state": []} for side in ("baseline", "current")
+    }
+    packages = {}
+    for r in range(rounds):
+        order = ("baseline", "current") if r % 2 == 0 else ("current", "baseline")
+        for side in order:
+            env = dict(os.environ, PYTHONPATH=str(baseline_src) if side == "baseline" else here)
+            proc = subprocess.run(
+                [sys.executable, __file__, "--warm-json"],
+                capture_output=True,
+                check=True,
+                env=env,
+                timeout=600,
+            )
+            result = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+            packages[side] = result["package"]
+            for mode in ("with_state", "without_state"):
+                samples[side][mode].append(result[mode]["median_ms"])
+        print(
+            f"round {r + 1}/{rounds}: "
+            + json.dumps({s: {m: v[-1] for m, v in d.items()} for s, d in samples.items()})
+        )
+    summary = {
+        mode: {
+            "baseline_median_ms": round(statistics.median(samples["baseline"][mode]), 3),
+            "current_median_ms": round(statistics.median(samples["current"][mode]), 3),
+            "ratio_current_over_baseline": round(
+                statistics.median(samples["current"][mode]) / statistics.median(samples["baseline"][mode]), 3
+            ),
+            "per_round_ratios": [
+                round(c / b, 3)
+                for c, b in zip(samples["current"][mode], samples["baseline"][mode], strict=True)
+            ],
+        }
+        for mode in ("with_state", "without_state")
+    }
+    path = write_result(
+        "admission_ab",
+        {
+            "rounds": rounds,
+            "runs_per_round": RUNS,
+            "packages": packages,
+            "baseline_src": str(baseline_src),
+            "samples_median_ms": samples,
+            **summary,
+            "method": "each round runs both packages in fresh interpreters, alternating which goes first; "
+            "each value is the median of RUNS warm admit() calls; the ratio is of the medians over rounds",
+        },
+    )
+    print(json.dumps(summary, indent=2))
+    print(f"wrote {path}")
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description="admit() latency, import time and footprint")
+    parser.add_argument("--compare-src", type=Path, help="another package's src/ to measure side by side")
+    parser.add_argument("--rounds", type=int, default=8, help="alternating rounds with --compare-src")
+    parser.add_argument("--warm-json", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.warm_json:
+        _warm_only()
+        return
+    if args.compare_src is not None:
+        _compare(args.compare_src.resolve(), args.rounds)
+        return
     tmp = Path(tempfile.mkdtemp(prefix="dspark-bench-admission-"))
     now = datetime.now(UTC)
     bundle, root, fp = _bundle(tmp, now)
