@@ -5,8 +5,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 DEMO   ?= demo-out
+# Wall-clock minutes of `make fuzz` (every fuzz target, round-robin).
+FUZZ_MINUTES ?= 10
 
-.PHONY: demo test lint typecheck bench clean
+.PHONY: demo test fuzz lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +23,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q
+
+# Long fuzz run (tests/fuzz/targets.py): results in benchmarks/results/fuzz.json; exits 1 on any
+# crash, hang or accepted mutant. `make test` runs the same targets briefly with fixed seeds.
+fuzz: $(STAMP)
+	$(BIN)/python benchmarks/fuzz.py --minutes $(FUZZ_MINUTES)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -1,0 +1,1 @@
+"""Property-based fuzz targets for every untrusted input (see ``targets.py``)."""
