@@ -17,6 +17,7 @@ from dspark_calibrate.artifacts import (
     read_artifact,
     write_unsigned_artifact,
 )
+from dspark_calibrate.artifacts._limits import TableLimit, table_size
 from dspark_calibrate.artifacts._parquet import encode_artifact
 from dspark_calibrate.errors import ConfigError
 from dspark_calibrate.schemas import SCHEMA_VERSION
@@ -174,3 +175,62 @@ def test_directory_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ArtifactReadError) as info:
         read_artifact(tmp_path / "dir.parquet")
     assert info.value.reason is Reason.IO_ERROR
+
+
+# ---------------------------------------------------------------------------------------------
+# table limits, judged from the footer before decoding
+# ---------------------------------------------------------------------------------------------
+
+
+def _limits(rows: int = 4096, decoded: int = 16 << 20) -> ReadLimits:
+    limit = TableLimit(max_rows=rows, max_decoded_bytes=decoded)
+    return ReadLimits(tables={"cost-table": limit})
+
+
+def test_footer_estimate_is_exact_for_fixed_width_columns(tmp_path: Path) -> None:
+    table = pa.table({"a": pa.array(range(1000), pa.int64()), "b": pa.array([0.5] * 1000, pa.float64())})
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path)
+    size = table_size(pq.ParquetFile(path).metadata)
+    assert size.rows == 1000
+    assert size.decoded_bytes == size.worst_case_bytes == 1000 * 8 * 2
+    assert size.unboundable is None and not size.dictionary_columns
+
+
+def test_rows_and_decoded_size_limits_apply_per_kind(tmp_path: Path) -> None:
+    path = _write(tmp_path)  # 9 rows, a few kB decoded
+    assert read_artifact(path, _limits(rows=9)).table.num_rows == 9
+    with pytest.raises(ArtifactReadError) as info:
+        read_artifact(path, _limits(rows=8))
+    assert info.value.reason is Reason.TABLE_TOO_LARGE and "9 rows" in str(info.value)
+    with pytest.raises(ArtifactReadError) as info:
+        read_artifact(path, _limits(decoded=100))
+    assert info.value.reason is Reason.TABLE_TOO_LARGE
+    # an expected kind's limit applies even when the footer names another kind
+    with pytest.raises(ArtifactReadError):
+        read_artifact(path, ReadLimits(tables={"calibration": TableLimit(1, 1)}), kind="calibration")
+
+
+def test_expanding_strings_are_measured_exactly_before_expanding(tmp_path: Path) -> None:
+    """A dictionary whose worst case exceeds the limit is measured, and decoded when it fits."""
+    path = _write(tmp_path)
+    plain = read_artifact(path).table
+    size = table_size(pq.ParquetFile(path).metadata)
+    assert size.dictionary_columns == ("stop_reason", "source_result_sha256")
+    fits = size.decoded_bytes + 2048  # above the real size, below the worst case
+    assert size.worst_case_bytes > fits
+    measured = read_artifact(path, _limits(decoded=fits)).table
+    assert measured.equals(plain) and measured.schema == plain.schema
+    # one 200-byte string in 500 rows: a small dictionary, 100 kB once expanded
+    base = read_artifact(path)
+    rows = base.table.take(pa.array([i % base.table.num_rows for i in range(500)]))
+    rows = rows.set_column(
+        rows.schema.get_field_index("stop_reason"), "stop_reason", pa.array(["x" * 200] * 500)
+    )
+    path.write_bytes(encode_artifact(rows, dict(base.metadata)))
+    size = table_size(pq.ParquetFile(path).metadata)
+    assert size.decoded_bytes + 20_000 < 500 * 200 < size.worst_case_bytes
+    with pytest.raises(ArtifactReadError) as info:
+        read_artifact(path, _limits(decoded=size.decoded_bytes + 20_000))
+    assert info.value.reason is Reason.TABLE_TOO_LARGE and "once decoded" in str(info.value)
+    assert read_artifact(path, _limits(decoded=size.decoded_bytes + 200_000)).table.equals(rows)

@@ -346,8 +346,9 @@ def _check_table(
 ) -> _Measure | None:
     """Rows and decoded size from the footer against the kind's limit, before any page is decoded.
 
-    With no expected kind, a table above the strict default is judged by the footer's own kind
-    (untrusted; the signature check refuses a kind that differs from the signed one).
+    With no expected kind, the footer's own kind picks the limit (untrusted: the signature check
+    refuses a kind that differs from the signed one; a footer without a kind gets the strict
+    default). The serving path always expects a kind (the bundle manifest names each member's).
 
     Returns:
         How to decode when dictionary-encoded strings might expand past the limit, else None.
@@ -359,10 +360,9 @@ def _check_table(
         size = table_size(pf.metadata)
     except (pa.ArrowException, OSError, ValueError) as exc:  # e.g. a column name that is not UTF-8
         raise _corrupt(path, exc) from exc
-    limit = limits.table_limit(kind)
-    if kind is None and (size.rows > limit.max_rows or size.worst_case_bytes > limit.max_decoded_bytes):
+    if kind is None:
         kind = _footer_kind(raw_meta)
-        limit = limits.table_limit(kind)
+    limit = limits.table_limit(kind)
     if size.rows > limit.max_rows:
         raise _too_large(path, kind, f"{size.rows} rows", f"{limit.max_rows}-row")
     if size.unboundable is not None:
