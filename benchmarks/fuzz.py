@@ -16,6 +16,7 @@ import logging
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -36,6 +37,7 @@ def main() -> int:
     parser.add_argument("--out", default="fuzz", help="result name under benchmarks/results/")
     args = parser.parse_args()
     logging.disable(logging.CRITICAL)  # admit() logs every decision; the counts are the output
+    warnings.simplefilter("ignore")  # mutated inputs make libraries warn (overflow, unpickling)
     targets = [t for t in TARGETS if not args.targets or t.name in args.targets]
     if not targets:
         parser.error(f"no such target; choose from {[t.name for t in TARGETS]}")

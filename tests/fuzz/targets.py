@@ -185,6 +185,7 @@ class Corpus:
     trace_records: list[dict[str, Any]] = field(init=False)
     trace_parquet_bytes: bytes = field(init=False)
     trace_pt_bytes: bytes = field(init=False)
+    workload_pt_bytes: bytes = field(init=False)
 
     def __post_init__(self) -> None:
         self.base.mkdir(parents=True, exist_ok=True)
@@ -239,6 +240,7 @@ class Corpus:
         pq.write_table(table.replace_schema_metadata({b"dspark.trace": canonical_json(doc)}), sink)
         self.trace_parquet_bytes = sink.getvalue()
         self.trace_pt_bytes = _save_pt(self.trace_shard())
+        self.workload_pt_bytes = _save_pt(self.workload_shard())
 
     def expected(self) -> Expectation:
         """What a serving host expects of the cost table."""
@@ -256,6 +258,21 @@ class Corpus:
             "meta": {"pairing": "draft_seq_ring", "block_size": k},
             "request_ids": [f"r{i // 2}" for i in range(n)],
             "rounds": torch.tensor([i % 2 for i in range(n)]),
+        }
+
+    def workload_shard(self) -> dict[str, Any]:
+        """A valid TensorRT-LLM confidence-trace shard (``workload import-trtllm``'s input)."""
+        import torch
+
+        n, k = 8, 5
+        return {
+            "logits": torch.linspace(-2, 2, n * k).reshape(n, k),
+            "prefix_mask": torch.tensor([[1 if j < i % (k + 1) else 0 for j in range(k)] for i in range(n)]),
+            "rank": 0,
+            "max_draft_len": k,
+            "graph_batch_size": torch.full((n,), 4),
+            "step_id": torch.arange(n) // 4,
+            "request_id": torch.arange(n) % 4,
         }
 
     def admit(self, bundle: Path, root: Path, state: Path) -> Any:
@@ -536,7 +553,10 @@ def _trace_parquet(corpus: Corpus, mutation: Any) -> str:
     if how == "bytes":
         path.write_bytes(apply_bytes(corpus.trace_parquet_bytes, value))
     else:
-        pq.write_table(value, path)
+        try:
+            pq.write_table(value, path)
+        except (pa.ArrowException, ValueError, TypeError) as exc:  # the writer refuses it: no file
+            return f"unwritable:{type(exc).__name__}"
     return _trace_outcome(path)
 
 
@@ -592,6 +612,40 @@ def _trace_pt(corpus: Corpus, mutation: Any) -> str:
     return _trace_outcome(path)
 
 
+def _workload_pt(corpus: Corpus, mutation: Any) -> str:
+    from dspark_calibrate.calibrate import workload as workload_module
+
+    path = corpus.scratch("workload-pt") / "trace.rank0.pt"
+    how, value = mutation
+    if how == "bytes":
+        path.write_bytes(apply_bytes(corpus.workload_pt_bytes, value))
+    else:
+        valid = corpus.workload_shard()
+        rows = valid["logits"].shape[0]
+        path.write_bytes(_save_pt({**valid, **{k: _materialize(v, rows) for k, v in value.items()}}))
+    try:
+        workload_module.read_recorder_shards([path])
+    except DsparkError as exc:
+        return f"rejected:{type(exc).__name__}"
+    return "accepted"
+
+
+_workload_field = st.sampled_from(
+    (
+        "logits",
+        "prefix_mask",
+        "rank",
+        "max_draft_len",
+        "graph_batch_size",
+        "step_id",
+        "request_id",
+        "real_mask",
+    )
+)
+_workload_fields = st.dictionaries(
+    _workload_field, _tensor_like | st.sampled_from(INTERESTING_JSON), max_size=4
+)
+
 _FOOTER_KEYS = ("format", "kind", "schema_version", "logical_sha256", "fingerprint", "envelope", "summary")
 _ENVELOPE_KEYS = ("payload", "payloadType", "signatures", "keyid", "sig")
 _STATEMENT_KEYS = ("_type", "subject", "predicateType", "predicate", "version", "series", "expires_at")
@@ -633,6 +687,12 @@ TARGETS: tuple[Target, ...] = (
         st.tuples(st.just("bytes"), byte_ops()) | st.tuples(st.just("shard"), _shard()),
         _trace_pt,
         "TensorRT-LLM recorder shard (.pt) -> read_traces",
+    ),
+    Target(
+        "workload-pt",
+        st.tuples(st.just("bytes"), byte_ops()) | st.tuples(st.just("fields"), _workload_fields),
+        _workload_pt,
+        "TensorRT-LLM confidence-trace shard (.pt) -> workload import",
     ),
 )
 

@@ -23,22 +23,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Corpus:
     return Corpus(Path(tmp_path_factory.mktemp("fuzz")))
 
 
-#: Trace readers that still crash on malformed input (fixed with the fit error handling).
-_KNOWN_CRASHES = {"trace-pt"}
-
-
-@pytest.mark.parametrize(
-    "target",
-    [
-        pytest.param(
-            t, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason="trace reader crashes")
-        )
-        if t.name in _KNOWN_CRASHES
-        else t
-        for t in TARGETS
-    ],
-    ids=[t.name for t in TARGETS],
-)
+@pytest.mark.parametrize("target", TARGETS, ids=[t.name for t in TARGETS])
 def test_seeded_fuzz_run(corpus: Corpus, target: Target) -> None:
     stats = Stats()
     fuzz(target, corpus, stats, examples=EXAMPLES, seed=SEED, strict=True)
@@ -51,4 +36,4 @@ def test_seeded_fuzz_run(corpus: Corpus, target: Target) -> None:
 def test_targets_cover_every_untrusted_input() -> None:
     names = {t.name for t in TARGETS}
     assert {"envelope", "footer", "manifest", "trust-root", "state"} <= names  # verify_path / admit
-    assert {"trace-jsonl", "trace-parquet", "trace-pt"} <= names  # every trace reader
+    assert {"trace-jsonl", "trace-parquet", "trace-pt", "workload-pt"} <= names  # every trace reader

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import typer
@@ -447,6 +448,108 @@ def _nan_traces(path: Path) -> Path:
     return path
 
 
+def _jsonl(path: Path, text: str) -> Path:
+    path.write_text(text + "\n", encoding="utf-8")
+    return path
+
+
+def _bad_shard(path: Path, **fields: Any) -> Path:
+    import torch
+
+    shard: dict[str, Any] = {
+        "logits": torch.zeros(4, 3),
+        "prefix_mask": torch.zeros(4, 3),
+        "meta": {"pairing": "draft_seq_ring", "block_size": 3},
+    }
+    shard.update(fields)
+    torch.save(shard, path)
+    return path
+
+
+def _sparse_logits() -> Any:
+    import torch
+
+    return torch.zeros(4, 3).to_sparse()
+
+
+def _unloadable_shard(path: Path) -> Path:
+    _bad_shard(path)
+    path.write_bytes(bytes([path.read_bytes()[0] ^ 1]) + path.read_bytes()[1:])
+    return path
+
+
+def _parquet_not_utf8(path: Path) -> Path:
+    ids = pa.array([b"r", b"\xff"], pa.binary()).view(pa.string())
+    pq.write_table(
+        pa.table(
+            {
+                "request_id": ids,
+                "round": [0, 0],
+                "logits": [[0.0] * 3] * 2,
+                "accepted": [0, 0],
+                "verified": [3, 3],
+            }
+        ),
+        path,
+    )
+    return path
+
+
+_LINE = '{{"request_id":{rid},"round":0,"logits":[{logit},0,0],"accepted":0,"verified":3{extra}}}'
+
+
+def _fit(path_of: Any) -> Any:
+    return lambda d: ["fit", "--traces", str(path_of(d)), "--out", str(d / "out")]
+
+
+#: Malformed traces: each once escaped fit as a traceback (exit 1); now exit 2 naming the field.
+MALFORMED_TRACES = [
+    (
+        "jsonl_integer_logit_of_400_digits",
+        _fit(lambda d: _jsonl(d / "t.jsonl", _LINE.format(rid='"r"', logit="9" * 400, extra=""))),
+        r"t\.jsonl: line 1: logits\[1\] is <an integer of 400 digits>, too large",
+    ),
+    (
+        "jsonl_integer_temperature_of_400_digits",
+        _fit(
+            lambda d: _jsonl(
+                d / "t.jsonl", _LINE.format(rid='"r"', logit="0", extra=',"temperature":' + "9" * 400)
+            )
+        ),
+        r"t\.jsonl: line 1: temperature=<an integer of 400 digits> must be a finite number",
+    ),
+    (
+        "jsonl_lone_surrogate_request_id",
+        _fit(lambda d: _jsonl(d / "t.jsonl", _LINE.format(rid='"\\ud800"', logit="0", extra=""))),
+        r"t\.jsonl: line 1: field 'request_id' holds .* a lone surrogate",
+    ),
+    (
+        "pt_ragged_logits",
+        _fit(lambda d: _bad_shard(d / "s.pt", logits=[[0.0] * 3, [0.0] * 2, [0.0] * 3, [0.0] * 3])),
+        r"s\.pt: 'logits' is not a rectangular array",
+    ),
+    (
+        "pt_string_logits",
+        _fit(lambda d: _bad_shard(d / "s.pt", logits=[["a"] * 3] * 4)),
+        r"s\.pt: 'logits' must hold numbers",
+    ),
+    (
+        "pt_sparse_logits",
+        _fit(lambda d: _bad_shard(d / "s.pt", logits=_sparse_logits())),
+        r"s\.pt: 'logits' is a torch\.sparse_coo tensor",
+    ),
+    (
+        "pt_unloadable",
+        _fit(lambda d: _unloadable_shard(d / "s.pt")),
+        r"s\.pt: cannot load as a recorder shard",
+    ),
+    (
+        "parquet_string_not_utf8",
+        _fit(lambda d: _parquet_not_utf8(d / "t.parquet")),
+        r"t\.parquet: row 1: request_id holds bytes that are not UTF-8",
+    ),
+]
+
 CLI_ERRORS = [
     ("no_traces", lambda d: ["fit", "--out", str(d)], "--traces is required"),
     ("no_out", lambda d: ["fit", "--traces", str(_nan_traces(d / "n.parquet"))], "--out is required"),
@@ -484,10 +587,16 @@ CLI_ERRORS = [
 ]
 
 
-@pytest.mark.parametrize(("name", "argv", "message"), CLI_ERRORS, ids=[c[0] for c in CLI_ERRORS])
+@pytest.mark.parametrize(
+    ("name", "argv", "message"),
+    CLI_ERRORS + MALFORMED_TRACES,
+    ids=[c[0] for c in CLI_ERRORS + MALFORMED_TRACES],
+)
 def test_cli_usage_and_input_errors_exit_2(
     app: typer.Typer, tmp_path: Path, name: str, argv: Any, message: str
 ) -> None:
     res = runner.invoke(app, argv(tmp_path))
+    assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
     assert res.exit_code == 2, (res.stdout, res.stderr)
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr  # one line, no traceback
     assert re.search(message, " ".join(res.stderr.split())), res.stderr

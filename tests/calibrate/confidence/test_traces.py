@@ -221,6 +221,24 @@ SHARD_CASES = [
     ("inf_logits", lambda t: {"logits": t.full((8, 4), float("inf"))}, "NaN/Inf"),
     ("missing_meta", lambda t: {"meta": None}, r"lacks key\(s\) \['meta'\]"),
     ("verified_below_accepted", lambda t: {"verified": t.full((8,), 1)}, "accepted=2 .* exceeds verified"),
+    # malformed values must be refused with the field named, never escape as numpy/torch errors
+    (
+        "ragged_logits",
+        lambda t: {"logits": [[0.1] * 4] * 7 + [[0.1] * 3]},
+        "'logits' is not a rectangular array",
+    ),
+    ("string_logits", lambda t: {"logits": [["x"] * 4] * 8}, "'logits' must hold numbers"),
+    ("sparse_logits", lambda t: {"logits": t.zeros(8, 4).to_sparse()}, "sparse_coo tensor; save a dense one"),
+    ("complex_logits", lambda t: {"logits": t.zeros(8, 4, dtype=t.complex64)}, "complex numbers"),
+    ("string_mask", lambda t: {"prefix_mask": [["1"] * 4] * 8}, "'prefix_mask' must hold numbers"),
+    ("lone_surrogate_request_id", lambda t: {"request_ids": ["\ud800"] * 8}, "lone surrogate"),
+    ("float_request_ids", lambda t: {"request_ids": t.zeros(8)}, "request ids are strings or integers"),
+    ("nested_request_ids", lambda t: {"request_ids": [[1]] * 8}, "request ids are strings or integers"),
+    (
+        "huge_block_size",
+        lambda t: {"meta": {"pairing": RECORDER_PAIRING, "block_size": 10**400}},
+        "an integer of 401 digits",
+    ),
 ]
 
 
@@ -240,6 +258,92 @@ def test_shard_that_is_not_a_dict_or_not_torch(tmp_path: Path) -> None:
     (tmp_path / "junk.pt").write_bytes(b"not a pickle")
     with pytest.raises(ConfigError, match="cannot load as a recorder shard"):
         read_recorder_shard(tmp_path / "junk.pt")
+
+
+def _edited_shard(edit: Any) -> Any:
+    def make(path: Path) -> None:
+        save_shard(path)
+        path.write_bytes(edit(path.read_bytes()))
+
+    return make
+
+
+LOAD_CASES = [
+    # each made torch.load raise something other than the errors it documents
+    ("first_bit_flipped", _edited_shard(lambda b: bytes([b[0] ^ 1]) + b[1:])),
+    ("truncated_half", _edited_shard(lambda b: b[: len(b) // 2])),
+    ("truncated_end", _edited_shard(lambda b: b[:-30])),
+    (
+        "pickle_bytes_zeroed",
+        _edited_shard(lambda b: b.replace(b"ctorch._utils", b"c\x00\x00\x00\x00\x00\x00._utils")),
+    ),
+    ("zip_directory_garbled", _edited_shard(lambda b: b[:-60] + bytes(60))),
+]
+
+
+@pytest.mark.parametrize(("name", "make"), LOAD_CASES, ids=[c[0] for c in LOAD_CASES])
+def test_unloadable_shards_are_config_errors(tmp_path: Path, name: str, make: Any) -> None:
+    path = tmp_path / f"{name}.pt"
+    make(path)
+    with pytest.raises(ConfigError, match="cannot load as a recorder shard") as info:
+        read_traces([path])
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_k_mismatch_between_shards_names_both_files(tmp_path: Path) -> None:
+    torch = _torch()
+    save_shard(tmp_path / "a.pt")
+    save_shard(
+        tmp_path / "b.pt",
+        logits=torch.zeros(2, 3),
+        prefix_mask=torch.zeros(2, 3),
+        meta={"pairing": RECORDER_PAIRING, "block_size": 3},
+    )
+    with pytest.raises(ConfigError, match=r"b\.pt: meta\.block_size=3 disagrees with K=4.*came from .*a\.pt"):
+        read_traces([tmp_path / "a.pt", tmp_path / "b.pt"])
+
+
+def test_request_continuing_into_the_next_shard_without_rounds(tmp_path: Path) -> None:
+    """A request's rounds continue across shards in the order given when no rounds are recorded."""
+    torch = _torch()
+    first = save_shard(tmp_path / "s0.pt", request_ids=torch.tensor([7] * 8))
+    second = save_shard(tmp_path / "s1.pt", request_ids=torch.tensor([7] * 4 + [8] * 4))
+    ts = read_traces([first, second])
+    assert ts.rounds == 16 and ts.requests == 2
+    r7 = sorted(int(r) for r, q in zip(ts.round, ts.request, strict=True) if ts.request_names[q] == "7")
+    assert r7 == list(range(12))  # 0..7 from s0, then 8..11 from s1
+    # shards that record their rounds are taken as they are
+    with pytest.raises(ConfigError, match=r"appears more than once.*request ids collide across files"):
+        read_traces([first, save_shard(tmp_path / "s2.pt", rounds=torch.arange(8))])
+
+
+def test_shards_of_one_name_in_two_folders(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = save_shard(tmp_path / "a" / "shard.pt", request_ids=None, logits=_torch().zeros(8, 4))
+    b = save_shard(tmp_path / "b" / "shard.pt", request_ids=None)
+    ts = read_traces([a, b])  # no request ids: every round is its own request, per file
+    assert ts.rounds == 16 and ts.requests == 16
+    # the same shard under two names, and the same path twice, are told apart from a collision
+    import shutil
+
+    c = save_shard(tmp_path / "c.pt")
+    shutil.copy(c, tmp_path / "d.pt")
+    with pytest.raises(ConfigError, match=r"d\.pt: the same file as .*c\.pt \(identical bytes\)"):
+        read_traces([c, tmp_path / "d.pt"])
+    with pytest.raises(ConfigError, match=r"c\.pt: given twice"):
+        read_traces([c, c])
+
+
+def test_empty_shard_says_so(tmp_path: Path) -> None:
+    torch = _torch()
+    empty = save_shard(
+        tmp_path / "empty.pt", logits=torch.zeros(0, 4), prefix_mask=torch.zeros(0, 4), request_ids=None
+    )
+    full = save_shard(tmp_path / "full.pt")
+    ts = read_traces([empty, full])
+    assert [n.code for n in ts.notices] == ["EMPTY_SHARD"]
+    assert ts.rounds == 8
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,6 +378,22 @@ PARQUET_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("duplicate_round", _rows(round=[0, 0, 0, 1]), "round 0 of request 'q0' appears more than once"),
     ("null_request", _rows(request_id=["q0", None, "q0", "q1"]), "request_id is null"),
     ("null_verified", _rows(verified=[3, None, 3, 3]), "verified is null"),
+    (
+        "request_id_not_utf8",
+        _rows(request_id=pa.array([b"q0", b"q\xff", b"q0", b"q1"], pa.binary()).view(pa.string())),
+        r"row 1: request_id holds bytes that are not UTF-8 \(b'\\xff' at byte 1\)",
+    ),
+    (
+        "binary_request_id_not_utf8",
+        _rows(request_id=pa.array([b"q0", b"q0", b"\xc3\x28", b"q1"], pa.binary())),
+        "row 2: request_id holds bytes that are not UTF-8",
+    ),
+    (
+        "sampling_not_utf8",
+        _rows(sampling=pa.array([b"g", b"g", b"g", b"\xed\xa0\x80"], pa.binary()).view(pa.string())),
+        "row 3: sampling holds bytes that are not UTF-8",
+    ),
+    ("request_id_wrong_type", _rows(request_id=[[1], [2], [3], [4]]), "column 'request_id' has type list"),
 ]
 
 
@@ -306,7 +426,7 @@ def test_k_mismatch_between_files_names_both(tmp_path: Path) -> None:
 
 def test_same_file_twice_is_a_duplicate(tmp_path: Path) -> None:
     a = write_table(tmp_path / "a.parquet", valid_rows())
-    with pytest.raises(ConfigError, match="appears more than once"):
+    with pytest.raises(ConfigError, match="given twice"):
         read_traces([a, a])
 
 
@@ -366,6 +486,33 @@ JSONL_CASES: list[tuple[str, str, str]] = [
     ("verified_gt_k", json.dumps(_line(verified=4)), r"verified=4 must be in 0..K \(K=3"),
     ("negative_temperature", json.dumps(_line(temperature=-1)), "temperature=-1"),
     ("empty_request", json.dumps(_line(request_id="")), "non-empty string"),
+    (
+        "integer_logit_of_400_digits",
+        '{"request_id":"r","round":0,"logits":[' + "9" * 400 + ',0,0],"accepted":0,"verified":3}',
+        r"logits\[1\] is <an integer of 400 digits>, too large",
+    ),
+    (
+        "integer_temperature_of_400_digits",
+        '{"request_id":"r","round":0,"logits":[0,0,0],"accepted":0,"verified":3,"temperature":'
+        + "9" * 400
+        + "}",
+        "temperature=<an integer of 400 digits> must be a finite number",
+    ),
+    (
+        "logit_beyond_float32",
+        json.dumps(_line(logits=[1e39, 0.0, 0.0])),
+        r"logits\[1\] is 1e\+39, beyond float32",
+    ),
+    (
+        "lone_surrogate_request_id",
+        '{"request_id":"a\\ud800","round":0,"logits":[0,0,0],"accepted":0,"verified":3}',
+        "'request_id' holds '\\\\ud800' at character 1, a lone surrogate",
+    ),
+    (
+        "lone_surrogate_sampling",
+        '{"request_id":"r","round":0,"logits":[0,0,0],"accepted":0,"verified":3,"sampling":"\\udc80"}',
+        "'sampling' holds .* a lone surrogate",
+    ),
 ]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -218,3 +219,99 @@ def test_cli_synth_and_import(tmp_path: Path) -> None:
         _workload_app(), ["workload", "import-trtllm", str(tmp_path / "nope.pt"), "--out", str(out)]
     )
     assert missing.exit_code == 2
+
+
+def _save(path: Path, obj: Any) -> Path:
+    import torch
+
+    torch.save(obj, path)
+    return path
+
+
+def _fit_shard(path: Path) -> Path:
+    """A fit recorder shard (draft_seq_ring traces), not a confidence-trace workload shard."""
+    import torch
+
+    return _save(
+        path,
+        {
+            "logits": torch.zeros(4, K),
+            "prefix_mask": torch.zeros(4, K),
+            "meta": {"pairing": "draft_seq_ring", "block_size": K},
+        },
+    )
+
+
+def _payload_with(**changes: Any) -> Any:
+    def make(path: Path) -> Path:
+        import torch
+
+        payload = {
+            k: (torch.from_numpy(np.asarray(v)) if isinstance(v, np.ndarray) else v)
+            for k, v in _payload(0, 8, step_id=True, seed=1).items()
+        }
+        payload.update(changes)
+        return _save(path, {k: v for k, v in payload.items() if v is not None})
+
+    return make
+
+
+#: Files that are not TensorRT-LLM confidence-trace shards, or hold a field of the wrong kind:
+#: each printed a traceback (exit 1); now exit 2 with one line naming the file and the field.
+NOT_WORKLOAD_SHARDS = [
+    ("fit_recorder_shard", _fit_shard, r"s\.pt: 'max_draft_len' must be an integer, found missing"),
+    ("list_payload", lambda p: _save(p, [1, 2, 3]), r"s\.pt: not a recorder payload: a list"),
+    (
+        "not_a_torch_file",
+        lambda p: (p.write_bytes(b"PAR1 not torch"), p)[1],
+        r"s\.pt: cannot load as a recorder shard",
+    ),
+    (
+        "max_draft_len_string",
+        _payload_with(max_draft_len="5"),
+        r"'max_draft_len' must be an integer, found str",
+    ),
+    ("rank_float_tensor", _payload_with(rank=[0.5]), r"'rank' must be an integer"),
+    (
+        "ragged_logits",
+        _payload_with(logits=[[0.1] * K] * 7 + [[0.1]]),
+        r"'logits' is not a rectangular numeric array",
+    ),
+    ("string_mask", _payload_with(prefix_mask=[["1"] * K] * 8), r"'prefix_mask' must hold numbers"),
+    ("step_id_wrong_length", _payload_with(step_id=[0, 1]), r"'step_id' must be a vector of 8 values"),
+    (
+        "nan_graph_batch_size",
+        _payload_with(graph_batch_size=[float("nan")] * 8, step_id=None),
+        r"'graph_batch_size' holds NaN",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "message"), NOT_WORKLOAD_SHARDS, ids=[c[0] for c in NOT_WORKLOAD_SHARDS]
+)
+def test_import_trtllm_refuses_what_is_not_a_workload_shard(
+    tmp_path: Path, name: str, make: Any, message: str
+) -> None:
+    from typer.testing import CliRunner
+
+    shard = make(tmp_path / "s.pt")
+    res = CliRunner().invoke(
+        _workload_app(), ["workload", "import-trtllm", str(shard), "--out", str(tmp_path / "w.parquet")]
+    )
+    assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
+    assert res.exit_code == 2, res.output
+    assert re.search(message, " ".join(res.stderr.split())), res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert not (tmp_path / "w.parquet").exists()
+
+
+def test_import_trtllm_refuses_a_fifo_without_blocking(tmp_path: Path) -> None:
+    import os
+
+    from tests.hangs import fifo_watchdog
+
+    fifo = tmp_path / "s.pt"
+    os.mkfifo(fifo)
+    with fifo_watchdog(tmp_path), pytest.raises(ConfigError, match="not a regular file"):
+        read_recorder_shards([fifo])

@@ -8,8 +8,9 @@ trace can be wrong with a :class:`~dspark_calibrate.errors.ConfigError` naming t
 the field and the fix.
 
 Readers stream in batches (``pyarrow`` ``iter_batches``, JSONL line chunks, one shard at a time),
-so memory is the arrays themselves: about 22 bytes per round at K=5 (float32 logits, int8
-counts, int32 request code, int64 round). torch is imported only inside the recorder-shard reader,
+so what stays in memory is the arrays themselves: 34 bytes per round at K=5 (float32 logits, int8
+counts, int32 request code, int64 round); reading peaks at about 150 bytes per round while the
+batches and the request-id strings coexist (docs/fit.md has the measurement). torch is imported only inside the recorder-shard reader,
 and shards are loaded with ``weights_only=True`` because a pickled shard could otherwise run code.
 
 Fitting, metrics and splitting by request are left to ``confidence``, ``metrics`` and ``fit``.
@@ -30,6 +31,10 @@ import hashlib
 import json
 import math
 import pickle
+import re
+import stat
+import struct
+import zipfile
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -51,6 +56,7 @@ __all__ = [
     "RECORDER_PAIRING",
     "TRACE_FOOTER_KEY",
     "TRACE_SUFFIXES",
+    "KMismatch",
     "Notice",
     "TraceBatch",
     "TraceRecord",
@@ -69,7 +75,7 @@ __all__ = [
 
 #: Largest draft length accepted; far above any DSpark block, and small enough for int8 counts.
 MAX_K = 64
-#: Rounds per streamed batch (rows); about 22 MiB of arrays at K=5.
+#: Rounds per streamed batch (rows); about 34 MiB of arrays at K=5.
 DEFAULT_BATCH_ROWS = 1 << 20
 #: Parquet schema-metadata key that marks a trace file written by this package (kind, version,
 #: whether it is synthetic, the generator's parameters). Absent from traces written elsewhere.
@@ -91,6 +97,32 @@ _MAX_ROUND = (1 << 32) - 1
 _REQUIRED_COLUMNS = ("request_id", "round", "logits", "accepted", "verified")
 _OPTIONAL_COLUMNS = ("sampling", "temperature")
 _JSONL_FIELDS = frozenset(_REQUIRED_COLUMNS + _OPTIONAL_COLUMNS)
+#: Largest finite float32: logits are stored as float32, so a larger number cannot be a logit.
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+#: What ``torch.load`` raises on a file that is not a loadable torch.save payload (a truncated or
+#: edited zip, a pickle the weights-only unpickler refuses or cannot follow). Anything else is a
+#: bug and is not caught here.
+_SHARD_LOAD_ERRORS: tuple[type[BaseException], ...] = (
+    pickle.UnpicklingError,
+    RuntimeError,
+    EOFError,
+    OSError,
+    ValueError,
+    AttributeError,
+    KeyError,
+    IndexError,
+    TypeError,
+    OverflowError,
+    struct.error,
+    zipfile.BadZipFile,
+)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # terminal colour codes some libraries put in messages
+
+
+class KMismatch(ConfigError):
+    """A file (or a round) whose draft length K differs from the one already established."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,6 +472,37 @@ def _as_int_array(where: str, name: str, values: np.ndarray) -> np.ndarray:
     return arr.astype(np.int64, copy=False)
 
 
+def _utf8_column(where: str, row_offset: int, name: str, values: pa.Array) -> pa.Array:
+    """``values`` as an Arrow string array of valid UTF-8, or a ConfigError naming the first bad row.
+
+    Parquet and Arrow do not check UTF-8 when reading, so invalid bytes would only fail later,
+    far from the file; this checks once, in C++ (the row is found only on failure).
+    """
+    try:
+        out = values.cast(pa.string())
+        out.validate(full=True)
+        return out
+    except (pa.ArrowException, ValueError):
+        pass
+    try:
+        raw = values.cast(pa.binary()).to_pylist()
+    except (pa.ArrowException, ValueError):
+        raise ConfigError(
+            f"{where}: column {name!r} has type {values.type}, expected strings (or integers for request_id)"
+        ) from None
+    for local, item in enumerate(raw):
+        if item is None:
+            continue
+        try:
+            item.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"{where}: row {row_offset + local}: {name} holds bytes that are not UTF-8 "
+                f"({item[exc.start : exc.start + 4]!r} at byte {exc.start}); fix the exporter's text encoding"
+            ) from None
+    raise ConfigError(f"{where}: column {name!r} is not valid UTF-8 text")
+
+
 def _make_batch(
     *,
     where: str,
@@ -458,7 +521,7 @@ def _make_batch(
         raise ConfigError(f"{where}: logits must be a (rounds, K) matrix, got shape {logits.shape}")
     n, kk = logits.shape
     if k is not None and kk != k:
-        raise ConfigError(
+        raise KMismatch(
             f"{where}: logits have K={kk} values per round, expected K={k}; every round of every "
             "file must come from one draft length (fit each K separately)"
         )
@@ -471,6 +534,9 @@ def _make_batch(
         raise ConfigError(
             f"{where}: row {row_offset + local}: request_id is null; every round needs its request"
         )
+    request_id = _utf8_column(where, row_offset, "request_id", request_id)
+    if sampling is not None:
+        sampling = _utf8_column(where, row_offset, "sampling", sampling)
     rounds = _as_int_array(where, "round", round_)
     acc = _as_int_array(where, "accepted", accepted)
     ver = _as_int_array(where, "verified", verified)
@@ -502,7 +568,7 @@ def _make_batch(
             )
         temperature = t
     return TraceBatch(
-        request_id=request_id.cast(pa.string()),
+        request_id=request_id,
         round=rounds,
         logits=np.ascontiguousarray(logits, dtype=np.float32),
         accepted=acc.astype(np.int8),
@@ -563,6 +629,47 @@ def _refuse_constant(name: str) -> float:
     raise ValueError(f"non-finite JSON literal {name}")
 
 
+def _short(value: Any, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a 400-digit integer makes no readable message)."""
+    if isinstance(value, int) and value.bit_length() > 3 * limit:  # str() of it may be refused
+        digits = int(value.bit_length() * math.log10(2)) + 1
+        if abs(value) < 10 ** (digits - 1):
+            digits -= 1
+        return f"<an integer of {digits} digits>"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _check_text(where: str, name: str, value: str) -> None:
+    """Refuse a string that UTF-8 cannot encode (a lone surrogate from a JSON ``\\ud800`` escape)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(
+            f"{where}: field {name!r} holds {value[exc.start : exc.end]!r} at character {exc.start}, a lone "
+            "surrogate that is not Unicode text; fix the exporter's string escaping"
+        ) from None
+
+
+def _logit(where: str, name: str, value: float) -> float:
+    """A finite logit that fits float32, or a ConfigError naming ``name``."""
+    try:
+        x = float(value)
+    except OverflowError:  # an integer of hundreds of digits
+        raise ConfigError(
+            f"{where}: {name} is {_short(value)}, too large for a number; every logit must be a finite "
+            "float32 value"
+        ) from None
+    if not math.isfinite(x):
+        raise ConfigError(f"{where}: {name} is {value!r}; every logit must be finite (NaN/Inf refused)")
+    if abs(x) > _FLOAT32_MAX:
+        raise ConfigError(
+            f"{where}: {name} is {x!r}, beyond float32's range (±{_FLOAT32_MAX:.4g}); every logit must be a "
+            "finite float32 value"
+        )
+    return x
+
+
 def parse_trace_record(obj: Any, *, where: str = "<record>") -> TraceRecord:
     """Parse one round from a decoded JSON object (the JSONL line format).
 
@@ -593,8 +700,10 @@ def parse_trace_record(obj: Any, *, where: str = "<record>") -> TraceRecord:
     rid = obj["request_id"]
     if isinstance(rid, bool) or not isinstance(rid, str | int) or (isinstance(rid, str) and not rid):
         raise ConfigError(
-            f"{where}: field 'request_id' must be a non-empty string or an integer, got {rid!r}"
+            f"{where}: field 'request_id' must be a non-empty string or an integer, got {_short(rid)}"
         )
+    if isinstance(rid, str):
+        _check_text(where, "request_id", rid)
     ints: dict[str, int] = {}
     for name in ("round", "accepted", "verified"):
         value = obj[name]
@@ -607,10 +716,8 @@ def parse_trace_record(obj: Any, *, where: str = "<record>") -> TraceRecord:
     values: list[float] = []
     for i, v in enumerate(logits, start=1):
         if isinstance(v, bool) or not isinstance(v, int | float):
-            raise ConfigError(f"{where}: logits[{i}] must be a number, got {v!r}")
-        if not math.isfinite(float(v)):
-            raise ConfigError(f"{where}: logits[{i}] is {v!r}; every logit must be finite (NaN/Inf refused)")
-        values.append(float(v))
+            raise ConfigError(f"{where}: logits[{i}] must be a number, got {_short(v)}")
+        values.append(_logit(where, f"logits[{i}]", v))
     k = len(values)
     if k > MAX_K:
         raise ConfigError(f"{where}: {k} logits; K must be in 1..{MAX_K}")
@@ -625,14 +732,23 @@ def parse_trace_record(obj: Any, *, where: str = "<record>") -> TraceRecord:
         )
     sampling = obj.get("sampling")
     if sampling is not None and not isinstance(sampling, str):
-        raise ConfigError(f"{where}: field 'sampling' must be a string or null, got {sampling!r}")
+        raise ConfigError(f"{where}: field 'sampling' must be a string or null, got {_short(sampling)}")
+    if sampling is not None:
+        _check_text(where, "sampling", sampling)
     temperature = obj.get("temperature")
     if temperature is not None:
         if isinstance(temperature, bool) or not isinstance(temperature, int | float):
-            raise ConfigError(f"{where}: field 'temperature' must be a number or null, got {temperature!r}")
-        if not math.isfinite(float(temperature)) or temperature < 0:
-            raise ConfigError(f"{where}: temperature={temperature!r} must be a finite number >= 0")
-        temperature = float(temperature)
+            raise ConfigError(
+                f"{where}: field 'temperature' must be a number or null, got {_short(temperature)}"
+            )
+        try:
+            temperature = float(temperature)
+        except OverflowError:
+            temperature = math.inf  # an integer too large for a float: refused just below
+        if not math.isfinite(temperature) or temperature < 0:
+            raise ConfigError(
+                f"{where}: temperature={_short(obj['temperature'])} must be a finite number >= 0"
+            )
     return TraceRecord(
         request_id=str(rid),
         round=ints["round"],
@@ -648,7 +764,7 @@ def _records_to_batch(records: list[TraceRecord], where: str, row_offset: int, k
     kk = k if k is not None else len(records[0].logits)
     for i, rec in enumerate(records):
         if len(rec.logits) != kk:
-            raise ConfigError(
+            raise KMismatch(
                 f"{where}: row {row_offset + i} (request {rec.request_id!r}, round {rec.round}) has "
                 f"{len(rec.logits)} logits, expected K={kk}; every round must come from one draft length"
             )
@@ -689,7 +805,7 @@ def _iter_jsonl(path: Path, k: int | None, batch_rows: int) -> Iterator[TraceBat
                 if k is None:
                     k = len(rec.logits)
                 elif len(rec.logits) != k:
-                    raise ConfigError(
+                    raise KMismatch(
                         f"{where}: {len(rec.logits)} logits, expected K={k}; every round of every file must "
                         "come from one draft length (fit each K separately)"
                     )
@@ -744,7 +860,10 @@ def trace_footer(
 
 
 def _parquet_footer(path: Path, pf: pq.ParquetFile) -> dict[str, Any]:
-    raw = (pf.schema_arrow.metadata or {}).get(TRACE_FOOTER_KEY)
+    try:
+        raw = (pf.schema_arrow.metadata or {}).get(TRACE_FOOTER_KEY)
+    except (pa.ArrowException, ValueError) as exc:
+        raise ConfigError(f"{path}: unreadable Parquet schema metadata ({exc})") from exc
     if raw is None:
         return {}
     try:
@@ -783,7 +902,7 @@ def _list_to_matrix(where: str, col: pa.Array, row_offset: int, k: int | None) -
     width = k if k is not None else int(lengths[0])
     if (lengths != width).any():
         local = int(np.flatnonzero(lengths != width)[0])
-        raise ConfigError(
+        raise KMismatch(
             f"{where}: row {row_offset + local} has {int(lengths[local])} logits, expected K={width}; "
             "every round of every file must come from one draft length (fit each K separately)"
         )
@@ -793,13 +912,20 @@ def _list_to_matrix(where: str, col: pa.Array, row_offset: int, k: int | None) -
     return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.float32).reshape(-1, width)
 
 
-def _iter_parquet(path: Path, k: int | None, batch_rows: int) -> Iterator[TraceBatch]:
+def _open_parquet(path: Path) -> tuple[pq.ParquetFile, list[str]]:
+    """The file and its column names, or a ConfigError (corrupt footer, names that are not UTF-8)."""
     try:
         pf = pq.ParquetFile(path)
-    except (pa.ArrowException, OSError) as exc:
-        raise ConfigError(f"{path}: not a readable Parquet file ({exc})") from exc
+        return pf, list(pf.schema_arrow.names)
+    except (pa.ArrowException, OSError, ValueError) as exc:  # ValueError: UnicodeDecodeError
+        raise ConfigError(
+            f"{path}: not a readable Parquet file ({exc}); copy it again from its source"
+        ) from exc
+
+
+def _iter_parquet(path: Path, k: int | None, batch_rows: int) -> Iterator[TraceBatch]:
+    pf, names = _open_parquet(path)
     _parquet_footer(path, pf)
-    names = pf.schema_arrow.names
     missing = [c for c in _REQUIRED_COLUMNS if c not in names]
     if missing:
         raise ConfigError(
@@ -825,19 +951,19 @@ def _iter_parquet(path: Path, k: int | None, batch_rows: int) -> Iterator[TraceB
             batch = _make_batch(
                 where=where,
                 row_offset=row,
-                request_id=rb.column("request_id").cast(pa.string()),
+                request_id=rb.column("request_id"),
                 round_=rb.column("round").to_numpy(zero_copy_only=False),
                 logits=logits,
                 accepted=rb.column("accepted").to_numpy(zero_copy_only=False),
                 verified=rb.column("verified").to_numpy(zero_copy_only=False),
                 k=k,
-                sampling=sampling.cast(pa.string()) if sampling is not None else None,
+                sampling=sampling,
                 temperature=temperature,
             )
             k = batch.k
             row += batch.rows
             yield batch
-    except (pa.ArrowException, OSError) as exc:
+    except (pa.ArrowException, OSError, ValueError) as exc:
         raise ConfigError(f"{path}: corrupt or unreadable Parquet at row {row} ({exc})") from exc
 
 
@@ -933,20 +1059,108 @@ def prefix_lengths(mask: np.ndarray, *, where: str = "<mask>") -> np.ndarray:
     return np.asarray(m.sum(axis=1), dtype=np.int64)
 
 
-def _tensor_to_numpy(value: Any, where: str, name: str) -> np.ndarray:
+def _tensor_to_numpy(value: Any, where: str, name: str, *, numeric: bool = True) -> np.ndarray:
+    """A shard field as a numpy array: a dense tensor, or a (rectangular) list of numbers.
+
+    Raises:
+        ConfigError: a sparse or quantized tensor, a ragged list, or (with ``numeric``) values
+            that are not numbers; the message names the file, the field and the fix.
+    """
     import torch  # the recorder-shard reader is the only place that needs torch
 
     if isinstance(value, torch.Tensor):
+        if value.layout != torch.strided or value.is_quantized:
+            raise ConfigError(
+                f"{where}: {name!r} is a {value.layout} tensor; save a dense one (tensor.to_dense())"
+            )
         t = value.detach().cpu()
+        if t.is_complex():
+            raise ConfigError(f"{where}: {name!r} holds complex numbers ({t.dtype}); save real values")
         if t.is_floating_point() and t.dtype != torch.float32 and t.dtype != torch.float64:
             t = t.float()
         return np.asarray(t.numpy())
-    if isinstance(value, list | tuple):
-        return np.asarray(value)
-    raise ConfigError(f"{where}: {name!r} must be a tensor, got {type(value).__name__}")
+    if not isinstance(value, list | tuple):
+        raise ConfigError(f"{where}: {name!r} must be a tensor, got {type(value).__name__}")
+    try:
+        arr = np.asarray(value)
+    except (ValueError, TypeError, OverflowError) as exc:  # ragged nesting, mixed types
+        raise ConfigError(
+            f"{where}: {name!r} is not a rectangular array ({exc}); save it as a tensor of one shape"
+        ) from None
+    if numeric and arr.dtype.kind not in "biuf":
+        raise ConfigError(
+            f"{where}: {name!r} must hold numbers, found {arr.dtype} values; save a numeric tensor"
+        )
+    return arr
 
 
-def read_recorder_shard(path: Path | str, *, k: int | None = None) -> tuple[TraceBatch, tuple[Notice, ...]]:
+def _shard_request_ids(raw: Any, where: str) -> pa.Array:
+    """A shard's ``request_ids`` (a tensor or list of integers or strings) as Arrow strings.
+
+    Raises:
+        ConfigError: another type of id, a nested list, or a string that is not Unicode text.
+    """
+    values = raw if isinstance(raw, list | tuple) else _tensor_to_numpy(raw, where, "request_ids").reshape(-1)
+    out = []
+    for i, v in enumerate(values):
+        if isinstance(v, str):
+            _check_text(where, f"request_ids[{i}]", v)
+            out.append(v)
+        elif (
+            isinstance(v, int | np.integer)
+            and not isinstance(v, bool | np.bool_)
+            and int(v).bit_length() <= 128
+        ):
+            out.append(str(int(v)))
+        else:
+            raise ConfigError(
+                f"{where}: request_ids[{i}] is {_short(v)}; request ids are strings or integers of at "
+                "most 128 bits"
+            )
+    return pa.array(out, pa.string())
+
+
+def load_shard(path: Path | str) -> Any:
+    """``torch.load`` a shard as data (``weights_only=True``: a pickle could otherwise run code).
+
+    Shared by the trace and workload readers.
+
+    Raises:
+        ConfigError: torch is missing, or the file is not a loadable torch.save payload (truncated,
+            edited, not a zip or pickle); the message names the file and the fix.
+    """
+    p = Path(path)
+    try:
+        mode = p.stat().st_mode
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read ({exc.strerror or exc}); check the path") from exc
+    if not stat.S_ISREG(mode):  # a FIFO would block torch.load forever
+        raise ConfigError(f"{p}: not a regular file (a FIFO, device or directory); pass a .pt shard")
+    try:
+        import torch
+    except ImportError as exc:
+        raise ConfigError(f"{path}: reading .pt recorder shards needs torch; install it") from exc
+    try:
+        return torch.load(p, map_location="cpu", weights_only=True)
+    except OSError as exc:  # before the decoding errors: the file itself could not be read
+        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc}); check the path") from exc
+    except pickle.UnpicklingError as exc:
+        raise ConfigError(
+            f"{path}: cannot load as a recorder shard: it holds objects the safe (weights-only) loader "
+            "refuses, or is not a pickle; a shard holds only tensors, numbers, strings, lists and dicts"
+        ) from exc
+    except _SHARD_LOAD_ERRORS as exc:
+        text = _ANSI.sub("", str(exc))
+        detail = text.splitlines()[0][:200] if text else ""
+        raise ConfigError(
+            f"{path}: cannot load as a recorder shard ({type(exc).__name__}{': ' + detail if detail else ''}); "
+            "expected a torch.save'd dict of tensors: copy it again from the recorder"
+        ) from exc
+
+
+def read_recorder_shard(
+    path: Path | str, *, k: int | None = None, first_round: Mapping[str, int] | None = None
+) -> tuple[TraceBatch, tuple[Notice, ...]]:
     """Read one TensorRT-LLM DSpark recorder shard (``*.pt``, a torch-saved dict).
 
     Expected keys: ``logits`` [N, K] float, ``prefix_mask`` [N, K] (1 inside the accepted prefix),
@@ -958,6 +1172,9 @@ def read_recorder_shard(path: Path | str, *, k: int | None = None) -> tuple[Trac
     Args:
         path: the shard.
         k: the expected draft length (from earlier files or ``--k``), if known.
+        first_round: per request id, the round index its rounds continue from when the shard has
+            no ``rounds`` tensor (a request that spans shards; :func:`read_traces` passes the
+            rounds already read from earlier shards).
 
     Returns:
         The rounds and any notices.
@@ -966,19 +1183,9 @@ def read_recorder_shard(path: Path | str, *, k: int | None = None) -> tuple[Trac
         ConfigError: unreadable shard, wrong or missing pairing, block size disagreeing with K or
             the logits, a non-prefix mask, NaN/Inf logits, or inconsistent shapes.
     """
-    import torch
-
     path = Path(path)
     where = str(path)
-    try:
-        # weights_only=True: a shard is data; an arbitrary pickle could execute code on load.
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError, AttributeError) as exc:
-        raise ConfigError(
-            f"{where}: cannot load as a recorder shard ({type(exc).__name__}: {exc}); expected a "
-            "torch.save'd "
-            "dict of tensors"
-        ) from exc
+    obj = load_shard(path)
     if not isinstance(obj, dict):
         raise ConfigError(f"{where}: a recorder shard is a dict, found {type(obj).__name__}")
     missing = [key for key in ("logits", "prefix_mask", "meta") if key not in obj]
@@ -999,14 +1206,16 @@ def read_recorder_shard(path: Path | str, *, k: int | None = None) -> tuple[Trac
         raise ConfigError(f"{where}: logits must be [N, K], got shape {list(logits.shape)}")
     block = meta.get("block_size")
     if isinstance(block, bool) or not isinstance(block, int):
-        raise ConfigError(f"{where}: meta.block_size must be an integer (the draft length K), got {block!r}")
+        raise ConfigError(
+            f"{where}: meta.block_size must be an integer (the draft length K), got {_short(block)}"
+        )
     if block != logits.shape[1]:
         raise ConfigError(
-            f"{where}: meta.block_size={block} but logits have {logits.shape[1]} columns; the shard is "
-            "inconsistent"
+            f"{where}: meta.block_size={_short(block)} but logits have {logits.shape[1]} columns; the shard "
+            "is inconsistent"
         )
     if k is not None and block != k:
-        raise ConfigError(
+        raise KMismatch(
             f"{where}: meta.block_size={block} disagrees with K={k} of the other inputs (or --k); "
             "fit each draft length separately"
         )
@@ -1022,8 +1231,12 @@ def read_recorder_shard(path: Path | str, *, k: int | None = None) -> tuple[Trac
     else:
         verified = np.full(n, block, dtype=np.int64)
     raw_ids = obj.get("request_ids", meta.get("request_ids"))
-    if raw_ids is None:
-        ids = pa.array([f"{path.name}#{i}" for i in range(n)], pa.string())
+    if n == 0:
+        notices.append(Notice("EMPTY_SHARD", f"{where}: the shard holds no rounds; nothing read from it"))
+        ids = pa.array([], pa.string())
+    elif raw_ids is None:
+        # The path as given, not the bare file name: shards of one name in two folders stay apart.
+        ids = pa.array([f"{path}#{i}" for i in range(n)], pa.string())
         notices.append(
             Notice(
                 "NO_REQUEST_IDS",
@@ -1032,29 +1245,34 @@ def read_recorder_shard(path: Path | str, *, k: int | None = None) -> tuple[Trac
             )
         )
     else:
-        id_values = (
-            raw_ids if isinstance(raw_ids, list | tuple) else _tensor_to_numpy(raw_ids, where, "request_ids")
-        )
-        ids = pa.array([str(v) for v in list(np.asarray(id_values, dtype=object).reshape(-1))], pa.string())
+        ids = _shard_request_ids(raw_ids, where)
     if "rounds" in obj:
         rounds = _tensor_to_numpy(obj["rounds"], where, "rounds").reshape(-1)
-    elif raw_ids is None:
+    elif raw_ids is None or n == 0:
         rounds = np.zeros(n, dtype=np.int64)
     else:
-        # Rounds in shard order within each request.
-        codes = pc.dictionary_encode(ids).indices.to_numpy(zero_copy_only=False)
-        rounds = np.zeros(n, dtype=np.int64)
+        # Rounds in shard order within each request, continuing from earlier shards.
+        encoded = pc.dictionary_encode(ids)
+        codes = encoded.indices.to_numpy(zero_copy_only=False)
+        rounds = np.zeros(len(codes), dtype=np.int64)
         order = np.argsort(codes, kind="stable")
         sorted_codes = codes[order]
         starts = np.r_[0, np.flatnonzero(np.diff(sorted_codes)) + 1]
-        first = np.repeat(starts, np.diff(np.r_[starts, n]))
-        rounds[order] = np.arange(n) - first
+        first = np.repeat(starts, np.diff(np.r_[starts, len(codes)]))
+        rounds[order] = np.arange(len(codes)) - first
+        if first_round:
+            offsets = np.array(
+                [first_round.get(name, 0) for name in encoded.dictionary.to_pylist()], np.int64
+            )
+            rounds += offsets[codes]
+    with np.errstate(over="ignore"):  # values beyond float32 become inf, refused by _make_batch
+        logits32 = logits.astype(np.float32, copy=False)
     batch = _make_batch(
         where=where,
         row_offset=0,
         request_id=ids,
         round_=np.asarray(rounds),
-        logits=logits.astype(np.float32, copy=False),
+        logits=logits32,
         accepted=accepted,
         verified=np.asarray(verified),
         k=block,
@@ -1163,11 +1381,8 @@ def _sha256_file(path: Path) -> str:
 def _is_synthetic(path: Path, fmt: str) -> bool:
     if fmt != "parquet":
         return False
-    try:
-        doc = _parquet_footer(path, pq.ParquetFile(path))
-    except (pa.ArrowException, OSError) as exc:
-        raise ConfigError(f"{path}: not a readable Parquet file ({exc})") from exc
-    return bool(doc.get("synthetic", False))
+    pf, _ = _open_parquet(path)
+    return bool(_parquet_footer(path, pf).get("synthetic", False))
 
 
 def _assemble(
@@ -1178,6 +1393,7 @@ def _assemble(
     notices: tuple[Notice, ...],
     tags: Counter[str],
     where: str,
+    origins: Sequence[int] = (),
 ) -> TraceSet:
     if batches:
         ids = pc.dictionary_encode(pa.chunked_array([b.request_id for b in batches], pa.string()))
@@ -1198,14 +1414,14 @@ def _assemble(
         verified = np.zeros(0, np.int8)
     if rounds.size:
         key = (codes.astype(np.int64) << 32) | rounds
-        key.sort()
-        dup = key[1:] == key[:-1]
+        ordered = np.sort(key)
+        dup = ordered[1:] == ordered[:-1]
         if dup.any():
-            first = int(key[1:][dup][0])
+            first = int(ordered[1:][dup][0])
             rid, rnd = names[first >> 32], first & _MAX_ROUND
             raise ConfigError(
                 f"{where}: round {rnd} of request {rid!r} appears more than once ({int(dup.sum())} duplicate "
-                "key(s)); was a file given twice, or do request ids collide across files?"
+                f"key(s)); {_duplicate_cause(key == first, batches, origins, sources)}"
             )
     return TraceSet(
         k=k,
@@ -1218,6 +1434,23 @@ def _assemble(
         sources=sources,
         sampling_tags=tuple(sorted(tags.items())),
         notices=notices,
+    )
+
+
+def _duplicate_cause(
+    rows: np.ndarray, batches: list[TraceBatch], origins: Sequence[int], sources: tuple[TraceSource, ...]
+) -> str:
+    """Say where a repeated (request, round) key comes from, and what to do about it."""
+    if len(origins) != len(batches) or not sources:
+        return "every (request, round) pair must be unique"
+    per_row = np.repeat(np.asarray(origins), [b.rows for b in batches])
+    files = sorted({int(i) for i in per_row[rows]})
+    if len(files) == 1:
+        return f"both in {sources[files[0]].path}: the file repeats a round; fix the exporter"
+    paths = [sources[i].path for i in files]
+    return (
+        f"in {' and '.join(paths)}: request ids collide across files; give each run distinct request "
+        "ids (or a rounds tensor that continues them), or fit the runs separately"
     )
 
 
@@ -1248,36 +1481,53 @@ def read_traces(
     sources: list[TraceSource] = []
     notices: list[Notice] = []
     tags: Counter[str] = Counter()
+    origins: list[int] = []  # the file of each kept batch, for messages
     first_file: Path | None = None
-    for path in files:
+    # Per request id of recorder shards: the round after the last one read. A shard without a
+    # ``rounds`` tensor continues each request from there (a request spanning shards).
+    next_round: dict[str, int] = {}
+    seen: dict[str, Path] = {}  # file digest -> first path with it
+    for index, path in enumerate(files):
         fmt = _format_of(path)
         file_rows = 0
-        if fmt == "recorder":
-            batch, shard_notices = read_recorder_shard(path, k=k)
-            file_batches: Iterable[TraceBatch] = [batch]
-            notices.extend(shard_notices)
-        else:
-            file_batches = iter_trace_batches(path, k=k, batch_rows=batch_rows)
+        digest = _sha256_file(path)
+        if digest in seen:
+            # Caught before reading: a recorder shard given twice would otherwise look like a
+            # request continuing into the next shard.
+            same = seen[digest].resolve() == path.resolve()
+            raise ConfigError(
+                f"{path}: {'given twice' if same else f'the same file as {seen[digest]} (identical bytes)'}; "
+                "give each trace file once"
+            )
+        seen[digest] = path
         try:
+            if fmt == "recorder":
+                batch, shard_notices = read_recorder_shard(path, k=k, first_round=next_round)
+                file_batches: Iterable[TraceBatch] = [batch]
+                notices.extend(shard_notices)
+                _advance_rounds(next_round, batch)
+            else:
+                file_batches = iter_trace_batches(path, k=k, batch_rows=batch_rows)
             for batch in file_batches:
-                if k is None:
+                if k is None and batch.rows:
                     k = batch.k
                     first_file = path
                 tags.update(_tag_counts(batch))
                 kept = _filter_sampling(batch, sampling)
                 if kept.rows:
                     batches.append(kept)
+                    origins.append(index)
                     file_rows += kept.rows
-        except ConfigError as exc:
-            if first_file is not None and first_file != path and "expected K=" in str(exc):
-                raise ConfigError(f"{exc} [K={k} came from {first_file}]") from None
+        except KMismatch as exc:
+            if first_file is not None and first_file != path:
+                raise KMismatch(f"{exc} [K={k} came from {first_file}]") from None
             raise
         sources.append(
             TraceSource(
                 path=str(path),
                 format=fmt,
                 rounds=file_rows,
-                sha256=_sha256_file(path),
+                sha256=digest,
                 synthetic=_is_synthetic(path, fmt),
             )
         )
@@ -1285,4 +1535,24 @@ def read_traces(
         detail = f" with sampling tag {sampling!r}" if sampling is not None else ""
         raise ConfigError(f"{', '.join(str(f) for f in files)}: no rounds{detail}; nothing to calibrate")
     where = files[0].name if len(files) == 1 else f"{len(files)} trace files"
-    return _assemble(batches, k, sources=tuple(sources), notices=tuple(notices), tags=tags, where=where)
+    return _assemble(
+        batches,
+        k,
+        sources=tuple(sources),
+        notices=tuple(notices),
+        tags=tags,
+        where=where,
+        origins=origins,
+    )
+
+
+def _advance_rounds(next_round: dict[str, int], batch: TraceBatch) -> None:
+    """Raise ``next_round[id]`` past the rounds of each request id in ``batch``."""
+    if not batch.rows:
+        return
+    encoded = pc.dictionary_encode(batch.request_id)
+    codes = encoded.indices.to_numpy(zero_copy_only=False)
+    highest = np.full(len(encoded.dictionary), -1, np.int64)
+    np.maximum.at(highest, codes, batch.round)
+    for name, top in zip(encoded.dictionary.to_pylist(), highest.tolist(), strict=True):
+        next_round[name] = max(next_round.get(name, 0), top + 1)

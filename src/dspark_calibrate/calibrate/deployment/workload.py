@@ -38,6 +38,7 @@ from dspark_calibrate.artifacts import (
     read_artifact,
     write_unsigned_artifact,
 )
+from dspark_calibrate.calibrate.traces import load_shard
 from dspark_calibrate.errors import ConfigError
 from dspark_calibrate.schemas import SchemaMismatch, conform_table
 
@@ -354,10 +355,51 @@ def read_workload(path: Path | str, *, k: int | None = None) -> Workload:
 # ---------------------------------------------------------------------------------------------
 
 
-def _np(value: Any) -> np.ndarray:
-    if hasattr(value, "detach"):  # a torch tensor
-        value = value.detach().cpu().numpy()
-    return np.asarray(value)
+def _np(
+    value: Any, where: str = "recorder shard", name: str = "value", *, length: int | None = None
+) -> np.ndarray:
+    """A payload field as a numeric numpy array (a dense tensor, or a rectangular list of numbers).
+
+    Raises:
+        ConfigError: anything else (sparse tensor, ragged or non-numeric list, wrong length),
+            naming the shard and the field.
+    """
+    try:
+        if hasattr(value, "detach"):  # a torch tensor
+            if getattr(value, "layout", None) is not None and str(value.layout) != "torch.strided":
+                raise ConfigError(f"{where}: {name!r} is a {value.layout} tensor; save a dense one")
+            tensor = value.detach().cpu()
+            if tensor.is_floating_point():
+                tensor = tensor.double()
+            value = tensor.numpy()
+        arr = np.asarray(value)
+    except (ValueError, TypeError, RuntimeError, OverflowError) as exc:
+        raise ConfigError(
+            f"{where}: {name!r} is not a rectangular numeric array ({str(exc).splitlines()[0][:120]}); save a tensor"
+        ) from None
+    if arr.dtype.kind not in "biuf":
+        raise ConfigError(f"{where}: {name!r} must hold numbers, found {arr.dtype} values")
+    if length is not None and (arr.ndim != 1 or arr.shape[0] != length):
+        raise ConfigError(
+            f"{where}: {name!r} must be a vector of {length} values (one per row), got shape {list(arr.shape)}"
+        )
+    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+        raise ConfigError(f"{where}: {name!r} holds NaN or infinite values; every value must be finite")
+    return arr
+
+
+def _int(payload: Mapping[str, Any], name: str, where: str) -> int:
+    """A scalar integer field of a payload (a Python int, a numpy integer or a one-element tensor)."""
+    value: Any = payload.get(name)
+    if hasattr(value, "numel") and value.numel() == 1 and not value.is_floating_point():
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or abs(int(value)) >= 1 << 62:
+        shown = "missing" if value is None else f"{type(value).__name__} {str(value)[:40]}"
+        raise ConfigError(
+            f"{where}: {name!r} must be an integer, found {shown}; is this a TensorRT-LLM confidence-trace "
+            "shard? (fit's recorder shards are read by `fit --traces`)"
+        )
+    return int(value)
 
 
 def _group_by_graph_size(gbs: np.ndarray) -> np.ndarray:
@@ -376,19 +418,26 @@ def _group_by_graph_size(gbs: np.ndarray) -> np.ndarray:
     return out
 
 
-def workload_from_recorder_payloads(payloads: Sequence[Mapping[str, Any]], *, source: str = "") -> Workload:
+def workload_from_recorder_payloads(
+    payloads: Sequence[Mapping[str, Any]], *, source: str = "", names: Sequence[str] | None = None
+) -> Workload:
     """Turn TensorRT-LLM confidence-trace payloads (one per rank) into a workload. Pure.
 
     Each payload holds ``logits`` (N, K), ``prefix_mask`` (N, K: accepted positions), ``rank``,
     ``max_draft_len``, ``graph_batch_size`` (N,) and optionally ``step_id`` (N,), ``request_id``
-    (N,), ``real_mask`` (N,) and ``generation_progress`` (N,).
+    (N,), ``real_mask`` (N,) and ``generation_progress`` (N,). ``names`` (one per payload, e.g.
+    the shard files) name the payload in messages.
 
     Raises:
-        ConfigError: payloads disagree on K, miss a field, or hold no usable row.
+        ConfigError: payloads disagree on K, miss a field, hold a field of the wrong type or shape,
+            or hold no usable row; the message names the shard and the field.
     """
     if not payloads:
         raise ConfigError("no recorder shard given")
-    ks = {int(p.get("max_draft_len", -1)) for p in payloads}
+    wheres = list(names) if names is not None else [f"recorder shard {i}" for i in range(len(payloads))]
+    if len(wheres) != len(payloads):
+        raise ValueError("names must name every payload")
+    ks = {_int(p, "max_draft_len", w) for p, w in zip(payloads, wheres, strict=True)}
     if len(ks) != 1 or min(ks) < 1:
         raise ConfigError(
             f"recorder shards disagree on max_draft_len (found {sorted(ks)}); one deployment at a time"
@@ -405,32 +454,49 @@ def workload_from_recorder_payloads(payloads: Sequence[Mapping[str, Any]], *, so
         "out": [],
     }
     have_ids = all("request_id" in p for p in payloads)
-    for p in payloads:
+    for p, where in zip(payloads, wheres, strict=True):
         missing = [f for f in ("logits", "prefix_mask", "graph_batch_size", "rank") if f not in p]
         if missing:
-            raise ConfigError(f"recorder shard lacks {missing}; is it a DSpark confidence trace (.pt)?")
-        rank = int(p["rank"])
-        logits = _np(p["logits"]).astype(np.float32)
-        mask = _np(p["prefix_mask"])
+            raise ConfigError(
+                f"{where}: recorder shard lacks {missing}; is it a TensorRT-LLM confidence trace (.pt)? "
+                "(fit's recorder shards are read by `fit --traces`)"
+            )
+        rank = _int(p, "rank", where)
+        logits = _np(p["logits"], where, "logits")
+        mask = _np(p["prefix_mask"], where, "prefix_mask")
         if logits.ndim != 2 or logits.shape[1] != k or mask.shape != logits.shape:
-            raise ConfigError(f"rank {rank} shard: logits/prefix_mask must be (N, {k})")
+            raise ConfigError(
+                f"{where}: logits and prefix_mask must both be (N, {k}), got {list(logits.shape)} and "
+                f"{list(mask.shape)}"
+            )
+        if np.abs(logits).max(initial=0.0) > np.finfo(np.float32).max:
+            raise ConfigError(
+                f"{where}: 'logits' holds values beyond float32's range; save finite float32 logits"
+            )
+        logits = logits.astype(np.float32)
         n = logits.shape[0]
         keep = np.ones(n, dtype=bool)
         if "real_mask" in p:
-            keep &= _np(p["real_mask"]).astype(bool)
+            keep &= _np(p["real_mask"], where, "real_mask", length=n).astype(bool)
         if "step_id" in p:
-            step = _np(p["step_id"]).astype(np.int64)
+            step = _np(p["step_id"], where, "step_id", length=n).astype(np.int64)
         else:
-            step = _group_by_graph_size(_np(p["graph_batch_size"]).astype(np.int64))
+            step = _group_by_graph_size(
+                _np(p["graph_batch_size"], where, "graph_batch_size", length=n).astype(np.int64)
+            )
             approximate = True
         if have_ids:
-            req = _np(p["request_id"]).astype(np.int64)
+            req = _np(p["request_id"], where, "request_id", length=n).astype(np.int64)
             keep &= req >= 0
             req_s = req.astype(str)
         else:
             req_s = np.char.add(f"r{rank}-", np.arange(n).astype(str))
         acc = np.clip(np.rint(mask.astype(np.float64).sum(axis=1)), 0, k).astype(np.int64)
-        out = _np(p["generation_progress"]).astype(np.int64) if "generation_progress" in p else None
+        out = (
+            _np(p["generation_progress"], where, "generation_progress", length=n).astype(np.int64)
+            if "generation_progress" in p
+            else None
+        )
         cols["step"].append(step[keep])
         cols["rank"].append(np.full(int(keep.sum()), rank, dtype=np.int64))
         cols["req"].append(req_s[keep])
@@ -481,7 +547,7 @@ def workload_from_recorder_payloads(payloads: Sequence[Mapping[str, Any]], *, so
         logits=logits,
         accepted=acc,
         output_len=out,
-        num_ranks=max(int(p["rank"]) for p in payloads) + 1,
+        num_ranks=max(_int(p, "rank", w) for p, w in zip(payloads, wheres, strict=True)) + 1,
         approximate=approximate,
         synthetic=False,
         notes=notes,
@@ -508,21 +574,18 @@ def read_recorder_shards(paths: Sequence[Path | str]) -> Workload:
     Raises:
         ConfigError: torch is missing, a shard cannot be read, or the payloads are unusable.
     """
-    try:
-        import torch
-    except ImportError as exc:
-        raise ConfigError(
-            "reading .pt recorder shards needs torch; install it or convert the shards"
-        ) from exc
     payloads = []
     for p in paths:
-        try:
-            payloads.append(torch.load(Path(p), map_location="cpu", weights_only=True))
-        except (OSError, RuntimeError, ValueError, EOFError) as exc:
-            raise ConfigError(f"{p}: cannot read recorder shard ({exc})") from exc
-        if not isinstance(payloads[-1], Mapping):
-            raise ConfigError(f"{p}: not a recorder payload (expected a dict)")
-    return workload_from_recorder_payloads(payloads, source=", ".join(str(p) for p in paths))
+        payload = load_shard(p)
+        if not isinstance(payload, Mapping):
+            raise ConfigError(
+                f"{p}: not a recorder payload: a {type(payload).__name__}, expected the dict a TensorRT-LLM "
+                "confidence-trace shard holds (logits, prefix_mask, rank, max_draft_len, graph_batch_size)"
+            )
+        payloads.append(payload)
+    return workload_from_recorder_payloads(
+        payloads, source=", ".join(str(p) for p in paths), names=[str(p) for p in paths]
+    )
 
 
 # ---------------------------------------------------------------------------------------------
