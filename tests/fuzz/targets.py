@@ -410,8 +410,9 @@ def _payload(corpus: Corpus, ops: Any) -> str:
 _i64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 _small = st.sampled_from((0, 1, 8, 16, 32, 40, 64, 96, 192, -1))
 _times = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from((0.0, -0.0, 5.0, 1e-300, 1e300))
-_cost_row = st.fixed_dictionaries(
-    {
+_cost_changes = st.fixed_dictionaries(
+    {},
+    optional={
         "graph_batch_size": _small | _i64,
         "verifier_budget": _small | _i64,
         "step_time_ms": _times,
@@ -422,20 +423,25 @@ _cost_row = st.fixed_dictionaries(
         "samples": _small | _i64,
         "stop_reason": st.sampled_from(("precision", "cap", "")) | st.text(max_size=8),
         "source_result_sha256": st.sampled_from(("0" * 64, "x")) | st.text(max_size=70),
-    }
+    },
 )
+#: Rows as (index of a valid row to start from, the changes to it): every column of the current
+#: cost-table schema stays filled, so each mutant is a table the signer can sign.
+_cost_rows = st.lists(st.tuples(st.integers(0, 63), _cost_changes), max_size=12)
 
 
 def _table(corpus: Corpus, rows: Any) -> str:
     path = _copy_seed_artifact(corpus, corpus.scratch("table"))
+    base = read_artifact(corpus.artifact).table
+    valid = base.to_pylist()
     try:
-        table = pa.Table.from_pylist(rows, schema=arrow_schema("cost-table"))
+        table = pa.Table.from_pylist([{**valid[i % len(valid)], **c} for i, c in rows], schema=base.schema)
         digest = logical_sha256(table, "cost-table")
-    except (pa.ArrowException, ValueError) as exc:  # the signer refuses it: nothing to verify
+        statement = json.loads(json.dumps(corpus.statement))
+        statement["subject"][0]["digest"]["sha256"] = digest
+        _sign_payload(corpus, path, canonical_json(statement), table)
+    except (pa.ArrowException, ValueError, OverflowError) as exc:  # the signer refuses it
         return f"unsignable:{type(exc).__name__}"
-    statement = json.loads(json.dumps(corpus.statement))
-    statement["subject"][0]["digest"]["sha256"] = digest
-    _sign_payload(corpus, path, canonical_json(statement), table)
     return _verify_outcome(corpus, path, resigned=True)
 
 
@@ -613,7 +619,7 @@ def _trace_pt(corpus: Corpus, mutation: Any) -> str:
 
 
 def _workload_pt(corpus: Corpus, mutation: Any) -> str:
-    from dspark_calibrate.calibrate import workload as workload_module
+    from dspark_calibrate.calibrate.deployment import workload as workload_module
 
     path = corpus.scratch("workload-pt") / "trace.rank0.pt"
     how, value = mutation
@@ -661,7 +667,7 @@ TARGETS: tuple[Target, ...] = (
     ),
     Target(
         "table-resigned",
-        st.lists(_cost_row, max_size=12),
+        _cost_rows,
         _table,
         "cost-table rows, re-signed -> verify_path",
     ),

@@ -6,7 +6,7 @@ to the directory). ``open()`` on a FIFO blocks until a writer appears, so a serv
 hang forever. :func:`read_regular_file` opens without blocking, checks the open descriptor with
 ``fstat`` (the file checked is the file read) and reads at most the caller's limit, so every read
 is bounded in time and memory. Imports only the standard library (DESIGN §3: ``calibrate`` may use
-it on GPU images without ``cryptography``).
+it on GPU images without ``cryptography``); ``errors`` is its one import of ours.
 """
 
 from __future__ import annotations
@@ -16,19 +16,26 @@ import os
 import stat
 from pathlib import Path
 
+from dspark_calibrate.errors import DsparkError
+
 __all__ = ["FileTooLarge", "read_regular_file"]
 
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
 _CHUNK = 1 << 20  # bytes per read() call
 
 
-class FileTooLarge(OSError):
+class FileTooLarge(OSError, DsparkError):
     """A file larger than the caller's limit; refused unread (``errno.EFBIG``).
+
+    An ``OSError`` (callers that report any unreadable file catch it with the rest) and a
+    ``DsparkError``.
 
     Attributes:
         size: the size found, in bytes (at least ``limit + 1`` when the file grew while read).
         limit: the caller's limit, in bytes.
     """
+
+    default_code = "FILE_TOO_LARGE"
 
     def __init__(self, path: Path | str, size: int, limit: int) -> None:
         super().__init__(errno.EFBIG, f"{size} bytes, above the {limit}-byte limit", str(path))

@@ -25,6 +25,8 @@ from types import MappingProxyType
 
 import pyarrow.parquet as pq
 
+from dspark_calibrate.errors import InvalidValueError
+
 __all__ = [
     "DEFAULT_TABLE_LIMIT",
     "TABLE_LIMITS",
@@ -51,7 +53,7 @@ class TableLimit:
 
     def __post_init__(self) -> None:
         if self.max_rows < 1 or self.max_decoded_bytes < 1:
-            raise ValueError(f"table limits must be positive, got {self}")
+            raise InvalidValueError(f"table limits must be positive, got {self}")
 
 
 #: Limits per kind, with why each is far above anything real. Serving-path kinds (the bundle

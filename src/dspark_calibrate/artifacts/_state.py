@@ -52,7 +52,7 @@ from dspark_calibrate.artifacts._atomic import atomic_write_bytes
 from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict, sha256_hex
 from dspark_calibrate.artifacts._files import FileTooLarge, read_regular_file
 from dspark_calibrate.artifacts._reasons import Finding, Reason
-from dspark_calibrate.errors import DsparkError
+from dspark_calibrate.errors import DsparkError, InvalidValueError
 
 __all__ = [
     "DEFAULT_STATE_LOCK_TIMEOUT_S",
@@ -109,9 +109,9 @@ class SeriesIdentity:
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str) or not self.kind:
-            raise ValueError(f"series kind must be a non-empty string, got {self.kind!r}")
+            raise InvalidValueError(f"series kind must be a non-empty string, got {self.kind!r}")
         if not isinstance(self.binding, Mapping):
-            raise ValueError(f"series binding must be a mapping, got {type(self.binding).__name__}")
+            raise InvalidValueError(f"series binding must be a mapping, got {type(self.binding).__name__}")
 
     @property
     def key(self) -> str:
@@ -169,7 +169,7 @@ class _Contents:
 
 def _check_version(version: int) -> None:
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-        raise ValueError(f"version must be an integer >= 0, got {version!r}")
+        raise InvalidValueError(f"version must be an integer >= 0, got {version!r}")
 
 
 def _is_version(value: Any, minimum: int = 0) -> bool:
@@ -190,7 +190,7 @@ class RollbackState:
         if not (
             isinstance(lock_timeout_s, int | float) and math.isfinite(lock_timeout_s) and lock_timeout_s >= 0
         ):
-            raise ValueError(f"lock_timeout_s must be a finite number >= 0, got {lock_timeout_s!r}")
+            raise InvalidValueError(f"lock_timeout_s must be a finite number >= 0, got {lock_timeout_s!r}")
         self._path = Path(path)
         self._lock_path = Path(f"{self._path}.lock")
         self._lock_timeout_s = float(lock_timeout_s)

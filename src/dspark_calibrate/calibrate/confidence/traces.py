@@ -124,6 +124,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # terminal colour codes some libraries pu
 class KMismatch(ConfigError):
     """A file (or a round) whose draft length K differs from the one already established."""
 
+    default_code = "K_MISMATCH"
+
 
 @dataclass(frozen=True, slots=True)
 class Notice:

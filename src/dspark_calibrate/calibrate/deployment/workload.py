@@ -38,8 +38,8 @@ from dspark_calibrate.artifacts import (
     read_artifact,
     write_unsigned_artifact,
 )
-from dspark_calibrate.calibrate.traces import load_shard
-from dspark_calibrate.errors import ConfigError
+from dspark_calibrate.calibrate.confidence.traces import load_shard
+from dspark_calibrate.errors import ConfigError, InvalidValueError
 from dspark_calibrate.schemas import SchemaMismatch, conform_table
 
 __all__ = [
@@ -436,7 +436,7 @@ def workload_from_recorder_payloads(
         raise ConfigError("no recorder shard given")
     wheres = list(names) if names is not None else [f"recorder shard {i}" for i in range(len(payloads))]
     if len(wheres) != len(payloads):
-        raise ValueError("names must name every payload")
+        raise InvalidValueError(f"names has {len(wheres)} entries for {len(payloads)} payloads")
     ks = {_int(p, "max_draft_len", w) for p, w in zip(payloads, wheres, strict=True)}
     if len(ks) != 1 or min(ks) < 1:
         raise ConfigError(
