@@ -1,9 +1,11 @@
 """Long fuzz run of every target in ``tests/fuzz/targets.py`` (``make fuzz``).
 
-Targets run round-robin in slices until the time budget is spent; each slice is a hypothesis run
-from a fresh seed, so the whole run is reproducible from ``--seed``. A crash, hang or accepted
-mutant is recorded (with the mutation that caused it) and the run goes on. Progress is printed
-after every slice.
+Targets run round-robin in slices until the time budget is spent; each slice is a series of
+hypothesis runs from fresh seeds, so the whole run is reproducible from ``--seed``. A crash, hang
+or accepted mutant is recorded (with the mutation that caused it) and the run goes on. Each slice
+runs in a forked child, so that a mutant that kills the process from C code (an abort, a
+segfault) is recorded as a crash too, with the last mutation the child started. Progress is
+printed after every slice.
 
 Run: ``.venv/bin/python benchmarks/fuzz.py --minutes 10`` -> ``benchmarks/results/fuzz.json``.
 Target: 0 crashes, 0 hangs, 0 accepted mutants. Exits 1 if any was found.
@@ -13,19 +15,60 @@ from __future__ import annotations
 
 import argparse
 import logging
+import multiprocessing as mp
+import queue
 import sys
 import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import write_result
-from tests.fuzz.targets import HANG_S, TARGETS, Corpus, Stats, fuzz
+from tests.fuzz.targets import HANG_S, TARGETS, Corpus, Stats, Target, fuzz
 
 #: Examples per hypothesis run inside a slice (one seed each).
 BATCH = 50
+
+
+def _run_slice(target: Target, corpus: Corpus, seed: int, until: float, journal: Path, out: Any) -> None:
+    """In the child: fuzz ``target`` until ``until``; send back the stats and the next seed."""
+    stats = Stats(journal=journal)
+    while time.monotonic() < until:
+        fuzz(target, corpus, stats, examples=BATCH, seed=seed, strict=False)
+        seed += 1
+    out.put((stats, seed))
+
+
+def _slice(target: Target, corpus: Corpus, total: Stats, seed: int, until: float, journal: Path) -> int:
+    """One slice in a forked child; merge its counts into ``total``; a dead child is a crash."""
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    journal.unlink(missing_ok=True)
+    child = ctx.Process(target=_run_slice, args=(target, corpus, seed, until, journal, out))
+    child.start()
+    try:
+        stats, seed = out.get(timeout=max(until - time.monotonic(), 0) + 4 * HANG_S + 60)
+    except queue.Empty:
+        stats = None
+    child.join(timeout=30)
+    if stats is None or child.exitcode != 0:
+        if child.is_alive():
+            child.kill()
+            child.join(timeout=30)
+        last = journal.read_text(encoding="utf-8") if journal.exists() else "<none>"
+        total.executions += 1
+        total.outcomes["crash"] += 1
+        total.crashes.append({"mutation": last[:2000], "error": f"process died (exit {child.exitcode})"})
+        return seed + 1
+    total.executions += stats.executions
+    total.outcomes.update(stats.outcomes)
+    total.crashes.extend(stats.crashes)
+    total.hangs.extend(stats.hangs)
+    total.max_seconds = max(total.max_seconds, stats.max_seconds)
+    return int(seed)
 
 
 def main() -> int:
@@ -47,12 +90,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="dspark-fuzz-") as tmp:
         started = time.monotonic()
         corpus = Corpus(Path(tmp))
+        journal = Path(tmp) / "last-mutation.txt"
         while time.monotonic() - started < budget:
             for target in targets:
                 slice_end = min(time.monotonic() + args.slice_seconds, started + budget)
-                while time.monotonic() < slice_end:
-                    fuzz(target, corpus, stats[target.name], examples=BATCH, seed=seed, strict=False)
-                    seed += 1
+                seed = _slice(target, corpus, stats[target.name], seed, slice_end, journal)
                 s = stats[target.name]
                 print(
                     f"[{(time.monotonic() - started) / 60:5.1f} min] {target.name:17s} "

@@ -194,7 +194,50 @@ def test_footer_estimate_is_exact_for_fixed_width_columns(tmp_path: Path) -> Non
     size = table_size(pq.ParquetFile(path).metadata)
     assert size.rows == 1000
     assert size.decoded_bytes == size.worst_case_bytes == 1000 * 8 * 2
-    assert size.unboundable is None and not size.dictionary_columns
+    assert size.string_columns == () and size.list_columns == ()
+
+
+def test_footer_bounds_bracket_strings_and_lists(tmp_path: Path) -> None:
+    table = pa.table({"s": pa.array(["abc"] * 10), "l": pa.array([[1.0, 2.0]] * 10)})
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path)
+    size = table_size(pq.ParquetFile(path).metadata)
+    assert size.string_columns == ("s",) and size.list_columns == ("l.list.element",)
+    assert size.decoded_bytes <= table.nbytes <= size.worst_case_bytes + 10 * 2 * 8  # list values unbounded
+
+
+def test_malformed_column_chunk_metadata_is_a_read_error_not_an_abort(tmp_path: Path) -> None:
+    """Some malformed chunks make pyarrow's column-chunk metadata abort the process (an unchecked C++
+    exception); the reader never touches it, so the decoder reports them as corrupt instead."""
+    import random
+    import subprocess
+    import sys
+
+    seed_path = tmp_path / "seed.parquet"
+    table = pa.table({"a": pa.array([1.0, None, 3.0] * 4), "l": pa.array([[1.0], None, [2.0, 3.0]] * 4)})
+    pq.write_table(table, seed_path)  # nullable and list columns carry level histograms
+    seed = seed_path.read_bytes()
+    rng = random.Random(3)
+    bad = tmp_path / "bad.parquet"
+    for _ in range(20_000):  # find a flip whose only symptom is a level-histogram mismatch
+        data = bytearray(seed)
+        data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        try:
+            pq.ParquetFile(pa.BufferReader(bytes(data))).read()
+        except OSError as exc:
+            if "histogram size mismatch" in str(exc):
+                bad.write_bytes(bytes(data))
+                break
+        except Exception:
+            continue
+    assert bad.exists(), "no histogram-mismatch mutant found"
+    probe = (
+        "import sys; from dspark_calibrate.artifacts import read_artifact, ArtifactReadError\n"
+        "try:\n    read_artifact(sys.argv[1])\nexcept ArtifactReadError as e:\n    print(e.reason.value)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe, str(bad)], capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()[-500:]  # an abort is -6 (SIGABRT)
+    assert done.stdout.decode().strip() in ("NOT_PARQUET", "METADATA_INVALID")
 
 
 def test_rows_and_decoded_size_limits_apply_per_kind(tmp_path: Path) -> None:
@@ -216,9 +259,9 @@ def test_expanding_strings_are_measured_exactly_before_expanding(tmp_path: Path)
     path = _write(tmp_path)
     plain = read_artifact(path).table
     size = table_size(pq.ParquetFile(path).metadata)
-    assert size.dictionary_columns == ("stop_reason", "source_result_sha256")
-    fits = size.decoded_bytes + 2048  # above the real size, below the worst case
-    assert size.worst_case_bytes > fits
+    assert {"stop_reason", "source_result_sha256"} <= set(size.string_columns)
+    fits = plain.nbytes + 64  # above the real size, below the worst case
+    assert size.decoded_bytes < fits < size.worst_case_bytes
     measured = read_artifact(path, _limits(decoded=fits)).table
     assert measured.equals(plain) and measured.schema == plain.schema
     # one 200-byte string in 500 rows: a small dictionary, 100 kB once expanded

@@ -717,6 +717,7 @@ class Stats:
     crashes: list[dict[str, Any]] = field(default_factory=list)
     hangs: list[dict[str, Any]] = field(default_factory=list)
     max_seconds: float = 0.0
+    journal: Path | None = None
 
     @property
     def accepted_mutants(self) -> int:
@@ -755,6 +756,8 @@ def _alarm(seconds: float) -> Iterator[None]:
 def execute(target: Target, corpus: Corpus, mutation: Any, stats: Stats, *, strict: bool) -> str:
     """Run one mutation, record its outcome; in strict mode a crash, hang or accepted mutant raises."""
     stats.executions += 1
+    if stats.journal is not None:  # what ran last, for a process that dies in C code
+        stats.journal.write_text(repr(mutation)[:4000], encoding="utf-8", errors="backslashreplace")
     started = time.perf_counter()
     problem: tuple[str, dict[str, Any]] | None = None
     outcome = "crash"

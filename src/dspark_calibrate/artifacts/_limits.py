@@ -3,16 +3,23 @@
 A Parquet file is a compressed, run-length-encoded description of a table: a file of 0.74 MB can
 describe 300 million rows that take gigabytes once decoded. The file-size cap (``ReadLimits``)
 therefore bounds nothing about memory. Each kind has a row limit and a decoded-size limit instead,
-set from what the kind holds (DESIGN §4) with a wide margin, and :func:`table_size` estimates the
-decoded size from the footer alone:
+set from what the kind holds (DESIGN §4) with a wide margin, and :func:`table_size` bounds the
+decoded size from the footer alone.
 
-- fixed-width columns: values × width, exact (the footer counts values per column chunk);
-- byte-array (string) columns: 4 offset bytes per value plus the chunk's uncompressed bytes,
-  exact for plain encodings; a dictionary-encoded chunk repeats its dictionary's entries, so its
-  worst case is values × dictionary bytes: when that worst case is above the limit the reader
-  decodes the column as a dictionary (which never expands) and measures it exactly first;
-- ``DELTA_BYTE_ARRAY`` chunks store each value as a shared prefix plus a suffix, so nothing in the
-  footer bounds them: refused (no writer of this tool uses that encoding).
+Only the file's row counts, its row groups' uncompressed sizes and its schema are read here:
+pyarrow builds the per-column-chunk metadata (``RowGroupMetaData.column``) in C++ that aborts the
+whole process on some malformed chunks (an unchecked C++ exception), so no reader of untrusted
+files may touch it; the decoder itself reports the same defects as errors. From what is safe:
+
+- flat fixed-width columns: rows × width, exact;
+- flat byte-array (string) columns: 4 offset bytes per row plus the value bytes. Whatever the
+  encoding (plain, dictionary, delta), no value is longer than its row group's uncompressed
+  bytes, so rows × (4 + those bytes) is a true worst case; a dictionary can make the real size
+  that large (one long entry repeated). When the worst case is above the limit the reader decodes
+  the strings as dictionaries (which never expand), adds up their dense size exactly, and refuses
+  or expands them; an encoding that cannot be decoded that way is refused;
+- list columns: 4 offset bytes per row; their values are not bounded by anything in the footer
+  (run-length-encoded levels), a residual risk the threat model in docs/runtime.md states.
 
 Performs no I/O: it reads an already parsed ``pyarrow.parquet.FileMetaData``.
 """
@@ -85,7 +92,6 @@ DEFAULT_TABLE_LIMIT = TableLimit(max_rows=4096, max_decoded_bytes=16 * _MIB)
 # as its 12 stored bytes: both overestimates, which only makes the check stricter).
 _WIDTH = {"BOOLEAN": 1, "INT32": 4, "INT64": 8, "INT96": 12, "FLOAT": 4, "DOUBLE": 8}
 _OFFSET_BYTES = 4  # an Arrow int32 offset per variable-length value (and per list)
-_DICTIONARY_ENCODINGS = frozenset({"PLAIN_DICTIONARY", "RLE_DICTIONARY"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,68 +99,53 @@ class TableSize:
     """What a Parquet footer says about the table it describes.
 
     Attributes:
-        rows: the footer's row count.
-        decoded_bytes: decoded size, exact except for dictionary-encoded byte-array columns,
-            which count only their stored bytes here.
-        worst_case_bytes: ``decoded_bytes`` with every dictionary-encoded byte-array chunk at
-            its worst case (values × dictionary bytes).
-        dictionary_columns: byte-array columns with a dictionary-encoded chunk.
-        nested_dictionary: one of them is inside a list (it cannot be measured as a dictionary).
-        unboundable: ``(column, encoding)`` of a chunk whose decoded size cannot be bounded from
-            the footer, or None.
+        rows: rows (the larger of the file's count and the sum of its row groups').
+        decoded_bytes: a lower bound of the decoded size (exact for flat fixed-width columns).
+        worst_case_bytes: an upper bound, except for list columns' values.
+        string_columns: the flat byte-array columns (the ones whose size the bounds bracket).
+        list_columns: columns inside a list.
     """
 
     rows: int
     decoded_bytes: int
     worst_case_bytes: int
-    dictionary_columns: tuple[str, ...]
-    nested_dictionary: bool
-    unboundable: tuple[str, str] | None
+    string_columns: tuple[str, ...]
+    list_columns: tuple[str, ...]
 
 
 def table_size(metadata: pq.FileMetaData) -> TableSize:
-    """Estimate the decoded size of the table ``metadata`` describes, without decoding it."""
+    """Bound the decoded size of the table ``metadata`` describes, without decoding it."""
+    groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
+    group_rows = [max(g.num_rows, 0) for g in groups]
+    rows = max(metadata.num_rows, sum(group_rows), 0)
+    # The most bytes one value of a row group can decode to, summed over its rows.
+    string_worst = sum(
+        r * (_OFFSET_BYTES + max(g.total_byte_size, 0)) for r, g in zip(group_rows, groups, strict=True)
+    )
     schema = metadata.schema
     decoded = worst = 0
-    dictionary: dict[str, None] = {}
-    nested_dictionary = False
-    unboundable: tuple[str, str] | None = None
-    for i in range(metadata.num_row_groups):
-        group = metadata.row_group(i)
-        for j in range(group.num_columns):
-            chunk = group.column(j)
-            values = max(chunk.num_values, 0)
-            physical = chunk.physical_type
-            name = chunk.path_in_schema
-            nested = schema.column(j).max_repetition_level > 0
-            list_offsets = values * _OFFSET_BYTES if nested else 0
-            if physical in _WIDTH:
-                size = values * _WIDTH[physical] + list_offsets
-                decoded += size
-                worst += size
-                continue
-            if physical == "FIXED_LEN_BYTE_ARRAY":
-                size = values * max(schema.column(j).length, 0) + list_offsets
-                decoded += size
-                worst += size
-                continue
-            # BYTE_ARRAY: offsets plus the value bytes.
-            encodings = set(chunk.encodings)
-            if "DELTA_BYTE_ARRAY" in encodings and unboundable is None:
-                unboundable = (name, "DELTA_BYTE_ARRAY")
-            stored = values * _OFFSET_BYTES + list_offsets + max(chunk.total_uncompressed_size, 0)
-            decoded += stored
-            if chunk.has_dictionary_page or encodings & _DICTIONARY_ENCODINGS:
-                worst += stored + values * max(chunk.total_uncompressed_size, 0)
-                nested_dictionary = nested_dictionary or nested
-                dictionary[name] = None
-            else:
-                worst += stored
+    strings: list[str] = []
+    lists: list[str] = []
+    for j in range(len(schema)):
+        column = schema.column(j)
+        if column.max_repetition_level > 0:
+            lists.append(column.path)
+            decoded += rows * _OFFSET_BYTES
+            worst += rows * _OFFSET_BYTES
+        elif column.physical_type in _WIDTH:
+            decoded += rows * _WIDTH[column.physical_type]
+            worst += rows * _WIDTH[column.physical_type]
+        elif column.physical_type == "FIXED_LEN_BYTE_ARRAY":
+            decoded += rows * max(column.length, 0)
+            worst += rows * max(column.length, 0)
+        else:  # BYTE_ARRAY
+            strings.append(column.path)
+            decoded += rows * _OFFSET_BYTES
+            worst += string_worst
     return TableSize(
-        rows=metadata.num_rows,
+        rows=rows,
         decoded_bytes=decoded,
         worst_case_bytes=worst,
-        dictionary_columns=tuple(dictionary),
-        nested_dictionary=nested_dictionary,
-        unboundable=unboundable,
+        string_columns=tuple(strings),
+        list_columns=tuple(lists),
     )
