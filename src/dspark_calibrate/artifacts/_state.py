@@ -149,6 +149,10 @@ class _Contents:
     legacy: dict[str, int] = field(default_factory=dict)
     root: StoredRoot | None = None
 
+    def copy(self) -> _Contents:
+        """A copy that can be changed without changing this one (entries are immutable)."""
+        return _Contents(dict(self.series), dict(self.legacy), self.root)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "schema_version": STATE_SCHEMA_VERSION,
@@ -184,7 +188,7 @@ class RollbackState:
         lock_timeout_s: how long an update waits for the lock before ``STATE_LOCKED`` (seconds).
     """
 
-    __slots__ = ("_lock_path", "_lock_timeout_s", "_path")
+    __slots__ = ("_lock_path", "_lock_timeout_s", "_memo", "_path")
 
     def __init__(self, path: Path, *, lock_timeout_s: float = DEFAULT_STATE_LOCK_TIMEOUT_S) -> None:
         if not (
@@ -194,6 +198,9 @@ class RollbackState:
         self._path = Path(path)
         self._lock_path = Path(f"{self._path}.lock")
         self._lock_timeout_s = float(lock_timeout_s)
+        # The last bytes read and what they hold: one admission reads the state once per member
+        # and parses it once (the bytes are compared; a changed file is parsed again).
+        self._memo: tuple[bytes, _Contents] | None = None
 
     @property
     def path(self) -> Path:
@@ -225,11 +232,15 @@ class RollbackState:
                 f"{self._path}: cannot read the rollback state ({exc.strerror or exc}); it must be a "
                 "regular file: check the path and its permissions",
             ) from exc
+        if self._memo is not None and self._memo[0] == data:
+            return self._memo[1].copy()
         try:
             obj: Any = loads_strict(data, what="rollback state")
         except JsonError as exc:
             raise self._corrupt(str(exc)) from exc
-        return self._validate(obj)
+        contents = self._validate(obj)
+        self._memo = (data, contents)
+        return contents.copy()
 
     def _corrupt(self, detail: str) -> StateError:
         return StateError(

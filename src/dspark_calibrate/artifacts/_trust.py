@@ -521,8 +521,8 @@ def check_root_rollback(
             ``TRUST_ROOT_INVALID`` (a malformed chain element).
     """
     _aware(now, "now")
-    if newest_seen is None:
-        return presented
+    if newest_seen is None or newest_seen == presented.raw:
+        return presented  # first use, or the root accepted before (every start but a rotation)
     seen = _verify(_parse(newest_seen), None)  # expiry does not matter: it was trusted in its time
     if presented.version < seen.version:
         raise TrustRootError(
