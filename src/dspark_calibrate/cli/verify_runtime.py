@@ -54,9 +54,6 @@ __all__ = [
     "runtime_requested",
 ]
 
-#: Largest ``--base-options`` YAML read, in bytes (engine option files are a few KiB).
-MAX_BASE_OPTIONS_BYTES = 1 << 20
-
 EmitTrtllmOption = Annotated[
     Path | None,
     typer.Option(
@@ -164,11 +161,11 @@ def run_runtime(
         live_options: ``verify.LiveOptions`` with the ``--live-*`` values.
         Other arguments: the ``dspark-verify`` options of the same names.
     """
-    from dspark_calibrate.artifacts import Reason, read_fingerprint, read_regular_file
+    from dspark_calibrate.artifacts import Reason, read_fingerprint
     from dspark_calibrate.runtime_plugin.admission import DEFAULT_MAX_ARTIFACT_AGE, AdmissionPolicy, admit
     from dspark_calibrate.runtime_plugin.trtllm import (
         decoding_fields,
-        load_options_yaml,
+        read_options_yaml,
         static_options,
         write_options_yaml,
     )
@@ -191,14 +188,9 @@ def run_runtime(
     base: dict[str, Any] = {}
     if base_options is not None:
         try:
-            text = read_regular_file(base_options, MAX_BASE_OPTIONS_BYTES).decode("utf-8")
-            base = load_options_yaml(text)
-        except OSError as exc:
-            fail_usage(f"{base_options}: cannot read ({exc.strerror or exc}); pass a regular YAML file")
-        except UnicodeDecodeError as exc:
-            fail_usage(f"{base_options}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8")
+            base = read_options_yaml(base_options)
         except ConfigError as exc:
-            fail_usage(f"{base_options}: {exc}")
+            fail_usage(str(exc))
     problem: str | None = None
     live: Any = None
     policy: AdmissionPolicy | None = None

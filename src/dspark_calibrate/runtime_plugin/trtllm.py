@@ -58,6 +58,7 @@ __all__ = [
     "llm_api_options",
     "load_options_yaml",
     "merge_into_base_options",
+    "read_options_yaml",
     "static_decoding_fields",
     "static_options",
     "to_decoding_config",
@@ -400,6 +401,25 @@ def to_decoding_config(fields: Mapping[str, Any], **extra: Any) -> Any | None:
 MAX_OPTIONS_YAML_BYTES = 1 << 20
 
 
+def read_options_yaml(path: Path) -> dict[str, Any]:
+    """An ``extra_llm_api_options`` YAML file (a bounded read: a FIFO is refused, never waited on).
+
+    Raises:
+        ConfigError: the file cannot be read, is not UTF-8, or is not an options mapping; the
+            message names the file.
+    """
+    try:
+        text = read_regular_file(path, MAX_OPTIONS_YAML_BYTES).decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc}); pass a regular YAML file") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason}); save it as UTF-8") from exc
+    try:
+        return load_options_yaml(text)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+
+
 def merge_into_base_options(exported_yaml: Path, base_path: Path) -> dict[str, Any]:
     """The exporter's ``extra_llm_api_options.yaml`` merged into the deployment's own options file.
 
@@ -411,21 +431,7 @@ def merge_into_base_options(exported_yaml: Path, base_path: Path) -> dict[str, A
         ConfigError: either file cannot be read or parsed, or ``base_path`` configures another
             speculative decoding type; the message names the file.
     """
-    docs = []
-    for path in (exported_yaml, base_path):
-        try:
-            text = read_regular_file(path, MAX_OPTIONS_YAML_BYTES).decode("utf-8")
-        except OSError as exc:
-            raise ConfigError(
-                f"{path}: cannot read ({exc.strerror or exc}); pass a regular YAML file"
-            ) from exc
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"{path}: not UTF-8 text ({exc.reason}); save it as UTF-8") from exc
-        try:
-            docs.append(load_options_yaml(text))
-        except ConfigError as exc:
-            raise ConfigError(f"{path}: {exc}") from exc
-    exported, base = docs
+    exported, base = (read_options_yaml(path) for path in (exported_yaml, base_path))
     section = dict(exported.get(SPECULATIVE_CONFIG_KEY) or {})
     k = section.pop("max_draft_len", None)
     section.pop("decoding_type", None)
