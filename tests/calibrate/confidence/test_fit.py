@@ -598,5 +598,6 @@ def test_cli_usage_and_input_errors_exit_2(
     res = runner.invoke(app, argv(tmp_path))
     assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
     assert res.exit_code == 2, (res.stdout, res.stderr)
-    assert len(res.stderr.strip().splitlines()) == 1, res.stderr  # one line, no traceback
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in res.output, res.stderr  # one line, no traceback
     assert re.search(message, " ".join(res.stderr.split())), res.stderr
