@@ -281,6 +281,27 @@ LOAD_CASES = [
 ]
 
 
+def _torch_assertion_shard(path: Path) -> None:
+    """A one-bit edit that makes torch.load fail one of its own format assertions."""
+    torch = _torch()
+    save_shard(path)
+    seed = path.read_bytes()
+    for at in range(len(seed)):
+        data = bytearray(seed)
+        data[at] ^= 1
+        path.write_bytes(bytes(data))
+        try:
+            torch.load(path, weights_only=True)
+        except AssertionError:
+            return
+        except Exception:
+            continue
+    raise AssertionError("no one-bit edit trips torch.load's format assertions")
+
+
+LOAD_CASES.append(("torch_format_assertion", _torch_assertion_shard))
+
+
 @pytest.mark.parametrize(("name", "make"), LOAD_CASES, ids=[c[0] for c in LOAD_CASES])
 def test_unloadable_shards_are_config_errors(tmp_path: Path, name: str, make: Any) -> None:
     path = tmp_path / f"{name}.pt"

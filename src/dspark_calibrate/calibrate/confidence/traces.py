@@ -100,10 +100,11 @@ _JSONL_FIELDS = frozenset(_REQUIRED_COLUMNS + _OPTIONAL_COLUMNS)
 #: Largest finite float32: logits are stored as float32, so a larger number cannot be a logit.
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 #: What ``torch.load`` raises on a file that is not a loadable torch.save payload (a truncated or
-#: edited zip, a pickle the weights-only unpickler refuses or cannot follow). Anything else is a
-#: bug and is not caught here.
+#: edited zip, a pickle the weights-only unpickler refuses or cannot follow; torch checks parts of
+#: the format with ``assert``-style AssertionErrors). Anything else is a bug and is not caught here.
 _SHARD_LOAD_ERRORS: tuple[type[BaseException], ...] = (
     pickle.UnpicklingError,
+    AssertionError,
     RuntimeError,
     EOFError,
     OSError,
