@@ -30,6 +30,33 @@ from dspark_calibrate.artifacts._logical_hash import (
     logical_sha256,
     logical_sha256_keys,
 )
+from dspark_calibrate.artifacts._mixed_geometry import (
+    GEOMETRY_FEATURES,
+    GEOMETRY_RULES,
+    MIXED_EXECUTION_MODE,
+    TRTLLM_BODY_BUCKETS,
+    TRTLLM_MIXED_K,
+    TRTLLM_MIXED_WORLD_SIZE,
+    ContextChunk,
+    GenerationRequest,
+    GeometryViolation,
+    MixedGeometry,
+    MixedGeometryError,
+    MixedIdentity,
+    MixedLive,
+    MixedRoute,
+    MixedStep,
+    RankFeatures,
+    RankStep,
+    candidate_rows,
+    dead_cell,
+    distinct,
+    geometry_violations,
+    native_rows,
+    paid_bucket,
+    require_geometry,
+    step_candidates,
+)
 from dspark_calibrate.artifacts._models import (
     FINGERPRINT_FLAGS,
     TRTLLM_FINGERPRINT_FIELDS,
@@ -51,6 +78,7 @@ from dspark_calibrate.artifacts._parquet import (
 )
 from dspark_calibrate.artifacts._reasons import Finding, Reason
 from dspark_calibrate.artifacts._state import RollbackState, StateError
+from dspark_calibrate.artifacts._trtllm_mixed import TRTLLM_MIXED_FILES, validate_mixed
 
 # Names served lazily from modules that import cryptography / securesystemslib / tuf.
 _LAZY: dict[str, str] = {
@@ -85,6 +113,7 @@ _LAZY: dict[str, str] = {
     "VerifiedArtifact": "_verify",
     "verify_artifact": "_verify",
     "verify_path": "_verify",
+    "check_mixed_binding": "_verify",
     "require_valid": "_verify",
     "BINDING_FIELDS": "_verify",
     "BundleReport": "_bundle",
@@ -92,6 +121,16 @@ _LAZY: dict[str, str] = {
     "verify_bundle": "_bundle",
     "verify_inputs": "_bundle",
     "BUNDLE_MANIFEST": "_bundle",
+    "BundleLayout": "_bundle",
+    "DECODE_LAYOUT": "_bundle",
+    "MIXED_LAYOUT": "_bundle",
+    # the optional mixed evidence of a bundle (DESIGN §10)
+    "MIXED_DIR": "_mixed_bundle",
+    "MIXED_FILES": "_mixed_bundle",
+    "MixedReport": "_mixed_bundle",
+    "measurement_result": "_mixed_bundle",
+    "measurement_results_bytes": "_mixed_bundle",
+    "verify_mixed": "_mixed_bundle",
     # TensorRT-LLM deployment package (DESIGN §6)
     "export_trtllm": "_export_trtllm",
     "render_trtllm": "_export_trtllm",
@@ -101,11 +140,39 @@ _LAZY: dict[str, str] = {
     "ExportRejected": "_export_trtllm",
     "TRTLLM_FILES": "_export_trtllm",
     "ADMISSION_BODY_FIELDS": "_export_trtllm",
+    "MixedSource": "_export_trtllm",
 }
 
 __all__ = [
     "DEFAULT_LIMITS",
     "FINGERPRINT_FLAGS",
+    "GEOMETRY_FEATURES",
+    "GEOMETRY_RULES",
+    "MIXED_EXECUTION_MODE",
+    "TRTLLM_BODY_BUCKETS",
+    "TRTLLM_MIXED_FILES",
+    "TRTLLM_MIXED_K",
+    "TRTLLM_MIXED_WORLD_SIZE",
+    "ContextChunk",
+    "GenerationRequest",
+    "GeometryViolation",
+    "MixedGeometry",
+    "MixedGeometryError",
+    "MixedIdentity",
+    "MixedLive",
+    "MixedRoute",
+    "MixedStep",
+    "RankFeatures",
+    "RankStep",
+    "candidate_rows",
+    "dead_cell",
+    "distinct",
+    "geometry_violations",
+    "native_rows",
+    "paid_bucket",
+    "require_geometry",
+    "step_candidates",
+    "validate_mixed",
     "LEGACY_UNPAIRED_COSTS",
     "TRTLLM_FINGERPRINT_FIELDS",
     "ArtifactReadError",
