@@ -185,7 +185,7 @@ class BuildOptions:
             raise ConfigError("--expires must be later than the issue time")
         gain = self.mixed_minimum_predicted_gain
         if gain is not None and (not math.isfinite(gain) or gain < MIXED_MINIMUM_GAIN):
-            raise ConfigError(f"--mixed-minimum-predicted-gain must be >= {MIXED_MINIMUM_GAIN}, got {gain}")
+            raise ConfigError(f"--mixed-min-gain must be >= {MIXED_MINIMUM_GAIN}, got {gain}")
 
     @property
     def mixed_gain(self) -> float:

@@ -1436,7 +1436,7 @@ def deployment_ranks(requested: int | None, processes: int) -> int:
     if requested is None:
         return processes
     if requested < 1:
-        raise ConfigError(f"--world-size must be >= 1, got {requested}")
+        raise ConfigError(f"the deployment's gpu_count (--live-gpu-count) must be >= 1, got {requested}")
     if processes not in (1, requested):
         raise ConfigError(
             f"{processes} processes cannot measure a deployment of {requested} ranks; run one process (one rank's "
