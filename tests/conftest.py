@@ -34,6 +34,8 @@ def mixed_dep8(tmp_path_factory: pytest.TempPathFactory) -> object:
 @pytest.fixture(scope="session")
 def mixed_tp1(tmp_path_factory: pytest.TempPathFactory) -> object:
     """A signed bundle with mixed evidence of a one-GPU deployment (its own six buckets)."""
-    from tests.mixed_bundles import TP1_BUCKETS, build_mixed_bundle
+    from tests.mixed_bundles import TP1_BUCKETS, TP1_MODEL, build_mixed_bundle
 
-    return build_mixed_bundle(tmp_path_factory.mktemp("mixed-tp1"), ranks=1, buckets=TP1_BUCKETS)
+    return build_mixed_bundle(
+        tmp_path_factory.mktemp("mixed-tp1"), ranks=1, buckets=TP1_BUCKETS, model=TP1_MODEL
+    )

@@ -9,7 +9,7 @@ changed mixed member and the mixed manifest again so that a case fails at its ow
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -27,6 +27,8 @@ from tests.signing import make_root, make_signers, resign
 
 #: Body buckets of the one-GPU test deployment (its generation rows and chunks fit below 192).
 TP1_BUCKETS = (32, 48, 64, 96, 128, 192)
+#: The one-GPU deployment's mixed step cost: rows cost more than on eight ranks' shared step.
+TP1_MODEL = {"tile": 8, "per_tile_ms": 0.4, "mixed_per_row_ms": 0.05}
 #: A time after the bundles were issued (they are issued at ``NOW``, valid 30 days).
 LATER = NOW + timedelta(hours=1)
 
@@ -45,9 +47,15 @@ class MixedBundle:
 
 
 def build_mixed_bundle(
-    tmp: Path, *, ranks: int, buckets: Sequence[int] | None = None, steps: int = 1000, seed: int = 0
+    tmp: Path,
+    *,
+    ranks: int,
+    buckets: Sequence[int] | None = None,
+    steps: int = 1000,
+    seed: int = 0,
+    model: Mapping[str, Any] | None = None,
 ) -> MixedBundle:
-    files = mixed_files(tmp / "inputs", ranks=ranks, buckets=buckets, steps=steps, seed=seed)
+    files = mixed_files(tmp / "inputs", ranks=ranks, buckets=buckets, steps=steps, seed=seed, model=model)
     signers = make_signers(tmp / "keys", 1)
     root = make_root(signers)
     (tmp / "root.json").write_bytes(root.to_bytes())
@@ -58,7 +66,7 @@ def build_mixed_bundle(
         trust_root=root,
         options=build_options(allow_synthetic=True),
     )
-    assert result.bundle.ok and result.mixed_valid, result.notes
+    assert result.bundle.ok and result.mixed_valid and result.summary["admitted"], result.notes
     return MixedBundle(
         files, tmp / "bundle", result, signers, root, tmp / "root.json", tmp / "keys" / "k0.pem"
     )

@@ -51,8 +51,11 @@ def sweep_rows(
     saving_ci: float = 0.002,
     paired: bool = True,
     forced_k_rel: float | None = None,
+    cost: Mapping[str, float] | None = None,
 ) -> list[dict[str, Any]]:
     """Rows of a ``sweep`` summary: native + compact candidates (incl. V=G and the control).
+
+    ``cost`` overrides :func:`staircase_ms`'s parameters (``tile``, ``per_tile``, ...).
 
     Savings are paired (``saving_ci`` wide on either side) unless ``paired`` is False (then the
     rows carry the schema-1 columns' meaning: paired_rounds 0 and the unpaired derived interval).
@@ -65,7 +68,8 @@ def sweep_rows(
             if budgets is not None
             else sorted({g, *range(g + g // 2, g * (k + 1), max(1, g // 2)), g * (k + 1)})
         )
-        t0 = staircase_ms(g, g * (k + 1), native=True)
+        model = dict(cost or {})
+        t0 = staircase_ms(g, g * (k + 1), native=True, **model)
         arms = [-1] if forced_k_rel is not None else []
         for v in [*arms, 0, *vs]:
             tokens = g * (k + 1) if v <= 0 else v
@@ -73,7 +77,7 @@ def sweep_rows(
                 assert forced_k_rel is not None
                 t = t0 * (1 + forced_k_rel)
             else:
-                t = t0 if flat else staircase_ms(g, tokens, native=v == 0)
+                t = t0 if flat else staircase_ms(g, tokens, native=v == 0, **model)
             saving = 1 - t / t0
             if paired:
                 low, high = (saving, saving) if v == 0 else (saving - saving_ci, saving + saving_ci)
@@ -241,6 +245,7 @@ class MixedFiles:
     mixed_sweep: Path
     fingerprint: Fingerprint
     route: Any
+    model: Mapping[str, Any]
 
 
 def mixed_fingerprint(*, ranks: int = 8, k: int = 3, ladder: Sequence[int] = (8, 16)) -> Fingerprint:
@@ -282,7 +287,8 @@ def mixed_files(
 
     tmp.mkdir(parents=True, exist_ok=True)
     fp = mixed_fingerprint(ranks=ranks, k=k, ladder=ladder)
-    sweep = write_sweep(tmp / "sweep.parquet", sweep_rows(ladder, k), fingerprint=fp)
+    rows = sweep_rows(ladder, k, cost={"tile": 8, "per_tile": 0.4})
+    sweep = write_sweep(tmp / "sweep.parquet", rows, fingerprint=fp)
     cal = write_calibration(
         tmp / "calibration.parquet",
         temperatures=TEMPERATURES[:k],
@@ -294,13 +300,14 @@ def mixed_files(
     wl = dataclasses.replace(wl, synthetic=False, source="tests", notes=("test workload",))
     write_workload(tmp / "workload.parquet", wl, fingerprint=fp)
     route = MixedRoute(k, ranks, tuple(buckets or TRTLLM_BODY_BUCKETS))
+    options = dict(model or MIXED_SWEEP_MODEL)
     _, out = execute_mixed(
         MixedSweepRequest(
             backend="synthetic",
             plan=plan_from_workload(wl, route),
             ladder=tuple(ladder),
             out=tmp / "mixed-sweep.parquet",
-            backend_options=dict(model or MIXED_SWEEP_MODEL),
+            backend_options=dict(options),
             thresholds=Thresholds.quick(precision_rel=0.005, min_rounds=min_rounds),
             seed=seed,
             fingerprint=fp,
@@ -308,4 +315,4 @@ def mixed_files(
         )
     )
     assert out is not None
-    return MixedFiles(sweep, cal, tmp / "workload.parquet", out.output.summary_path, fp, route)
+    return MixedFiles(sweep, cal, tmp / "workload.parquet", out.output.summary_path, fp, route, options)
