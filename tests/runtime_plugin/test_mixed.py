@@ -82,6 +82,22 @@ def _no_economics(bundle: Path, b: MixedBundle) -> None:
     resign_mixed(bundle, "mixed-admission", b.signers, b.root, summary=change)
 
 
+def _economics_refuse(bundle: Path, b: MixedBundle) -> None:
+    """Signed economics that consistently do not admit (the receipt rule gives no)."""
+
+    def change(s: dict[str, Any]) -> None:
+        s["safety_margin_ms"] = s["gross_compact_value_ms_lower_bound"] * 2
+        s["net_value_ms"] = (
+            s["gross_compact_value_ms_lower_bound"]
+            - s["policy_steps"] * s["fixed_confidence_path_overhead_ms_upper_bound"]
+            - s["safety_margin_ms"]
+        )
+        s["admitted"] = False
+        s["gates"] = {**s["gates"], "production_admission": False}
+
+    resign_mixed(bundle, "mixed-admission", b.signers, b.root, summary=change)
+
+
 def _append(rel: str) -> Callable[[Path, MixedBundle], None]:
     def edit(bundle: Path, b: MixedBundle) -> None:
         with open(bundle / rel, "ab") as f:
@@ -97,7 +113,8 @@ MIXED_CASES: list[MixedCase] = [
     ("mixed manifest missing", _rm("mixed/mixed.dsse.json"), {}, "BUNDLE_MEMBER_MISSING"),
     ("result file edited", _append("mixed/results/accuracy.json"), {}, "BUNDLE_MEMBER_MISMATCH:accuracy"),
     ("a gate not passed", _fail_gate, {}, "GAIN_NOT_PROVEN:mixed"),
-    ("economics do not admit", _no_economics, {}, "CONTENT_INVALID"),
+    ("economics inconsistent with admitted", _no_economics, {}, "CONTENT_INVALID:mixed"),
+    ("economics do not admit", _economics_refuse, {}, "GAIN_NOT_PROVEN:mixed"),
     ("live body buckets unknown", None, {"mixed_live": None}, "FINGERPRINT_MISSING:body_buckets"),
     (
         "live body buckets differ",

@@ -330,7 +330,9 @@ def _verify_offline(
             fingerprint = ctx.fingerprint
             live_info = ctx.to_dict()
         rollback = RollbackState(state) if state is not None else None
-        mixed_live = live_options.mixed_live() if live else None
+        # The mixed route facts are bound under --live, and whenever they are given.
+        given = live_options.body_buckets is not None or live_options.execution_mode is not None
+        mixed_live = live_options.mixed_live() if live or given else None
     except DsparkError as exc:
         fail_error(exc)
     expected = Expectation(
