@@ -18,3 +18,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def update_goldens(request: pytest.FixtureRequest) -> bool:
     """True when golden files should be rewritten."""
     return bool(request.config.getoption("--update-goldens"))
+
+
+# --- bundles with mixed evidence (built once per session; tests copy before changing) ---------
+
+
+@pytest.fixture(scope="session")
+def mixed_dep8(tmp_path_factory: pytest.TempPathFactory) -> object:
+    """A signed bundle with mixed evidence on TensorRT-LLM's route (K=3, DEP8, six buckets)."""
+    from tests.mixed_bundles import build_mixed_bundle
+
+    return build_mixed_bundle(tmp_path_factory.mktemp("mixed-dep8"), ranks=8)
+
+
+@pytest.fixture(scope="session")
+def mixed_tp1(tmp_path_factory: pytest.TempPathFactory) -> object:
+    """A signed bundle with mixed evidence of a one-GPU deployment (its own six buckets)."""
+    from tests.mixed_bundles import TP1_BUCKETS, TP1_MODEL, build_mixed_bundle
+
+    return build_mixed_bundle(
+        tmp_path_factory.mktemp("mixed-tp1"), ranks=1, buckets=TP1_BUCKETS, model=TP1_MODEL
+    )

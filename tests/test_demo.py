@@ -84,3 +84,20 @@ def test_refuses_foreign_directory(tmp_path: Path) -> None:
         run_demo(tmp_path)
     assert (tmp_path / "precious.txt").exists()
     assert not (tmp_path / DEMO_MARKER).exists()
+
+
+def test_demo_package_carries_mixed_evidence(demo_dir: Path) -> None:
+    """The demo deployment is TensorRT-LLM's mixed route, so its package has the three mixed files;
+    they are synthetic, accepted only with allow_synthetic (the engine never serves them)."""
+    from dspark_calibrate.artifacts import TRTLLM_MIXED_FILES, validate_trtllm
+
+    files = {p.name: p.read_bytes() for p in (demo_dir / "trtllm").iterdir()}
+    assert set(TRTLLM_MIXED_FILES) <= set(files)
+    assert validate_trtllm(files, allow_synthetic=True) == []
+    assert [f.field for f in validate_trtllm(files)] == ["mixed_costs.json:synthetic"]
+    admission = json.loads((demo_dir / "admission.json").read_text())
+    assert admission["active"] is True and admission["mixed"]["active"] is True
+    r = runner.invoke(
+        verify_app, [str(demo_dir / "bundle"), "--trust-root", str(demo_dir / "trust-root.json"), "--json"]
+    )
+    assert r.exit_code == 1 and "SYNTHETIC_REFUSED" in r.stdout

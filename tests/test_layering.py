@@ -339,12 +339,17 @@ HOMES: dict[str, str] = {
     "MAX_COMPACT_CELLS_PER_G": "dspark_calibrate.schemas._limits",
     "MAX_COMPACT_CELLS_TOTAL": "dspark_calibrate.schemas._limits",
     "MAX_COST_TABLE_ROWS": "dspark_calibrate.schemas._limits",
+    "MAX_MIXED_CELLS": "dspark_calibrate.schemas._limits",
+    "TRTLLM_BODY_BUCKETS": "dspark_calibrate.artifacts._mixed_geometry",
+    "TRTLLM_MIXED_K": "dspark_calibrate.artifacts._mixed_geometry",
+    "TRTLLM_MIXED_WORLD_SIZE": "dspark_calibrate.artifacts._mixed_geometry",
+    "MIXED_EXECUTION_MODE": "dspark_calibrate.artifacts._mixed_geometry",
     "MAX_TRUST_ROOT_BYTES": "dspark_calibrate.artifacts._trust",
     "Status": "dspark_calibrate.decision",
     "Decision": "dspark_calibrate.decision",
 }
 #: Names that restate one of those facts under another name.
-ALIASES = re.compile(r"^_?MAX_(COMPACT|DEPLOYED|TRUST_ROOT)\w*$")
+ALIASES = re.compile(r"^_?(MAX_(COMPACT|DEPLOYED|TRUST_ROOT|MIXED)\w*|TRTLLM_(BODY_BUCKETS|MIXED_K|MIXED_WORLD)\w*)$")
 
 
 def _definitions() -> dict[str, list[str]]:

@@ -51,8 +51,11 @@ def sweep_rows(
     saving_ci: float = 0.002,
     paired: bool = True,
     forced_k_rel: float | None = None,
+    cost: Mapping[str, float] | None = None,
 ) -> list[dict[str, Any]]:
     """Rows of a ``sweep`` summary: native + compact candidates (incl. V=G and the control).
+
+    ``cost`` overrides :func:`staircase_ms`'s parameters (``tile``, ``per_tile``, ...).
 
     Savings are paired (``saving_ci`` wide on either side) unless ``paired`` is False (then the
     rows carry the schema-1 columns' meaning: paired_rounds 0 and the unpaired derived interval).
@@ -65,7 +68,8 @@ def sweep_rows(
             if budgets is not None
             else sorted({g, *range(g + g // 2, g * (k + 1), max(1, g // 2)), g * (k + 1)})
         )
-        t0 = staircase_ms(g, g * (k + 1), native=True)
+        model = dict(cost or {})
+        t0 = staircase_ms(g, g * (k + 1), native=True, **model)
         arms = [-1] if forced_k_rel is not None else []
         for v in [*arms, 0, *vs]:
             tokens = g * (k + 1) if v <= 0 else v
@@ -73,7 +77,7 @@ def sweep_rows(
                 assert forced_k_rel is not None
                 t = t0 * (1 + forced_k_rel)
             else:
-                t = t0 if flat else staircase_ms(g, tokens, native=v == 0)
+                t = t0 if flat else staircase_ms(g, tokens, native=v == 0, **model)
             saving = 1 - t / t0
             if paired:
                 low, high = (saving, saving) if v == 0 else (saving - saving_ci, saving + saving_ci)
@@ -223,3 +227,92 @@ def build_options(**overrides: Any) -> BuildOptions:
     }
     base.update(overrides)
     return BuildOptions(**base)
+
+
+# --- mixed evidence (DESIGN §10) -----------------------------------------------------------------
+
+#: The synthetic step model of the mixed factories: tiles of 8 tokens at 0.4 ms (a K=3 staircase).
+MIXED_SWEEP_MODEL: dict[str, Any] = {"tile": 8, "per_tile_ms": 0.4}
+
+
+@dataclass(frozen=True)
+class MixedFiles:
+    """A deployment's decode inputs plus a synthetic mixed sweep of its workload's mixed steps."""
+
+    sweep: Path
+    calibration: Path
+    workload: Path
+    mixed_sweep: Path
+    fingerprint: Fingerprint
+    route: Any
+    model: Mapping[str, Any]
+
+
+def mixed_fingerprint(*, ranks: int = 8, k: int = 3, ladder: Sequence[int] = (8, 16)) -> Fingerprint:
+    """A complete fingerprint of an attention-DP deployment of ``ranks`` GPUs (the synthetic
+    backend's GPU and clock policy, so its mixed sweep binds to it)."""
+    return make_fingerprint(
+        gpu="synthetic",
+        clock_policy="synthetic",
+        max_draft_len=k,
+        gpu_count=ranks,
+        topology=f"DEP{ranks}" if ranks > 1 else "TP1",
+        rank_local_graph_batch_sizes=tuple(ladder),
+        global_graph_batch_sizes=tuple(g * ranks for g in ladder),
+    )
+
+
+def mixed_files(
+    tmp: Path,
+    *,
+    ranks: int = 8,
+    k: int = 3,
+    ladder: Sequence[int] = (8, 16),
+    buckets: Sequence[int] | None = None,
+    steps: int = 1200,
+    seed: int = 0,
+    model: Mapping[str, Any] | None = None,
+    min_rounds: int = 6,
+) -> MixedFiles:
+    """Write the inputs of a build with mixed evidence: decode sweep rows of the staircase model,
+    a calibration, a (non-synthetic) recorded-like workload with prefill traffic, and a synthetic
+    mixed sweep of its mixed steps on ``buckets`` (default: TensorRT-LLM's six)."""
+    import dataclasses
+
+    from dspark_calibrate.artifacts import TRTLLM_BODY_BUCKETS, MixedRoute
+    from dspark_calibrate.calibrate.deployment.workload import synthesize_mixed_workload
+    from dspark_calibrate.calibrate.measurement.mixed import plan_from_workload
+    from dspark_calibrate.calibrate.measurement.mixed_sweep import MixedSweepRequest, execute_mixed
+    from dspark_calibrate.calibrate.measurement.stats import Thresholds
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    fp = mixed_fingerprint(ranks=ranks, k=k, ladder=ladder)
+    rows = sweep_rows(ladder, k, cost={"tile": 8, "per_tile": 0.4})
+    sweep = write_sweep(tmp / "sweep.parquet", rows, fingerprint=fp)
+    cal = write_calibration(
+        tmp / "calibration.parquet",
+        temperatures=TEMPERATURES[:k],
+        fingerprint=Fingerprint(max_draft_len=k, model_config_sha256=fp.model_config_sha256),
+    )
+    wl = synthesize_mixed_workload(
+        k=k, steps=steps, ranks=ranks, seed=seed, temperatures=TEMPERATURES[:k], levels=(6, 10, 14)
+    )
+    wl = dataclasses.replace(wl, synthetic=False, source="tests", notes=("test workload",))
+    write_workload(tmp / "workload.parquet", wl, fingerprint=fp)
+    route = MixedRoute(k, ranks, tuple(buckets or TRTLLM_BODY_BUCKETS))
+    options = dict(model or MIXED_SWEEP_MODEL)
+    _, out = execute_mixed(
+        MixedSweepRequest(
+            backend="synthetic",
+            plan=plan_from_workload(wl, route),
+            ladder=tuple(ladder),
+            out=tmp / "mixed-sweep.parquet",
+            backend_options=dict(options),
+            thresholds=Thresholds.quick(precision_rel=0.005, min_rounds=min_rounds),
+            seed=seed,
+            fingerprint=fp,
+            clock_policy="synthetic",
+        )
+    )
+    assert out is not None
+    return MixedFiles(sweep, cal, tmp / "workload.parquet", out.output.summary_path, fp, route, options)

@@ -235,7 +235,9 @@ def test_yaml_round_trip(admitted: AdmissionDecision, refused: AdmissionDecision
         assert stat.S_IMODE(path.stat().st_mode) == 0o644
         section = merged["speculative_config"]
         assert section["enable_confidence_scheduling"] is decision.active
-        assert all((f in section) is decision.active for f in CONFIDENCE_FIELDS)
+        decode_fields = [f for f in CONFIDENCE_FIELDS if f != "confidence_mixed_evidence"]
+        assert all((f in section) is decision.active for f in decode_fields)
+        assert "confidence_mixed_evidence" not in section  # no mixed evidence in these bundles
 
 
 def test_load_options_yaml_refuses_non_mappings() -> None:

@@ -53,6 +53,9 @@ from dspark_calibrate.errors import ConfigError
 __all__ = [
     "BUNDLE_KINDS",
     "BUNDLE_MANIFEST",
+    "DECODE_LAYOUT",
+    "MIXED_LAYOUT",
+    "BundleLayout",
     "BundleReport",
     "verify_bundle",
     "verify_inputs",
@@ -63,6 +66,35 @@ BUNDLE_MANIFEST = "bundle.dsse.json"
 #: Member kinds a bundle may hold; the first two are required.
 BUNDLE_KINDS: tuple[str, ...] = ("cost-table", "calibration", "admission")
 _REQUIRED: tuple[str, ...] = ("cost-table", "calibration")
+
+
+@dataclass(frozen=True, slots=True)
+class BundleLayout:
+    """What one signed manifest binds: its series name, file name, and member kinds.
+
+    Attributes:
+        name: the manifest's kind in its series (``bundle``, ``mixed-bundle``).
+        manifest: the manifest's file name in the bundle directory.
+        kinds: the member kinds it may hold.
+        required: the kinds it must hold.
+    """
+
+    name: str
+    manifest: str
+    kinds: tuple[str, ...]
+    required: tuple[str, ...]
+
+
+#: The deployment bundle: decode cost table, calibration, admission.
+DECODE_LAYOUT = BundleLayout("bundle", BUNDLE_MANIFEST, BUNDLE_KINDS, _REQUIRED)
+#: The optional mixed prefill+decode evidence, in ``<bundle>/mixed/`` with its own manifest, so
+#: that it is verified (and can fail) independently of the decode members (DESIGN §10).
+MIXED_LAYOUT = BundleLayout(
+    "mixed-bundle",
+    "mixed.dsse.json",
+    ("mixed-cost-table", "mixed-sweep-samples", "mixed-admission"),
+    ("mixed-cost-table", "mixed-sweep-samples", "mixed-admission"),
+)
 _MEMBER_FILE = re.compile(r"^[A-Za-z0-9._-]+\.parquet$")
 _MANIFEST_FIELDS = frozenset(
     {"schema_version", "series", "version", "issued_at", "expires_at", "fingerprint", "members"}
@@ -122,8 +154,9 @@ def write_bundle(
     version: int,
     issued_at: datetime,
     expires_at: datetime,
+    layout: BundleLayout = DECODE_LAYOUT,
 ) -> Path:
-    """Write and sign ``out_dir/bundle.dsse.json`` binding the given (verified) members.
+    """Write and sign ``out_dir/<layout.manifest>`` binding the given (verified) members.
 
     The member files must already be in ``out_dir``.
 
@@ -131,16 +164,20 @@ def write_bundle(
         ConfigError: a required member is missing, members disagree on the fingerprint, or a member
             file is not in ``out_dir``.
     """
-    missing = [k for k in _REQUIRED if k not in members]
-    unknown = sorted(set(members) - set(BUNDLE_KINDS))
+    missing = [k for k in layout.required if k not in members]
+    unknown = sorted(set(members) - set(layout.kinds))
     if missing or unknown:
-        raise ConfigError(f"bundle needs members {list(_REQUIRED)}; missing {missing}, unknown {unknown}")
+        raise ConfigError(
+            f"bundle needs members {list(layout.required)}; missing {missing}, unknown {unknown}"
+        )
     fps = {k: a.fingerprint for k, a in members.items()}
-    first = fps["cost-table"]
+    first = fps[layout.required[0]]
     for k, fp in fps.items():
         if fp != first:
             diff = ", ".join(n for n, _, _ in first.diff(fp))
-            raise ConfigError(f"bundle member {k} has a different fingerprint than cost-table ({diff})")
+            raise ConfigError(
+                f"bundle member {k} has a different fingerprint than {layout.required[0]} ({diff})"
+            )
     entries: dict[str, Any] = {}
     for k, a in sorted(members.items()):
         if a.path.parent.resolve() != out_dir.resolve():
@@ -148,25 +185,25 @@ def write_bundle(
         entries[k] = {"file": a.path.name, "logical_sha256": a.logical_sha256, "version": a.version}
     predicate = {
         "schema_version": 1,
-        "series": series_of("bundle", first),
+        "series": series_of(layout.name, first),
         "version": version,
         "issued_at": format_time(issued_at),
         "expires_at": format_time(expires_at),
         "fingerprint": first.to_dict(),
         "members": entries,
     }
-    statement = make_statement("bundle", "0" * 64, BUNDLE_PREDICATE_TYPE, predicate)
+    statement = make_statement(layout.name, "0" * 64, BUNDLE_PREDICATE_TYPE, predicate)
     statement["subject"] = [
         {"name": k, "digest": {"sha256": e["logical_sha256"]}} for k, e in sorted(entries.items())
     ]
     envelope = sign_envelope(canonical_json(statement), signers)
-    path = out_dir / BUNDLE_MANIFEST
+    path = out_dir / layout.manifest
     atomic_write_bytes(path, canonical_json(envelope))
     return path
 
 
 def _manifest_predicate(
-    statement: Mapping[str, Any], where: Path
+    statement: Mapping[str, Any], where: Path, layout: BundleLayout = DECODE_LAYOUT
 ) -> tuple[dict[str, Any], Fingerprint, datetime, datetime]:
     subject, predicate = _statement_parts(statement, where, BUNDLE_PREDICATE_TYPE)
     if set(predicate) != _MANIFEST_FIELDS or predicate.get("schema_version") != 1:
@@ -179,9 +216,9 @@ def _manifest_predicate(
             ]
         )
     members = predicate["members"]
-    if not isinstance(members, dict) or not members or set(members) - set(BUNDLE_KINDS):
+    if not isinstance(members, dict) or not members or set(members) - set(layout.kinds):
         raise _Stop(
-            [Finding(Reason.BUNDLE_INVALID, f"{where}: members must be a subset of {list(BUNDLE_KINDS)}")]
+            [Finding(Reason.BUNDLE_INVALID, f"{where}: members must be a subset of {list(layout.kinds)}")]
         )
     for k, e in members.items():
         if (
@@ -205,7 +242,7 @@ def _manifest_predicate(
             raise ModelError("version must be an integer")
     except (ModelError, ValueError, TypeError) as exc:
         raise _Stop([Finding(Reason.BUNDLE_INVALID, f"{where}: {exc}")]) from None
-    if predicate["series"] != series_of("bundle", fp):
+    if predicate["series"] != series_of(layout.name, fp):
         raise _Stop(
             [Finding(Reason.BUNDLE_INVALID, f"{where}: series does not match the fingerprint", "series")]
         )
@@ -220,10 +257,14 @@ def verify_bundle(
     expected: Expectation = Expectation(),
     state: RollbackState | None = None,
     record: bool = False,
-    required: Sequence[str] = _REQUIRED,
+    required: Sequence[str] | None = None,
     limits: ReadLimits = DEFAULT_LIMITS,
+    layout: BundleLayout = DECODE_LAYOUT,
 ) -> BundleReport:
     """Verify a bundle directory (or its manifest path) and every member.
+
+    ``layout`` names the manifest and its member kinds (the decode bundle by default;
+    :data:`MIXED_LAYOUT` for ``<bundle>/mixed``); ``required`` defaults to the layout's.
 
     Manifest: signature (2), payload (3), predicate (4), freshness and rollback (6), binding (7).
     Members: the full artifact pipeline each, then the bundle's own checks: the member's logical hash
@@ -231,8 +272,9 @@ def verify_bundle(
     recorded (manifest and members) only when everything passed.
     """
     path = Path(path)
+    required = layout.required if required is None else tuple(required)
     bundle_dir = path if path.is_dir() else path.parent
-    manifest = bundle_dir / BUNDLE_MANIFEST if path.is_dir() else path
+    manifest = bundle_dir / layout.manifest if path.is_dir() else path
     members: dict[str, VerificationReport] = {}
     try:
         try:
@@ -260,7 +302,7 @@ def verify_bundle(
         except EnvelopeError as exc:
             raise _Stop([Finding(exc.reason, f"{manifest}: {exc}")]) from None
         keyids, statement = check_envelope(env, trust_root, manifest)
-        predicate, fp, issued, expires = _manifest_predicate(statement, manifest)
+        predicate, fp, issued, expires = _manifest_predicate(statement, manifest, layout)
         identity = series_identity("bundle", fp, predicate["series"])
         fresh = check_freshness(
             identity=identity,

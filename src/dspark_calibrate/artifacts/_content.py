@@ -17,6 +17,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from dspark_calibrate.artifacts._mixed_content import (
+    mixed_admission_findings,
+    mixed_cost_table_findings,
+    mixed_sweep_findings,
+)
 from dspark_calibrate.artifacts._models import TRTLLM_FINGERPRINT_FIELDS, Fingerprint
 from dspark_calibrate.artifacts._reasons import Finding, Reason
 from dspark_calibrate.schemas import (
@@ -279,12 +284,28 @@ def _none(table: pa.Table, fp: Fingerprint, where: str) -> list[Finding]:
     return []
 
 
-_RULES: Mapping[str, Callable[[pa.Table, Fingerprint, str], list[Finding]]] = {
-    "cost-table": _cost_table,
-    "calibration": _calibration,
-    "sweep": _sweep,
-    "sweep-samples": _none,
-    "admission": _none,
+_Rule = Callable[[pa.Table, Fingerprint, Mapping[str, Any], str], list[Finding]]
+
+
+def _decode(rule: Callable[[pa.Table, Fingerprint, str], list[Finding]]) -> _Rule:
+    """A decode kind's rule, which does not read the signed summary."""
+
+    def run(table: pa.Table, fp: Fingerprint, summary: Mapping[str, Any], where: str) -> list[Finding]:
+        return rule(table, fp, where)
+
+    return run
+
+
+_RULES: Mapping[str, _Rule] = {
+    "cost-table": _decode(_cost_table),
+    "calibration": _decode(_calibration),
+    "sweep": _decode(_sweep),
+    "sweep-samples": _decode(_none),
+    "admission": _decode(_none),
+    "mixed-cost-table": mixed_cost_table_findings,
+    "mixed-sweep": mixed_sweep_findings,
+    "mixed-sweep-samples": lambda table, fp, summary, where: [],
+    "mixed-admission": mixed_admission_findings,
 }
 
 
@@ -297,16 +318,18 @@ def content_findings(
     allow_synthetic: bool,
     where: str,
     schema_version: int | None = None,
+    summary: Mapping[str, Any] | None = None,
 ) -> list[Finding]:
     """All content findings for a verified table of ``kind`` (empty when acceptable).
 
-    ``schema_version`` is the signed one (default: the current version of the kind).
+    ``schema_version`` is the signed one (default: the current version of the kind); ``summary``
+    the signed predicate's summary (the mixed kinds state their route there).
     """
     version = SCHEMA_VERSION[kind] if schema_version is None else schema_version
     out = _schema(kind, table, where, version)
     if out:
         return out  # the per-kind rules read columns the schema guarantees
-    out += _RULES[kind](table, fingerprint, where)
+    out += _RULES[kind](table, fingerprint, summary or {}, where)
     if provenance.get("synthetic") is True and not allow_synthetic:
         extra = provenance.get("extra")
         named = extra.get("synthetic_inputs") if isinstance(extra, Mapping) else None

@@ -14,6 +14,12 @@ static K:
 - ``extra_llm_api_options.yaml``: the ``DSparkDecodingConfig`` fields, with the receipt file's
   SHA-256.
 
+A bundle with verified mixed evidence (DESIGN §10) adds ``mixed_live_fingerprint.json``,
+``mixed_costs.json`` and ``mixed_admission.json`` (:mod:`._trtllm_mixed`) and the seven fields of
+``speculative_config.confidence_mixed_evidence``; only on TensorRT-LLM's mixed route (K = 3,
+world size 8, the six BREAKABLE body buckets) and only when every gate of the mixed receipt is
+backed by passing evidence and its economics admit.
+
 :func:`render_trtllm` and :func:`validate_trtllm` are pure (values in, bytes or findings out);
 :func:`export_trtllm` takes a verified :class:`BundleReport`, renders, validates every consumer
 rule and only then writes the directory atomically (a temporary sibling renamed into place).
@@ -37,6 +43,8 @@ from typing import Any
 from dspark_calibrate.artifacts._atomic import atomic_write_bytes, publish_directory
 from dspark_calibrate.artifacts._bundle import BundleReport
 from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict, sha256_hex
+from dspark_calibrate.artifacts._mixed_bundle import MixedReport
+from dspark_calibrate.artifacts._mixed_geometry import MixedIdentity, MixedRoute
 from dspark_calibrate.artifacts._models import (
     TRTLLM_FINGERPRINT_FIELDS,
     Fingerprint,
@@ -44,14 +52,25 @@ from dspark_calibrate.artifacts._models import (
     is_sha256_hex,
 )
 from dspark_calibrate.artifacts._reasons import Finding, Reason
+from dspark_calibrate.artifacts._trtllm_mixed import (
+    TRTLLM_MIXED_FILES,
+    MixedExportInputs,
+    MixedRefused,
+    cells_of,
+    config_block,
+    observed_identity,
+    render_mixed,
+    validate_mixed,
+)
 from dspark_calibrate.errors import ArtifactRejected, ConfigError
-from dspark_calibrate.schemas import MAX_COMPACT_CELLS_PER_G, MAX_COMPACT_CELLS_TOTAL
+from dspark_calibrate.schemas import MAX_COMPACT_CELLS_PER_G, MAX_COMPACT_CELLS_TOTAL, MIXED_RESULTS
 
 __all__ = [
     "ADMISSION_BODY_FIELDS",
     "STS_FIELDS",
     "TRTLLM_FILES",
     "ExportRejected",
+    "MixedSource",
     "TrtllmExport",
     "TrtllmInputs",
     "export_trtllm",
@@ -156,6 +175,65 @@ class ExportRejected(ArtifactRejected):
 
 
 @dataclass(frozen=True, slots=True)
+class MixedSource:
+    """The verified mixed evidence a package's mixed files are made of.
+
+    Attributes:
+        rows: the ``mixed-cost-table`` rows, in table order.
+        route: K, world size, buckets, execution mode the cells were measured on.
+        protocol_sha256: the measurement protocol's pin.
+        minimum_predicted_gain: the cost file's margin.
+        synthetic: measured by a synthetic backend.
+        gates: the five gates, as build decided them.
+        results: receipt hash field → the verified result file's SHA-256.
+        economics: the receipt's counts and amounts.
+    """
+
+    rows: tuple[Mapping[str, Any], ...]
+    route: MixedRoute
+    protocol_sha256: str
+    minimum_predicted_gain: float
+    synthetic: bool
+    gates: Mapping[str, bool]
+    results: Mapping[str, str]
+    economics: Mapping[str, Any]
+
+    @classmethod
+    def from_report(cls, report: MixedReport) -> MixedSource:
+        """From a passing :func:`~._mixed_bundle.verify_mixed` report.
+
+        Raises:
+            ConfigError: the mixed evidence did not verify.
+        """
+        costs, admission = report.artifact("mixed-cost-table"), report.artifact("mixed-admission")
+        if not report.ok or costs is None or admission is None:
+            raise ConfigError(
+                f"{report.path}: the mixed evidence did not verify ({report.code}: {report.message})"
+            )
+        summary = json.loads(json.dumps(dict(admission.summary)))
+        names = dict(summary["results"])
+        return cls(
+            rows=tuple(costs.table.to_pylist()),
+            route=MixedRoute.from_dict(summary["route"]),
+            protocol_sha256=str(summary["protocol_sha256"]),
+            minimum_predicted_gain=float(summary["minimum_predicted_gain"]),
+            synthetic=bool(costs.provenance.synthetic),
+            gates=dict(summary["gates"]),
+            results={field: names[name] for field, name in MIXED_RESULTS},
+            economics={
+                k: summary[k]
+                for k in (
+                    "policy_steps",
+                    "compact_choices",
+                    "gross_compact_value_ms_lower_bound",
+                    "fixed_confidence_path_overhead_ms_upper_bound",
+                    "safety_margin_ms",
+                )
+            },
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class TrtllmInputs:
     """The values the package is made of (taken from verified artifacts only).
 
@@ -167,6 +245,7 @@ class TrtllmInputs:
         calibration_logical_sha256: names the calibration in ``sts.json``'s dataset field.
         summary: the admission artifact's signed summary.
         bundle_version: the manifest's version (named in the YAML comment).
+        mixed: the verified mixed evidence to export too (None: decode only).
     """
 
     fingerprint: Fingerprint
@@ -175,9 +254,10 @@ class TrtllmInputs:
     calibration_logical_sha256: str
     summary: Mapping[str, Any]
     bundle_version: int
+    mixed: MixedSource | None = None
 
     @classmethod
-    def from_bundle(cls, bundle: BundleReport) -> TrtllmInputs:
+    def from_bundle(cls, bundle: BundleReport, mixed: MixedReport | None = None) -> TrtllmInputs:
         """Take the inputs from a verified bundle.
 
         Raises:
@@ -217,6 +297,7 @@ class TrtllmInputs:
             calibration_logical_sha256=cal.logical_sha256,
             summary=json.loads(json.dumps(dict(adm.summary))),
             bundle_version=bundle.version,
+            mixed=MixedSource.from_report(mixed) if mixed is not None else None,
         )
 
 
@@ -238,6 +319,7 @@ class TrtllmExport:
     notes: tuple[str, ...] = ()
     out_dir: Path | None = None
     paths: tuple[Path, ...] = field(default=())
+    mixed: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -246,6 +328,7 @@ class TrtllmExport:
             "files": {name: sha256_hex(data) for name, data in self.files.items()},
             "receipt_sha256": self.receipt_sha256,
             "admitted": self.admitted,
+            "mixed": self.mixed,
             "notes": list(self.notes),
         }
 
@@ -261,8 +344,10 @@ def render_trtllm(
     selector_identity: str,
     deploy_dir: str = _DEFAULT_DEPLOY_DIR,
     live_fingerprint: Fingerprint | None = None,
+    mixed_identity: MixedIdentity | None = None,
 ) -> TrtllmExport:
-    """Render the five files from values. Pure; does not validate (see :func:`validate_trtllm`).
+    """Render the five files (eight with mixed evidence) from values. Pure; does not validate
+    (see :func:`validate_trtllm`).
 
     Args:
         inputs: from :meth:`TrtllmInputs.from_bundle`.
@@ -270,10 +355,13 @@ def render_trtllm(
         deploy_dir: where the files will live on the serving nodes (paths in the YAML).
         live_fingerprint: an independently collected live fingerprint; its ten fields must equal
             the bundle's (default: the bundle's own).
+        mixed_identity: the mixed live identity observed on the deployment (default: derived
+            from the fingerprint, ``docs/mixed.md``); its route must be the evidence's.
 
     Raises:
         ConfigError: the selector identity or deploy dir is malformed, a field the package needs
-            is missing, or the live fingerprint differs from the bundle's.
+            is missing, the live fingerprint differs from the bundle's, or the mixed evidence
+            cannot back a receipt on TensorRT-LLM's mixed route.
     """
     if not is_sha256_hex(selector_identity):
         raise ConfigError(
@@ -412,6 +500,33 @@ def render_trtllm(
     for key, name in _YAML_PATHS.items():
         lines.append(f"  {key}: {_yaml_str(base.rstrip('/') + '/' + name)}")
     lines.append(f"  confidence_admission_receipt_sha256: {_yaml_str(receipt_sha)}")
+    mixed_files: dict[str, bytes] = {}
+    if inputs.mixed is not None:
+        m = inputs.mixed
+        derived = MixedIdentity.derive(
+            fp,
+            selector_identity=selector_identity,
+            body_buckets=m.route.body_buckets,
+            execution_mode=m.route.execution_mode,
+            world_size=m.route.world_size,
+        )
+        mixed_files = render_mixed(
+            MixedExportInputs(
+                identity=observed_identity(derived, mixed_identity),
+                protocol_sha256=m.protocol_sha256,
+                minimum_predicted_gain=m.minimum_predicted_gain,
+                synthetic=m.synthetic,
+                cells=cells_of(m.rows),
+                gates=m.gates,
+                results=m.results,
+                economics=m.economics,
+            )
+        )
+        lines.append("  confidence_mixed_evidence:")
+        for key, value in config_block(mixed_files, m.protocol_sha256, base).items():
+            lines.append(f"    {key}: {_yaml_str(value)}")
+        if m.synthetic:
+            notes.append("the mixed evidence is synthetic (synthetic: true): TensorRT-LLM never serves it")
     yaml_bytes = ("\n".join(lines) + "\n").encode("ascii")
     files = {
         SPS_FILE: sps_bytes,
@@ -419,9 +534,14 @@ def render_trtllm(
         LIVE_FILE: live_bytes,
         RECEIPT_FILE: receipt_bytes,
         YAML_FILE: yaml_bytes,
+        **mixed_files,
     }
     return TrtllmExport(
-        files=files, receipt_sha256=receipt_sha, admitted=bool(body["admitted"]), notes=tuple(notes)
+        files=files,
+        receipt_sha256=receipt_sha,
+        admitted=bool(body["admitted"]),
+        notes=tuple(notes),
+        mixed=bool(mixed_files),
     )
 
 
@@ -798,7 +918,9 @@ def _check_receipt(
             )
 
 
-def _check_yaml(c: _Check, data: bytes | None, files: Mapping[str, bytes], k: int | None) -> None:
+def _check_yaml(
+    c: _Check, data: bytes | None, files: Mapping[str, bytes], k: int | None, *, mixed: bool = False
+) -> None:
     f = YAML_FILE
     if data is None:
         return
@@ -813,8 +935,9 @@ def _check_yaml(c: _Check, data: bytes | None, files: Mapping[str, bytes], k: in
     if not isinstance(doc, dict) or set(doc) != {"speculative_config"} or not isinstance(spec, dict):
         c.fail(f, "keys", "must hold exactly one mapping, speculative_config")
         return
-    if set(spec) != set(_YAML_KEYS):
-        c.fail(f, "keys", f"speculative_config keys must be {list(_YAML_KEYS)}", actual=sorted(spec))
+    want = set(_YAML_KEYS) | ({"confidence_mixed_evidence"} if mixed else set())
+    if set(spec) != want:
+        c.fail(f, "keys", f"speculative_config keys must be {sorted(want)}", actual=sorted(spec))
         return
     if spec["decoding_type"] != "DSpark" or spec["enable_confidence_scheduling"] is not True:
         c.fail(f, "values", "decoding_type must be DSpark and enable_confidence_scheduling true")
@@ -834,14 +957,18 @@ def _check_yaml(c: _Check, data: bytes | None, files: Mapping[str, bytes], k: in
         )
 
 
-def validate_trtllm(files: Mapping[str, bytes], *, selector_identity: str | None = None) -> list[Finding]:
-    """Check a package against every consumer rule of DESIGN §6 (empty list: valid).
+def validate_trtllm(
+    files: Mapping[str, bytes], *, selector_identity: str | None = None, allow_synthetic: bool = False
+) -> list[Finding]:
+    """Check a package against every consumer rule of DESIGN §6 (empty list: valid), and its mixed
+    files, when present, against ``TRTLLM_MIXED.md`` (:func:`~._trtllm_mixed.validate_mixed`).
 
     Each violation is a ``CONTENT_INVALID`` finding whose field is ``<file>:<rule>``, e.g.
     ``sps_table.json:token_counts`` or ``admission_receipt.json:pins``.
     """
     c = _Check()
-    unknown = sorted(set(files) - set(TRTLLM_FILES))
+    mixed = any(name in files for name in TRTLLM_MIXED_FILES)
+    unknown = sorted(set(files) - set(TRTLLM_FILES) - set(TRTLLM_MIXED_FILES))
     if unknown:
         c.fail("package", "files", f"unexpected files {unknown}")
     sps = _parse(c, files, SPS_FILE)
@@ -863,7 +990,14 @@ def validate_trtllm(files: Mapping[str, bytes], *, selector_identity: str | None
     if receipt is not None:
         has_guard = isinstance(sps, dict) and isinstance(sps.get("iteration_drain_guard"), dict)
         _check_receipt(c, receipt, files, fp, cells, has_guard, k, selector_identity)
-    _check_yaml(c, yaml_bytes if isinstance(yaml_bytes, bytes) else None, files, k)
+    _check_yaml(c, yaml_bytes if isinstance(yaml_bytes, bytes) else None, files, k, mixed=mixed)
+    if mixed:
+        c.findings += validate_mixed(
+            {n: files[n] for n in TRTLLM_MIXED_FILES if n in files},
+            options_yaml=files.get(YAML_FILE),
+            options_file=YAML_FILE,
+            allow_synthetic=allow_synthetic,
+        )
     return c.findings
 
 
@@ -881,6 +1015,9 @@ def export_trtllm(
     live_fingerprint: Fingerprint | None = None,
     overwrite: bool = False,
     writer: Callable[[Path, bytes], None] | None = None,
+    mixed: MixedReport | None = None,
+    mixed_identity: MixedIdentity | None = None,
+    allow_synthetic: bool = False,
 ) -> TrtllmExport:
     """Export a verified bundle into ``out_dir`` (validated first, written atomically).
 
@@ -892,20 +1029,31 @@ def export_trtllm(
         live_fingerprint: an independently collected live fingerprint to bind (optional).
         overwrite: replace an existing ``out_dir``.
         writer: file writer (injected for tests; default atomic writes).
+        mixed: the bundle's passing :func:`~._mixed_bundle.verify_mixed` report, to export its
+            mixed evidence too (None: decode only).
+        mixed_identity: the mixed live identity observed on the deployment (default: derived).
+        allow_synthetic: accept synthetic mixed evidence (demos and tests).
 
     Raises:
         ConfigError: unverified bundle, bad selector identity, existing directory, I/O failure.
-        ExportRejected: the rendered package breaks a consumer rule (nothing is written).
+        ExportRejected: the rendered package breaks a consumer rule, or the mixed evidence cannot
+            back a receipt on TensorRT-LLM's mixed route (nothing is written).
     """
     out = Path(out_dir)
-    inputs = TrtllmInputs.from_bundle(bundle_report)
-    rendered = render_trtllm(
-        inputs,
-        selector_identity=selector_identity,
-        deploy_dir=deploy_dir if deploy_dir is not None else str(out.resolve()),
-        live_fingerprint=live_fingerprint,
+    inputs = TrtllmInputs.from_bundle(bundle_report, mixed)
+    try:
+        rendered = render_trtllm(
+            inputs,
+            selector_identity=selector_identity,
+            deploy_dir=deploy_dir if deploy_dir is not None else str(out.resolve()),
+            live_fingerprint=live_fingerprint,
+            mixed_identity=mixed_identity,
+        )
+    except MixedRefused as exc:
+        raise ExportRejected(exc.findings) from exc
+    findings = validate_trtllm(
+        rendered.files, selector_identity=selector_identity, allow_synthetic=allow_synthetic
     )
-    findings = validate_trtllm(rendered.files, selector_identity=selector_identity)
     if findings:
         raise ExportRejected(findings)
     if out.exists() and not overwrite:
@@ -915,7 +1063,7 @@ def export_trtllm(
     published = False
     try:
         tmp.mkdir(parents=True)
-        for name in TRTLLM_FILES:
+        for name in rendered.files:
             write(tmp / name, rendered.files[name])
         publish_directory(tmp, out)
         published = True
@@ -930,5 +1078,6 @@ def export_trtllm(
         admitted=rendered.admitted,
         notes=rendered.notes,
         out_dir=out,
-        paths=tuple(out / name for name in TRTLLM_FILES),
+        paths=tuple(out / name for name in rendered.files),
+        mixed=rendered.mixed,
     )

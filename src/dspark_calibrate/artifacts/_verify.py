@@ -35,6 +35,7 @@ from dspark_calibrate.artifacts._envelope import (
     verify_signatures,
 )
 from dspark_calibrate.artifacts._logical_hash import LogicalHashError, logical_sha256
+from dspark_calibrate.artifacts._mixed_geometry import MixedLive
 from dspark_calibrate.artifacts._models import (
     TRTLLM_FINGERPRINT_FIELDS,
     Fingerprint,
@@ -68,6 +69,7 @@ __all__ = [
     "check_binding",
     "check_envelope",
     "check_freshness",
+    "check_mixed_binding",
     "check_trust_root_freshness",
     "require_valid",
     "series_identity",
@@ -133,6 +135,8 @@ class Expectation:
         unbound_fields: binding fields deliberately not compared (reported as skipped).
         allow_synthetic: accept artifacts made from synthetic measurements (demos, tests).
         max_age: refuse artifacts issued longer ago than this, if set.
+        mixed: the live route facts (body buckets, execution mode) mixed artifacts are bound to in
+            step 7; ``None`` skips that binding (decode kinds never read it).
     """
 
     kind: str | None = None
@@ -140,6 +144,7 @@ class Expectation:
     unbound_fields: frozenset[str] = frozenset()
     allow_synthetic: bool = False
     max_age: timedelta | None = None
+    mixed: MixedLive | None = None
 
 
 @dataclass(frozen=True)
@@ -664,6 +669,50 @@ def check_binding(
     return out, skipped
 
 
+def check_mixed_binding(
+    summary: Mapping[str, Any], live: MixedLive, *, where: Path | str = ""
+) -> list[Finding]:
+    """Step (7) for mixed kinds: the signed route's body buckets and execution mode against the
+    live deployment's (K and the world size are the fingerprint's, bound above)."""
+    route = summary.get("route")
+    out: list[Finding] = []
+    if not isinstance(route, Mapping):
+        return [
+            Finding(
+                Reason.PREDICATE_INVALID,
+                f"{where}: a mixed artifact's summary needs its route",
+                field="route",
+            )
+        ]
+    for name, live_value in (
+        ("body_buckets", list(live.body_buckets) if live.body_buckets is not None else None),
+        ("execution_mode", live.execution_mode),
+    ):
+        signed = route.get(name)
+        if live_value is None:
+            out.append(
+                Finding(
+                    Reason.FINGERPRINT_MISSING,
+                    f"{where}: route.{name} is {signed!r} in the evidence but the live value was not given; pass "
+                    f"--live-{name.replace('_', '-')}",
+                    field=name,
+                    actual=signed,
+                )
+            )
+        elif signed != live_value:
+            out.append(
+                Finding(
+                    Reason.FINGERPRINT_MISMATCH,
+                    f"{where}: route.{name} is {signed!r}, the live deployment runs {live_value!r}; measure this "
+                    "deployment's mixed steps",
+                    field=name,
+                    expected=live_value,
+                    actual=signed,
+                )
+            )
+    return out
+
+
 def verify_artifact(
     loaded: LoadedArtifact,
     trust_root: TrustRoot,
@@ -781,6 +830,10 @@ def _pipeline(
             )
             if binding:
                 raise _Stop(binding)
+        if expected.mixed is not None and kind.startswith("mixed-"):
+            mixed_binding = check_mixed_binding(predicate["summary"], expected.mixed, where=where)
+            if mixed_binding:
+                raise _Stop(mixed_binding)
         lap("binding")
         # (8) content rules
         content = content_findings(
@@ -791,6 +844,7 @@ def _pipeline(
             allow_synthetic=expected.allow_synthetic,
             where=str(where),
             schema_version=predicate["schema_version"],
+            summary=predicate["summary"],
         )
         if content:
             raise _Stop(content)

@@ -1,7 +1,9 @@
 """The built-in demo: every pipeline stage on CPU, on synthetic data, in well under a minute.
 
-synthetic sweep → synthetic traces → fit → synthetic workload → build (sign) → export trtllm →
-verify → admit → report. Everything is marked synthetic and signed with an ephemeral key written
+synthetic sweep → synthetic traces → fit → synthetic workload with prefill traffic → mixed sweep
+of its mixed steps → build (sign) → export trtllm (decode and mixed) → verify → admit → report.
+The demo deployment is TensorRT-LLM's mixed route (K = 3, DEP8, the six BREAKABLE body buckets),
+so its package carries the mixed evidence too. Everything is marked synthetic and signed with an ephemeral key written
 into the output directory, so ``dspark-verify`` accepts it only with ``--allow-synthetic``. The
 demo composes the library's own entry points; it adds no logic of its own beyond choosing inputs.
 Signing, verification and export are imported lazily (they need ``cryptography``).
@@ -18,11 +20,22 @@ from pathlib import Path
 from typing import Any
 
 from dspark_calibrate import __version__
-from dspark_calibrate.artifacts import Fingerprint, Provenance, canonical_json, detached_envelope_path
+from dspark_calibrate.artifacts import (
+    MIXED_EXECUTION_MODE,
+    TRTLLM_BODY_BUCKETS,
+    Fingerprint,
+    MixedLive,
+    MixedRoute,
+    Provenance,
+    canonical_json,
+    detached_envelope_path,
+)
 from dspark_calibrate.calibrate.confidence.fit import FitOptions, run_fit
 from dspark_calibrate.calibrate.confidence.synth_traces import SynthSpec, write_synth_traces
 from dspark_calibrate.calibrate.deployment.build import BuildOptions, build_bundle, load_build_inputs
-from dspark_calibrate.calibrate.deployment.workload import synthesize_workload, write_workload
+from dspark_calibrate.calibrate.deployment.workload import synthesize_mixed_workload, write_workload
+from dspark_calibrate.calibrate.measurement.mixed import plan_from_workload
+from dspark_calibrate.calibrate.measurement.mixed_sweep import MixedSweepRequest, execute_mixed
 from dspark_calibrate.calibrate.measurement.stats import Thresholds
 from dspark_calibrate.calibrate.measurement.sweep import SweepRequest, execute
 from dspark_calibrate.calibrate.report import write_report
@@ -35,23 +48,27 @@ __all__ = ["DEMO_MARKER", "DEMO_SELECTOR_IDENTITY", "DemoResult", "demo_fingerpr
 DEMO_MARKER = ".dspark-demo"
 #: A stand-in for the engine's selector constant; a real export takes it from the engine's source.
 DEMO_SELECTOR_IDENTITY = hashlib.sha256(b"dspark-calibrate demo: not an engine selector identity").hexdigest()
-_K = 5
-_LADDER = (8, 16, 32)
+_K = 3
+_LADDER = (8, 16)
+_RANKS = 8
+#: The synthetic step's verification cost: tiles of 8 tokens at 0.4 ms (a K=3 staircase).
+_SWEEP_MODEL = {"tile": 8, "per_tile_ms": 0.4}
 
 
 def demo_fingerprint() -> Fingerprint:
     """The synthetic deployment the demo measures (all ten engine fields established)."""
     return Fingerprint(
         gpu="synthetic",
-        gpu_count=1,
+        gpu_count=_RANKS,
         gpu_snapshot_sha256=hashlib.sha256(b"synthetic").hexdigest(),
-        topology="TP1",
+        topology="DEP8",
         source_head="synthetic",
         source_diff_sha256=hashlib.sha256(b"").hexdigest(),
         runtime_snapshot=f"dspark-calibrate={__version__};backend=synthetic",
         max_draft_len=_K,
         rank_local_graph_batch_sizes=_LADDER,
-        global_graph_batch_sizes=_LADDER,
+        global_graph_batch_sizes=tuple(g * _RANKS for g in _LADDER),
+        model_config_sha256=hashlib.sha256(b"dspark-calibrate synthetic model").hexdigest(),
         clock_policy="synthetic",
     )
 
@@ -71,6 +88,9 @@ class DemoResult:
     admission_active: bool
     admission_reason: str
     stages: tuple[tuple[str, float], ...]
+    mixed_active: bool = False
+    mixed_reason: str = ""
+    mixed_predicted_gain: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -84,6 +104,11 @@ class DemoResult:
             "predicted_gain": self.predicted_gain,
             "predicted_gain_ci": list(self.predicted_gain_ci),
             "admission": {"active": self.admission_active, "reason_code": self.admission_reason},
+            "mixed": {
+                "active": self.mixed_active,
+                "reason_code": self.mixed_reason,
+                "predicted_gain": self.mixed_predicted_gain,
+            },
             "stages_s": {name: round(s, 3) for name, s in self.stages},
         }
 
@@ -120,6 +145,7 @@ def run_demo(
         load_signer,
         public_key_of,
         verify_bundle,
+        verify_mixed,
     )
 
     now = now or datetime.now(UTC)
@@ -163,6 +189,8 @@ def run_demo(
     _, sweep_out = execute(
         SweepRequest(
             backend="synthetic",
+            backend_options=_SWEEP_MODEL,
+            world_size=_RANKS,
             k=_K,
             ladder=_LADDER,
             out=inputs / "sweep.parquet",
@@ -193,17 +221,37 @@ def run_demo(
 
     stage("workload")
     workload = inputs / "workload.parquet"
+    traffic = synthesize_mixed_workload(k=_K, steps=2000, ranks=_RANKS, seed=seed)
     write_workload(
         workload,
-        synthesize_workload(k=_K, steps=3000, seed=seed),
+        traffic,
         fingerprint=fp,
         provenance=Provenance(tool_version=__version__, command=command, backend="synthetic", synthetic=True),
     )
 
+    stage("mixed sweep")
+    route = MixedRoute(_K, _RANKS, TRTLLM_BODY_BUCKETS, MIXED_EXECUTION_MODE)
+    _, mixed_out = execute_mixed(
+        MixedSweepRequest(
+            backend="synthetic",
+            plan=plan_from_workload(traffic, route),
+            ladder=_LADDER,
+            out=inputs / "mixed-sweep.parquet",
+            thresholds=Thresholds.quick(precision_rel=0.005, min_rounds=8),
+            seed=seed,
+            fingerprint=fp,
+            clock_policy="synthetic",
+            command=command,
+        )
+    )
+    assert mixed_out is not None
+
     stage("build")
     bundle = out / "bundle"
     result = build_bundle(
-        load_build_inputs([sweep_out.summary_path], fit_out.calibration, workload),
+        load_build_inputs(
+            [sweep_out.summary_path], fit_out.calibration, workload, mixed_sweep=mixed_out.output.summary_path
+        ),
         bundle,
         signers=[signer],
         trust_root=root,
@@ -225,19 +273,36 @@ def run_demo(
     report = verify_bundle(bundle, root, now=now, expected=expected)
     if not report.ok:  # pragma: no cover - build verified it a moment ago
         raise ConfigError(f"demo bundle does not verify: {report.code}: {report.message}")
-    export_trtllm(report, out / "trtllm", selector_identity=DEMO_SELECTOR_IDENTITY)
+    mixed = verify_mixed(bundle, root, now=now, decode=report, expected=expected)
+    export_trtllm(
+        report,
+        out / "trtllm",
+        selector_identity=DEMO_SELECTOR_IDENTITY,
+        mixed=mixed if mixed.ok else None,
+        allow_synthetic=True,
+    )
 
     stage("admit")
     decision = admit(
         bundle,
         root,
         live=fp,
-        policy=AdmissionPolicy(allow_synthetic=True, state_path=out / "admission-state.json"),
+        policy=AdmissionPolicy(
+            allow_synthetic=True,
+            state_path=out / "admission-state.json",
+            mixed_live=MixedLive(TRTLLM_BODY_BUCKETS, MIXED_EXECUTION_MODE),
+        ),
         now=now,
     )
+    mixed_decision = decision.mixed
     (out / "admission.json").write_bytes(
         canonical_json(
-            {"active": decision.active, "reason_code": decision.reason_code, "message": decision.message}
+            {
+                "active": decision.active,
+                "reason_code": decision.reason_code,
+                "message": decision.message,
+                "mixed": mixed_decision.to_dict() if mixed_decision is not None else None,
+            }
         )
     )
 
@@ -259,4 +324,7 @@ def run_demo(
         admission_active=decision.active,
         admission_reason=decision.reason_code,
         stages=tuple(stages),
+        mixed_active=mixed_decision is not None and mixed_decision.active,
+        mixed_reason=mixed_decision.reason_code if mixed_decision is not None else "",
+        mixed_predicted_gain=float(result.mixed_summary["predicted_gain"]) if result.mixed_summary else None,
     )

@@ -463,6 +463,18 @@ LiveMoe = Annotated[
 LiveKvDtype = Annotated[
     str | None, _fp_option("--live-kv-dtype", "KV-cache dtype, e.g. fp8, bfloat16.", "DTYPE")
 ]
+LiveBodyBuckets = Annotated[
+    str | None,
+    _fp_option(
+        "--live-body-buckets", "The engine's captured prefill body buckets (mixed evidence only).", "B1,B2,..."
+    ),
+]
+LiveExecutionMode = Annotated[
+    str | None,
+    _fp_option(
+        "--live-execution-mode", "The engine's prefill graph mode, e.g. BREAKABLE (mixed evidence only).", "MODE"
+    ),
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -484,6 +496,19 @@ class LiveOptions:
     attention_backend: str | None = None
     moe_backend: str | None = None
     kv_dtype: str | None = None
+    body_buckets: str | None = None
+    execution_mode: str | None = None
+
+    def mixed_live(self) -> Any:
+        """The live route facts mixed evidence is bound to (``MixedLive``; unset ones are None).
+
+        Raises:
+            ConfigError: a malformed ``--live-body-buckets``.
+        """
+        from dspark_calibrate.artifacts import MixedLive
+
+        buckets = parse_ladder(self.body_buckets, option="--live-body-buckets") if self.body_buckets else None
+        return MixedLive(buckets, self.execution_mode)
 
     def arguments(self) -> dict[str, Any]:
         """``runtime_plugin.live.collect_live`` keyword arguments (explicit values win over probes).

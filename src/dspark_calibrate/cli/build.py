@@ -115,6 +115,35 @@ def render_build(result: BuildResult) -> None:
                 f"{c['value_ms_lower_bound']:.4g}",
             )
     out_console.print(cells)
+    mixed = result.mixed_summary
+    if mixed is not None:
+        m = Table(title="mixed prefill+decode evidence (mixed/)", title_justify="left")
+        m.add_column("")
+        m.add_column("value")
+        part = mixed["mixed_part"]
+        m.add_row(
+            "mixed share of the workload",
+            f"{part['share']:.1%} ({part['steps']} of {part['workload_steps']} steps)",
+        )
+        m.add_row(
+            "decode + mixed gain",
+            f"{mixed['predicted_gain']:+.2%} [{mixed['predicted_gain_ci_low']:+.2%}, {mixed['predicted_gain_ci_high']:+.2%}]",
+        )
+        d = mixed["decode_part"]
+        m.add_row("  decode steps", f"{d['predicted_gain']:+.2%} [{d['ci_low']:+.2%}, {d['ci_high']:+.2%}]")
+        m.add_row(
+            "  mixed steps", f"{part['predicted_gain']:+.2%} [{part['ci_low']:+.2%}, {part['ci_high']:+.2%}]"
+        )
+        m.add_row(
+            "mixed compact steps", f"{mixed['compact_choices']} ({part['covered_steps']} covered by a cell)"
+        )
+        m.add_row(
+            "mixed net value",
+            f"{mixed['net_value_ms']:.4g} ms; admitted {'yes' if mixed['admitted'] else 'no'}",
+        )
+        failed = [g for g, ok in mixed["gates"].items() if not ok]
+        m.add_row("receipt gates", "all passed" if not failed else f"[red]not passed: {failed}[/]")
+        out_console.print(m)
     for note in result.notes:
         out_console.print(f"note: {note}")
 
@@ -184,6 +213,18 @@ def build(
     passphrase_env: PassEnv = None,
     signer_uri: SignerUriOption = None,
     signer_public_key: SignerPublicKeyOption = None,
+    mixed_sweep: Annotated[
+        Path | None,
+        typer.Option(
+            "--mixed-sweep",
+            help="A `sweep --mixed` summary of this deployment: prices the workload's mixed steps and adds "
+            "the signed mixed evidence (mixed/) to the bundle.",
+        ),
+    ] = None,
+    mixed_min_gain: Annotated[
+        float | None,
+        typer.Option("--mixed-min-gain", help="The mixed cost file's minimum predicted gain (>= 0.01)."),
+    ] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Build a signed bundle (cost-table, calibration, admission + manifest) and verify it."""
@@ -215,6 +256,7 @@ def build(
             bootstrap=BootstrapSettings(resamples=resamples, block_steps=block_steps, seed=seed),
             calibration_use=calibration_use,
             allow_synthetic=allow_synthetic,
+            mixed_minimum_predicted_gain=mixed_min_gain,
             plots=plots,
             force=force,
             command=tuple(shlex.quote(a) for a in sys.argv),
@@ -225,7 +267,7 @@ def build(
         if status is not None:
             status.start()
         stage_line("build", "reading inputs")
-        inputs = load_build_inputs(sweep, calibration, workload)
+        inputs = load_build_inputs(sweep, calibration, workload, mixed_sweep=mixed_sweep)
         result = build_bundle(
             inputs, out, signers=signers, trust_root=root, options=options, on_stage=on_stage
         )

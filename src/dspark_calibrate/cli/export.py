@@ -97,17 +97,36 @@ def trtllm(
     ] = None,
     allow_synthetic: AllowSyntheticFlag = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out directory.")] = False,
+    no_mixed: Annotated[
+        bool,
+        typer.Option(
+            "--no-mixed", help="Export the decode package only, even if the bundle has mixed evidence."
+        ),
+    ] = False,
+    mixed_live_identity: Annotated[
+        Path | None,
+        typer.Option(
+            "--mixed-live-identity",
+            help="The mixed live identity observed on the deployment (JSON, its ten fields); default: derived "
+            "from the bundle's fingerprint (docs/mixed.md).",
+        ),
+    ] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Verify BUNDLE_DIR, then write sps_table.json, sts.json, live_fingerprint.json,
-    admission_receipt.json and extra_llm_api_options.yaml into --out."""
+    admission_receipt.json and extra_llm_api_options.yaml into --out (and the three mixed files when
+    the bundle has verified mixed evidence)."""
     from dspark_calibrate.artifacts import (
         Expectation,
         ExportRejected,
+        MixedIdentity,
+        MixedLive,
         export_trtllm,
         is_sha256_hex,
+        loads_strict,
         read_fingerprint,
         verify_bundle,
+        verify_mixed,
     )
 
     if selector_identity is None or not is_sha256_hex(selector_identity):
@@ -142,6 +161,38 @@ def trtllm(
             exit_code=EXIT_USAGE if report.reason is Reason.IO_ERROR else EXIT_REJECTED,
             extra={"valid": False, "bundle": report.to_dict()},
         )
+    mixed = None
+    identity = None
+    if not no_mixed:
+        try:
+            if mixed_live_identity is not None:
+                identity = MixedIdentity.from_dict(
+                    loads_strict(mixed_live_identity.read_bytes(), what=str(mixed_live_identity)),
+                    where=str(mixed_live_identity),
+                )
+        except (DsparkError, OSError) as exc:
+            fail(f"--mixed-live-identity: {exc}", code="USAGE_ERROR")
+        mixed_live = (
+            MixedLive(identity.body_buckets, identity.execution_mode) if identity is not None else None
+        )
+        mixed = verify_mixed(
+            bundle,
+            root,
+            now=utcnow(),
+            decode=report,
+            expected=Expectation(fingerprint=live, allow_synthetic=allow_synthetic, mixed=mixed_live),
+        )
+        if not mixed.present:
+            mixed = None
+        elif not mixed.ok:
+            fail(
+                f"{mixed.message}; refusing to export unverified mixed evidence; pass --no-mixed to export the "
+                "decode package only",
+                code=mixed.code,
+                label=mixed.code,
+                exit_code=EXIT_REJECTED,
+                extra={"valid": False, "mixed": mixed.to_dict()},
+            )
     try:
         exported = export_trtllm(
             report,
@@ -150,6 +201,9 @@ def trtllm(
             deploy_dir=deploy_dir,
             live_fingerprint=live,
             overwrite=force,
+            mixed=mixed,
+            mixed_identity=identity,
+            allow_synthetic=allow_synthetic,
         )
     except ExportRejected as exc:
         for f in exc.findings[1:]:

@@ -4,6 +4,11 @@ Thin: parses options into a :class:`~dspark_calibrate.calibrate.measurement.swee
 :func:`~dspark_calibrate.calibrate.measurement.sweep.execute`, renders a progress bar and a summary table (or
 ``--json``). Exit codes: 0 every cell measured, 1 a measurement failed (or, with
 ``--require-precision``, a cell stopped short of the precision target), 2 usage or I/O error.
+
+``--mixed`` measures mixed prefill+decode cells instead (docs/mixed.md): the steps come from a
+recorded workload's mixed steps (``--mixed-workload``) or a grid (``--mixed-grid``); each cell
+is paired with the native width of its step through the same harness. One process measuring a
+deployment of ``--live-gpu-count`` ranks measures one rank's share (rank 0's for a mixed step).
 """
 
 from __future__ import annotations
@@ -47,6 +52,9 @@ from dspark_calibrate.cli._common import (
     out_console,
     print_json,
     stage_line,
+)
+from dspark_calibrate.cli._common import (
+    parse_ladder as parse_option_ladder,
 )
 from dspark_calibrate.errors import ConfigError, DsparkError, MeasurementError
 
@@ -244,6 +252,182 @@ def _backend_options(pairs: list[str], named: dict[str, Any]) -> dict[str, Any]:
         if value is not None:
             options[key] = str(value) if isinstance(value, Path) else value
     return options
+
+
+def _mixed_table(result: Any) -> Table:
+    table = Table(title=f"mixed sweep: K={result.config.k}, {len(result.cells)} arms, {result.rounds} rounds")
+    for name in ("step", "capacity", "median ms", "95% interval", "saving (95%)", "n", "rounds", "stop"):
+        table.add_column(name, justify="left" if name in ("stop", "95% interval", "saving (95%)") else "right")
+    for c in result.cells:
+        s = c.summary
+        arm = "native" if c.spec.key[1] == 0 else str(c.spec.key[1])
+        if s is None:
+            table.add_row(str(c.spec.key[0]), arm, "-", "-", "-", "0", "0", c.decision.reason)
+            continue
+        saving = (
+            "-"
+            if c.spec.key[1] == 0
+            else f"{100 * s.saving:+.2f}% [{100 * s.saving_ci_low:+.2f}, {100 * s.saving_ci_high:+.2f}]"
+        )
+        table.add_row(
+            str(c.spec.key[0]),
+            arm,
+            f"{s.median_ms:.4f}",
+            f"[{s.ci_low_ms:.4f}, {s.ci_high_ms:.4f}]",
+            saving,
+            str(s.samples),
+            str(s.rounds),
+            c.decision.reason,
+        )
+    return table
+
+
+def _mixed_json(result: Any, output: Any) -> dict[str, Any]:
+    return {
+        "ok": result.complete,
+        "all_precise": result.all_precise,
+        "mixed": True,
+        "out": str(output.output.summary_path),
+        "samples": str(output.output.samples_path),
+        "summary_logical_sha256": output.output.summary_sha256,
+        "samples_logical_sha256": output.output.samples_sha256,
+        "protocol_sha256": output.protocol_sha256,
+        "rounds": result.rounds,
+        "between_run": result.between.to_dict(),
+        "cells": [
+            {
+                "mixed_group": c.spec.key[0],
+                "capacity": c.spec.key[1],
+                "status": c.decision.status.value,
+                "stop_reason": c.decision.reason,
+                "step_time_ms": c.summary.median_ms if c.summary else None,
+                "saving": c.summary.saving if c.summary else None,
+                "saving_ci_low": c.summary.saving_ci_low if c.summary else None,
+                "saving_ci_high": c.summary.saving_ci_high if c.summary else None,
+                "accuracy": (
+                    {"rows": output.checks[c.spec.key].rows, "mismatches": output.checks[c.spec.key].mismatches}
+                    if c.spec.key in output.checks
+                    else None
+                ),
+            }
+            for c in result.cells
+        ],
+    }
+
+
+def _sweep_mixed(
+    *,
+    backend: str,
+    options: dict[str, Any],
+    k: int,
+    ladder: tuple[int, ...],
+    out: Path,
+    workload: Path | None,
+    grid: Path | None,
+    buckets: str,
+    execution_mode: str,
+    max_cells: int,
+    min_verify_len: int,
+    protocol: str,
+    thresholds: Any,
+    seed: int,
+    fingerprint: Any,
+    live: dict[str, Any],
+    clock_policy: str | None,
+    journal: Path | None,
+    resume: bool,
+    input_path: Path | None,
+    require_precision: bool,
+    as_json: bool,
+) -> None:
+    """``sweep --mixed``: plan, measure (or import) and report; exits the command."""
+    import os
+
+    from dspark_calibrate.artifacts import MixedRoute
+    from dspark_calibrate.calibrate.deployment.workload import read_workload
+    from dspark_calibrate.calibrate.measurement.mixed import plan_from_workload, read_grid
+    from dspark_calibrate.calibrate.measurement.mixed_sweep import (
+        MixedSweepRequest,
+        execute_mixed,
+        import_mixed,
+    )
+
+    try:
+        ws = live.get("gpu_count") or (fingerprint.gpu_count if fingerprint is not None else None)
+        ws = ws or int(os.environ.get("WORLD_SIZE", "1") or 1)
+        route = MixedRoute(
+            physical_k=k,
+            world_size=ws,
+            body_buckets=parse_option_ladder(buckets, option="--mixed-buckets"),
+            execution_mode=execution_mode,
+            min_verify_len=min_verify_len,
+        )
+        if backend == "import-samples":
+            if input_path is None:
+                raise ConfigError("--backend import-samples needs --input PROFILE.jsonl")
+            result, output = import_mixed(
+                input_path,
+                route=route,
+                ladder=ladder,
+                out=out,
+                fingerprint=fingerprint,
+                live=live,
+                clock_policy=clock_policy,
+                thresholds=thresholds,
+                seed=seed,
+                command=tuple(sys.argv),
+            )
+        else:
+            if (workload is None) == (grid is None):
+                raise ConfigError(
+                    "--mixed needs exactly one of --mixed-workload WORKLOAD and --mixed-grid GRID.json; give the "
+                    "recorded workload whose mixed steps to measure, or a grid of steps"
+                )
+            if grid is not None:
+                plan = read_grid(grid, route)
+            else:
+                assert workload is not None
+                plan = plan_from_workload(read_workload(workload, k=k), route, max_cells=max_cells)
+            progress = _SweepProgress(quiet=as_json)
+            with progress.progress:
+                result, maybe = execute_mixed(
+                    MixedSweepRequest(
+                        backend=backend,
+                        plan=plan,
+                        ladder=ladder,
+                        out=out,
+                        backend_options=options,
+                        protocol=protocol,
+                        thresholds=thresholds,
+                        seed=seed,
+                        fingerprint=fingerprint,
+                        live=live,
+                        clock_policy=clock_policy,
+                        journal=journal,
+                        resume=resume,
+                        command=tuple(sys.argv),
+                    ),
+                    on_event=progress,
+                )
+            if maybe is None:  # not rank 0: rank 0 reports
+                exit_with(EXIT_OK)
+            output = maybe
+    except MeasurementError as exc:
+        fail(str(exc), code=exc.code, exit_code=EXIT_REJECTED, label="measurement failed")
+    except DsparkError as exc:
+        fail_error(exc)
+    if as_json:
+        print_json(_mixed_json(result, output))
+    else:
+        out_console.print(_mixed_table(result))
+        out_console.print(f"wrote {output.output.summary_path} and {output.output.samples_path}")
+    if not result.complete:
+        missing = ", ".join(c.label() for c in result.unmeasured())
+        err_console.print(f"[bold red]incomplete:[/] no kept samples for {missing}; raise --budget and --resume")
+        exit_with(EXIT_REJECTED)
+    if require_precision and not result.all_precise:
+        exit_with(EXIT_REJECTED)
+    exit_with(EXIT_OK)
 
 
 def _run(request: Any, *, as_json: bool, require_precision: bool) -> None:
@@ -581,6 +765,65 @@ def register(app: typer.Typer) -> None:
         require_precision: Annotated[
             bool, typer.Option(help="Exit 1 unless every cell reached precision.")
         ] = False,
+        mixed: Annotated[
+            bool,
+            typer.Option(
+                "--mixed",
+                help="Measure mixed prefill+decode cells (each paired with its step's native width) instead of "
+                "decode cells; see docs/mixed.md.",
+                rich_help_panel="Mixed prefill+decode",
+            ),
+        ] = False,
+        mixed_workload: Annotated[
+            Path | None,
+            typer.Option(
+                help="--mixed: a recorded workload whose mixed steps say what to measure.",
+                metavar="WORKLOAD.parquet",
+                show_default=False,
+                rich_help_panel="Mixed prefill+decode",
+            ),
+        ] = None,
+        mixed_grid: Annotated[
+            Path | None,
+            typer.Option(
+                help="--mixed: a JSON grid of steps to measure (instead of a workload).",
+                metavar="GRID.json",
+                show_default=False,
+                rich_help_panel="Mixed prefill+decode",
+            ),
+        ] = None,
+        mixed_buckets: Annotated[
+            str,
+            typer.Option(
+                help="--mixed: the captured prefill body buckets (rows).",
+                metavar="B1,B2,...",
+                rich_help_panel="Mixed prefill+decode",
+            ),
+        ] = "96,128,192,256,384,512",
+        mixed_execution_mode: Annotated[
+            str,
+            typer.Option(
+                help="--mixed: the prefill graph mode of the deployment.",
+                metavar="MODE",
+                rich_help_panel="Mixed prefill+decode",
+            ),
+        ] = "BREAKABLE",
+        mixed_max_cells: Annotated[
+            int,
+            typer.Option(
+                help="--mixed: cells to measure at most (TensorRT-LLM holds <= 256).",
+                metavar="N",
+                rich_help_panel="Mixed prefill+decode",
+            ),
+        ] = 256,
+        min_verify_len: Annotated[
+            int,
+            typer.Option(
+                help="--mixed: draft tokens an eligible generation always keeps.",
+                metavar="N",
+                rich_help_panel="Mixed prefill+decode",
+            ),
+        ] = 1,
         as_json: JsonFlag = False,
     ) -> None:
         """Measure T(G, V) for the native and candidate cells of every G, with honest intervals.
@@ -647,6 +890,34 @@ def register(app: typer.Typer) -> None:
             ).arguments()
             for name in ("max_draft_len", "rank_local_graph_batch_sizes"):
                 live.pop(name)
+            base_fp = read_fingerprint(fingerprint) if fingerprint is not None else None
+            if mixed:
+                _sweep_mixed(
+                    backend=backend,
+                    options=options,
+                    k=k,
+                    ladder=parse_ladder(ladder),
+                    out=out,
+                    workload=mixed_workload,
+                    grid=mixed_grid,
+                    buckets=mixed_buckets,
+                    execution_mode=mixed_execution_mode,
+                    max_cells=mixed_max_cells,
+                    min_verify_len=min_verify_len,
+                    protocol=protocol,
+                    thresholds=_thresholds(protocol, preset, chosen),
+                    seed=seed,
+                    fingerprint=base_fp,
+                    live=live,
+                    clock_policy=clock_policy,
+                    journal=journal,
+                    resume=resume,
+                    input_path=input_path,
+                    require_precision=require_precision,
+                    as_json=as_json or json_mode(),
+                )
+            if mixed_workload is not None or mixed_grid is not None:
+                raise ConfigError("--mixed-workload and --mixed-grid need --mixed; add --mixed")
             request = SweepRequest(
                 backend=backend,
                 backend_options=options,
@@ -662,7 +933,7 @@ def register(app: typer.Typer) -> None:
                 protocol=protocol,
                 thresholds=_thresholds(protocol, preset, chosen),
                 seed=seed,
-                fingerprint=read_fingerprint(fingerprint) if fingerprint is not None else None,
+                fingerprint=base_fp,
                 clock_policy=clock_policy,
                 input=input_path,
                 plot=plot and importlib.util.find_spec("matplotlib") is not None,
@@ -671,6 +942,7 @@ def register(app: typer.Typer) -> None:
                 check_memory=memory_check,
                 until_round=until_round,
                 pass_epoch=pass_index,
+                world_size=live.get("gpu_count"),
             )
             if passes > 1:
                 _run_in_passes(passes, request.thresholds.recapture_every or 3, resume, as_json, out)

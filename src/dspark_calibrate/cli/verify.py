@@ -23,7 +23,9 @@ from dspark_calibrate.cli._common import (
     CliCommand,
     JsonFlag,
     LiveAttention,
+    LiveBodyBuckets,
     LiveCheckpoint,
+    LiveExecutionMode,
     LiveGpu,
     LiveGpuCount,
     LiveGpuSnapshot,
@@ -209,6 +211,12 @@ def main(
     live_attention_backend: LiveAttention = None,
     live_moe_backend: LiveMoe = None,
     live_kv_dtype: LiveKvDtype = None,
+    live_body_buckets: LiveBodyBuckets = None,
+    live_execution_mode: LiveExecutionMode = None,
+    no_mixed: Annotated[
+        bool,
+        typer.Option("--no-mixed", help="Leave a bundle's mixed evidence out (mixed steps stay native)."),
+    ] = False,
     unbind: Annotated[
         list[str] | None,
         typer.Option(
@@ -267,6 +275,8 @@ def main(
         attention_backend=live_attention_backend,
         moe_backend=live_moe_backend,
         kv_dtype=live_kv_dtype,
+        body_buckets=live_body_buckets,
+        execution_mode=live_execution_mode,
     )
     from dspark_calibrate.artifacts import BINDING_FIELDS
 
@@ -299,6 +309,7 @@ def main(
             base_options=base_options,
             verbose=verbose,
             json_out=json_out,
+            mixed=not no_mixed,
         )
     _verify_offline(
         artifacts,
@@ -315,6 +326,7 @@ def main(
         max_age_days=max_age_days,
         verbose=verbose,
         json_out=json_out,
+        mixed=not no_mixed,
     )
 
 
@@ -334,9 +346,14 @@ def _verify_offline(
     max_age_days: float | None,
     verbose: bool,
     json_out: bool,
+    mixed: bool = True,
 ) -> None:
-    """The artifact check of ``dspark-verify`` (not the runtime form). Exits the command."""
+    """The artifact check of ``dspark-verify`` (not the runtime form). Exits the command.
+
+    A bundle's optional mixed evidence is verified on its own, after its decode members, and
+    reported as one more report (``--no-mixed`` leaves it out)."""
     from dspark_calibrate.artifacts import (
+        BundleReport,
         Expectation,
         Reason,
         RollbackState,
@@ -344,6 +361,7 @@ def _verify_offline(
         check_trust_root_freshness,
         read_fingerprint,
         verify_inputs,
+        verify_mixed,
     )
 
     if expect_fingerprint is not None and live:
@@ -359,6 +377,9 @@ def _verify_offline(
             live_info = ctx.to_dict()
         rollback = RollbackState(state) if state is not None else None
         chain = read_root_chain(root_chain)
+        # The mixed route facts are bound under --live, and whenever they are given.
+        given = live_options.body_buckets is not None or live_options.execution_mode is not None
+        mixed_live = live_options.mixed_live() if live or given else None
     except DsparkError as exc:
         fail_error(exc)
     expected = Expectation(
@@ -366,6 +387,7 @@ def _verify_offline(
         unbound_fields=frozenset(unbind or ()),
         allow_synthetic=allow_synthetic,
         max_age=timedelta(days=max_age_days) if max_age_days is not None else None,
+        mixed=mixed_live,
     )
     now = utcnow()
     # The pinned trust root first: never older than the newest one this state accepted (TUF's
@@ -377,12 +399,18 @@ def _verify_offline(
         if "path" in root_info
         else None
     )
+    reports: list[Any] = []
     if root_finding is not None:
-        reports: list[Any] = [VerificationReport(path=Path(root_info["path"]), findings=(root_finding,))]
+        reports.append(VerificationReport(path=Path(root_info["path"]), findings=(root_finding,)))
     else:
-        reports = list(
-            verify_inputs(artifacts, root, now=now, expected=expected, state=rollback, record=record)
-        )
+        for report in verify_inputs(artifacts, root, now=now, expected=expected, state=rollback, record=record):
+            reports.append(report)
+            if mixed and isinstance(report, BundleReport) and report.ok:
+                extra = verify_mixed(
+                    report.path, root, now=now, decode=report, expected=expected, state=rollback, record=record
+                )
+                if extra.present:
+                    reports.append(extra)
     io_error = any(r.reason is Reason.IO_ERROR for r in reports)
     rejected = [r for r in reports if not r.ok]
     code = EXIT_USAGE if io_error else EXIT_REJECTED if rejected else EXIT_OK
@@ -406,7 +434,7 @@ def _verify_offline(
         if r.ok:
             if not json_out:
                 out_console.print(f"[green]VALID[/] {escape(r.message)}")
-                for n in r.notices:
+                for n in getattr(r, "notices", ()):
                     err_console.print(f"[yellow]notice[/] {n.code}: {escape(n.message)}")
             continue
         err_console.print(f"[bold red]REJECTED[/] {r.code}: {escape(r.message)}")

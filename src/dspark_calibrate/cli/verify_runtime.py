@@ -123,6 +123,15 @@ def _render(
     if decision.active and (options is None or options.active):
         if not json_out:  # stdout carries only the JSON report then
             out_console.print(f"[green]ADMITTED[/] {decision.message}")
+        m = decision.mixed
+        mixed_code = options.mixed_reason_code if options is not None else None
+        if m is not None and m.active and mixed_code is None:
+            if not json_out:
+                out_console.print(f"[green]MIXED ADMITTED[/] {m.message}")
+        elif m is not None:
+            code = mixed_code or m.reason_code
+            message = (options.mixed_message if options is not None and mixed_code else None) or m.message
+            err_console.print(f"[yellow]MIXED NATIVE[/] {code}: {message}")
     elif decision.active and options is not None:
         err_console.print(f"[bold red]STATIC K[/] {options.reason_code}: {options.message}")
     else:
@@ -153,6 +162,7 @@ def run_runtime(
     base_options: Path | None,
     verbose: bool,
     json_out: bool,
+    mixed: bool = True,
 ) -> NoReturn:
     """The runtime form of ``dspark-verify`` (see the module docstring). Exits the command.
 
@@ -208,6 +218,8 @@ def run_runtime(
             max_artifact_age=(
                 timedelta(days=max_age_days) if max_age_days is not None else DEFAULT_MAX_ARTIFACT_AGE
             ),
+            mixed=mixed,
+            mixed_live=live_options.mixed_live(),
         )
     except ConfigError as exc:
         problem = str(exc)

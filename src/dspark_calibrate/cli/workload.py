@@ -64,19 +64,63 @@ def synth(
             show_default=False,
         ),
     ] = None,
+    prefill_share: Annotated[
+        float,
+        typer.Option(
+            "--prefill-share",
+            help="Share of mixed (prefill + decode) steps; above 0 the load takes --levels rows per rank "
+            "and a mixed step runs one context chunk (writes <stem>.mixed.parquet beside --out).",
+        ),
+    ] = 0.0,
+    levels: Annotated[
+        str, typer.Option("--levels", help="With --prefill-share: rows per rank, e.g. 6,10,14.")
+    ] = "6,10,14",
+    chunk_sizes: Annotated[
+        str, typer.Option("--chunk-sizes", help="With --prefill-share: context chunk sizes.")
+    ] = "48,96",
+    positions: Annotated[
+        str, typer.Option("--positions", help="With --prefill-share: prompt positions of the chunks.")
+    ] = "128,256",
+    history: Annotated[
+        int, typer.Option("--history", help="With --prefill-share: KV history of generations.")
+    ] = 1024,
     json_out: JsonFlag = False,
 ) -> None:
     """Generate a synthetic workload (marked synthetic: build needs --allow-synthetic)."""
-    from dspark_calibrate.calibrate.deployment.workload import synthesize_workload, write_workload
+    from dspark_calibrate.calibrate.deployment.workload import (
+        synthesize_mixed_workload,
+        synthesize_workload,
+        write_workload,
+    )
 
     try:
         temps = [float(t) for t in temperatures.split(",")] if temperatures else None
     except ValueError:
         fail_usage(f"--temperatures {temperatures!r} is not a list of numbers; give e.g. 1.3,1.4,1.5")
+    def ints(text: str, option: str) -> list[int]:
+        try:
+            return [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            fail_usage(f"{option} {text!r} is not a list of integers; give e.g. 48,96")
+
     try:
-        w = synthesize_workload(
-            k=k, steps=steps, ranks=ranks, max_rows=max_rows, seed=seed, temperatures=temps
-        )
+        if prefill_share > 0:
+            w = synthesize_mixed_workload(
+                k=k,
+                steps=steps,
+                ranks=ranks,
+                levels=ints(levels, "--levels"),
+                prefill_share=prefill_share,
+                chunk_sizes=ints(chunk_sizes, "--chunk-sizes"),
+                positions=ints(positions, "--positions"),
+                history=history,
+                seed=seed,
+                temperatures=temps,
+            )
+        else:
+            w = synthesize_workload(
+                k=k, steps=steps, ranks=ranks, max_rows=max_rows, seed=seed, temperatures=temps
+            )
         out.parent.mkdir(parents=True, exist_ok=True)
         write_workload(out, w)
     except DsparkError as exc:

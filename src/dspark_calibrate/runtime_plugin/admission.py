@@ -23,6 +23,15 @@ returns an :class:`AdmissionDecision`; it never raises. Checks, in order:
     (6) sentinel (optional): re-measure a few cells live
     (7) rank agreement, when ``torch.distributed`` is initialised (``ranks.agree``)
 
+and, once decode scheduling is admitted, apart from it, the bundle's optional mixed prefill+decode
+evidence (DESIGN §10): its own manifest and members through the same pipeline (bound to the live
+fingerprint and to the live body buckets and execution mode), the checks across them and the
+decode members, every gate of its receipt and its economics. Invalid or missing mixed evidence
+leaves mixed steps native (``decision.mixed`` says why) and never turns off the decode decision;
+an inactive decode decision clears it. The mixed checks catch the failures bad evidence can cause
+(the consumer's own list: I/O, type, value, key and arithmetic errors), so that only a defect of
+this package, not bad mixed evidence, reaches the one fail-closed boundary.
+
 then one structured log line and the optional metrics callback. The only broad ``except`` of the
 package lives in :func:`admit`: an unexpected exception anywhere becomes an inactive decision with
 ``INTERNAL_ERROR`` and the exception's repr, logged once.
@@ -57,6 +66,8 @@ from dspark_calibrate.artifacts import (
     DEFAULT_STATE_LOCK_TIMEOUT_S,
     Finding,
     Fingerprint,
+    MixedLive,
+    MixedRoute,
     ModelError,
     ReadLimits,
     Reason,
@@ -65,8 +76,12 @@ from dspark_calibrate.artifacts import (
     sha256_hex,
 )
 from dspark_calibrate.decision import Status
-from dspark_calibrate.errors import ConfigError, ProbeError
-from dspark_calibrate.runtime_plugin.admission_decision import STATIC_ENGINE_CONFIG, AdmissionDecision
+from dspark_calibrate.errors import ConfigError, DsparkError, ProbeError
+from dspark_calibrate.runtime_plugin.admission_decision import (
+    STATIC_ENGINE_CONFIG,
+    AdmissionDecision,
+    MixedAdmission,
+)
 from dspark_calibrate.runtime_plugin.economics import (
     ADMISSION_SUMMARY_FIELDS,
     AdmissionEconomics,
@@ -76,13 +91,14 @@ from dspark_calibrate.runtime_plugin.economics import (
 )
 from dspark_calibrate.runtime_plugin.engine import planner_inputs
 from dspark_calibrate.runtime_plugin.live import LiveContext, collect_live
+from dspark_calibrate.runtime_plugin.mixed import MixedCostTable, MixedEconomics
 from dspark_calibrate.runtime_plugin.ranks import agree
 from dspark_calibrate.runtime_plugin.sentinel import SentinelPolicy, run_sentinel
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from dspark_calibrate.artifacts import TrustRoot, VerifiedArtifact
+    from dspark_calibrate.artifacts import BundleReport, TrustRoot, VerifiedArtifact
 
 __all__ = [
     "ADMISSION_SUMMARY_FIELDS",
@@ -142,6 +158,9 @@ class AdmissionPolicy:
         sentinel: re-measure cells live before activating; ``None`` = off.
         rank_agreement: exchange decisions across ranks when torch.distributed is initialised.
         limits: size limits for reading untrusted files.
+        mixed: decide the bundle's mixed prefill+decode evidence too (off: mixed steps native).
+        mixed_live: the live body buckets and execution mode mixed evidence is bound to (None:
+            not established, so mixed evidence is not admitted).
     """
 
     allow_synthetic: bool = False
@@ -156,6 +175,8 @@ class AdmissionPolicy:
     sentinel: SentinelPolicy | None = None
     rank_agreement: bool = True
     limits: ReadLimits = DEFAULT_LIMITS
+    mixed: bool = True
+    mixed_live: MixedLive | None = None
 
     def __post_init__(self) -> None:
         members = tuple(sorted(set(self.required_members)))
@@ -202,6 +223,15 @@ class AdmissionPolicy:
                 "samples": self.sentinel.samples,
             },
             "rank_agreement": self.rank_agreement,
+            "mixed": self.mixed,
+            "mixed_live": None
+            if self.mixed_live is None
+            else {
+                "body_buckets": list(self.mixed_live.body_buckets)
+                if self.mixed_live.body_buckets is not None
+                else None,
+                "execution_mode": self.mixed_live.execution_mode,
+            },
         }
 
 
@@ -314,6 +344,12 @@ class _Run:
         """An inactive decision for ``findings`` with everything known so far."""
         self.info.update(extra)
         first = findings[0]
+        if "mixed" not in self.info:
+            self.info["mixed"] = MixedAdmission(
+                False,
+                first.code,
+                f"decode scheduling is not admitted ({first.code}); mixed evidence is cleared with it",
+            )
         return AdmissionDecision(
             active=False,
             reason=first.reason,
@@ -425,6 +461,7 @@ def _engine_config(
     calibration: VerifiedArtifact,
     econ: AdmissionEconomics | None,
     bundle_sha256: str | None,
+    mixed: MixedAdmission | None = None,
 ) -> Mapping[str, Any]:
     config: Mapping[str, Any] = _frozen(
         {
@@ -434,9 +471,116 @@ def _engine_config(
             "cells": [list(c) for c in sorted(_cells(cost_table.table))],
             "minimum_predicted_gain": econ.minimum_predicted_gain if econ is not None else None,
             "bundle_sha256": bundle_sha256,
+            # Ranks must agree on the mixed decision too: it changes the rows a mixed step runs.
+            "mixed": {
+                "active": mixed is not None and mixed.active,
+                "cells": mixed.cells if mixed is not None else 0,
+                "version": mixed.version if mixed is not None else None,
+            },
         }
     )
     return config
+
+
+#: Failures bad mixed evidence can cause in the mixed checks (the consumer's loader catches the
+#: same kinds); anything else is a defect and reaches ``admit``'s one fail-closed boundary.
+_MIXED_FAILURES = (DsparkError, OSError, ValueError, KeyError, TypeError, ArithmeticError)
+
+
+def _mixed_inactive(finding: Finding, **info: Any) -> MixedAdmission:
+    return MixedAdmission(False, finding.code, finding.message, (finding,), **info)
+
+
+def _decide_mixed(
+    bundle: Path,
+    root: TrustRoot,
+    ctx: LiveContext,
+    policy: AdmissionPolicy,
+    now: datetime,
+    report: BundleReport,
+) -> MixedAdmission:
+    """The mixed evidence's decision, after decode scheduling was admitted (see the module docstring)."""
+    from dspark_calibrate.artifacts import Expectation, verify_mixed
+
+    if not policy.mixed:
+        return _mixed_inactive(
+            Finding(
+                Reason.CONFIG_INVALID,
+                "mixed evidence not asked for (policy.mixed off): mixed steps stay native",
+                "mixed",
+            )
+        )
+    try:
+        state = (
+            RollbackState(policy.state_path, lock_timeout_s=policy.state_lock_timeout_s)
+            if policy.state_path is not None
+            else None
+        )
+        mixed = verify_mixed(
+            bundle,
+            root,
+            now=now,
+            decode=report,
+            expected=Expectation(
+                fingerprint=ctx.fingerprint,
+                unbound_fields=policy.unbound_fields,
+                allow_synthetic=policy.allow_synthetic,
+                max_age=policy.max_artifact_age,
+                mixed=policy.mixed_live or MixedLive(),
+            ),
+            state=state,
+            record=state is not None and policy.record_state,
+            limits=policy.limits,
+        )
+        if not mixed.present:
+            return _mixed_inactive(
+                Finding(
+                    Reason.BUNDLE_MEMBER_MISSING,
+                    f"{mixed.path}: the bundle has no mixed evidence; mixed steps stay native",
+                    field="mixed",
+                )
+            )
+        if not mixed.ok:
+            return _mixed_inactive(mixed.findings[0], report=mixed)
+        admission, costs = mixed.artifact("mixed-admission"), mixed.artifact("mixed-cost-table")
+        assert admission is not None and costs is not None
+        econ = MixedEconomics.from_summary(admission.summary)
+        failed = [g for g, ok in econ.gates.items() if not ok]
+        if failed or not econ.admitted:
+            why = (
+                f"gates {failed} not passed"
+                if failed
+                else f"economics do not admit (net {econ.net_ms():.6g} ms)"
+            )
+            return _mixed_inactive(
+                Finding(
+                    Reason.GAIN_NOT_PROVEN, f"{mixed.path}: {why}; mixed steps stay native", field="mixed"
+                ),
+                report=mixed,
+            )
+        table = MixedCostTable.from_rows(
+            costs.table.to_pylist(),
+            MixedRoute.from_dict(costs.summary["route"]),
+            minimum_predicted_gain=float(costs.summary["minimum_predicted_gain"]),
+        )
+    except _MIXED_FAILURES as exc:
+        return _mixed_inactive(
+            Finding(
+                Reason.CONTENT_INVALID,
+                f"{bundle}: mixed evidence unusable ({exc}); mixed steps stay native",
+                "mixed",
+            )
+        )
+    return MixedAdmission(
+        True,
+        Reason.OK.value,
+        f"{mixed.path}: admitted mixed evidence v{mixed.bundle.version if mixed.bundle else '?'} ({len(table.cells)} cells)",
+        cells=len(table.cells),
+        version=mixed.bundle.version if mixed.bundle is not None else None,
+        allow_synthetic=policy.allow_synthetic,
+        table=table,
+        report=mixed,
+    )
 
 
 def _decide(
@@ -600,12 +744,17 @@ def _decide(
         run.info["sentinel"] = sentinel
         if not sentinel.ok:
             return run.inactive(sentinel.findings)
+    # (6b) the optional mixed evidence, decided apart from decode
+    run.enter("mixed")
+    mixed = _decide_mixed(bundle_path, root, ctx, policy, now, report)
+    run.done()
+    run.info["mixed"] = mixed
     return AdmissionDecision(
         active=True,
         reason=Reason.OK,
         reason_code=Reason.OK.value,
         message=f"{bundle_path}: admitted bundle v{report.version}; dynamic verification enabled",
-        engine_config=_engine_config(cost_table, calibration, econ, run.info.get("bundle_sha256")),
+        engine_config=_engine_config(cost_table, calibration, econ, run.info.get("bundle_sha256"), mixed),
         timings_ms=run.timings_ms(),
         **run.info,
     )

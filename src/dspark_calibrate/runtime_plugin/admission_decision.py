@@ -20,9 +20,10 @@ from dspark_calibrate.runtime_plugin.economics import AdmissionEconomics
 from dspark_calibrate.runtime_plugin.sentinel import SentinelReport
 
 if TYPE_CHECKING:
-    from dspark_calibrate.artifacts import BundleReport, VerifiedArtifact
+    from dspark_calibrate.artifacts import BundleReport, MixedReport, VerifiedArtifact
+    from dspark_calibrate.runtime_plugin.mixed import MixedCostTable
 
-__all__ = ["STATIC_ENGINE_CONFIG", "AdmissionDecision"]
+__all__ = ["STATIC_ENGINE_CONFIG", "AdmissionDecision", "MixedAdmission"]
 
 #: Engine configuration of every inactive decision: static K, nothing else.
 STATIC_ENGINE_CONFIG: Mapping[str, Any] = MappingProxyType({"enable_confidence_scheduling": False})
@@ -35,6 +36,47 @@ def _plain(obj: Any) -> Any:
     if isinstance(obj, (tuple, list)):
         return [_plain(v) for v in obj]
     return obj
+
+
+@dataclass(frozen=True, slots=True)
+class MixedAdmission:
+    """Whether mixed prefill+decode steps may run compact, decided apart from decode (DESIGN §10).
+
+    Inactive mixed evidence leaves mixed steps native; it never turns off an admitted decode
+    policy. An inactive decode decision clears it.
+
+    Attributes:
+        active: mixed steps may use the deployed mixed cells.
+        reason_code: ``OK``, or why not (e.g. ``BUNDLE_MEMBER_MISSING:mixed``, ``GAIN_NOT_PROVEN:mixed``).
+        message: one human line.
+        findings: every finding of the failing check.
+        cells: deployed mixed cells when active.
+        version: the mixed manifest's version.
+        allow_synthetic: the policy accepted synthetic evidence (the export needs to know).
+        table: the runtime's mixed cost table when active (not part of equality).
+        report: the verification report (not part of equality).
+    """
+
+    active: bool
+    reason_code: str
+    message: str
+    findings: tuple[Finding, ...] = ()
+    cells: int = 0
+    version: int | None = None
+    allow_synthetic: bool = False
+    table: MixedCostTable | None = field(default=None, repr=False, compare=False)
+    report: MixedReport | None = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "active": self.active,
+            "reason_code": self.reason_code,
+            "message": self.message,
+            "cells": self.cells,
+            "version": self.version,
+            "findings": [f.to_dict() for f in self.findings],
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +102,7 @@ class AdmissionDecision:
         sentinel: the sentinel's report, when it ran.
         decided_at: the ``now`` of the decision.
         bundle_report: the full verification report (for exporters; not part of equality).
+        mixed: the mixed prefill+decode decision (None: not decided, e.g. decode failed first).
     """
 
     active: bool
@@ -82,6 +125,7 @@ class AdmissionDecision:
     sentinel: SentinelReport | None = None
     decided_at: datetime | None = None
     bundle_report: BundleReport | None = field(default=None, repr=False, compare=False)
+    mixed: MixedAdmission | None = None
 
     def __bool__(self) -> bool:
         return self.active
@@ -122,6 +166,15 @@ class AdmissionDecision:
             message=finding.message,
             findings=(finding,),
             engine_config=STATIC_ENGINE_CONFIG,
+            mixed=None
+            if self.mixed is None
+            else replace(
+                self.mixed,
+                active=False,
+                reason_code=finding.code,
+                message=f"decode scheduling is off ({finding.code}); mixed evidence is cleared with it",
+                table=None,
+            ),
         )
 
     def with_timing(self, name: str, seconds: float) -> AdmissionDecision:
@@ -148,6 +201,13 @@ class AdmissionDecision:
             "timings_ms": {k: v for k, v in self.timings_ms.items() if "." not in k},
             "sentinel_cost_ms": round(self.sentinel.cost_s * 1e3, 3) if self.sentinel is not None else None,
             "decided_at": self.decided_at.isoformat() if self.decided_at is not None else None,
+            "mixed": None
+            if self.mixed is None
+            else {
+                "active": self.mixed.active,
+                "reason_code": self.mixed.reason_code,
+                "cells": self.mixed.cells,
+            },
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -162,4 +222,5 @@ class AdmissionDecision:
             if self.live_fingerprint is not None
             else None,
             "sentinel": self.sentinel.to_dict() if self.sentinel is not None else None,
+            "mixed": self.mixed.to_dict() if self.mixed is not None else None,
         }

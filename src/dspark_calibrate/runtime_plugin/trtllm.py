@@ -8,6 +8,11 @@ so nobody else can swap the files between export and the engine reading them. An
 decision, or an export that fails, becomes the static-K configuration with every confidence field
 cleared; a failure here never blocks serving.
 
+An active mixed decision (DESIGN §10) adds ``confidence_mixed_evidence`` (the seven fields, its
+three file pins taken from the bytes on disk). A mixed export that fails (for instance evidence
+measured off TensorRT-LLM's mixed route) is retried without it: the decode fields stand, the
+mixed failure is recorded (``mixed_reason_code``), and mixed steps stay native.
+
 Everything is plain dicts and YAML; ``tensorrt_llm`` classes are used only by
 :func:`to_decoding_config`, and only when the package is importable. This module creates the
 export directory and writes the options file; the export itself is ``artifacts.export_trtllm``.
@@ -72,6 +77,15 @@ CONFIDENCE_FIELDS: tuple[str, ...] = (
     "confidence_sps_live_fingerprint_path",
     "confidence_admission_receipt_path",
     "confidence_admission_receipt_sha256",
+    "confidence_mixed_evidence",
+)
+#: The mixed evidence's files, by the ``confidence_mixed_evidence`` path field naming each.
+MIXED_EXPORTED_FILES: Mapping[str, str] = MappingProxyType(
+    {
+        "costs_path": "mixed_costs.json",
+        "admission_path": "mixed_admission.json",
+        "live_fingerprint_path": "mixed_live_fingerprint.json",
+    }
 )
 #: Path fields and the file ``export_trtllm`` writes for each.
 EXPORTED_FILES: Mapping[str, str] = MappingProxyType(
@@ -113,6 +127,9 @@ class TrtllmOptions:
         max_draft_len: K of the deployment when known (the bundle's when active, else the live one).
         export_dir: the package directory the files were written to (active only).
         files: the exported files by field name (active only).
+        mixed_active: ``confidence_mixed_evidence`` is set (mixed steps may run compact).
+        mixed_reason_code, mixed_message: why not, when the decision's mixed evidence is inactive
+            or its export failed.
     """
 
     active: bool
@@ -122,6 +139,9 @@ class TrtllmOptions:
     max_draft_len: int | None = None
     export_dir: Path | None = None
     files: Mapping[str, Path] = field(default_factory=lambda: MappingProxyType({}))
+    mixed_active: bool = False
+    mixed_reason_code: str | None = None
+    mixed_message: str | None = None
 
     def llm_api_options(self, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """These fields merged into an ``extra_llm_api_options`` mapping (see :func:`llm_api_options`).
@@ -141,6 +161,11 @@ class TrtllmOptions:
             "max_draft_len": self.max_draft_len,
             "export_dir": str(self.export_dir) if self.export_dir is not None else None,
             "files": {k: str(v) for k, v in self.files.items()},
+            "mixed": {
+                "active": self.mixed_active,
+                "reason_code": self.mixed_reason_code,
+                "message": self.mixed_message,
+            },
         }
 
 
@@ -278,37 +303,92 @@ def decoding_fields(
     live = decision.live_fingerprint
     # The exporter binds the ten engine fields once more when all of them were established live.
     bind = live if live is not None and not live.missing(TRTLLM_FINGERPRINT_FIELDS) else None
-    try:
-        package = _private_dir(out_dir) / PACKAGE_DIR
-        export = exporter if exporter is not None else _default_exporter()
-        export(
-            decision.bundle_report,
-            package,
-            selector_identity=selector_identity,
-            live_fingerprint=bind,
-            overwrite=True,
-        )
-        files = {name: package / filename for name, filename in EXPORTED_FILES.items()}
-        # Pin what is on disk: that is what the engine will read.
-        digests = {name: sha256_hex(_read_pinned(path)) for name, path in files.items()}
-        receipt_path = files["confidence_admission_receipt_path"]
-        _check_receipt(_read_pinned(receipt_path), digests, receipt_path)
-    except (DsparkError, OSError, ImportError) as exc:
-        return _export_failed(f"TensorRT-LLM export failed: {exc}", "export", k)
-    fields = {
+    mixed = decision.mixed
+    mixed_code = mixed.reason_code if mixed is not None and not mixed.active else None
+    mixed_message = mixed.message if mixed is not None and not mixed.active else None
+    attempts = [True, False] if mixed is not None and mixed.active else [False]
+    block: dict[str, str] | None = None
+    for with_mixed in attempts:
+        try:
+            package = _private_dir(out_dir) / PACKAGE_DIR
+            export = exporter if exporter is not None else _default_exporter()
+            extra: dict[str, Any] = {}
+            if with_mixed:
+                assert mixed is not None
+                extra = {"mixed": mixed.report, "allow_synthetic": mixed.allow_synthetic}
+            export(
+                decision.bundle_report,
+                package,
+                selector_identity=selector_identity,
+                live_fingerprint=bind,
+                overwrite=True,
+                **extra,
+            )
+            files = {name: package / filename for name, filename in EXPORTED_FILES.items()}
+            # Pin what is on disk: that is what the engine will read.
+            digests = {name: sha256_hex(_read_pinned(path)) for name, path in files.items()}
+            receipt_path = files["confidence_admission_receipt_path"]
+            _check_receipt(_read_pinned(receipt_path), digests, receipt_path)
+            block = _mixed_block(package) if with_mixed else None
+        except (DsparkError, OSError, ImportError) as exc:
+            if with_mixed:
+                finding = Finding(Reason.EXPORT_FAILED, f"mixed evidence export failed: {exc}", field="mixed")
+                mixed_code, mixed_message = finding.code, finding.message
+                continue
+            return _export_failed(f"TensorRT-LLM export failed: {exc}", "export", k)
+        break
+    fields: dict[str, Any] = {
         "enable_confidence_scheduling": True,
         **{name: str(path) for name, path in files.items()},
         "confidence_admission_receipt_sha256": digests["confidence_admission_receipt_path"],
     }
+    if block is not None:
+        fields["confidence_mixed_evidence"] = block
     return TrtllmOptions(
         active=True,
         reason_code=Reason.OK.value,
-        message=f"confidence scheduling enabled with the deployment files in {package}",
+        message=f"confidence scheduling enabled with the deployment files in {package}"
+        + ("; mixed evidence enabled" if block is not None else ""),
         fields=MappingProxyType(fields),
         max_draft_len=k,
         export_dir=package,
         files=MappingProxyType(files),
+        mixed_active=block is not None,
+        mixed_reason_code=mixed_code,
+        mixed_message=mixed_message,
     )
+
+
+def _mixed_block(package: Path) -> dict[str, str]:
+    """``confidence_mixed_evidence`` for the mixed files on disk (pins of their exact bytes).
+
+    Raises:
+        ConfigError: the receipt on disk does not pin the costs file beside it.
+        OSError: a file is missing or unreadable.
+    """
+    paths = {key: package / name for key, name in MIXED_EXPORTED_FILES.items()}
+    data = {key: _read_pinned(path) for key, path in paths.items()}
+    try:
+        receipt = loads_strict(data["admission_path"], what=str(paths["admission_path"]))
+        costs = loads_strict(data["costs_path"], what=str(paths["costs_path"]))
+    except JsonError as exc:
+        raise ConfigError(str(exc)) from exc
+    if not isinstance(receipt, dict) or receipt.get("costs_sha256") != sha256_hex(data["costs_path"]):
+        raise ConfigError(
+            f"{paths['admission_path']}: the mixed receipt does not pin the costs file beside it"
+        )
+    protocol = costs.get("protocol_sha256") if isinstance(costs, dict) else None
+    if not is_sha256_hex(protocol):
+        raise ConfigError(f"{paths['costs_path']}: no protocol pin")
+    return {
+        "costs_path": str(paths["costs_path"]),
+        "costs_sha256": sha256_hex(data["costs_path"]),
+        "admission_path": str(paths["admission_path"]),
+        "admission_sha256": sha256_hex(data["admission_path"]),
+        "protocol_sha256": str(protocol),
+        "live_fingerprint_path": str(paths["live_fingerprint_path"]),
+        "live_fingerprint_sha256": sha256_hex(data["live_fingerprint_path"]),
+    }
 
 
 def llm_api_options(

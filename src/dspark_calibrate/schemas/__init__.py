@@ -25,6 +25,11 @@ from dspark_calibrate.schemas._arrow import (
 from dspark_calibrate.schemas._json import (
     ADMISSION_SUMMARY_KEYS,
     DRAIN_GUARD_SUMMARY_KEYS,
+    MIXED_ADMISSION_SUMMARY_KEYS,
+    MIXED_COST_SUMMARY_KEYS,
+    MIXED_GATES,
+    MIXED_RESULT_FILES,
+    MIXED_RESULTS,
     PER_BUCKET_KEYS,
     json_schema,
     logical_hash_spec,
@@ -33,6 +38,7 @@ from dspark_calibrate.schemas._limits import (
     MAX_COMPACT_CELLS_PER_G,
     MAX_COMPACT_CELLS_TOTAL,
     MAX_COST_TABLE_ROWS,
+    MAX_MIXED_CELLS,
 )
 
 __all__ = [
@@ -43,6 +49,12 @@ __all__ = [
     "MAX_COMPACT_CELLS_PER_G",
     "MAX_COMPACT_CELLS_TOTAL",
     "MAX_COST_TABLE_ROWS",
+    "MAX_MIXED_CELLS",
+    "MIXED_ADMISSION_SUMMARY_KEYS",
+    "MIXED_COST_SUMMARY_KEYS",
+    "MIXED_GATES",
+    "MIXED_RESULTS",
+    "MIXED_RESULT_FILES",
     "PER_BUCKET_KEYS",
     "SCHEMA_VERSION",
     "SUPPORTED_SCHEMA_VERSIONS",

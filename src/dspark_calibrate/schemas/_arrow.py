@@ -224,9 +224,123 @@ _register(
     ],
 )
 
+# Mixed prefill+decode evidence (DESIGN §10). A mixed cell is one exact geometry: per rank, in rank
+# order, twelve integer features (flattened rank by rank), the body capacity bucket and each
+# rank's actual and native rows. Cells are measured paired with the native width of the same step
+# (its "group": the rank features, run at the paid bucket with native rows, capacity 0 here).
+_GEOMETRY = [
+    _f("rank_features", pa.list_(_I64)),  # world_size x 12 features, rank by rank
+    _f("actual_rank_rows", pa.list_(_I64)),
+    _f("native_rank_rows", pa.list_(_I64)),
+    _f("native_capacity", _I64),  # the paid bucket: the smallest holding every rank's native rows
+]
+_MIXED_SAMPLES_KEYS = ("mixed_group", "capacity", "round", "rank", "sample_index")
+_register(
+    "mixed-sweep",
+    1,
+    ("group_sha256", "capacity"),
+    [
+        _f("mixed_group", _I64),  # index of the step in the sweep (the samples table's key)
+        _f("group_sha256", _STR),  # SHA-256 of the canonical JSON of the rank features
+        _f("capacity", _I64),  # 0: the native arm of the group; else the cell's body bucket
+        _f("geometry_sha256", _STR),  # SHA-256 of the consumer geometry's canonical JSON
+        *_GEOMETRY,
+        _f("workload_steps", _I64),  # recorded steps with this geometry (0 for a user grid)
+        *_SWEEP_V1[3:],  # step_time_ms .. source_result_sha256, as a decode sweep states them
+        *_PAIRED,
+        _f("epochs", _I64),
+        _f("power_capped", _I64),
+        # The backend's output check: rows whose greedy tokens the candidate and the native
+        # forward both produce, and how many of them disagree (0 rows: not checked).
+        _f("accuracy_rows", _I64),
+        _f("accuracy_mismatches", _I64),
+    ],
+)
+_register(
+    "mixed-sweep-samples",
+    1,
+    _MIXED_SAMPLES_KEYS,
+    [_f("mixed_group", _I64), _f("capacity", _I64), *_SAMPLES_V1[2:], _f("epoch", _I64)],
+)
+# Deployed mixed cells (signed): the consumer's four cell fields plus what build priced them with.
+_register(
+    "mixed-cost-table",
+    1,
+    ("geometry_sha256",),
+    [
+        _f("geometry_sha256", _STR),
+        _f("mixed_group", _I64),
+        _f("group_sha256", _STR),
+        _f("capacity", _I64),
+        *_GEOMETRY,
+        _f("native_lower_ms", _F64),  # 2.5% bound of the native arm's 95% reproduction interval
+        _f("candidate_upper_ms", _F64),  # 97.5% bound of the cell's own 95% reproduction interval
+        _f("measurement_result_sha256", _STR),  # logical hash of the cell's paired samples
+        _f("native_ms", _F64),
+        _f("native_ci_low_ms", _F64),
+        _f("native_ci_high_ms", _F64),
+        _f("candidate_ms", _F64),
+        _f("candidate_ci_low_ms", _F64),
+        _f("candidate_ci_high_ms", _F64),
+        _f("saving", _F64),
+        _f("saving_ci_low", _F64),
+        _f("saving_ci_high", _F64),
+        _f("paired_rounds", _I64),
+        _f("common_mode_rel", _F64),
+        _f("native_level_rel", _F64),
+        _f("samples", _I64),
+        _f("native_samples", _I64),
+        _f("stop_reason", _STR),
+        _f("accuracy_rows", _I64),
+        _f("accuracy_mismatches", _I64),
+    ],
+)
+# Per deployed mixed cell replay statistics; the mixed economics ride in the signed summary.
+_register(
+    "mixed-admission",
+    1,
+    ("geometry_sha256",),
+    [
+        _f("geometry_sha256", _STR),
+        _f("chosen_steps", _I64),
+        _f("value_ms", _F64),
+        _f("value_ms_lower_bound", _F64),
+    ],
+)
+# What a mixed step holds beyond its generation rows (companion of a ``workload``): one row per
+# context chunk (role "context") and per generation request of a mixed step (role "generation").
+_register(
+    "workload-mixed",
+    1,
+    ("step", "rank", "request_id"),
+    [
+        _f("step", _I64),
+        _f("rank", _I64),
+        _f("request_id", _STR),
+        _f("role", _STR),  # context | generation
+        _f("chunk_size", _I64),  # context: tokens of the chunk (0 for a generation)
+        _f("chunk_position", _I64),  # context: prompt tokens already cached before the chunk
+        _f("compressed_tokens", _I64),  # context: compressed KV tokens the chunk attends to
+        _f("real", pa.bool_()),  # context: a request's chunk (False: a dummy request)
+        _f("history", _I64),  # generation: KV-cache tokens before the step
+        _f("eligible", pa.bool_()),  # generation: the confidence path may shorten it
+        _f("bootstrap", pa.bool_()),  # generation: its first generation step
+    ],
+)
+
 KINDS: tuple[str, ...] = tuple(sorted(_SPECS))
 #: Kinds that can be signed and deployed (DESIGN §4).
-ARTIFACT_KINDS: tuple[str, ...] = ("admission", "calibration", "cost-table", "sweep", "sweep-samples")
+ARTIFACT_KINDS: tuple[str, ...] = (
+    "admission",
+    "calibration",
+    "cost-table",
+    "mixed-admission",
+    "mixed-cost-table",
+    "mixed-sweep",
+    "mixed-sweep-samples",
+    "sweep",
+    "sweep-samples",
+)
 #: The version every writer writes, per kind.
 SCHEMA_VERSION: Mapping[str, int] = MappingProxyType({k: s.version for k, s in _SPECS.items()})
 #: Every version that is still read and verified, per kind (ascending; the last one is written).

@@ -6,8 +6,10 @@ Imports nothing of ours; reads package data only.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from functools import cache
 from importlib import resources
+from types import MappingProxyType
 from typing import Any
 
 from dspark_calibrate.errors import InvalidValueError
@@ -16,6 +18,11 @@ __all__ = [
     "ADMISSION_SUMMARY_KEYS",
     "DRAIN_GUARD_SUMMARY_KEYS",
     "JSON_SCHEMAS",
+    "MIXED_ADMISSION_SUMMARY_KEYS",
+    "MIXED_COST_SUMMARY_KEYS",
+    "MIXED_GATES",
+    "MIXED_RESULTS",
+    "MIXED_RESULT_FILES",
     "PER_BUCKET_KEYS",
     "json_schema",
     "logical_hash_spec",
@@ -59,6 +66,60 @@ PER_BUCKET_KEYS: tuple[str, ...] = (
     "ci_low",
     "ci_high",
     "compact_share",
+)
+
+#: The exact keys of a ``mixed-cost-table``'s signed summary.
+MIXED_COST_SUMMARY_KEYS: tuple[str, ...] = ("cells", "route", "minimum_predicted_gain", "protocol_sha256")
+#: The five release gates of a mixed receipt, and the result each rests on (``None``: the gate is
+#: the conjunction of the others and the economics).
+MIXED_GATES: tuple[str, ...] = (
+    "accuracy_pass",
+    "runtime_invariants_pass",
+    "matched_workload_pass",
+    "source_and_measurements_verified",
+    "production_admission",
+)
+#: The result files of a mixed bundle (``mixed/results/<name>.json``), by the receipt hash naming each.
+MIXED_RESULTS: tuple[tuple[str, str], ...] = (
+    ("accuracy_result_sha256", "accuracy"),
+    ("runtime_invariants_result_sha256", "runtime_invariants"),
+    ("matched_workload_result_sha256", "matched_workload"),
+    ("selector_replay_sha256", "selector_replay"),
+    ("measurement_results_sha256", "measurement_results"),
+)
+#: Every result file of a mixed bundle, by name, as a path inside ``<bundle>/mixed/``; the signed
+#: mixed-admission summary pins each by the SHA-256 of its bytes (``summary["results"][name]``).
+MIXED_RESULT_FILES: Mapping[str, str] = MappingProxyType(
+    {
+        "accuracy": "results/accuracy.json",
+        "runtime_invariants": "results/runtime_invariants.json",
+        "matched_workload": "results/matched_workload.json",
+        "selector_replay": "results/selector_replay.bin",
+        "measurement_results": "results/measurement_results.json",
+        "source_and_measurements": "results/source_and_measurements.json",
+    }
+)
+#: The exact keys of a ``mixed-admission``'s signed summary.
+MIXED_ADMISSION_SUMMARY_KEYS: tuple[str, ...] = (
+    "route",
+    "protocol_sha256",
+    "minimum_predicted_gain",
+    "policy_steps",
+    "compact_choices",
+    "gross_compact_value_ms_lower_bound",
+    "fixed_confidence_path_overhead_ms_upper_bound",
+    "safety_margin_ms",
+    "net_value_ms",
+    "admitted",
+    "gates",
+    "results",
+    "predicted_gain",
+    "predicted_gain_ci_low",
+    "predicted_gain_ci_high",
+    "decode_part",
+    "mixed_part",
+    "decode_members",
+    "workload_identity_sha256",
 )
 
 #: Names of the JSON Schemas shipped (``<name>.schema.json``).

@@ -316,3 +316,81 @@ def test_import_trtllm_refuses_a_fifo_without_blocking(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     with fifo_watchdog(tmp_path), pytest.raises(ConfigError, match="not a regular file"):
         read_recorder_shards([fifo])
+
+
+# --- mixed steps: the workload-mixed companion table -----------------------------------------------
+
+
+def _mixed_workload(tmp_path: Path) -> tuple[Path, Any]:
+    from dspark_calibrate.calibrate.deployment.workload import synthesize_mixed_workload
+
+    w = synthesize_mixed_workload(k=3, steps=300, ranks=2, seed=1, prefill_share=0.5)
+    path = tmp_path / "w.parquet"
+    write_workload(path, w)
+    return path, w
+
+
+def test_mixed_steps_round_trip_with_their_companion(tmp_path: Path) -> None:
+    from dspark_calibrate.calibrate.deployment.workload import mixed_path
+
+    path, w = _mixed_workload(tmp_path)
+    assert mixed_path(path).is_file()
+    back = read_workload(path, k=3)
+    assert back.mixed is not None and back.mixed.equals(w.mixed)
+    steps = back.mixed_step_rows()
+    assert 0.35 < len(steps) / back.steps < 0.65  # about the asked prefill share
+    for s in steps[:20]:
+        assert s.description.has_real_context()
+        assert s.stop - s.start == sum(len(r.generations) for r in s.description.ranks)
+
+
+def _edit_companion(path: Path, change: Any) -> None:
+    from dspark_calibrate.calibrate.deployment.workload import mixed_path
+
+    companion = mixed_path(path)
+    table = pq.read_table(companion)
+    pq.write_table(change(table), companion)
+
+
+def _drop_first_generation(t: pa.Table) -> pa.Table:
+    role = t.column("role").to_pylist()
+    i = role.index("generation")
+    return pa.concat_tables([t.slice(0, i), t.slice(i + 1)]).replace_schema_metadata(t.schema.metadata)
+
+
+def test_a_missing_or_edited_companion_is_refused(tmp_path: Path) -> None:
+    from dspark_calibrate.calibrate.deployment.workload import mixed_path
+
+    path, _ = _mixed_workload(tmp_path)
+    _edit_companion(path, _drop_first_generation)
+    with pytest.raises(ConfigError, match=r"needs its mixed entry|logical hash"):
+        read_workload(path, k=3)
+    mixed_path(path).unlink()
+    with pytest.raises(ConfigError, match="cannot be read"):
+        read_workload(path, k=3)
+
+
+def _context_payload(rank: int) -> dict[str, Any]:
+    p = _payload(rank, 8, step_id=True, seed=rank, ids=True)
+    p["logits"] = p["logits"][:, :K]
+    p["history"] = np.full(8, 300, dtype=np.int64)
+    if rank == 0:  # one chunk in step 1 (rows 4..7): that step is mixed
+        p["context_step_id"] = np.array([1])
+        p["context_request_id"] = np.array([999])
+        p["context_chunk_size"] = np.array([64])
+        p["context_position"] = np.array([128])
+    return p
+
+
+def test_recorder_shards_with_context_chunks_give_mixed_steps() -> None:
+    w = workload_from_recorder_payloads([_context_payload(0), _context_payload(1)])
+    steps = w.mixed_step_rows()
+    assert [s.step for s in steps] == [1]
+    (step,) = steps
+    r0 = step.description.ranks[0]
+    assert [(c.size, c.position) for c in r0.context] == [(64, 128)]
+    assert all(g.history == 300 for r in step.description.ranks for g in r.generations)
+    broken = _context_payload(0)
+    del broken["history"]
+    with pytest.raises(ConfigError, match="history"):
+        workload_from_recorder_payloads([broken])

@@ -440,7 +440,7 @@ def test_first_line_is_the_verdict(page: Page, html: str) -> None:
 
 def test_sections_and_headings_golden(page: Page) -> None:
     sections = [i for i in page.ids if i in REPORT_SECTIONS]
-    assert sections == list(REPORT_SECTIONS)
+    assert sections == [s for s in REPORT_SECTIONS if s != "mixed"]  # a decode-only bundle
     assert tuple(page.headings) == GOLDEN_HEADINGS
 
 
@@ -1187,3 +1187,47 @@ def test_page_requests_parser_on_a_recorded_shape(tmp_path: Path) -> None:
     path = tmp_path / "net.json"
     path.write_text(json.dumps(log)[:-2], encoding="utf-8")  # truncated, as after a kill
     assert page_requests(path) == ["https://cdn.example", "https://cdn.example/a.css"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Mixed prefill+decode evidence
+# ---------------------------------------------------------------------------------------------
+
+
+def test_mixed_section_shows_the_cells_and_the_mixed_share(mixed_dep8: Any) -> None:
+    from dspark_calibrate.artifacts import read_artifact
+
+    allow = Expectation(allow_synthetic=True)
+    ev = collect_evidence([mixed_dep8.bundle], mixed_dep8.root_file, now=LATER, expected=allow)
+    report = build_report(ev, now=LATER)
+    mx = report.mixed
+    s = mixed_dep8.result.mixed_summary
+    assert mx is not None and mx.valid
+    assert mx.share == pytest.approx(s["mixed_part"]["share"])
+    table = read_artifact(mixed_dep8.bundle / "mixed" / "mixed-cost-table.parquet").table
+    assert len(mx.cells) == table.num_rows > 0
+    page = Page(render_html(report))
+    assert "mixed" in page.ids and "Deployed mixed cells" in page.headings
+    assert page.number("mixed:predicted_gain") == pytest.approx(s["predicted_gain"], abs=5e-4)
+    assert page.number("mixed:mixed_part") == pytest.approx(s["mixed_part"]["predicted_gain"], abs=5e-4)
+    for c in mx.cells:
+        key = f"mixedcell:{c.geometry_sha256}:native_lower_ms"
+        assert page.number(key) == pytest.approx(c.native_lower_ms, rel=1e-3)
+    md = render_markdown(report)
+    assert "## Mixed prefill+decode evidence" in md
+    assert f"({mx.mixed_steps} of {mx.workload_steps};" in md
+
+
+def test_refused_mixed_evidence_is_shown_and_decode_stands(mixed_dep8: Any, tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    shutil.copytree(mixed_dep8.bundle, bundle)
+    (bundle / "mixed" / "results" / "runtime_invariants.json").write_bytes(b"{}")
+    report = build_report(
+        collect_evidence(
+            [bundle], mixed_dep8.root_file, now=LATER, expected=Expectation(allow_synthetic=True)
+        ),
+        now=LATER,
+    )
+    assert report.verified and report.mixed is not None and not report.mixed.valid
+    assert "BUNDLE_MEMBER_MISMATCH" in report.mixed.reason
+    assert "MIXED_REFUSED" in codes(report)

@@ -17,6 +17,11 @@ table (from ``fit``), a ``workload`` trace, signers and the pinned trust root. S
    verification pipeline, write and verify the bundle manifest; plots and ``report/build.json``;
 5. publish by renaming the finished temporary directory: nothing is left behind on failure.
 
+With a mixed sweep (``--mixed-sweep``, DESIGN §10), the workload's mixed steps are priced by the
+measured mixed cells in the same joint resampling (:mod:`.mixed_build`), and the bundle gains
+``mixed/``: the signed mixed cost table, samples and admission, the result files of the mixed
+receipt's gates and their own manifest, verified independently of the decode members.
+
 The replay applies the calibration the runtime applies: TensorRT-LLM uses STS temperatures, so by
 default the calibration table's ``temperature`` column (the fit's STS temperature or its best STS
 approximation) drives the replay; the fitted maps can be used instead for other engines.
@@ -31,7 +36,7 @@ import math
 import secrets
 import shutil
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,6 +60,15 @@ from dspark_calibrate.artifacts import (
     write_unsigned_artifact,
 )
 from dspark_calibrate.calibrate._png import new_figure, png_bytes
+from dspark_calibrate.calibrate.deployment.mixed import MixedEvidence, MixedGrid
+from dspark_calibrate.calibrate.deployment.mixed_build import (
+    MIXED_MINIMUM_GAIN,
+    MixedInputs,
+    MixedOutputs,
+    deploy_mixed,
+    load_mixed_inputs,
+    mixed_outputs,
+)
 from dspark_calibrate.calibrate.deployment.replay import (
     BootstrapSettings,
     CellGrid,
@@ -74,6 +88,7 @@ from dspark_calibrate.runtime_plugin.planner import (
 from dspark_calibrate.schemas import (
     ADMISSION_SUMMARY_KEYS,
     DRAIN_GUARD_SUMMARY_KEYS,
+    MIXED_RESULT_FILES,
     PER_BUCKET_KEYS,
     SchemaMismatch,
     arrow_schema,
@@ -126,6 +141,8 @@ class BuildOptions:
         bootstrap: resampling settings.
         calibration_use: ``sts`` (what TensorRT-LLM applies) or ``native`` (the fitted maps).
         allow_synthetic: accept synthetic inputs (demos, tests).
+        mixed_minimum_predicted_gain: the mixed cost file's margin (None: the decode margin, at
+            least 0.01; the consumer refuses less).
         plots: write PNG plots (needs matplotlib).
         force: replace an existing output directory.
         command: the command line, for provenance.
@@ -144,6 +161,7 @@ class BuildOptions:
     bootstrap: BootstrapSettings = field(default_factory=BootstrapSettings)
     calibration_use: str = "sts"
     allow_synthetic: bool = False
+    mixed_minimum_predicted_gain: float | None = None
     plots: bool = True
     force: bool = False
     command: tuple[str, ...] = ()
@@ -165,6 +183,16 @@ class BuildOptions:
             raise ConfigError(f"--calibration-use must be sts or native, got {self.calibration_use!r}")
         if self.expires_at <= self.issued_at:
             raise ConfigError("--expires must be later than the issue time")
+        gain = self.mixed_minimum_predicted_gain
+        if gain is not None and (not math.isfinite(gain) or gain < MIXED_MINIMUM_GAIN):
+            raise ConfigError(f"--mixed-min-gain must be >= {MIXED_MINIMUM_GAIN}, got {gain}")
+
+    @property
+    def mixed_gain(self) -> float:
+        """The mixed cost file's ``minimum_predicted_gain``."""
+        if self.mixed_minimum_predicted_gain is not None:
+            return self.mixed_minimum_predicted_gain
+        return max(MIXED_MINIMUM_GAIN, self.minimum_predicted_gain)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (for provenance)."""
@@ -179,6 +207,7 @@ class BuildOptions:
             "bootstrap": self.bootstrap.to_dict(),
             "calibration_use": self.calibration_use,
             "allow_synthetic": self.allow_synthetic,
+            "mixed_minimum_predicted_gain": self.mixed_gain,
         }
 
 
@@ -197,6 +226,7 @@ class BuildInputs:
     synthetic_inputs: tuple[str, ...]
     notes: tuple[str, ...]
     calibration_summary: Mapping[str, Any] = field(default_factory=dict)
+    mixed: MixedInputs | None = None
 
     @property
     def k(self) -> int:
@@ -218,6 +248,8 @@ class BuildResult:
     plots: tuple[Path, ...]
     bundle: BundleReport
     notes: tuple[str, ...]
+    mixed_summary: Mapping[str, Any] | None = None
+    mixed_valid: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (for ``--json`` and ``report/build.json``)."""
@@ -233,6 +265,9 @@ class BuildResult:
                 "files": [str(p) for p in self.files],
                 "plots": [str(p) for p in self.plots],
                 "notes": list(self.notes),
+                "mixed": None
+                if self.mixed_summary is None
+                else {"valid": self.mixed_valid, "summary": dict(self.mixed_summary)},
             }
         )
         return out
@@ -258,8 +293,10 @@ def _read(path: Path, kind: str, what: str) -> LoadedArtifact:
     return loaded
 
 
-def load_build_inputs(sweeps: Sequence[Path], calibration: Path, workload: Path) -> BuildInputs:
-    """Read and cross-check the inputs of a build.
+def load_build_inputs(
+    sweeps: Sequence[Path], calibration: Path, workload: Path, *, mixed_sweep: Path | None = None
+) -> BuildInputs:
+    """Read and cross-check the inputs of a build (``mixed_sweep``: a ``sweep --mixed`` summary).
 
     Raises:
         ConfigError: unreadable files, another kind, fingerprints or K that disagree, a G without
@@ -326,7 +363,17 @@ def load_build_inputs(sweeps: Sequence[Path], calibration: Path, workload: Path)
         synthetic_inputs.append(f"calibration {cal.path.name} (fitted on synthetic traces)")
     if wl.synthetic:
         synthetic_inputs.append(f"workload {Path(workload).name}")
+    mixed = load_mixed_inputs(Path(mixed_sweep), fp) if mixed_sweep is not None else None
+    if mixed is not None and mixed.synthetic:
+        synthetic_inputs.append(f"mixed sweep {mixed.path.name} (backend {mixed.provenance.backend})")
     notes = list(wl.notes)
+    n_mixed = len(wl.mixed_step_rows())
+    if n_mixed and mixed is None:
+        notes.append(
+            f"{n_mixed} of the workload's steps are mixed (prefill + decode) and no mixed sweep was given: they "
+            "have no measured cost, the prediction leaves them out (it is blind to them) and every one is charged "
+            "the overhead; measure them with `sweep --mixed` and pass --mixed-sweep"
+        )
     methods = sorted(set(cal_table.column("method").to_pylist()) - {"sts"})
     if methods:
         notes.append(
@@ -352,6 +399,7 @@ def load_build_inputs(sweeps: Sequence[Path], calibration: Path, workload: Path)
         synthetic=bool(synthetic_inputs),
         synthetic_inputs=tuple(synthetic_inputs),
         notes=tuple(notes),
+        mixed=mixed,
     )
 
 
@@ -576,6 +624,14 @@ def build_bundle(
         },
         "workload_identity_sha256": inputs.workload.identity_sha256,
     }
+    mixed_evidence: MixedEvidence | None = None
+    mixed_grid: MixedGrid | None = None
+    mixed_left: tuple[tuple[str, str], ...] = ()
+    if inputs.mixed is not None:
+        mixed_grid = MixedGrid.from_rows(inputs.mixed.rows, inputs.mixed.route, inputs.mixed.protocol_sha256)
+        _, mixed_left, mixed_evidence = deploy_mixed(
+            inputs.workload, mixed_grid, calibration, minimum_predicted_gain=options.mixed_gain
+        )
     report = replay(
         evidence,
         minimum_predicted_gain=options.minimum_predicted_gain,
@@ -586,10 +642,18 @@ def build_bundle(
         safety_margin_ms=options.safety_margin_ms,
         bootstrap=options.bootstrap,
         header=header,
+        mixed=mixed_evidence,
+        mixed_header={
+            "calibration": header["calibration"],
+            "minimum_predicted_gain": options.mixed_gain,
+            "workload_identity_sha256": inputs.workload.identity_sha256,
+        },
     )
     del evidence
     summary = admission_summary(report, inputs.workload)
     notes = list(inputs.notes)
+    if mixed_evidence is not None:
+        notes += _mixed_notes(report, mixed_evidence.deployed, mixed_left)
     if grid.dropped:
         notes.append(
             f"never deployed (V=G cannot carry a real row; V=G*(K+1) is the control): {list(grid.dropped)}"
@@ -699,6 +763,27 @@ def build_bundle(
         check = verify_bundle(tmp, trust_root, now=options.issued_at, expected=Expectation(**expected_kw))
         if not check.ok:
             raise ConfigError(f"self-check of the bundle failed: {check.code}: {check.message}")
+        mixed_summary: Mapping[str, Any] | None = None
+        if (
+            inputs.mixed is not None
+            and mixed_evidence is not None
+            and mixed_grid is not None
+            and mixed_evidence.deployed
+        ):
+            outputs = mixed_outputs(
+                inputs.mixed,
+                mixed_grid,
+                mixed_evidence,
+                report,
+                workload=inputs.workload,
+                fingerprint=fp,
+                decode_members={k2: a.logical_sha256 for k2, a in members.items()},
+                minimum_predicted_gain=options.mixed_gain,
+                allow_synthetic=options.allow_synthetic,
+            )
+            _write_mixed(tmp, outputs, inputs, prov, signers, options, check, trust_root)
+            mixed_summary = outputs.admission_summary
+            notes.extend(outputs.notes)
         report_dir = tmp / "report"
         report_dir.mkdir()
         plot_paths: list[Path] = []
@@ -718,6 +803,17 @@ def build_bundle(
     final_check = verify_bundle(
         out_dir, trust_root, now=options.issued_at, expected=Expectation(**expected_kw)
     )
+    mixed_valid = None
+    if mixed_summary is not None:
+        from dspark_calibrate.artifacts import verify_mixed
+
+        mixed_valid = verify_mixed(
+            out_dir,
+            trust_root,
+            now=options.issued_at,
+            decode=final_check,
+            expected=Expectation(**expected_kw),
+        ).ok
     result = BuildResult(
         out_dir=out_dir,
         fingerprint=fp,
@@ -728,6 +824,118 @@ def build_bundle(
         plots=tuple(out_dir / "report" / p.name for p in plot_paths),
         bundle=final_check,
         notes=tuple(notes),
+        mixed_summary=mixed_summary,
+        mixed_valid=mixed_valid,
     )
     atomic_write_bytes(out_dir / "report" / "build.json", canonical_json(result.to_dict()))
     return result
+
+
+def _mixed_notes(report: ReplayReport, deployed: Sequence[Any], left: Sequence[tuple[str, str]]) -> list[str]:
+    mixed = report.mixed
+    assert mixed is not None
+    notes = [
+        f"mixed steps: {mixed.mixed_steps} of {mixed.workload_steps} ({mixed.mixed_steps / max(1, mixed.workload_steps):.0%}); "
+        f"{mixed.mixed_part['priced_steps']} priced by a measured native arm, {mixed.mixed_part['covered_steps']} "
+        f"covered by a deployed cell, {mixed.economics.compact_choices} compact; {len(deployed)} mixed cells deployed"
+    ]
+    if mixed.unpriced_steps:
+        notes.append(
+            f"{mixed.unpriced_steps} mixed steps have no measured native arm: the gains leave them out; measure "
+            "more of the workload's steps (sweep --mixed --mixed-max-cells)"
+        )
+    if not deployed:
+        notes.append(
+            "no mixed cell is deployed (none saves for sure and wins a step): mixed steps stay native"
+        )
+    reasons: dict[str, int] = {}
+    for _, why in left:
+        key = why.split(":", 1)[0]
+        reasons[key] = reasons.get(key, 0) + 1
+    if reasons:
+        notes.append(f"mixed cells not deployed: {dict(sorted(reasons.items()))}")
+    return notes
+
+
+def _write_mixed(
+    tmp: Path,
+    outputs: MixedOutputs,
+    inputs: BuildInputs,
+    prov: Provenance,
+    signers: Sequence[Signer],
+    options: BuildOptions,
+    decode: BundleReport,
+    trust_root: TrustRoot,
+) -> None:
+    """Write, sign and verify the mixed members, result files and manifest into ``tmp/mixed``.
+
+    Raises:
+        ConfigError: a member or the mixed evidence does not verify.
+    """
+    from dspark_calibrate.artifacts import (
+        MIXED_DIR,
+        MIXED_FILES,
+        MIXED_LAYOUT,
+        Expectation,
+        require_valid,
+        sign_artifact,
+        verify_mixed,
+        verify_path,
+        write_bundle,
+    )
+
+    assert inputs.mixed is not None
+    mdir = tmp / MIXED_DIR
+    (mdir / "results").mkdir(parents=True)
+    for name, rel in MIXED_RESULT_FILES.items():
+        atomic_write_bytes(mdir / rel, outputs.results[name])
+    mixed_prov = Provenance(
+        tool_version=__version__,
+        command=tuple(options.command),
+        backend=inputs.mixed.provenance.backend,
+        synthetic=inputs.mixed.synthetic,
+        clock_policy=inputs.mixed.provenance.clock_policy,
+        stopping_rule=inputs.mixed.provenance.stopping_rule,
+        created_at=options.issued_at.isoformat(timespec="seconds"),
+        extra={
+            "mixed_sweep": str(inputs.mixed.path),
+            "mixed_sweep_logical_sha256": inputs.mixed.sweep_logical_sha256,
+            "decode_build": dict(prov.extra).get("inputs", {}),
+        },
+    )
+    tables = {
+        "mixed-cost-table": (outputs.cost_table, outputs.cost_summary),
+        "mixed-sweep-samples": (outputs.samples, outputs.samples_summary),
+        "mixed-admission": (outputs.admission_table, outputs.admission_summary),
+    }
+    expected = Expectation(fingerprint=inputs.fingerprint, allow_synthetic=options.allow_synthetic)
+    members = {}
+    for kind, (table, summary) in tables.items():
+        path = mdir / MIXED_FILES[kind]
+        write_unsigned_artifact(
+            path, table, kind=kind, fingerprint=inputs.fingerprint, provenance=mixed_prov, summary=summary
+        )
+        sign_artifact(
+            read_artifact(path),
+            list(signers),
+            version=options.version,
+            issued_at=options.issued_at,
+            expires_at=options.expires_at,
+        )
+        checked = verify_path(path, trust_root, now=options.issued_at, expected=replace(expected, kind=kind))
+        try:
+            members[kind] = require_valid(checked)
+        except ArtifactRejected as exc:
+            raise ConfigError(f"self-check failed for mixed/{MIXED_FILES[kind]}: {exc}") from exc
+    write_bundle(
+        mdir,
+        members,
+        list(signers),
+        version=options.version,
+        issued_at=options.issued_at,
+        expires_at=options.expires_at,
+        layout=MIXED_LAYOUT,
+    )
+    report = verify_mixed(tmp, trust_root, now=options.issued_at, decode=decode, expected=expected)
+    if not report.ok:
+        raise ConfigError(f"self-check of the mixed evidence failed: {report.code}: {report.message}")

@@ -35,14 +35,16 @@ import numpy as np
 
 from dspark_calibrate.artifacts import canonical_json
 from dspark_calibrate.calibrate.deployment.cells import CellGrid, CellTime
+from dspark_calibrate.calibrate.deployment.mixed import MixedEvidence
 from dspark_calibrate.calibrate.deployment.uncertainty import (
     LEGACY,
+    MixedCosts,
     OverheadModel,
     constant_overhead,
     draw_costs,
     measured_overhead,
 )
-from dspark_calibrate.calibrate.deployment.workload import Workload
+from dspark_calibrate.calibrate.deployment.workload import Workload, WorkloadArrays
 from dspark_calibrate.decision import Decision
 from dspark_calibrate.errors import ConfigError
 from dspark_calibrate.runtime_plugin.economics import classify_gain
@@ -67,6 +69,7 @@ __all__ = [
     "CellGrid",
     "CellTime",
     "Economics",
+    "MixedReplay",
     "ReplayReport",
     "StepEvidence",
     "admission_rule",
@@ -164,6 +167,22 @@ def _chunks(index: np.ndarray, size: int) -> Iterable[np.ndarray]:
         yield index[i : i + size]
 
 
+def _decode_rows(workload: Workload) -> WorkloadArrays:
+    """The workload's rows without its mixed steps (the mixed path prices those, DESIGN §10)."""
+    a = workload.arrays()
+    mixed = workload.mixed_step_ids()
+    if mixed.size == 0:
+        return a
+    keep = ~np.isin(a.step, mixed)
+    if not keep.any():
+        raise ConfigError(
+            "every workload step is mixed; the decode table prices decode steps only (record decode traffic too)"
+        )
+    return WorkloadArrays(
+        a.step[keep], a.rank[keep], a.request[keep], a.logits[keep], a.accepted[keep], a.output_len[keep]
+    )
+
+
 def prepare_evidence(
     workload: Workload,
     grid: CellGrid,
@@ -197,7 +216,7 @@ def prepare_evidence(
     if not 1 <= floor <= k:
         raise ConfigError(f"min_verify_len must be in [1, K={k}], got {floor}")
     cols = k - floor
-    a = workload.arrays()
+    a = _decode_rows(workload)
     n = a.step.shape[0]
     new_group = np.r_[True, (a.step[1:] != a.step[:-1]) | (a.rank[1:] != a.rank[:-1])]
     g_start = np.flatnonzero(new_group)
@@ -627,11 +646,13 @@ class ReplayReport:
     graph_batch_size: np.ndarray
     verifier_budget: np.ndarray
     uncertainty_model: str = ""
+    mixed: MixedReplay | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (without the per-step arrays)."""
         e = self.economics
         return {
+            "mixed": self.mixed.to_dict() if self.mixed is not None else None,
             "policy_steps": self.policy_steps,
             "skipped_steps": self.skipped_steps,
             "static_goodput_tok_per_ms": self.static_goodput_tok_per_ms,
@@ -642,20 +663,7 @@ class ReplayReport:
             "pessimistic_gain": self.pessimistic_gain,
             "uncertainty_model": self.uncertainty_model,
             "compact_step_share": self.compact_step_share,
-            "economics": {
-                "policy_steps": e.policy_steps,
-                "compact_choices": e.compact_choices,
-                "gross_compact_value_ms": e.gross_compact_value_ms,
-                "gross_compact_value_ms_lower_bound": e.gross_compact_value_ms_lower_bound,
-                "fixed_confidence_path_overhead_ms_upper_bound": (
-                    e.fixed_confidence_path_overhead_ms_upper_bound
-                ),
-                "overhead_source": e.overhead_source,
-                "safety_margin_ms": e.safety_margin_ms,
-                "safety_margin_source": e.safety_margin_source,
-                "net_value_ms": e.net_value_ms,
-                "admitted": e.admitted,
-            },
+            "economics": _economics_dict(e),
             "drain_guard": self.drain_guard.to_dict(),
             "drain_guard_estimate": dict(self.drain_guard_estimate),
             "minimum_predicted_gain": self.minimum_predicted_gain,
@@ -670,6 +678,206 @@ class ReplayReport:
                 "detail": self.decision.detail,
             },
         }
+
+
+def _economics_dict(e: Economics) -> dict[str, Any]:
+    return {
+        "policy_steps": e.policy_steps,
+        "compact_choices": e.compact_choices,
+        "gross_compact_value_ms": e.gross_compact_value_ms,
+        "gross_compact_value_ms_lower_bound": e.gross_compact_value_ms_lower_bound,
+        "fixed_confidence_path_overhead_ms_upper_bound": e.fixed_confidence_path_overhead_ms_upper_bound,
+        "overhead_source": e.overhead_source,
+        "safety_margin_ms": e.safety_margin_ms,
+        "safety_margin_source": e.safety_margin_source,
+        "net_value_ms": e.net_value_ms,
+        "admitted": e.admitted,
+    }
+
+
+#: Format tag of the mixed selector-replay record (documented in docs/mixed.md).
+MIXED_REPLAY_FORMAT = "dspark-calibrate/mixed-selector-replay/v1"
+
+
+def mixed_selector_replay(*, step_id: np.ndarray, capacity: np.ndarray, header: Mapping[str, Any]) -> bytes:
+    """The mixed replay's decisions as bytes: canonical JSON header, a newline, then the step ids
+    and the chosen capacities (0: native) as int64 little-endian arrays. Its SHA-256 is the
+    receipt's ``selector_replay_sha256``."""
+    return b"".join(
+        [
+            canonical_json({"format": MIXED_REPLAY_FORMAT, **dict(header)}),
+            b"\n",
+            np.ascontiguousarray(step_id, dtype="<i8").tobytes(),
+            np.ascontiguousarray(capacity, dtype="<i8").tobytes(),
+        ]
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class MixedReplay:
+    """What the replay found for mixed steps, priced in the same draws as the decode steps.
+
+    Attributes:
+        predicted_gain, predicted_gain_ci_low, predicted_gain_ci_high: decode + mixed policy over
+            every priced step, against static K.
+        decode_part, mixed_part: the same policy's gain over decode steps only and mixed steps only
+            (``steps``, ``predicted_gain``, ``ci_low``, ``ci_high``; the mixed part also
+            ``priced_steps``, ``covered_steps``, ``compact_choices``).
+        workload_steps, mixed_steps, unpriced_steps: steps of the workload, mixed ones, and mixed
+            ones without a measured native arm (left out of every gain; charged the overhead).
+        economics: the mixed receipt's (its own compact choices and gross value, the same
+            policy steps, overhead and margin as the decode receipt).
+        per_cell: per deployed mixed cell: geometry hash, chosen steps, value and its lower bound.
+        reasons: the mixed selector's reasons, counted.
+        replay_bytes: :func:`mixed_selector_replay` of the decisions; ``selector_replay_sha256``
+            its SHA-256.
+        static_goodput_tok_per_ms, dynamic_goodput_tok_per_ms: of the decode + mixed policy.
+    """
+
+    predicted_gain: float
+    predicted_gain_ci_low: float
+    predicted_gain_ci_high: float
+    decode_part: Mapping[str, Any]
+    mixed_part: Mapping[str, Any]
+    workload_steps: int
+    mixed_steps: int
+    unpriced_steps: int
+    economics: Economics
+    per_cell: tuple[Mapping[str, Any], ...]
+    reasons: Mapping[str, int]
+    replay_bytes: bytes
+    selector_replay_sha256: str
+    static_goodput_tok_per_ms: float
+    dynamic_goodput_tok_per_ms: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "predicted_gain": self.predicted_gain,
+            "predicted_gain_ci_low": self.predicted_gain_ci_low,
+            "predicted_gain_ci_high": self.predicted_gain_ci_high,
+            "decode_part": dict(self.decode_part),
+            "mixed_part": dict(self.mixed_part),
+            "workload_steps": self.workload_steps,
+            "mixed_steps": self.mixed_steps,
+            "unpriced_steps": self.unpriced_steps,
+            "economics": _economics_dict(self.economics),
+            "per_cell": [dict(c) for c in self.per_cell],
+            "reasons": dict(self.reasons),
+            "selector_replay_sha256": self.selector_replay_sha256,
+            "static_goodput_tok_per_ms": self.static_goodput_tok_per_ms,
+            "dynamic_goodput_tok_per_ms": self.dynamic_goodput_tok_per_ms,
+        }
+
+
+def _mixed_report(
+    mx: MixedEvidence,
+    lay: _Layout,
+    steps: _PolicySteps,
+    point: Mapping[str, np.ndarray],
+    results: Mapping[str, Mapping[str, np.ndarray]],
+    totals: np.ndarray,
+    *,
+    alpha: float,
+    policy_steps: int,
+    overhead_ub: float,
+    margin: float,
+    overhead_source: str,
+    margin_source: str,
+    header: Mapping[str, Any] | None,
+) -> MixedReplay:
+    """The mixed half of a replay (see :class:`MixedReplay`)."""
+
+    def interval(name: str) -> tuple[float, float]:
+        lo = min(_quantile(r[name], alpha) for r in results.values())
+        hi = max(_quantile(r[name], 1 - alpha) for r in results.values())
+        return lo, hi
+
+    lo, hi = interval("gain")
+    d_lo, d_hi = interval("gain_decode")
+    m_lo, m_hi = interval("gain_mixed")
+    priced = mx.priced
+    choices = int((mx.cell[priced] >= 0).sum())
+    gross_lb = max(0.0, min(_quantile(r["gross_mixed"], alpha) for r in results.values()))
+    admitted, net = admission_rule(
+        policy_steps=policy_steps,
+        compact_choices=choices,
+        gross_compact_value_ms_lower_bound=gross_lb,
+        fixed_confidence_path_overhead_ms_upper_bound=overhead_ub,
+        safety_margin_ms=margin,
+    )
+    economics = Economics(
+        policy_steps=policy_steps,
+        compact_choices=choices,
+        gross_compact_value_ms=float(point["gross_mixed"]),
+        gross_compact_value_ms_lower_bound=gross_lb,
+        fixed_confidence_path_overhead_ms_upper_bound=overhead_ub,
+        overhead_source=overhead_source,
+        safety_margin_ms=margin,
+        safety_margin_source=margin_source,
+        net_value_ms=net,
+        admitted=admitted,
+    )
+    blocks = results["blocks of steps"]
+    per_cell = []
+    for j, c in enumerate(mx.deployed):
+        col = lay.n_dc + j
+        chosen = int(totals[4 * lay.n_g + col])
+        per_cell.append(
+            {
+                "geometry_sha256": c.sha256,
+                "chosen_steps": chosen,
+                "value_ms": float(point["value_c"][col]),
+                "value_ms_lower_bound": _quantile(blocks["value_c"][:, col], alpha) if chosen else 0.0,
+            }
+        )
+    capacity = np.array(
+        [mx.deployed[c].geometry.capacity if c >= 0 else 0 for c in mx.cell.tolist()], dtype=np.int64
+    )
+    record = mixed_selector_replay(
+        step_id=mx.step_id,
+        capacity=capacity,
+        header={
+            "route": mx.grid.route.to_dict(),
+            "protocol_sha256": mx.grid.protocol_sha256,
+            "cells": [[c.sha256, c.native_lower_ms, c.candidate_upper_ms] for c in mx.deployed],
+            **dict(header or {}),
+        },
+    )
+    reasons: dict[str, int] = {}
+    for r in mx.reason:
+        reasons[r] = reasons.get(r, 0) + 1
+    n_decode = steps.evidence.steps
+    return MixedReplay(
+        predicted_gain=float(point["gain"]),
+        predicted_gain_ci_low=lo,
+        predicted_gain_ci_high=hi,
+        decode_part={
+            "steps": n_decode,
+            "predicted_gain": float(point["gain_decode"]),
+            "ci_low": d_lo,
+            "ci_high": d_hi,
+        },
+        mixed_part={
+            "steps": mx.steps,
+            "priced_steps": int(priced.sum()),
+            "covered_steps": int(mx.covered.sum()),
+            "compact_choices": choices,
+            "predicted_gain": float(point["gain_mixed"]),
+            "ci_low": m_lo,
+            "ci_high": m_hi,
+        },
+        workload_steps=n_decode + steps.evidence.skipped_steps + mx.steps,
+        mixed_steps=mx.steps,
+        unpriced_steps=int((~priced).sum()),
+        economics=economics,
+        per_cell=tuple(per_cell),
+        reasons=reasons,
+        replay_bytes=record,
+        selector_replay_sha256=hashlib.sha256(record).hexdigest(),
+        static_goodput_tok_per_ms=float(point["static_tok"] / point["static_ms"]),
+        dynamic_goodput_tok_per_ms=float(point["dyn_tok"] / point["dyn_ms"]),
+    )
 
 
 def _overhead_model(
@@ -694,11 +902,23 @@ def _overhead_model(
 
 @dataclass(frozen=True, slots=True)
 class _Layout:
-    """Column layout of the per-unit workload features (see :func:`_features`)."""
+    """Column layout of the per-unit workload features (see :func:`_features`).
+
+    Groups are the ladder's G, then the mixed groups; cells the decode compact cells, then the
+    deployed mixed cells (``n_dg``/``n_dc`` say where the decode part ends).
+    """
 
     n_g: int
     n_c: int
-    cell_g: np.ndarray  # (C,) ladder index of each compact cell
+    cell_g: np.ndarray  # (C,) group index of each compact cell
+    n_dg: int = -1
+    n_dc: int = -1
+
+    def __post_init__(self) -> None:
+        if self.n_dg < 0:
+            object.__setattr__(self, "n_dg", self.n_g)
+        if self.n_dc < 0:
+            object.__setattr__(self, "n_dc", self.n_c)
 
     @property
     def width(self) -> int:
@@ -769,10 +989,17 @@ def _evaluate(
         saved = gross_native[..., lay.cell_g] - gross_compact
         value_c = steps_c * saved - lost_c * ms_per_token[..., None]
         overhead_mean = (steps_g * overhead).sum(-1) / steps_g.sum(-1)
+        parts = {}
+        for name, cols in (("decode", slice(0, lay.n_dg)), ("mixed", slice(lay.n_dg, g))):
+            parts[f"gain_{name}"] = (dyn_tok_g[..., cols].sum(-1) / dyn_ms_g[..., cols].sum(-1)) / (
+                static_tok_g[..., cols].sum(-1) / static_ms_g[..., cols].sum(-1)
+            ) - 1.0
     return {
         "gain": gain,
         "gain_g": gain_g,
-        "gross": value_c.sum(-1),
+        "gross": value_c[..., : lay.n_dc].sum(-1),
+        "gross_mixed": value_c[..., lay.n_dc :].sum(-1),
+        **parts,
         "value_c": value_c,
         "overhead": overhead_mean,
         "static_ms": static_ms,
@@ -817,36 +1044,26 @@ def _choose(evidence: StepEvidence, choice: CellChoice) -> _Choice:
     return _Choice(choice.reason, compact, col, v, tokens, g_index, c_index, cells)
 
 
-def _row_features(evidence: StepEvidence, ch: _Choice, lay: _Layout) -> tuple[np.ndarray, int] | None:
-    """Per-request features (whole requests resampled; each row carries its share of its step)."""
-    ev = evidence
-    if ev.row_step is None or ev.row_tokens is None or ev.row_request is None or ev.row_static_tokens is None:
-        return None
-    valid = ev.row_step >= 0
-    rs = ev.row_step[valid]
-    static = ev.row_static_tokens[valid].astype(np.float64)
-    granted = (
-        ev.row_tokens[valid][np.arange(rs.shape[0]), ch.column[rs]] if ev.row_tokens.shape[1] else static
-    )
-    dynamic = np.where(ch.compact[rs], granted, static).astype(np.float64)
-    _, unit = np.unique(ev.row_request[valid], return_inverse=True)
-    n_units = int(unit.max()) + 1 if unit.size else 0
-    x = _features(lay, unit, n_units, ch.g_index[rs], ch.c_index[rs], 1.0 / ev.rows[rs], static, dynamic)
-    return x, n_units
-
-
 def _quantile(values: np.ndarray, q: float) -> float:
     return float(np.nanquantile(values, q))
 
 
 def _pessimistic_gain(
-    lay: _Layout, totals: np.ndarray, grid: CellGrid, cells: tuple[tuple[int, int], ...], overhead: np.ndarray
+    lay: _Layout,
+    totals: np.ndarray,
+    grid: CellGrid,
+    cells: tuple[tuple[int, int], ...],
+    overhead: np.ndarray,
+    mixed: MixedEvidence | None = None,
 ) -> float:
     """Gain with every deployed saving at the low end of its interval (a stress case, not a bound)."""
     ladder = grid.ladder
     native = np.array([grid.native(g).step_time_ms for g in ladder])
     by_key = {(c.graph_batch_size, c.verifier_budget): c for g in ladder for c in grid.compact(g)}
     low = np.array([1.0 - by_key[k].saving_ci_low for k in cells])
+    if mixed is not None:
+        native = np.r_[native, [g.time.step_time_ms for g in mixed.grid.groups]]
+        low = np.r_[low, [1.0 - c.time.saving_ci_low for c in mixed.deployed]]
     compact = native[lay.cell_g] * low
     return float(_evaluate(lay, totals, native, compact, overhead, native, compact)["gain"])
 
@@ -863,6 +1080,8 @@ def replay(
     safety_margin_ms: float | None = None,
     bootstrap: BootstrapSettings = BootstrapSettings(),
     header: Mapping[str, Any] | None = None,
+    mixed: MixedEvidence | None = None,
+    mixed_header: Mapping[str, Any] | None = None,
 ) -> ReplayReport:
     """Replay both policies over the evidence and state gain, interval and economics jointly.
 
@@ -885,6 +1104,11 @@ def replay(
         safety_margin_ms: the receipt's safety margin (default: 0.5% of the static wall time).
         bootstrap: resampling settings.
         header: extra fields of the selector-replay digest header (calibration, cells, ...).
+        mixed: the workload's mixed steps under the deployed mixed cells (:mod:`.mixed`): priced
+            in the same draws, reported in ``report.mixed``. The report's own gain is then the
+            decode policy's with mixed steps native (what runs without mixed evidence), over
+            decode and priced mixed steps together.
+        mixed_header: extra fields of the mixed selector-replay header.
     """
     ev = evidence
     s_count = ev.steps
@@ -893,47 +1117,64 @@ def replay(
     )
     ch = _choose(ev, choice)
     ladder = ev.grid.ladder
+    mx = mixed
+    n_h = len(mx.grid.groups) if mx is not None else 0
+    n_m = len(mx.deployed) if mx is not None else 0
+    cell_g = [ladder.index(g) for g, _ in ch.cells]
+    if mx is not None:
+        cell_g += [len(ladder) + c.group for c in mx.deployed]
     lay = _Layout(
-        len(ladder), len(ch.cells), np.array([ladder.index(g) for g, _ in ch.cells], dtype=np.int64)
+        len(ladder) + n_h, len(ch.cells) + n_m, np.array(cell_g, dtype=np.int64), len(ladder), len(ch.cells)
     )
     overhead = _overhead_model(ev, overhead_ms, overhead_source)
     rng = np.random.default_rng(bootstrap.seed)
+    mixed_costs = None
+    if mx is not None:
+        mixed_costs = MixedCosts(
+            tuple(g.time for g in mx.grid.groups),
+            tuple(c.time for c in mx.deployed),
+            tuple(c.group for c in mx.deployed),
+        )
     costs = draw_costs(
-        ev.grid, ch.cells, overhead, draws=bootstrap.resamples, rng=rng, confidence=bootstrap.confidence
+        ev.grid,
+        ch.cells,
+        overhead,
+        draws=bootstrap.resamples,
+        rng=rng,
+        confidence=bootstrap.confidence,
+        mixed=mixed_costs,
     )
-    block = bootstrap.block_steps or max(1, round(s_count ** (1.0 / 3.0)))
-    n_blocks = -(-s_count // block) if s_count else 0
-    x_blocks = _features(
-        lay,
-        np.arange(s_count) // block,
-        n_blocks,
-        ch.g_index,
-        ch.c_index,
-        np.ones(s_count),
-        ev.static_tokens.astype(np.float64),
-        ch.tokens.astype(np.float64),
-    )
-    totals = x_blocks.sum(axis=0)
-    point = _evaluate(
-        lay,
-        totals,
+    steps = _PolicySteps.of(ev, ch, mx, lay)
+    n_priced = steps.count
+    block = bootstrap.block_steps or max(1, round(n_priced ** (1.0 / 3.0)))
+    n_blocks = -(-n_priced // block) if n_priced else 0
+    unit = steps.position // block
+    # One resampling prices both policies: decode only (mixed steps native) and decode + mixed.
+    x_decode = steps.features(lay, unit, n_blocks, mixed_cells=False)
+    x_full = steps.features(lay, unit, n_blocks, mixed_cells=True) if mx is not None else x_decode
+    width = lay.width
+    totals = x_decode.sum(axis=0)
+    totals_full = x_full.sum(axis=0)
+    point_args = (
         costs.native_point,
         costs.compact_point,
         costs.overhead_point,
         costs.native_point,
         costs.compact_point,
     )
+    point = _evaluate(lay, totals, *point_args)
+    point_full = _evaluate(lay, totals_full, *point_args)
     alpha = (1.0 - bootstrap.confidence) / 2.0
-    schemes = {"blocks of steps": x_blocks}
-    rows = _row_features(ev, ch, lay)
+    schemes = {"blocks of steps": np.hstack([x_decode, x_full]) if mx is not None else x_decode}
+    rows = steps.row_features(lay)
     if rows is not None:
-        schemes["requests"] = rows[0]
-    results = {}
+        schemes["requests"] = rows
+    results, results_full = {}, {}
+    draw_args = (costs.native, costs.compact, costs.overhead, costs.gross_native, costs.gross_compact)
     for name, x in schemes.items():
         agg = _resample_sums(rng, x, bootstrap)
-        results[name] = _evaluate(
-            lay, agg, costs.native, costs.compact, costs.overhead, costs.gross_native, costs.gross_compact
-        )
+        results[name] = _evaluate(lay, agg[:, :width], *draw_args)
+        results_full[name] = _evaluate(lay, agg[:, width:], *draw_args) if mx is not None else results[name]
     ci_low = min(_quantile(r["gain"], alpha) for r in results.values())
     ci_high = max(_quantile(r["gain"], 1 - alpha) for r in results.values())
     gross_low = min(_quantile(r["gross"], alpha) for r in results.values())
@@ -966,15 +1207,18 @@ def replay(
         )
     else:
         margin, margin_src = float(safety_margin_ms), "user-supplied"
+    # Every step the engine runs with confidence scheduling on pays the overhead, mixed steps
+    # included (priced or not: their time is unknown, the overhead is not).
+    policy_steps = max(1, n_priced + steps.unpriced)
     admitted, net = admission_rule(
-        policy_steps=max(1, s_count),
+        policy_steps=policy_steps,
         compact_choices=compact_choices,
         gross_compact_value_ms_lower_bound=gross_lb,
         fixed_confidence_path_overhead_ms_upper_bound=overhead_ub,
         safety_margin_ms=margin,
     )
     economics = Economics(
-        policy_steps=s_count,
+        policy_steps=policy_steps,
         compact_choices=compact_choices,
         gross_compact_value_ms=float(point["gross"]),
         gross_compact_value_ms_lower_bound=gross_lb,
@@ -988,13 +1232,13 @@ def replay(
     blocks = results["blocks of steps"]
     per_bucket = []
     for i, g in enumerate(ladder):
-        steps = int(totals[i])
-        if steps == 0:
+        n_steps = int(totals[i])
+        if n_steps == 0:
             continue
         per_bucket.append(
             {
                 "graph_batch_size": int(g),
-                "steps": steps,
+                "steps": n_steps,
                 "predicted_gain": float(point["gain_g"][i]),
                 "ci_low": _quantile(blocks["gain_g"][:, i], alpha),
                 "ci_high": _quantile(blocks["gain_g"][:, i], 1 - alpha),
@@ -1044,15 +1288,32 @@ def replay(
         },
     )
     gain = float(point["gain"])
+    mixed_report = None
+    if mx is not None:
+        mixed_report = _mixed_report(
+            mx,
+            lay,
+            steps,
+            point_full,
+            results_full,
+            totals_full,
+            alpha=alpha,
+            policy_steps=policy_steps,
+            overhead_ub=overhead_ub,
+            margin=margin,
+            overhead_source=overhead_src,
+            margin_source=margin_src,
+            header=mixed_header,
+        )
     return ReplayReport(
-        policy_steps=s_count,
+        policy_steps=policy_steps,
         skipped_steps=ev.skipped_steps,
         static_goodput_tok_per_ms=float(point["static_tok"] / point["static_ms"]),
         dynamic_goodput_tok_per_ms=float(point["dyn_tok"] / point["dyn_ms"]),
         predicted_gain=gain,
         predicted_gain_ci_low=ci_low,
         predicted_gain_ci_high=ci_high,
-        pessimistic_gain=_pessimistic_gain(lay, totals, ev.grid, ch.cells, costs.overhead_point),
+        pessimistic_gain=_pessimistic_gain(lay, totals, ev.grid, ch.cells, costs.overhead_point, mx),
         compact_step_share=compact_choices / s_count if s_count else 0.0,
         economics=economics,
         drain_guard=drain_guard,
@@ -1073,4 +1334,116 @@ def replay(
         graph_batch_size=ev.graph_batch_size,
         verifier_budget=ch.verifier_budget,
         uncertainty_model=costs.model,
+        mixed=mixed_report,
     )
+
+
+@dataclass(frozen=True, eq=False)
+class _PolicySteps:
+    """Every priced policy step, decode and mixed, with what each policy does on it.
+
+    Decode steps come first, then the mixed steps that have a measured native arm; ``position``
+    is each entry's rank in step order (the block bootstrap's order).
+    """
+
+    g_index: np.ndarray
+    c_decode: np.ndarray  # the decode policy: mixed steps native
+    c_full: np.ndarray  # decode + mixed
+    static: np.ndarray
+    tokens_decode: np.ndarray
+    tokens_full: np.ndarray
+    position: np.ndarray
+    unpriced: int
+    evidence: StepEvidence
+    choice: _Choice
+    mixed: MixedEvidence | None
+
+    @property
+    def count(self) -> int:
+        return int(self.g_index.shape[0])
+
+    @classmethod
+    def of(cls, ev: StepEvidence, ch: _Choice, mx: MixedEvidence | None, lay: _Layout) -> _PolicySteps:
+        if mx is None:
+            n = ev.steps
+            static = ev.static_tokens.astype(np.float64)
+            tokens = ch.tokens.astype(np.float64)
+            return cls(
+                ch.g_index, ch.c_index, ch.c_index, static, tokens, tokens, np.arange(n), 0, ev, ch, None
+            )
+        priced = mx.priced
+        m_cell = mx.cell[priced]
+        step_all = np.r_[ev.step_id, mx.step_id[priced]]
+        order = np.argsort(step_all, kind="stable")
+        position = np.empty_like(order)
+        position[order] = np.arange(order.shape[0])
+        static_m = mx.static_tokens[priced].astype(np.float64)
+        return cls(
+            g_index=np.r_[ch.g_index, lay.n_dg + mx.group[priced]].astype(np.int64),
+            c_decode=np.r_[ch.c_index, np.full(m_cell.shape[0], -1)].astype(np.int64),
+            c_full=np.r_[ch.c_index, np.where(m_cell >= 0, lay.n_dc + m_cell, -1)].astype(np.int64),
+            static=np.r_[ev.static_tokens.astype(np.float64), static_m],
+            tokens_decode=np.r_[ch.tokens.astype(np.float64), static_m],
+            tokens_full=np.r_[ch.tokens.astype(np.float64), mx.tokens[priced].astype(np.float64)],
+            position=position,
+            unpriced=int((~priced).sum()),
+            evidence=ev,
+            choice=ch,
+            mixed=mx,
+        )
+
+    def features(self, lay: _Layout, unit: np.ndarray, n_units: int, *, mixed_cells: bool) -> np.ndarray:
+        c = self.c_full if mixed_cells else self.c_decode
+        tokens = self.tokens_full if mixed_cells else self.tokens_decode
+        return _features(lay, unit, n_units, self.g_index, c, np.ones(self.count), self.static, tokens)
+
+    def row_features(self, lay: _Layout) -> np.ndarray | None:
+        """Per-request features of both policies side by side (decode | full), rows of decode and
+        priced mixed steps resampled by whole requests."""
+        ev, ch, mx = self.evidence, self.choice, self.mixed
+        if (
+            ev.row_step is None
+            or ev.row_tokens is None
+            or ev.row_request is None
+            or ev.row_static_tokens is None
+        ):
+            return None
+        valid = ev.row_step >= 0
+        rs = ev.row_step[valid]
+        static = ev.row_static_tokens[valid].astype(np.float64)
+        granted = (
+            ev.row_tokens[valid][np.arange(rs.shape[0]), ch.column[rs]] if ev.row_tokens.shape[1] else static
+        )
+        dynamic = np.where(ch.compact[rs], granted, static).astype(np.float64)
+        request = ev.row_request[valid]
+        g, c_dec, c_full = ch.g_index[rs], ch.c_index[rs], ch.c_index[rs]
+        weight = 1.0 / ev.rows[rs]
+        dyn_dec, dyn_full = dynamic, dynamic
+        if mx is not None:
+            priced = mx.priced
+            index = np.full(mx.steps, -1, dtype=np.int64)
+            index[priced] = np.arange(int(priced.sum()))
+            keep = priced[mx.row_step]
+            ms = mx.row_step[keep]
+            # A mixed step without generation rows (only prefill) still counts once.
+            empty = np.flatnonzero(priced & (np.bincount(mx.row_step, minlength=mx.steps) == 0))
+            per_step = np.maximum(np.bincount(mx.row_step, minlength=mx.steps), 1)
+            m_rows = np.r_[ms, empty]
+            m_static = np.r_[mx.row_static[keep], np.zeros(empty.size)].astype(np.float64)
+            m_tokens = np.r_[mx.row_tokens[keep], np.zeros(empty.size)].astype(np.float64)
+            m_req = np.r_[mx.row_request[keep], -1 - empty]
+            m_cell = mx.cell[m_rows]
+            g = np.r_[g, lay.n_dg + mx.group[m_rows]]
+            c_dec = np.r_[c_dec, np.full(m_rows.shape[0], -1)]
+            c_full = np.r_[c_full, np.where(m_cell >= 0, lay.n_dc + m_cell, -1)]
+            weight = np.r_[weight, 1.0 / per_step[m_rows]]
+            dyn_dec = np.r_[dynamic, m_static]
+            dyn_full = np.r_[dynamic, m_tokens]
+            static = np.r_[static, m_static]
+            request = np.r_[request, m_req]
+        _, unit = np.unique(request, return_inverse=True)
+        n_units = int(unit.max()) + 1 if unit.size else 0
+        x_dec = _features(lay, unit, n_units, g, c_dec, weight, static, dyn_dec)
+        if mx is None:
+            return x_dec
+        return np.hstack([x_dec, _features(lay, unit, n_units, g, c_full, weight, static, dyn_full)])

@@ -17,6 +17,11 @@ is, so only prices move. Savings of one cell repeat on every step that chose it,
 uncertainty does not average out over a long workload: that is why the workload alone is not
 enough, and why no per-step worst case is ever combined (it would refuse gains that are real).
 
+Mixed prefill+decode steps (DESIGN §10) join the same draws: each measured group's native arm
+moves by the common level and its own ``exp(ε_h)``, each mixed cell's saving is drawn from its
+paired interval, and a mixed step pays the overhead of the confidence path like any policy step
+(the largest relative forced-K overhead of the draw times the step's native time, or the constant).
+
 Tables without paired savings (schema 1) are priced the pre-pairing way, flagged ``legacy``:
 costs exact for the gain's interval, and for the gross value every compact step's saving shrunk to
 ``ci_low(G,0) − ci_high(G,V)``.
@@ -40,6 +45,7 @@ __all__ = [
     "JOINT",
     "LEGACY",
     "CostDraws",
+    "MixedCosts",
     "OverheadModel",
     "draw_costs",
 ]
@@ -66,8 +72,26 @@ class OverheadModel:
 
 
 @dataclass(frozen=True, slots=True)
+class MixedCosts:
+    """The mixed part of the table: measured groups' native arms and the deployed mixed cells.
+
+    Attributes:
+        natives: one per group (``step_time_ms``, ``ci_low_ms``, ``level_rel``, ``common_mode_rel``).
+        cells: the deployed mixed cells (their paired savings), in the caller's order.
+        cell_group: (M,) the group index of each cell.
+    """
+
+    natives: tuple[CellTime, ...]
+    cells: tuple[CellTime, ...]
+    cell_group: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class CostDraws:
     """Point costs and ``B`` joint draws of every deployed cell (ms).
+
+    With mixed costs, the G columns are followed by one per mixed group and the C columns by one
+    per mixed cell.
 
     Attributes:
         native_point, overhead_point: (G,) in ladder order.
@@ -76,6 +100,7 @@ class CostDraws:
         gross_native, gross_compact: the draws that price the gross compact value (the same
             arrays under the joint model; the pessimistic ends under the legacy model).
         model: :data:`JOINT` or :data:`LEGACY`.
+        common_level: (B, 1) the common level factor of each replicate (joint model only).
     """
 
     native_point: np.ndarray
@@ -87,6 +112,7 @@ class CostDraws:
     gross_native: np.ndarray
     gross_compact: np.ndarray
     model: str
+    common_level: np.ndarray | None = None
 
 
 def _split_normal(rng: np.random.Generator, cells: Sequence[CellTime], draws: int, z: float) -> np.ndarray:
@@ -111,6 +137,7 @@ def draw_costs(
     draws: int,
     rng: np.random.Generator,
     confidence: float = 0.95,
+    mixed: MixedCosts | None = None,
 ) -> CostDraws:
     """Joint draws of the deployed cells' serving costs (see the module docstring).
 
@@ -121,7 +148,101 @@ def draw_costs(
         draws: replicates B.
         rng: the generator (shared with the workload resampling of the same build).
         confidence: the level the stored intervals were formed at.
+        mixed: the mixed groups and cells priced in the same draws (appended columns).
     """
+    costs = _draw_decode(
+        grid,
+        compact,
+        overhead,
+        draws=draws,
+        rng=rng,
+        confidence=confidence,
+        common=_common_sd(grid, compact, mixed),
+    )
+    if mixed is None:
+        return costs
+    return _with_mixed(costs, grid, overhead, mixed, draws=draws, rng=rng, confidence=confidence)
+
+
+def _common_sd(grid: CellGrid, compact: Sequence[tuple[int, int]], mixed: MixedCosts | None) -> float:
+    """The common level's SD: the largest any deployed cell states (decode and mixed)."""
+    by_key = {(c.graph_batch_size, c.verifier_budget): c for g in grid.ladder for c in grid.compact(g)}
+    cells = [grid.native(g) for g in grid.ladder] + [by_key[k] for k in compact]
+    if mixed is not None:
+        cells += list(mixed.natives) + list(mixed.cells)
+    return max((c.common_mode_rel for c in cells), default=0.0)
+
+
+def _with_mixed(
+    costs: CostDraws,
+    grid: CellGrid,
+    overhead: OverheadModel,
+    mixed: MixedCosts,
+    *,
+    draws: int,
+    rng: np.random.Generator,
+    confidence: float,
+) -> CostDraws:
+    """Append the mixed groups and cells to decode draws (same common level, same overhead model)."""
+    h = len(mixed.natives)
+    col = np.array(mixed.cell_group, dtype=np.int64)
+    native_point = np.array([c.step_time_ms for c in mixed.natives])
+    saving_point = np.array([c.saving for c in mixed.cells])
+    compact_point = native_point[col] * (1.0 - saving_point) if col.size else np.zeros(0)
+    ladder_native = costs.native_point
+    # Overhead of a mixed step: the confidence path's relative cost (the largest of the forced-K arms)
+    # times the step's native time, or the constant per-step amount.
+    if overhead.measured:
+        rel_point = float(np.max(costs.overhead_point / ladder_native)) if ladder_native.size else 0.0
+        rel_draws = (
+            np.max(costs.overhead / costs.native, axis=1, keepdims=True)
+            if ladder_native.size
+            else np.zeros((draws, 1))
+        )
+    else:
+        rel_point, rel_draws = 0.0, np.zeros((draws, 1))
+    constant = float(overhead.per_g_ms[0]) if not overhead.measured and overhead.per_g_ms else 0.0
+    over_point = native_point * rel_point + constant
+    if costs.model == LEGACY:
+        native = np.broadcast_to(native_point, (draws, h))
+        compact = np.broadcast_to(compact_point, (draws, col.size))
+        gross_native = np.broadcast_to(np.array([c.ci_low_ms for c in mixed.natives]), (draws, h))
+        gross_compact = np.broadcast_to(np.array([c.ci_high_ms for c in mixed.cells]), (draws, col.size))
+        over = np.broadcast_to(over_point, (draws, h))
+    else:
+        z = float(ndtri(0.5 + confidence / 2))
+        # The common level of this replicate, recovered from the decode natives' draws.
+        level = costs.common_level if costs.common_level is not None else np.zeros((draws, 1))
+        own = rng.standard_normal((draws, h)) * np.array([c.level_rel for c in mixed.natives])
+        native = native_point * np.exp(level + own)
+        saving = _split_normal(rng, mixed.cells, draws, z)
+        compact = native[:, col] * (1.0 - saving) if col.size else np.zeros((draws, 0))
+        gross_native, gross_compact = native, compact
+        over = native * rel_draws + constant
+    return CostDraws(
+        np.concatenate([costs.native_point, native_point]),
+        np.concatenate([costs.compact_point, compact_point]),
+        np.concatenate([costs.overhead_point, over_point]),
+        np.concatenate([costs.native, native], axis=1),
+        np.concatenate([costs.compact, compact], axis=1),
+        np.concatenate([costs.overhead, over], axis=1),
+        np.concatenate([costs.gross_native, gross_native], axis=1),
+        np.concatenate([costs.gross_compact, gross_compact], axis=1),
+        costs.model,
+    )
+
+
+def _draw_decode(
+    grid: CellGrid,
+    compact: Sequence[tuple[int, int]],
+    overhead: OverheadModel,
+    *,
+    draws: int,
+    rng: np.random.Generator,
+    confidence: float,
+    common: float,
+) -> CostDraws:
+    """The decode cells' draws (the model of the module docstring)."""
     ladder = grid.ladder
     natives = [grid.native(g) for g in ladder]
     by_key = {(c.graph_batch_size, c.verifier_budget): c for g in ladder for c in grid.compact(g)}
@@ -151,8 +272,7 @@ def draw_costs(
     # The best estimate of a compact cell's cost is its native cell's times the paired saving:
     # the pairing removed what the two medians' rounds did not share.
     compact_point = native_point[col] * (1.0 - np.array([c.saving for c in cells]))
-    common_sd = max((c.common_mode_rel for c in (*natives, *cells)), default=0.0)
-    level = rng.standard_normal((draws, 1)) * common_sd
+    level = rng.standard_normal((draws, 1)) * common
     own = rng.standard_normal((draws, len(ladder))) * np.array([c.level_rel for c in natives])
     native = native_point * np.exp(level + own)
     saving = _split_normal(rng, cells, draws, z)
@@ -171,7 +291,16 @@ def draw_costs(
     else:
         over = np.broadcast_to(overhead_point, (draws, len(ladder)))
     return CostDraws(
-        native_point, compact_point, overhead_point, native, compact_draws, over, native, compact_draws, JOINT
+        native_point,
+        compact_point,
+        overhead_point,
+        native,
+        compact_draws,
+        over,
+        native,
+        compact_draws,
+        JOINT,
+        common_level=level,
     )
 
 

@@ -12,6 +12,12 @@ as the recorded graph batch size (a sample of G rows per step); pad rows were dr
 recorder, so such steps can mix neighbouring iterations. The result is marked ``approximate`` and
 the approximation is stated in its notes and, by ``build``, in the signed admission summary.
 
+**Mixed steps** (DESIGN §10): a step that also runs context (prefill) chunks carries a companion
+``workload-mixed`` table (``<stem>.mixed.parquet``, named with its logical hash in the workload's
+provenance): one row per context chunk (size, prompt position, compressed tokens, real or dummy)
+and one per generation request of a mixed step (KV history, eligible, bootstrap). The workload's
+identity then covers both tables. Recorder shards that record context chunks become the same.
+
 Performs file I/O only in :func:`read_workload`, :func:`write_workload` and
 :func:`read_recorder_shards`; everything else is pure. torch is imported only to read ``.pt``
 shards.
@@ -20,7 +26,7 @@ shards.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -32,10 +38,16 @@ import pyarrow.compute as pc
 from dspark_calibrate import __version__
 from dspark_calibrate.artifacts import (
     ArtifactReadError,
+    ContextChunk,
     Fingerprint,
+    GenerationRequest,
+    MixedStep,
     Provenance,
+    RankStep,
+    canonical_json,
     logical_sha256,
     read_artifact,
+    sha256_hex,
     write_unsigned_artifact,
 )
 from dspark_calibrate.calibrate.confidence.traces import load_shard
@@ -43,11 +55,15 @@ from dspark_calibrate.errors import ConfigError, InvalidValueError
 from dspark_calibrate.schemas import SchemaMismatch, conform_table
 
 __all__ = [
+    "MIXED_KIND",
     "WORKLOAD_KIND",
+    "MixedStepRows",
     "Workload",
     "WorkloadArrays",
+    "mixed_path",
     "read_recorder_shards",
     "read_workload",
+    "synthesize_mixed_workload",
     "synthesize_workload",
     "workload_from_arrays",
     "workload_from_recorder_payloads",
@@ -55,6 +71,8 @@ __all__ = [
 ]
 
 WORKLOAD_KIND = "workload"
+#: The companion table of a workload's mixed steps.
+MIXED_KIND = "workload-mixed"
 #: Default STS temperatures of the synthetic confidence head (raw logits are overconfident).
 SYNTHETIC_TEMPERATURES: tuple[float, ...] = (1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9, 2.0)
 
@@ -80,6 +98,23 @@ class WorkloadArrays:
 
 
 @dataclass(frozen=True, eq=False)
+class MixedStepRows:
+    """One recorded mixed step: its description and where its generation rows are.
+
+    Attributes:
+        step: the step id.
+        description: per rank, the context chunks and generation requests (request order on each
+            rank is the workload's row order).
+        start, stop: the step's generation rows in :meth:`Workload.arrays` order.
+    """
+
+    step: int
+    description: MixedStep
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True, eq=False)
 class Workload:
     """A validated workload table and what is known about it.
 
@@ -92,6 +127,7 @@ class Workload:
         notes: human lines on how the workload was made and its approximations.
         source: where it came from.
         fingerprint: the (untrusted) fingerprint recorded with it, if any.
+        mixed: the ``workload-mixed`` table of the mixed steps (None: every step is decode only).
     """
 
     table: pa.Table
@@ -102,14 +138,36 @@ class Workload:
     notes: tuple[str, ...] = ()
     source: str = ""
     fingerprint: Fingerprint | None = None
+    mixed: pa.Table | None = None
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def identity_sha256(self) -> str:
-        """The logical SHA-256 of the table (the receipt's ``workload_identity_sha256``)."""
+        """The receipt's ``workload_identity_sha256``: the table's logical SHA-256, or with mixed
+        steps the SHA-256 of ``{"workload": <logical>, "workload-mixed": <logical>}`` (canonical JSON)."""
         if "identity" not in self._cache:
-            self._cache["identity"] = logical_sha256(self.table, WORKLOAD_KIND)
+            own = logical_sha256(self.table, WORKLOAD_KIND)
+            if self.mixed is not None:
+                own = sha256_hex(
+                    canonical_json({"workload": own, MIXED_KIND: logical_sha256(self.mixed, MIXED_KIND)})
+                )
+            self._cache["identity"] = own
         return str(self._cache["identity"])
+
+    def mixed_step_rows(self) -> tuple[MixedStepRows, ...]:
+        """Every mixed step in step order (computed once; empty without mixed steps)."""
+        if "mixed" not in self._cache:
+            self._cache["mixed"] = _mixed_steps(self) if self.mixed is not None else ()
+        out: tuple[MixedStepRows, ...] = self._cache["mixed"]
+        return out
+
+    def mixed_steps(self) -> Iterator[MixedStep]:
+        """The description of every mixed step, in step order."""
+        return (m.description for m in self.mixed_step_rows())
+
+    def mixed_step_ids(self) -> np.ndarray:
+        """Ids of the mixed steps, increasing."""
+        return np.array([m.step for m in self.mixed_step_rows()], dtype=np.int64)
 
     @property
     def rows(self) -> int:
@@ -133,6 +191,7 @@ class Workload:
         return {
             "rows": self.rows,
             "steps": self.steps,
+            "mixed_steps": len(self.mixed_step_rows()),
             "k": self.k,
             "num_ranks": self.num_ranks,
             "approximate": self.approximate,
@@ -203,6 +262,112 @@ def _validate(table: pa.Table, where: str, k: int | None) -> tuple[pa.Table, int
     return table, k
 
 
+def _validate_mixed(mixed: pa.Table, table: pa.Table, where: str) -> pa.Table:
+    """The companion table: schema, values, and one generation entry per row of a mixed step."""
+    try:
+        mixed = conform_table(MIXED_KIND, mixed)
+    except SchemaMismatch as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+    mixed = mixed.sort_by([("step", "ascending"), ("rank", "ascending"), ("request_id", "ascending")])
+    col = {name: mixed.column(name).to_numpy(zero_copy_only=False) for name in mixed.column_names}
+
+    def refuse(mask: np.ndarray, what: str) -> None:
+        if np.any(mask):
+            i = int(np.flatnonzero(mask)[0])
+            entry = f"(step {col['step'][i]}, rank {col['rank'][i]}, request {col['request_id'][i]!r})"
+            raise ConfigError(f"{where}: mixed entry {entry}: {what}")
+
+    n = mixed.num_rows
+    same = np.zeros(n, dtype=bool)
+    if n > 1:
+        same[1:] = (
+            (col["step"][1:] == col["step"][:-1])
+            & (col["rank"][1:] == col["rank"][:-1])
+            & (col["request_id"][1:] == col["request_id"][:-1])
+        )
+    refuse(same, "appears twice; each (step, rank, request_id) is one entry")
+    refuse((col["step"] < 0) | (col["rank"] < 0), "step and rank must be >= 0")
+    context = col["role"] == "context"
+    generation = col["role"] == "generation"
+    refuse(~(context | generation), "role must be context or generation")
+    refuse(
+        context & ((col["chunk_size"] < 1) | (col["chunk_position"] < 0) | (col["compressed_tokens"] < 0)),
+        "a context chunk needs chunk_size >= 1, chunk_position and compressed_tokens >= 0",
+    )
+    refuse(generation & (col["history"] < 0), "history must be >= 0")
+    refuse(generation & col["bootstrap"] & col["eligible"], "a bootstrap generation is never eligible")
+    # Every generation row of a mixed step has exactly one generation entry, and every entry a row.
+    steps = np.unique(col["step"][context])
+    rows = table.filter(pa.array(np.isin(table.column("step").to_numpy(), steps))).select(
+        ["step", "rank", "request_id"]
+    )
+    entries = mixed.filter(pa.array(generation)).select(["step", "rank", "request_id"])
+    keys = ["step", "rank", "request_id"]
+    missing = rows.join(entries, keys, join_type="left anti")
+    stray = entries.join(rows, keys, join_type="left anti")
+    if missing.num_rows or stray.num_rows:
+        raise ConfigError(
+            f"{where}: every generation row of a mixed step needs its mixed entry (history, eligible, bootstrap) "
+            f"and every entry its row; missing entries {missing.slice(0, 3).to_pylist()}, entries without rows "
+            f"{stray.slice(0, 3).to_pylist()}"
+        )
+    return mixed
+
+
+def _mixed_steps(workload: Workload) -> tuple[MixedStepRows, ...]:
+    """Build every mixed step's description from the two tables (workload order within a rank)."""
+    assert workload.mixed is not None
+    a = workload.arrays()
+    mixed = workload.mixed
+    role = mixed.column("role").to_numpy(zero_copy_only=False)
+    ctx = mixed.filter(pa.array(role == "context")).to_pylist()
+    chunks: dict[tuple[int, int], list[ContextChunk]] = {}
+    for r in ctx:
+        chunk = ContextChunk(r["chunk_size"], r["chunk_position"], r["compressed_tokens"], r["real"])
+        chunks.setdefault((r["step"], r["rank"]), []).append(chunk)
+    # Each generation row's entry, aligned with the workload rows by a join on (step, rank, request).
+    keys = workload.table.select(["step", "rank", "request_id"]).append_column(
+        "row", pa.array(np.arange(workload.rows, dtype=np.int64))
+    )
+    gens = mixed.filter(pa.array(role == "generation")).select(
+        ["step", "rank", "request_id", "history", "eligible", "bootstrap"]
+    )
+    joined = keys.join(gens, ["step", "rank", "request_id"], join_type="inner")
+    row = joined.column("row").to_numpy()
+    # Requests with equal attributes share one (frozen) object: a workload repeats few of them.
+    made: dict[tuple[int, bool, bool], GenerationRequest] = {}
+    requests: dict[int, GenerationRequest] = {}
+    for i, h, e, b in zip(
+        row.tolist(),
+        joined.column("history").to_pylist(),
+        joined.column("eligible").to_pylist(),
+        joined.column("bootstrap").to_pylist(),
+        strict=True,
+    ):
+        key = (int(h), bool(e), bool(b))
+        req = made.get(key)
+        if req is None:
+            req = made[key] = GenerationRequest(*key)
+        requests[int(i)] = req
+    steps = sorted({s for s, _ in chunks})
+    starts = np.searchsorted(a.step, np.asarray(steps, dtype=np.int64), side="left").tolist()
+    stops = np.searchsorted(a.step, np.asarray(steps, dtype=np.int64), side="right").tolist()
+    out = []
+    for step, start, stop in zip(steps, starts, stops, strict=True):
+        cuts = (
+            start + np.searchsorted(a.rank[start:stop], np.arange(workload.num_ranks + 1), side="left")
+        ).tolist()
+        ranks = tuple(
+            RankStep(
+                tuple(chunks.get((step, rank), ())),
+                tuple(requests[i] for i in range(cuts[rank], cuts[rank + 1])),
+            )
+            for rank in range(workload.num_ranks)
+        )
+        out.append(MixedStepRows(int(step), MixedStep(ranks), int(start), int(stop)))
+    return tuple(out)
+
+
 def workload_from_arrays(
     *,
     step: np.ndarray,
@@ -217,11 +382,13 @@ def workload_from_arrays(
     notes: Sequence[str] = (),
     source: str = "",
     fingerprint: Fingerprint | None = None,
+    mixed: pa.Table | None = None,
 ) -> Workload:
-    """Build and validate a workload from columns.
+    """Build and validate a workload from columns (``mixed``: its ``workload-mixed`` table).
 
     Raises:
-        ConfigError: wrong shapes, K not uniform, out-of-range values or duplicate rows.
+        ConfigError: wrong shapes, K not uniform, out-of-range values, duplicate rows, or mixed
+            entries that do not match the rows of their steps.
     """
     lg = np.asarray(logits, dtype=np.float32)
     if lg.ndim != 2:
@@ -244,6 +411,10 @@ def workload_from_arrays(
         raise ConfigError("workload columns must all have one entry per row")
     table, k = _validate(table, source or "workload", None)
     ranks = int(pc.max(table.column("rank")).as_py()) + 1
+    if mixed is not None:
+        mixed = _validate_mixed(mixed, table, source or "workload")
+        if mixed.num_rows:
+            ranks = max(ranks, int(pc.max(mixed.column("rank")).as_py()) + 1)
     return Workload(
         table=table,
         k=k,
@@ -253,6 +424,7 @@ def workload_from_arrays(
         notes=tuple(notes),
         source=source,
         fingerprint=fingerprint,
+        mixed=mixed,
     )
 
 
@@ -265,8 +437,11 @@ def write_workload(
 ) -> str:
     """Write a workload as an unsigned ``workload`` Parquet artifact (atomically).
 
+    A workload with mixed steps also writes ``<stem>.mixed.parquet`` (:func:`mixed_path`), named
+    with its logical hash in the workload's provenance.
+
     Returns:
-        The workload's logical SHA-256.
+        The workload table's logical SHA-256.
 
     Raises:
         ConfigError: the table cannot be written.
@@ -288,12 +463,28 @@ def write_workload(
         "approximate": workload.approximate,
         "synthetic": workload.synthetic,
     }
+    path = Path(path)
     try:
+        if workload.mixed is not None:
+            # The companion first: the workload names it with its logical hash.
+            companion = mixed_path(path)
+            digest = write_unsigned_artifact(
+                companion, workload.mixed, kind=MIXED_KIND, fingerprint=fp, provenance=prov
+            )
+            summary["mixed_steps"] = len(workload.mixed_step_rows())
+            prov = replace(
+                prov, extra={**extra, "mixed_file": companion.name, "mixed_logical_sha256": digest}
+            )
         return write_unsigned_artifact(
             path, workload.table, kind=WORKLOAD_KIND, fingerprint=fp, provenance=prov, summary=summary
         )
     except OSError as exc:
         raise ConfigError(f"{path}: cannot write workload ({exc.strerror or exc})") from exc
+
+
+def mixed_path(path: Path) -> Path:
+    """``<stem>.mixed.parquet`` beside a workload file."""
+    return path.with_name(path.stem + ".mixed.parquet")
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
@@ -338,6 +529,11 @@ def read_workload(path: Path | str, *, k: int | None = None) -> Workload:
         except ValueError:
             fp = None
     ranks = int(pc.max(table.column("rank")).as_py()) + 1
+    mixed = None
+    if extra.get("mixed_file") is not None:
+        mixed = _read_mixed(path, str(extra["mixed_file"]), extra.get("mixed_logical_sha256"), table)
+        if mixed.num_rows:
+            ranks = max(ranks, int(pc.max(mixed.column("rank")).as_py()) + 1)
     return Workload(
         table=table,
         k=kk,
@@ -347,7 +543,28 @@ def read_workload(path: Path | str, *, k: int | None = None) -> Workload:
         notes=tuple(str(x) for x in extra.get("workload_notes", ()) or ()),
         source=str(extra.get("workload_source") or path),
         fingerprint=fp,
+        mixed=mixed,
     )
+
+
+def _read_mixed(path: Path, name: str, digest: Any, table: pa.Table) -> pa.Table:
+    """The companion table a workload names, checked against the logical hash it records."""
+    companion = path.with_name(Path(name).name)
+    try:
+        loaded = read_artifact(companion)
+    except ArtifactReadError as exc:
+        raise ConfigError(
+            f"{path}: names mixed steps in {companion.name}, which cannot be read: {exc}"
+        ) from exc
+    if loaded.kind != MIXED_KIND:
+        raise ConfigError(f"{companion}: is a {loaded.kind!r} artifact, expected {MIXED_KIND!r}")
+    mixed = _validate_mixed(loaded.table, table, str(companion))
+    if digest != logical_sha256(mixed, MIXED_KIND):
+        raise ConfigError(
+            f"{companion}: its content does not match the logical hash {str(digest)[:16]}… the workload {path.name} "
+            "records; keep the two files together, as written"
+        )
+    return mixed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -428,6 +645,12 @@ def workload_from_recorder_payloads(
     (N,), ``real_mask`` (N,) and ``generation_progress`` (N,). ``names`` (one per payload, e.g.
     the shard files) name the payload in messages.
 
+    A recorder that records context chunks adds, per chunk, ``context_step_id``,
+    ``context_request_id``, ``context_chunk_size`` and ``context_position`` (M,), optionally
+    ``context_compressed_tokens`` and ``context_real_mask``, and per generation row ``history``
+    (N,: cached tokens), optionally ``eligible_mask`` and ``bootstrap_mask``; the steps with a
+    chunk become the workload's mixed steps. Chunks need ``step_id``, ``request_id`` and ``history``.
+
     Raises:
         ConfigError: payloads disagree on K, miss a field, hold a field of the wrong type or shape,
             or hold no usable row; the message names the shard and the field.
@@ -452,7 +675,11 @@ def workload_from_recorder_payloads(
         "logits": [],
         "acc": [],
         "out": [],
+        "history": [],
+        "eligible": [],
+        "bootstrap": [],
     }
+    context: list[dict[str, Any]] = []
     have_ids = all("request_id" in p for p in payloads)
     for p, where in zip(payloads, wheres, strict=True):
         missing = [f for f in ("logits", "prefix_mask", "graph_batch_size", "rank") if f not in p]
@@ -503,6 +730,15 @@ def workload_from_recorder_payloads(
         cols["logits"].append(logits[keep])
         cols["acc"].append(acc[keep])
         cols["out"].append(np.maximum(out[keep], 0) if out is not None else np.full(int(keep.sum()), -1))
+        chunks = _recorded_chunks(p, rank, n)
+        if chunks is not None:
+            context.append(chunks)
+        hist = _np(p["history"]).astype(np.int64) if "history" in p else np.full(n, -1, dtype=np.int64)
+        elig = _np(p["eligible_mask"]).astype(bool) if "eligible_mask" in p else np.ones(n, dtype=bool)
+        boot = _np(p["bootstrap_mask"]).astype(bool) if "bootstrap_mask" in p else np.zeros(n, dtype=bool)
+        cols["history"].append(hist[keep])
+        cols["eligible"].append(elig[keep] & ~boot[keep])
+        cols["bootstrap"].append(boot[keep])
     step = np.concatenate(cols["step"])
     if step.size == 0:
         raise ConfigError("recorder shards hold no valid rows")
@@ -532,7 +768,16 @@ def workload_from_recorder_payloads(
         notes.append(f"{int(dup.sum())} duplicate request rows inside reconstructed steps dropped")
         order = order[~dup]
     step, rank_a, req, acc, out = (a[order] for a in (step, rank_a, req, acc, out))
+    history, eligible, bootstrap = (
+        np.concatenate(cols[c])[order] for c in ("history", "eligible", "bootstrap")
+    )
     logits = logits[order]
+    mixed = None
+    if context:
+        mixed = _recorded_mixed(context, step, rank_a, req, history, eligible, bootstrap)
+        notes.append(
+            f"context chunks recorded: {int(np.unique(mixed.column('step').to_numpy()).size)} mixed steps"
+        )
     if np.any(out < 0):
         out = _output_so_far(step, req, acc) if have_ids else np.zeros_like(acc)
         notes.append(
@@ -552,6 +797,78 @@ def workload_from_recorder_payloads(
         synthetic=False,
         notes=notes,
         source=source or "tensorrt-llm confidence trace",
+        mixed=mixed,
+    )
+
+
+_CONTEXT_FIELDS = ("context_step_id", "context_request_id", "context_chunk_size", "context_position")
+
+
+def _recorded_chunks(p: Mapping[str, Any], rank: int, n: int) -> dict[str, Any] | None:
+    """A shard's context chunks (None when it records none)."""
+    present = [f for f in _CONTEXT_FIELDS if f in p]
+    if not present:
+        return None
+    missing = [f for f in (*_CONTEXT_FIELDS, "step_id", "request_id", "history") if f not in p]
+    if missing:
+        raise ConfigError(
+            f"rank {rank} shard records context chunks but lacks {missing}; a mixed step needs the step "
+            "counter, request ids and every generation's history"
+        )
+    m = _np(p["context_step_id"]).shape[0]
+    if _np(p["history"]).shape[0] != n:
+        raise ConfigError(f"rank {rank} shard: history must have one entry per row ({n})")
+    out: dict[str, Any] = {f: _np(p[f]).astype(np.int64).reshape(-1) for f in _CONTEXT_FIELDS}
+    out["compressed"] = (
+        _np(p["context_compressed_tokens"]).astype(np.int64).reshape(-1)
+        if "context_compressed_tokens" in p
+        else np.zeros(m, dtype=np.int64)
+    )
+    out["real"] = (
+        _np(p["context_real_mask"]).astype(bool).reshape(-1) if "context_real_mask" in p else np.ones(m, bool)
+    )
+    if any(np.asarray(v).shape[0] != m for v in out.values()):
+        raise ConfigError(f"rank {rank} shard: the context fields need one entry per chunk ({m})")
+    out["rank"] = rank
+    return out
+
+
+def _recorded_mixed(
+    context: Sequence[Mapping[str, Any]],
+    step: np.ndarray,
+    rank: np.ndarray,
+    request: np.ndarray,
+    history: np.ndarray,
+    eligible: np.ndarray,
+    bootstrap: np.ndarray,
+) -> pa.Table:
+    """The ``workload-mixed`` table of recorded context chunks and their steps' generation rows."""
+    c_step = np.concatenate([c["context_step_id"] for c in context])
+    c_rank = np.concatenate([np.full(c["context_step_id"].shape[0], c["rank"], np.int64) for c in context])
+    c_req = np.concatenate([c["context_request_id"].astype(str) for c in context])
+    size = np.concatenate([c["context_chunk_size"] for c in context])
+    pos = np.concatenate([c["context_position"] for c in context])
+    comp = np.concatenate([c["compressed"] for c in context])
+    real = np.concatenate([c["real"] for c in context])
+    gen = np.isin(step, c_step)
+    if np.any(history[gen] < 0):
+        raise ConfigError("generation rows of a mixed step need their recorded history")
+    n_c, n_g = c_step.shape[0], int(gen.sum())
+    zeros_c, zeros_g = np.zeros(n_c, np.int64), np.zeros(n_g, np.int64)
+    return pa.table(
+        {
+            "step": pa.array(np.r_[c_step, step[gen]], pa.int64()),
+            "rank": pa.array(np.r_[c_rank, rank[gen]], pa.int64()),
+            "request_id": pa.array(np.r_[c_req, request[gen]].astype(str), pa.string()),
+            "role": pa.array(["context"] * n_c + ["generation"] * n_g, pa.string()),
+            "chunk_size": pa.array(np.r_[size, zeros_g], pa.int64()),
+            "chunk_position": pa.array(np.r_[pos, zeros_g], pa.int64()),
+            "compressed_tokens": pa.array(np.r_[comp, zeros_g], pa.int64()),
+            "real": pa.array(np.r_[real, np.zeros(n_g, bool)], pa.bool_()),
+            "history": pa.array(np.r_[zeros_c, history[gen]], pa.int64()),
+            "eligible": pa.array(np.r_[np.zeros(n_c, bool), eligible[gen]], pa.bool_()),
+            "bootstrap": pa.array(np.r_[np.zeros(n_c, bool), bootstrap[gen]], pa.bool_()),
+        }
     )
 
 
@@ -608,6 +925,57 @@ def _uniform(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def _synthetic_temperatures(k: int, temperatures: Sequence[float] | None) -> tuple[float, ...]:
+    if temperatures is not None and len(temperatures) != k:
+        raise ConfigError(
+            f"--temperatures has {len(temperatures)} values but --k is {k}; give one temperature per "
+            "draft position"
+        )
+    temps = tuple(temperatures) if temperatures is not None else SYNTHETIC_TEMPERATURES[:k]
+    if len(temps) < k:  # the defaults cover K <= 5; longer blocks repeat the last one
+        temps = temps + (temps[-1],) * (k - len(temps))
+    if not all(math.isfinite(t) and t > 0 for t in temps):
+        raise ConfigError(f"--temperatures {list(temps)} must be finite positive numbers")
+    return temps
+
+
+def _synthetic_rows(
+    counts: np.ndarray,
+    *,
+    k: int,
+    max_rows: int,
+    seed: int,
+    temps: Sequence[float],
+    mean_request_steps: int,
+    rng: np.random.Generator,
+) -> dict[str, np.ndarray]:
+    """Generation rows for ``counts`` (steps, ranks) rows per rank: requests served back to back
+    per slot, a latent quality per request, logits ``T_j · logit(q_j)``, accepted lengths."""
+    steps, ranks = counts.shape
+    s_idx = np.arange(steps)
+    total = int(counts.sum())
+    step = np.repeat(np.repeat(s_idx, ranks), counts.reshape(-1))
+    rank = np.repeat(np.tile(np.arange(ranks), steps), counts.reshape(-1))
+    starts = np.cumsum(counts.reshape(-1)) - counts.reshape(-1)
+    slot = np.arange(total) - np.repeat(starts, counts.reshape(-1))
+    slot_key = (rank * max_rows + slot).astype(np.int64)
+    slot_hash = _splitmix64(slot_key + np.int64(seed) * 1_000_003)
+    length = (mean_request_steps // 2 + (slot_hash % np.uint64(mean_request_steps)).astype(np.int64)).clip(1)
+    offset = ((slot_hash >> np.uint64(20)) % np.uint64(10_000)).astype(np.int64)
+    epoch = (step + offset) // length
+    code = (slot_key << 32) + epoch
+    u1 = _uniform(code * 2 + np.int64(seed))
+    u2 = _uniform(code * 2 + 1 + np.int64(seed))
+    quality = np.sqrt(-2.0 * np.log(u1)) * np.cos(2 * np.pi * u2)
+    j = np.arange(k)[None, :]
+    z = 1.6 + 0.9 * quality[:, None] - 0.55 * j + rng.normal(0.0, 0.6, size=(total, k))
+    q = 1.0 / (1.0 + np.exp(-z))
+    logits = (np.asarray(temps)[None, :] * z).astype(np.float32)
+    success = rng.random((total, k)) < q
+    accepted = np.cumprod(success, axis=1).sum(axis=1).astype(np.int64)
+    return {"step": step, "rank": rank, "code": code, "logits": logits, "accepted": accepted}
+
+
 def synthesize_workload(
     *,
     k: int = 5,
@@ -632,16 +1000,7 @@ def synthesize_workload(
     """
     if k < 1 or steps < 1 or ranks < 1 or max_rows < 1 or mean_request_steps < 1:
         raise ConfigError("synthetic workload needs k, steps, ranks, max_rows and mean_request_steps >= 1")
-    if temperatures is not None and len(temperatures) != k:
-        raise ConfigError(
-            f"--temperatures has {len(temperatures)} values but --k is {k}; give one temperature per "
-            "draft position"
-        )
-    temps = tuple(temperatures) if temperatures is not None else SYNTHETIC_TEMPERATURES[:k]
-    if len(temps) < k:  # the defaults cover K <= 5; longer blocks repeat the last one
-        temps = temps + (temps[-1],) * (k - len(temps))
-    if not all(math.isfinite(t) and t > 0 for t in temps):
-        raise ConfigError(f"--temperatures {list(temps)} must be finite positive numbers")
+    temps = _synthetic_temperatures(k, temperatures)
     rng = np.random.default_rng(seed)
     s_idx = np.arange(steps)
     phase = rng.uniform(0, 2 * np.pi, size=ranks)
@@ -649,41 +1008,119 @@ def synthesize_workload(
     load = 0.55 + 0.35 * np.sin(2 * np.pi * s_idx[:, None] / period + phase[None, :])
     load = load + rng.normal(0.0, 0.08, size=(steps, ranks))
     counts = np.clip(np.rint(load * max_rows), 1, max_rows).astype(np.int64)  # (steps, ranks)
-    total = int(counts.sum())
-    step = np.repeat(np.repeat(s_idx, ranks), counts.reshape(-1))
-    rank = np.repeat(np.tile(np.arange(ranks), steps), counts.reshape(-1))
-    starts = np.cumsum(counts.reshape(-1)) - counts.reshape(-1)
-    slot = np.arange(total) - np.repeat(starts, counts.reshape(-1))
-    slot_key = (rank * max_rows + slot).astype(np.int64)
-    slot_hash = _splitmix64(slot_key + np.int64(seed) * 1_000_003)
-    length = (mean_request_steps // 2 + (slot_hash % np.uint64(mean_request_steps)).astype(np.int64)).clip(1)
-    offset = ((slot_hash >> np.uint64(20)) % np.uint64(10_000)).astype(np.int64)
-    epoch = (step + offset) // length
-    code = (slot_key << 32) + epoch
-    u1 = _uniform(code * 2 + np.int64(seed))
-    u2 = _uniform(code * 2 + 1 + np.int64(seed))
-    quality = np.sqrt(-2.0 * np.log(u1)) * np.cos(2 * np.pi * u2)
-    j = np.arange(k)[None, :]
-    z = 1.6 + 0.9 * quality[:, None] - 0.55 * j + rng.normal(0.0, 0.6, size=(total, k))
-    q = 1.0 / (1.0 + np.exp(-z))
-    logits = (np.asarray(temps)[None, :] * z).astype(np.float32)
-    success = rng.random((total, k)) < q
-    accepted = np.cumprod(success, axis=1).sum(axis=1).astype(np.int64)
-    request_ids = pa.array(code).cast(pa.string())
-    out = _output_so_far(step, code, accepted)
+    r = _synthetic_rows(
+        counts, k=k, max_rows=max_rows, seed=seed, temps=temps, mean_request_steps=mean_request_steps, rng=rng
+    )
     notes = (
         f"synthetic workload: {steps} steps, {ranks} rank(s), 1..{max_rows} rows per rank, seed {seed}",
         f"confidence logits are T_j * logit(q_j) with STS temperatures {list(temps)} (exactly calibrated)",
     )
     return workload_from_arrays(
-        step=step,
-        rank=rank,
-        request_id=request_ids,
-        logits=logits,
-        accepted=accepted,
-        output_len=out,
+        step=r["step"],
+        rank=r["rank"],
+        request_id=pa.array(r["code"]).cast(pa.string()),
+        logits=r["logits"],
+        accepted=r["accepted"],
+        output_len=_output_so_far(r["step"], r["code"], r["accepted"]),
         num_ranks=ranks,
         synthetic=True,
         notes=notes,
         source="dspark-calibrate workload synth",
+    )
+
+
+def synthesize_mixed_workload(
+    *,
+    k: int = 3,
+    steps: int = 3000,
+    ranks: int = 8,
+    levels: Sequence[int] = (6, 10, 14),
+    prefill_share: float = 0.5,
+    chunk_sizes: Sequence[int] = (48, 96),
+    positions: Sequence[int] = (128, 256),
+    history: int = 1024,
+    seed: int = 0,
+    temperatures: Sequence[float] | None = None,
+    mean_request_steps: int = 120,
+) -> Workload:
+    """A synthetic workload with prefill traffic (marked synthetic): about ``prefill_share`` of its
+    steps are mixed.
+
+    The load is one of ``levels`` generation rows on every rank, changing every 50 steps or so;
+    in a mixed step one rank (drawn uniformly) also runs a context chunk of one of
+    ``chunk_sizes`` tokens at one of ``positions``. Every generation has ``history`` cached
+    tokens and is eligible (as a serving engine with a fixed KV length would key it), so mixed
+    geometries recur, as exact-geometry lookup needs. The drafts follow
+    :func:`synthesize_workload`'s model.
+
+    Raises:
+        ConfigError: sizes out of range.
+    """
+    if k < 1 or steps < 1 or ranks < 1 or not levels or min(levels) < 1 or not 0 <= prefill_share <= 1:
+        raise ConfigError(
+            "a synthetic mixed workload needs k, steps, ranks, levels >= 1 and prefill_share in [0, 1]"
+        )
+    if not chunk_sizes or min(chunk_sizes) < 1 or not positions or min(positions) < 0 or history < 0:
+        raise ConfigError("chunk sizes must be >= 1, positions and history >= 0")
+    temps = _synthetic_temperatures(k, temperatures)
+    rng = np.random.default_rng(seed)
+    phase = np.repeat(rng.integers(0, len(levels), size=steps // 50 + 1), 50)[:steps]
+    counts = np.repeat(np.asarray(levels, dtype=np.int64)[phase][:, None], ranks, axis=1)
+    r = _synthetic_rows(
+        counts,
+        k=k,
+        max_rows=max(levels),
+        seed=seed,
+        temps=temps,
+        mean_request_steps=mean_request_steps,
+        rng=rng,
+    )
+    mixed_step = np.flatnonzero(rng.random(steps) < prefill_share)
+    ctx_rank = rng.integers(0, ranks, size=mixed_step.size)
+    ctx_size = np.asarray(chunk_sizes, dtype=np.int64)[
+        rng.integers(0, len(chunk_sizes), size=mixed_step.size)
+    ]
+    ctx_pos = np.asarray(positions, dtype=np.int64)[rng.integers(0, len(positions), size=mixed_step.size)]
+    gen_rows = np.isin(r["step"], mixed_step)
+    request_ids = pa.array(r["code"]).cast(pa.string())
+    n_ctx, n_gen = int(mixed_step.size), int(gen_rows.sum())
+    mixed = pa.table(
+        {
+            "step": pa.array(np.r_[mixed_step, r["step"][gen_rows]], pa.int64()),
+            "rank": pa.array(np.r_[ctx_rank, r["rank"][gen_rows]], pa.int64()),
+            "request_id": pa.concat_arrays(
+                [
+                    pa.array([f"prefill-{s}" for s in mixed_step.tolist()], pa.string()),
+                    request_ids.filter(pa.array(gen_rows)),
+                ]
+            ),
+            "role": pa.array(["context"] * n_ctx + ["generation"] * n_gen, pa.string()),
+            "chunk_size": pa.array(np.r_[ctx_size, np.zeros(n_gen, np.int64)], pa.int64()),
+            "chunk_position": pa.array(np.r_[ctx_pos, np.zeros(n_gen, np.int64)], pa.int64()),
+            "compressed_tokens": pa.array(np.zeros(n_ctx + n_gen, np.int64), pa.int64()),
+            "real": pa.array([True] * n_ctx + [False] * n_gen, pa.bool_()),
+            "history": pa.array(
+                np.r_[np.zeros(n_ctx, np.int64), np.full(n_gen, history, np.int64)], pa.int64()
+            ),
+            "eligible": pa.array([False] * n_ctx + [True] * n_gen, pa.bool_()),
+            "bootstrap": pa.array([False] * (n_ctx + n_gen), pa.bool_()),
+        }
+    )
+    notes = (
+        f"synthetic mixed workload: {steps} steps ({n_ctx} mixed), {ranks} rank(s), rows per rank {list(levels)}, "
+        f"chunks {list(chunk_sizes)} at positions {list(positions)}, history {history}, seed {seed}",
+        f"confidence logits are T_j * logit(q_j) with STS temperatures {list(temps)} (exactly calibrated)",
+    )
+    return workload_from_arrays(
+        step=r["step"],
+        rank=r["rank"],
+        request_id=request_ids,
+        logits=r["logits"],
+        accepted=r["accepted"],
+        output_len=_output_so_far(r["step"], r["code"], r["accepted"]),
+        num_ranks=ranks,
+        synthetic=True,
+        notes=notes,
+        source="dspark-calibrate workload synth --prefill-share",
+        mixed=mixed,
     )

@@ -57,7 +57,8 @@ from typing import Any, Protocol
 import numpy as np
 from scipy.special import ndtri, stdtrit
 
-from dspark_calibrate.calibrate.measurement.ladder import CellKind, CellSpec
+from dspark_calibrate.calibrate.measurement.ladder import CellKind
+from dspark_calibrate.calibrate.measurement.mixed import Cell
 from dspark_calibrate.calibrate.measurement.telemetry import DEFAULT_THROTTLE_POLICY, THROTTLE_POLICIES
 from dspark_calibrate.decision import Decision, Status
 from dspark_calibrate.errors import ConfigError, InvalidValueError
@@ -280,7 +281,7 @@ class CellSamples:
         epoch_ids: the capture epoch of each sample (same length; all 0 when not given).
     """
 
-    spec: CellSpec
+    spec: Cell
     raw_ms: tuple[float, ...]
     round_ids: tuple[int, ...] = ()
     epoch_ids: tuple[int, ...] = ()
@@ -435,7 +436,7 @@ class CellSummary:
     Native cells carry a saving of exactly 0 with a zero-width interval.
     """
 
-    spec: CellSpec
+    spec: Cell
     median_ms: float
     ci_low_ms: float
     ci_high_ms: float
@@ -747,7 +748,7 @@ def _pooled_between_variance(series: Sequence[Mapping[int, float]]) -> tuple[flo
     return _robust_variance(residuals, dof), dof
 
 
-def estimate_between_run(cells: Mapping[CellSpec, CellSamples]) -> BetweenRun:
+def estimate_between_run(cells: Mapping[Cell, CellSamples]) -> BetweenRun:
     """Estimate the between-epoch variance components of a sweep from all its cells.
 
     Works on round log-medians. A *common round effect* (the median over cells of each round's
@@ -831,10 +832,9 @@ def estimate_between_run(cells: Mapping[CellSpec, CellSamples]) -> BetweenRun:
     )
 
 
-def _bootstrap_seed(seed: int, spec: CellSpec, n: int) -> int:
-    state = np.random.SeedSequence([seed, spec.graph_batch_size, spec.verifier_budget + 1, n]).generate_state(
-        1
-    )
+def _bootstrap_seed(seed: int, spec: Cell, n: int) -> int:
+    group, arm = spec.key
+    state = np.random.SeedSequence([seed, group, arm + 1, n]).generate_state(1)
     return int(state[0])
 
 

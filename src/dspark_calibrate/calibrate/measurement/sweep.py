@@ -49,6 +49,7 @@ from dspark_calibrate.calibrate.measurement.distributed import (
 )
 from dspark_calibrate.calibrate.measurement.journal import Journal
 from dspark_calibrate.calibrate.measurement.ladder import CellKind, CellSpec, plan_cells
+from dspark_calibrate.calibrate.measurement.mixed import Cell, MixedCellSpec
 from dspark_calibrate.calibrate.measurement.stats import (
     NO_BETWEEN_RUN,
     BetweenRun,
@@ -84,8 +85,10 @@ __all__ = [
     "check_reference_resources",
     "default_journal_path",
     "deployment_base",
+    "deployment_ranks",
     "execute",
     "result_from_imported",
+    "result_from_rounds",
     "round_order",
     "run_sweep",
     "samples_path",
@@ -114,17 +117,21 @@ class SweepConfig:
         backend: the backend's JSON description.
         world_size: number of ranks.
         fingerprint: the deployment fingerprint as a dict.
+        mixed: for a mixed sweep, the plan's JSON form (``MixedPlan.to_dict``); its cells are then
+            :class:`~dspark_calibrate.calibrate.measurement.mixed.MixedCellSpec` and ``ladder``
+            holds the group indices (each group pairs its cells like a G does).
     """
 
     k: int
     ladder: tuple[int, ...]
-    cells: tuple[CellSpec, ...]
+    cells: tuple[Cell, ...]
     protocol: str
     thresholds: Thresholds
     seed: int
     backend: Mapping[str, Any]
     world_size: int = 1
     fingerprint: Mapping[str, Any] = field(default_factory=dict)
+    mixed: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -133,17 +140,34 @@ class SweepConfig:
             raise ConfigError("the sweep has no cells; check --ladder and --budgets")
         if len(set(self.cells)) != len(self.cells):
             raise ConfigError("the sweep lists a cell twice")
-        bad = sorted(c.label() for c in self.cells if c.k != self.k or c.graph_batch_size not in self.ladder)
+        want = MixedCellSpec if self.mixed is not None else CellSpec
+        if not all(isinstance(c, want) for c in self.cells):
+            raise ConfigError(
+                f"a {'mixed' if self.mixed is not None else 'decode'} sweep measures only {want.__name__}s"
+            )
+        bad = sorted(c.label() for c in self.cells if c.k != self.k or c.key[0] not in self.ladder)
         if bad:
             raise ConfigError(f"cells {bad} do not belong to K={self.k} and ladder {list(self.ladder)}")
-        natives = {c.graph_batch_size for c in self.cells if c.kind is CellKind.NATIVE}
+        natives = {c.key[0] for c in self.cells if c.kind is CellKind.NATIVE}
         missing = sorted(set(self.ladder) - natives)
+        if missing and self.mixed is not None:
+            raise ConfigError(f"every mixed step needs its native arm; missing for steps {missing}")
         if missing:
             raise ConfigError(f"every G needs its native cell (V=0); missing for G={missing}")
 
+    @property
+    def samples_kind(self) -> str:
+        """The kind of the raw-samples table: ``sweep-samples`` or ``mixed-sweep-samples``."""
+        return "sweep-samples" if self.mixed is None else "mixed-sweep-samples"
+
+    @property
+    def key_columns(self) -> tuple[str, str]:
+        """The samples table's names of a cell's key."""
+        return ("graph_batch_size", "verifier_budget") if self.mixed is None else ("mixed_group", "capacity")
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (the journal header stores it)."""
-        return {
+        out = {
             "k": self.k,
             "ladder": list(self.ladder),
             "cells": [list(c.key) for c in self.cells],
@@ -154,6 +178,9 @@ class SweepConfig:
             "world_size": self.world_size,
             "fingerprint": dict(self.fingerprint),
         }
+        if self.mixed is not None:  # decode sweeps keep their digest
+            out["mixed"] = dict(self.mixed)
+        return out
 
     def digest(self) -> str:
         """SHA-256 of the canonical JSON of :meth:`to_dict`."""
@@ -218,7 +245,7 @@ class SampleRow:
 
 @dataclass
 class _CellState:
-    spec: CellSpec
+    spec: Cell
     rows: list[SampleRow] = field(default_factory=list)
     visits: int = 0
     seconds: float = 0.0
@@ -241,7 +268,7 @@ class CellResult:
     or every sample was throttled).
     """
 
-    spec: CellSpec
+    spec: Cell
     summary: CellSummary | None
     decision: Decision
     samples_taken: int
@@ -265,7 +292,7 @@ class SweepEvent:
     round: int
     cells_done: int
     cells_total: int
-    cell: CellSpec | None = None
+    cell: Cell | None = None
     half_width_rel: float | None = None
     eta_s: float | None = None
     decision: Decision | None = None
@@ -296,12 +323,16 @@ class SweepResult:
         return all(c.decision.status is Status.ACCEPT for c in self.cells)
 
     def summary_table(self) -> pa.Table:
-        """The ``sweep`` table: one row per measured cell (cells without samples are left out)."""
+        """The ``sweep`` table: one row per measured cell (cells without samples are left out).
+
+        Decode sweeps only; a mixed sweep's table is ``mixed_sweep.mixed_summary_table``.
+        """
         rows = [c for c in self.cells if c.summary is not None]
         cols: dict[str, list[Any]] = {name: [] for name in _SUMMARY_COLUMNS}
         for c in rows:
             s = c.summary
             assert s is not None
+            assert isinstance(c.spec, CellSpec)
             values = (
                 c.spec.graph_batch_size,
                 c.spec.verifier_budget,
@@ -335,7 +366,7 @@ class SweepResult:
                 cols[name].append(value)
         return pa.table(cols)
 
-    def unmeasured(self) -> tuple[CellSpec, ...]:
+    def unmeasured(self) -> tuple[Cell, ...]:
         """Cells without any kept sample."""
         return tuple(c.spec for c in self.cells if c.summary is None)
 
@@ -386,7 +417,7 @@ _SUMMARY_COLUMNS = (
 )
 
 
-def round_order(seed: int, round_index: int, cells: Iterable[CellSpec]) -> list[CellSpec]:
+def round_order(seed: int, round_index: int, cells: Iterable[Cell]) -> list[Cell]:
     """The seeded random visiting order of ``cells`` in one round (pure, reproducible)."""
     ordered = sorted(cells)
     rng = np.random.default_rng([seed, round_index])
@@ -403,13 +434,15 @@ def default_journal_path(out: Path) -> Path:
     return out.with_name(out.stem + ".journal.jsonl")
 
 
-def _samples_table(states: Iterable[_CellState]) -> pa.Table:
+def _samples_table(
+    states: Iterable[_CellState], keys: tuple[str, str] = ("graph_batch_size", "verifier_budget")
+) -> pa.Table:
+    """The raw samples of ``states`` (a decode sweep's columns; a mixed sweep names its key ``keys``)."""
     cols: dict[str, list[Any]] = {name: [] for name in _SAMPLE_COLUMNS}
     for st in states:
         for r in st.rows:
             values = (
-                st.spec.graph_batch_size,
-                st.spec.verifier_budget,
+                *st.spec.key,
                 r.round,
                 r.rank,
                 r.sample_index,
@@ -424,10 +457,11 @@ def _samples_table(states: Iterable[_CellState]) -> pa.Table:
             )
             for name, value in zip(_SAMPLE_COLUMNS, values, strict=True):
                 cols[name].append(value)
+    names = dict(zip(("graph_batch_size", "verifier_budget"), keys, strict=True))
     return pa.table(
         {
             **{
-                n: pa.array(cols[n], pa.int64())
+                names.get(n, n): pa.array(cols[n], pa.int64())
                 for n in ("graph_batch_size", "verifier_budget", "round", "rank")
             },
             "sample_index": pa.array(cols["sample_index"], pa.int64()),
@@ -466,7 +500,11 @@ def _median_or_none(values: Sequence[float | None], how: Callable[[np.ndarray], 
 
 
 def _finish_cell(
-    st: _CellState, config: SweepConfig, between: BetweenRun, reference: CellSamples | None
+    st: _CellState,
+    config: SweepConfig,
+    between: BetweenRun,
+    reference: CellSamples | None,
+    native: _CellState | None = None,
 ) -> CellResult:
     th = config.thresholds
     kept = st.kept()
@@ -485,7 +523,9 @@ def _finish_cell(
     decision = st.decision or Decision(
         Status.UNKNOWN, "not_measured", "the sweep ended before this cell stopped"
     )
-    cell_table = _samples_table([st])
+    # A mixed cell's measurement is the pair: its native arm's samples and its own.
+    sources = [native, st] if config.mixed is not None and native is not None else [st]
+    cell_table = _samples_table(sources, config.key_columns)
     rows_kept = [r for r in st.rows if r.kept]
     return CellResult(
         spec=st.spec,
@@ -498,20 +538,26 @@ def _finish_cell(
         sm_clock_mhz_median=_median_or_none([r.sm_clock_mhz for r in rows_kept], np.median),
         temperature_c_max=_median_or_none([r.temperature_c for r in rows_kept], np.max),
         power_w_median=_median_or_none([r.power_w for r in rows_kept], np.median),
-        source_result_sha256=logical_sha256(cell_table, "sweep-samples"),
+        source_result_sha256=logical_sha256(cell_table, config.samples_kind),
         power_capped=sum(1 for r in rows_kept if (r.throttle_reasons or 0) & SW_POWER_CAP),
     )
 
 
 def finish_cells(
-    config: SweepConfig, states: Mapping[CellSpec, _CellState]
+    config: SweepConfig, states: Mapping[Cell, _CellState]
 ) -> tuple[tuple[CellResult, ...], BetweenRun]:
     """Summarize every cell: the sweep's between-epoch components first, then each cell paired
-    with the native cell of its G."""
+    with the native cell of its G (of its step, in a mixed sweep)."""
     kept = {c: st.kept() for c, st in states.items()}
     between = estimate_between_run({c: s for c, s in kept.items() if s.raw_ms})
     results = tuple(
-        _finish_cell(states[c], config, between, None if c.kind is CellKind.NATIVE else kept.get(c.native))
+        _finish_cell(
+            states[c],
+            config,
+            between,
+            None if c.kind is CellKind.NATIVE else kept.get(c.native),
+            None if c.kind is CellKind.NATIVE else states.get(c.native),
+        )
         for c in config.cells
     )
     return results, between
@@ -538,8 +584,9 @@ class _Harness:
         self.rule = rule
         self.on_event = on_event
         self.states = {c: _CellState(c) for c in config.cells}
-        self.steps: dict[CellSpec, Step] = {}
-        self.step_epoch: dict[CellSpec, int] = {}
+        self.by_key = {c.key: c for c in config.cells}
+        self.steps: dict[Cell, Step] = {}
+        self.step_epoch: dict[Cell, int] = {}
         # Re-capture needs a backend that can build a cell's step again (default: yes).
         self.recapture = config.thresholds.recapture_every > 0 and bool(getattr(backend, "recapture", True))
         self.mask = drop_mask(config.thresholds.throttle_policy)
@@ -549,7 +596,7 @@ class _Harness:
         self.round = 0
         self.journal: Journal | None = None
         self.finished = False
-        self.half_width: dict[CellSpec, float] = {}
+        self.half_width: dict[Cell, float] = {}
 
     # -- journal replay ---------------------------------------------------------------------------
     def replay(self, records: Sequence[Mapping[str, Any]]) -> None:
@@ -574,13 +621,15 @@ class _Harness:
                 self.finished = True
 
     def _state(self, rec: Mapping[str, Any]) -> _CellState:
-        spec = CellSpec(int(rec["g"]), int(rec["v"]), self.config.k)
-        if spec not in self.states:
-            raise ConfigError(f"journal names cell {spec.label()}, which this sweep does not measure")
+        spec = self.by_key.get((int(rec["g"]), int(rec["v"])))
+        if spec is None:
+            raise ConfigError(
+                f"journal names cell ({rec['g']}, {rec['v']}), which this sweep does not measure"
+            )
         return self.states[spec]
 
     # -- measuring --------------------------------------------------------------------------------
-    def open_cells(self) -> list[CellSpec]:
+    def open_cells(self) -> list[Cell]:
         return [c for c, st in self.states.items() if st.decision is None]
 
     def epoch(self, round_index: int) -> int:
@@ -590,11 +639,10 @@ class _Harness:
             return self.pass_epoch
         return round_index // self.config.thresholds.recapture_every if self.recapture else 0
 
-    def _siblings_open(self, native: CellSpec) -> bool:
+    def _siblings_open(self, native: Cell) -> bool:
         """Whether another cell of the native cell's G still measures (the native stays to pair)."""
         return any(
-            c.graph_batch_size == native.graph_batch_size and c != native and st.decision is None
-            for c, st in self.states.items()
+            c.native == native and c != native and st.decision is None for c, st in self.states.items()
         )
 
     def sweep_seconds(self) -> float:
@@ -608,7 +656,7 @@ class _Harness:
         if self.on_event is not None and self.comm.rank == 0:
             self.on_event(event)
 
-    def _visit(self, cell: CellSpec) -> None:
+    def _visit(self, cell: Cell) -> None:
         th = self.config.thresholds
         st = self.states[cell]
         epoch = self.epoch(self.round)
@@ -649,7 +697,8 @@ class _Harness:
                     release = getattr(self.backend, "release", None)
                     if callable(release):
                         release(cell)
-                self.steps[cell] = self.backend.prepare(cell)
+                # A mixed sweep's backend is an adapter that builds MixedCellSpec cells.
+                self.steps[cell] = self.backend.prepare(cell)  # type: ignore[arg-type]
                 self.step_epoch[cell] = epoch
             step = self.steps[cell]
             if warm:
@@ -720,8 +769,8 @@ class _Harness:
             [
                 {
                     "type": "visit",
-                    "g": cell.graph_batch_size,
-                    "v": cell.verifier_budget,
+                    "g": cell.key[0],
+                    "v": cell.key[1],
                     "round": self.round,
                     "warmup": warm,
                     "seconds": visit_seconds,
@@ -772,7 +821,7 @@ class _Harness:
             "the journal keeps the samples"
         )
 
-    def _progress(self, cell: CellSpec, total: float) -> CellProgress:
+    def _progress(self, cell: Cell, total: float) -> CellProgress:
         st = self.states[cell]
         reference = None if cell.kind is CellKind.NATIVE else self.states[cell.native].kept()
         return CellProgress(
@@ -821,8 +870,8 @@ class _Harness:
                 records.append(
                     {
                         "type": "stop",
-                        "g": cell.graph_batch_size,
-                        "v": cell.verifier_budget,
+                        "g": cell.key[0],
+                        "v": cell.key[1],
                         "round": self.round,
                         "status": decision.status.value,
                         "reason": decision.reason,
@@ -963,7 +1012,7 @@ def run_sweep(
         if journal is not None:
             journal.close()
     results, between = finish_cells(config, harness.states)
-    table = _samples_table(harness.states[c] for c in config.cells)
+    table = _samples_table((harness.states[c] for c in config.cells), config.key_columns)
     harness._emit(SweepEvent("end", harness.round, harness._done(), len(harness.states)))
     paused = not harness.finished
     return SweepResult(
@@ -1252,18 +1301,28 @@ def result_from_imported(config: SweepConfig, imported: Any) -> SweepResult:
     Raises:
         ConfigError: the import holds a cell the configuration does not list.
     """
+    return result_from_rounds(config, group_rounds(imported.samples), f"imported from {imported.source}")
 
+
+def result_from_rounds(
+    config: SweepConfig, rounds: Mapping[Cell, Sequence[tuple[int, float]]], source: str
+) -> SweepResult:
+    """Summarize per-cell ``(round, ms)`` samples measured elsewhere, like a sweep's own.
+
+    Raises:
+        ConfigError: a cell the configuration does not list.
+    """
     states = {c: _CellState(c) for c in config.cells}
-    for cell, pairs in group_rounds(imported.samples).items():
+    for cell, pairs in rounds.items():
         if cell not in states:
             raise ConfigError(f"imported cell {cell.label()} is not in this sweep's cells")
         st = states[cell]
         for i, (rnd, ms) in enumerate(pairs):
             st.rows.append(SampleRow(rnd, 0, i, ms, 1, None, None, None, None, True))
         st.visits = len({r for r, _ in pairs})
-        st.decision = Decision(Status.ACCEPT, StopReason.IMPORTED.value, f"imported from {imported.source}")
+        st.decision = Decision(Status.ACCEPT, StopReason.IMPORTED.value, source)
     results, between = finish_cells(config, states)
-    samples = _samples_table(states[c] for c in config.cells)
+    samples = _samples_table((states[c] for c in config.cells), config.key_columns)
     return SweepResult(config, results, samples, 0, 0.0, False, between=between)
 
 
@@ -1293,6 +1352,8 @@ class SweepRequest:
         command: command line for provenance.
         until_round: end this process's pass before that round (a sweep in several processes).
         pass_epoch: this process's pass index, its epoch (a sweep in several processes).
+        world_size: the deployment's ranks (its ``gpu_count``) when they differ from the processes
+            measuring: one process measures one rank's share (e.g. the reference backend's ``ep``).
     """
 
     backend: str
@@ -1318,6 +1379,7 @@ class SweepRequest:
     pass_epoch: int | None = None
     live: Mapping[str, Any] = field(default_factory=dict)
     check_memory: bool = True
+    world_size: int | None = None
 
 
 IMPORT_BACKEND = "import-samples"
@@ -1365,6 +1427,24 @@ def check_reference_resources(
         )
 
 
+def deployment_ranks(requested: int | None, processes: int) -> int:
+    """The deployment's ranks: ``requested`` (one process measuring one rank's share) or the processes.
+
+    Raises:
+        ConfigError: a requested size below 1, or several processes that are not the deployment's ranks.
+    """
+    if requested is None:
+        return processes
+    if requested < 1:
+        raise ConfigError(f"the deployment's gpu_count (--live-gpu-count) must be >= 1, got {requested}")
+    if processes not in (1, requested):
+        raise ConfigError(
+            f"{processes} processes cannot measure a deployment of {requested} ranks; run one process (one rank's "
+            f"share) or {requested}"
+        )
+    return requested
+
+
 def execute(
     request: SweepRequest,
     *,
@@ -1400,7 +1480,7 @@ def execute(
         fingerprint = build_fingerprint(
             k=request.k,
             ladder=request.ladder,
-            world_size=1,
+            world_size=deployment_ranks(request.world_size, 1),
             backend_fields={},
             base=deployment_base(given=request.fingerprint, live_arguments=request.live, backend_fields={}),
             clock_policy=request.clock_policy,
@@ -1444,7 +1524,7 @@ def execute(
         fingerprint = build_fingerprint(
             k=request.k,
             ladder=request.ladder,
-            world_size=comm.world_size,
+            world_size=deployment_ranks(request.world_size, comm.world_size),
             backend_fields=fields,
             base=deployment_base(
                 given=request.fingerprint, live_arguments=request.live, backend_fields=fields
@@ -1486,5 +1566,6 @@ def _maybe_plot(result: SweepResult, output: SweepOutput, plot: bool) -> SweepOu
     if not plot:
         return output
     png = output.summary_path.with_suffix(".png")
-    plot_sweep(result.config.k, result.config.ladder, [(c.spec, c.summary) for c in result.cells], png)
+    cells = [(c.spec, c.summary) for c in result.cells if isinstance(c.spec, CellSpec)]
+    plot_sweep(result.config.k, result.config.ladder, cells, png)
     return replace(output, plot_path=png)

@@ -28,7 +28,7 @@ from dspark_calibrate.artifacts import (
 from dspark_calibrate.errors import ConfigError
 
 if TYPE_CHECKING:
-    from dspark_calibrate.artifacts import Expectation, TrustRoot, VerifiedArtifact
+    from dspark_calibrate.artifacts import Expectation, MixedReport, TrustRoot, VerifiedArtifact
 
 __all__ = [
     "MEMBER_KINDS",
@@ -102,6 +102,8 @@ class Evidence:
         manifest_keyids: keys that signed the bundle manifest.
         untrusted: what could be read of the inputs when verification failed.
         trust_root_unreadable: the trust root file could not be read (a wrong path, not bad evidence).
+        mixed: the bundle's optional mixed evidence, verified on its own after the decode members
+            (None: not a bundle, or no mixed evidence); a refused one does not refuse the report.
     """
 
     inputs: tuple[Path, ...]
@@ -112,6 +114,7 @@ class Evidence:
     manifest_keyids: tuple[str, ...] = ()
     untrusted: tuple[UntrustedInput, ...] = ()
     trust_root_unreadable: bool = False
+    mixed: MixedReport | None = None
 
     @property
     def ok(self) -> bool:
@@ -246,7 +249,7 @@ def collect_evidence(
         ConfigError: no input, or a bundle directory mixed with other inputs.
     """
     from dspark_calibrate.artifacts import Expectation as _Expectation
-    from dspark_calibrate.artifacts import verify_bundle, verify_path
+    from dspark_calibrate.artifacts import verify_bundle, verify_mixed, verify_path
 
     paths = tuple(Path(p) for p in inputs)
     if not paths:
@@ -265,8 +268,15 @@ def collect_evidence(
         if not bundle.ok:
             return Evidence(paths, info, bundle.findings, untrusted=_untrusted_inputs(paths))
         members = {k: a for k in MEMBER_KINDS if (a := bundle.artifact(k)) is not None}
+        mixed = verify_mixed(paths[0], root, now=now, decode=bundle, expected=expect)
         return Evidence(
-            paths, info, (), members, bundle_version=bundle.version, manifest_keyids=bundle.manifest_keyids
+            paths,
+            info,
+            (),
+            members,
+            bundle_version=bundle.version,
+            manifest_keyids=bundle.manifest_keyids,
+            mixed=mixed if mixed.present else None,
         )
     findings: list[Finding] = []
     members = {}

@@ -60,6 +60,8 @@ __all__ = [
     "Identity",
     "MemberIdentity",
     "MetricInterval",
+    "MixedCellRow",
+    "MixedSection",
     "ReliabilityBin",
     "ReliabilityDiagram",
     "Report",
@@ -76,6 +78,7 @@ REPORT_SECTIONS: tuple[str, ...] = (
     "cost-table",
     "calibration",
     "admission",
+    "mixed",
     "what-to-check",
 )
 
@@ -514,6 +517,60 @@ class AdmissionSection:
     problems: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class MixedCellRow:
+    """One deployed mixed cell as the page shows it."""
+
+    geometry_sha256: str
+    capacity: int
+    native_capacity: int
+    max_native_rows: int
+    max_actual_rows: int
+    native_lower_ms: float
+    candidate_upper_ms: float
+    saving: float
+    saving_ci_low: float
+    saving_ci_high: float
+    chosen_steps: int | None
+    value_ms: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class MixedSection:
+    """The bundle's mixed prefill+decode evidence (DESIGN §10), when it has any.
+
+    Attributes:
+        valid: it verified (False: refused; ``reason`` says why, and the decode members stand).
+        reason: the first finding's code and message when refused.
+        share: mixed steps / workload steps.
+        workload_steps, mixed_steps, priced_steps, covered_steps, compact_choices: counts.
+        predicted_gain, ci_low, ci_high: decode + mixed against static K.
+        decode_part, mixed_part: (gain, ci_low, ci_high) over decode and mixed steps.
+        net_value_ms, admitted, gates: the mixed receipt's economics and its five gates.
+        route: K, world size, buckets, execution mode.
+        cells: the deployed cells.
+    """
+
+    valid: bool
+    reason: str
+    share: float | None = None
+    workload_steps: int | None = None
+    mixed_steps: int | None = None
+    priced_steps: int | None = None
+    covered_steps: int | None = None
+    compact_choices: int | None = None
+    predicted_gain: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    decode_part: tuple[float, float, float] | None = None
+    mixed_part: tuple[float, float, float] | None = None
+    net_value_ms: float | None = None
+    admitted: bool | None = None
+    gates: tuple[tuple[str, bool], ...] = ()
+    route: str = ""
+    cells: tuple[MixedCellRow, ...] = ()
+
+
 @dataclass(frozen=True)
 class Report:
     """Everything the page shows; built by :func:`build_report`, rendered by the templates.
@@ -549,6 +606,7 @@ class Report:
     untrusted: tuple[UntrustedInput, ...]
     thresholds: ReportThresholds
     trust_root_unreadable: bool = False
+    mixed: MixedSection | None = None
 
     @property
     def blockers(self) -> tuple[Check, ...]:
@@ -583,6 +641,17 @@ class Report:
                 ],
                 "admitted": self.admission.admitted,
                 "gain_status": self.admission.gain_status,
+            },
+            "mixed": None
+            if self.mixed is None
+            else {
+                "valid": self.mixed.valid,
+                "reason": self.mixed.reason,
+                "share": self.mixed.share,
+                "predicted_gain": self.mixed.predicted_gain,
+                "predicted_gain_ci": [self.mixed.ci_low, self.mixed.ci_high],
+                "admitted": self.mixed.admitted,
+                "cells": len(self.mixed.cells),
             },
         }
 
@@ -1458,6 +1527,98 @@ def _admission_checks(adm: AdmissionSection, cost: CostSection | None, th: Repor
     return out
 
 
+def _mixed_section(evidence: Evidence) -> MixedSection | None:
+    """The mixed evidence's section (None when the bundle has none)."""
+    m = evidence.mixed
+    if m is None:
+        return None
+    if not m.ok:
+        return MixedSection(False, f"{m.code}: {m.message}")
+    costs, adm = m.artifact("mixed-cost-table"), m.artifact("mixed-admission")
+    assert costs is not None and adm is not None
+    s = adm.summary
+    part, dec = s["mixed_part"], s["decode_part"]
+    chosen = {r["geometry_sha256"]: r for r in _rows(adm.table)}
+    cells = []
+    for r in _rows(costs.table):
+        c = chosen.get(r["geometry_sha256"], {})
+        cells.append(
+            MixedCellRow(
+                r["geometry_sha256"],
+                r["capacity"],
+                r["native_capacity"],
+                max(r["native_rank_rows"]),
+                max(r["actual_rank_rows"]),
+                r["native_lower_ms"],
+                r["candidate_upper_ms"],
+                r["saving"],
+                r["saving_ci_low"],
+                r["saving_ci_high"],
+                c.get("chosen_steps"),
+                c.get("value_ms"),
+            )
+        )
+    route = s["route"]
+    return MixedSection(
+        True,
+        "",
+        share=part.get("share"),
+        workload_steps=part.get("workload_steps"),
+        mixed_steps=part.get("steps"),
+        priced_steps=part.get("priced_steps"),
+        covered_steps=part.get("covered_steps"),
+        compact_choices=s["compact_choices"],
+        predicted_gain=s["predicted_gain"],
+        ci_low=s["predicted_gain_ci_low"],
+        ci_high=s["predicted_gain_ci_high"],
+        decode_part=(dec["predicted_gain"], dec["ci_low"], dec["ci_high"]),
+        mixed_part=(part["predicted_gain"], part["ci_low"], part["ci_high"]),
+        net_value_ms=s["net_value_ms"],
+        admitted=s["admitted"],
+        gates=tuple(sorted(s["gates"].items())),
+        route=(
+            f"K={route['physical_k']}, world size {route['world_size']}, buckets {route['body_buckets']}, "
+            f"{route['execution_mode']}"
+        ),
+        cells=tuple(cells),
+    )
+
+
+def _mixed_checks(mixed: MixedSection) -> list[Check]:
+    if not mixed.valid:
+        return [
+            Check(
+                Severity.WARNING,
+                "MIXED_REFUSED",
+                "mixed",
+                f"the mixed evidence is refused ({mixed.reason}); mixed steps would stay native, the decode "
+                "members stand",
+            )
+        ]
+    out = []
+    failed = [g for g, ok in mixed.gates if not ok]
+    if failed:
+        out.append(
+            Check(
+                Severity.WARNING,
+                "MIXED_GATES",
+                "mixed",
+                f"mixed receipt gates {failed} not passed: no mixed receipt can be exported",
+            )
+        )
+    if mixed.mixed_steps and mixed.priced_steps is not None and mixed.priced_steps < mixed.mixed_steps:
+        out.append(
+            Check(
+                Severity.INFO,
+                "MIXED_UNPRICED",
+                "mixed",
+                f"{mixed.mixed_steps - mixed.priced_steps} of {mixed.mixed_steps} mixed steps had no measured "
+                "native arm: the gains leave them out",
+            )
+        )
+    return out
+
+
 def _sorted_checks(checks: Iterable[Check]) -> tuple[Check, ...]:
     order = {s: i for i, s in enumerate(REPORT_SECTIONS)}
     return tuple(sorted(checks, key=lambda c: (_SEVERITY_ORDER[c.severity], order.get(c.section, 99))))
@@ -1523,6 +1684,9 @@ def build_report(evidence: Evidence, *, now: datetime, thresholds: ReportThresho
         checks += _calibration_checks(calibration, th)
     if admission is not None:
         checks += _admission_checks(admission, cost, th)
+    mixed = _mixed_section(evidence)
+    if mixed is not None:
+        checks += _mixed_checks(mixed)
     ordered = _sorted_checks(checks)
     what = f"bundle v{evidence.bundle_version}" if evidence.is_bundle else "artifacts"
     kinds = ", ".join(k for k in MEMBER_KINDS if k in arts)
@@ -1550,4 +1714,5 @@ def build_report(evidence: Evidence, *, now: datetime, thresholds: ReportThresho
         checks=ordered,
         untrusted=(),
         thresholds=th,
+        mixed=mixed,
     )

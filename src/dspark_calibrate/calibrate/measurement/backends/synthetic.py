@@ -16,12 +16,19 @@ shift per cell at every ``prepare`` (graph capture, memory placement). ``power_c
 step at the power cap (reported as the SW power-cap reason, slower by ``power_cap_slowdown_rel``):
 the steady state of a serving GPU. The forced-K arm costs the native step plus
 ``confidence_path_ms``.
+
+Mixed prefill+decode steps (:meth:`SyntheticBackend.prepare_mixed`) cost ``base`` plus
+``mixed_per_row_ms`` per body row of the captured capacity (pad rows included: the bucket is what
+the graph runs), plus attention: ``mixed_attention_ms`` per thousand (query, key) pairs of every
+context chunk (over its cached or compressed prefix and itself) and of every generation row (over
+its history).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Hashable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -29,6 +36,7 @@ import numpy as np
 
 from dspark_calibrate.calibrate.measurement.backends import BackendBase
 from dspark_calibrate.calibrate.measurement.ladder import CellKind, CellSpec
+from dspark_calibrate.calibrate.measurement.mixed import MixedShape, OutputCheck
 from dspark_calibrate.calibrate.measurement.telemetry import Telemetry, TelemetrySample
 from dspark_calibrate.calibrate.measurement.timing import HostTimer, Step, Timer
 from dspark_calibrate.errors import ConfigError
@@ -58,6 +66,8 @@ class SyntheticModel:
     capture_rel: float = 0.0
     power_capped: bool = False
     power_cap_slowdown_rel: float = 0.03
+    mixed_per_row_ms: float = 0.02
+    mixed_attention_ms: float = 0.004
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -77,6 +87,17 @@ class SyntheticModel:
         elif cell.verifier_budget:
             t += self.compact_overhead_ms
         return t
+
+    def mixed_expected_ms(self, shape: MixedShape) -> float:
+        """Noise-free time of one rank's mixed step (see the module docstring)."""
+        pairs = sum(c.size * ((c.compressed or c.position) + (c.size + 1) / 2) for c in shape.context)
+        pairs += sum(
+            r * (g.history + (r + 1) / 2)
+            for g, r in zip(shape.generations, shape.generation_rows, strict=True)
+        )
+        return (
+            self.base_ms + self.mixed_per_row_ms * shape.capacity + self.mixed_attention_ms * pairs / 1000.0
+        )
 
 
 class VirtualClock:
@@ -113,10 +134,12 @@ class _SyntheticTelemetry:
 
 
 class _SyntheticStep:
-    def __init__(self, backend: SyntheticBackend, cell: CellSpec, capture_factor: float) -> None:
+    def __init__(
+        self, backend: SyntheticBackend, cell: Hashable, expected_ms: float, capture_factor: float
+    ) -> None:
         self._backend = backend
         self._cell = cell
-        self._expected = backend.model.expected_ms(cell) * capture_factor * backend.process_factor
+        self._expected = expected_ms * capture_factor * backend.process_factor
 
     def __call__(self) -> None:
         self._backend.run(self._cell, self._expected)
@@ -151,7 +174,7 @@ class SyntheticBackend(BackendBase):
         self.model = SyntheticModel(**model)
         self.seed = int(seed)
         self.clock = VirtualClock()
-        self._last: CellSpec | None = None
+        self._last: Hashable | None = None
         self._since_switch = 0
         self._steps = 0
         self._fail_at = fail_at
@@ -176,7 +199,7 @@ class SyntheticBackend(BackendBase):
         """Relative drift now, in [-1, 1] (scaled by ``drift_rel`` in the model)."""
         return math.sin(2 * math.pi * self.clock() / self.model.drift_period_s)
 
-    def run(self, cell: CellSpec, expected_ms: float) -> None:
+    def run(self, cell: Hashable, expected_ms: float) -> None:
         """Advance the clock by one modelled step of ``cell``.
 
         Raises:
@@ -209,7 +232,18 @@ class SyntheticBackend(BackendBase):
     def prepare(self, cell: CellSpec) -> Step:
         """A step that advances the virtual clock by the modelled time (a fresh capture shift)."""
         capture = math.exp(float(self._capture_rng.normal(0.0, self.model.capture_rel)))
-        return _SyntheticStep(self, cell, capture)
+        return _SyntheticStep(self, cell, self.model.expected_ms(cell), capture)
+
+    def prepare_mixed(self, shape: MixedShape) -> Step:
+        """A mixed step on the virtual clock (see the module docstring)."""
+        capture = math.exp(float(self._capture_rng.normal(0.0, self.model.capture_rel)))
+        return _SyntheticStep(self, shape, self.model.mixed_expected_ms(shape), capture)
+
+    def check_mixed(self, native: MixedShape, candidate: MixedShape) -> OutputCheck:
+        """Nothing runs, so nothing can disagree: every verified generation row counts as checked."""
+        return OutputCheck(
+            sum(candidate.generation_rows), 0, "synthetic: no forward runs; nothing was compared"
+        )
 
     def timer(self) -> Timer:
         """A host timer on the virtual clock."""
