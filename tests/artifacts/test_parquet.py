@@ -277,3 +277,14 @@ def test_expanding_strings_are_measured_exactly_before_expanding(tmp_path: Path)
         read_artifact(path, _limits(decoded=size.decoded_bytes + 20_000))
     assert info.value.reason is Reason.TABLE_TOO_LARGE and "once decoded" in str(info.value)
     assert read_artifact(path, _limits(decoded=size.decoded_bytes + 200_000)).table.equals(rows)
+
+
+def test_every_kind_has_its_own_table_limit() -> None:
+    """A kind without a limit would be read under the strict default, or, unnoticed, refused."""
+    from dspark_calibrate.artifacts._limits import TABLE_LIMITS
+    from dspark_calibrate.schemas import KINDS
+
+    assert sorted(set(KINDS) - set(TABLE_LIMITS)) == []
+    # The bundle members a serving process admits keep the serving limit.
+    for kind in ("cost-table", "calibration", "admission", "mixed-cost-table", "mixed-admission"):
+        assert TABLE_LIMITS[kind].max_decoded_bytes <= 16 * 1024 * 1024, kind

@@ -83,6 +83,14 @@ TABLE_LIMITS: Mapping[str, TableLimit] = MappingProxyType(
         # benchmarks (benchmarks/RESULTS.md), ~100 B each.
         "trace": TableLimit(max_rows=1 << 28, max_decoded_bytes=32 * _GIB),
         "workload": TableLimit(max_rows=1 << 28, max_decoded_bytes=32 * _GIB),
+        "workload-mixed": TableLimit(max_rows=1 << 28, max_decoded_bytes=32 * _GIB),
+        # Mixed evidence: at most 256 deployed geometries, each a handful of rows (its cells and
+        # the native row), so the serving kinds keep the serving limit.
+        "mixed-cost-table": TableLimit(max_rows=4096, max_decoded_bytes=16 * _MIB),
+        "mixed-admission": TableLimit(max_rows=4096, max_decoded_bytes=16 * _MIB),
+        # A mixed sweep measures at most 256 geometries per plan; its samples are a sweep's.
+        "mixed-sweep": TableLimit(max_rows=1 << 20, max_decoded_bytes=1 * _GIB),
+        "mixed-sweep-samples": TableLimit(max_rows=1 << 26, max_decoded_bytes=8 * _GIB),
     }
 )
 #: A table whose kind is not known yet (no expected kind, footer kind unknown): the serving limit.
