@@ -62,12 +62,15 @@ case "${1:-}" in
     ;;
   heavy)
     # Two separate processes, back to back: each one's intervals are out of sample for the other.
-    for job in heavy1 heavy2; do
+    # HEAVY_JOBS="heavy1" then "heavy2" runs them as two calls (a longer budget each);
+    # HEAVY_EXTRA adds sweep options (e.g. "--max-samples 128").
+    for job in ${HEAVY_JOBS:-heavy1 heavy2}; do
       log_env "$job"
       seed=${job#heavy}
-      timeout 280 "$PY" benchmarks/sweep_efficiency.py run --tag "$job" --protocols adaptive --seed "$seed" \
-        "${HEAVY[@]}" --adaptive-budget ${HEAVY_BUDGET:-150} --passes "${HEAVY_PASSES:-1}" \
-        --out-dir "$OUT/$job" 2>&1 | tee "$OUT/$job/log.txt"
+      # shellcheck disable=SC2086
+      timeout "${HEAVY_TIMEOUT:-280}" "$PY" benchmarks/sweep_efficiency.py run --tag "$job" --protocols adaptive \
+        --seed "$seed" "${HEAVY[@]}" --adaptive-budget ${HEAVY_BUDGET:-150} --passes "${HEAVY_PASSES:-1}" \
+        ${HEAVY_EXTRA:-} --out-dir "$OUT/$job" 2>&1 | tee "$OUT/$job/log.txt"
     done
     ;;
   compare-heavy)
