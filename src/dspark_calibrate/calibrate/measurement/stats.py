@@ -147,7 +147,7 @@ class Thresholds:
     min_samples: int = 8
     min_rounds: int = 6
     min_time_s: float = 0.0
-    max_samples_per_cell: int = 48
+    max_samples_per_cell: int = 128
     max_seconds_per_cell: float = 60.0
     budget_s: float = 3600.0
     warmup_steps: int = 8
