@@ -53,9 +53,9 @@ def test_valid_bundle_html(app: Any, bundle: Path, root: Path, tmp_path: Path) -
     out = tmp_path / "report.html"
     result = invoke(app, bundle, "--trust-root", root, "--out", out, "--no-plots")
     assert result.exit_code == 0, result.output
-    assert "VERIFIED" in result.output and f"report written to {out}" in result.output
+    assert "DEPLOY — no blockers" in result.output and f"report written to {out}" in result.output
     page = Page(out.read_text(encoding="utf-8"))
-    assert page.lines[0].startswith("VERIFIED — bundle v1")
+    assert page.lines[0].startswith("DEPLOY — no blockers: signatures verified (bundle v1")
     assert {"verification", "identity", "cost-table", "calibration", "admission", "what-to-check"} <= set(
         page.ids
     )
@@ -69,7 +69,7 @@ def test_markdown_and_json(app: Any, bundle: Path, root: Path, tmp_path: Path) -
     assert doc["verified"] is True and doc["exit_code"] == 0 and doc["out"] == str(out)
     assert doc["admission"]["gain_status"] == "ACCEPT"
     assert "LOW_SAVING:G=8" in {c["code"] for c in doc["checks"]}
-    assert out.read_text(encoding="utf-8").splitlines()[0].startswith("VERIFIED")
+    assert out.read_text(encoding="utf-8").splitlines()[0].startswith("DEPLOY — no blockers")
 
 
 def test_default_out_follows_format(
@@ -92,7 +92,7 @@ def test_tampered_bundle_exits_1_and_still_writes(app: Any, bundle: Path, root: 
     assert doc["verified"] is False and doc["findings"][0]["reason"].startswith("ENVELOPE_")
     assert "REJECTED" in result.stderr
     page = Page(out.read_text(encoding="utf-8"))
-    assert page.lines[0].startswith("NOT VERIFIED")
+    assert page.lines[0].startswith("DO NOT DEPLOY — NOT VERIFIED")
     assert "cost-table" not in page.ids
 
 
@@ -110,7 +110,7 @@ def test_synthetic_needs_the_flag(app: Any, keys: tuple[Any, ...], root: Path, t
     assert allowed.exit_code == 0, allowed.output
     strict = invoke(app, b, "--trust-root", root, "--out", out, "--no-plots", "--allow-synthetic", "--strict")
     assert strict.exit_code == 1  # synthetic evidence is a blocker
-    assert Page(out.read_text(encoding="utf-8")).lines[0].startswith("VERIFIED")
+    assert Page(out.read_text(encoding="utf-8")).lines[0].startswith("DO NOT DEPLOY — 3 blocker(s): SYNTHETIC")
 
 
 def test_expected_fingerprint_mismatch(app: Any, bundle: Path, root: Path, tmp_path: Path) -> None:
@@ -123,7 +123,9 @@ def test_expected_fingerprint_mismatch(app: Any, bundle: Path, root: Path, tmp_p
     assert result.exit_code == 1
     assert "FINGERPRINT_MISMATCH:gpu" in result.stderr
     assert (
-        Page(out.read_text(encoding="utf-8")).lines[0].startswith("NOT VERIFIED — FINGERPRINT_MISMATCH:gpu")
+        Page(out.read_text(encoding="utf-8"))
+        .lines[0]
+        .startswith("DO NOT DEPLOY — NOT VERIFIED: FINGERPRINT_MISMATCH:gpu")
     )
 
 
@@ -164,7 +166,7 @@ def test_usage_and_io_errors(
     assert result.exit_code == code, result.output
     if case in ("missing-input", "missing-root", "bad-root"):
         # Unverifiable input still gets a page that says so first.
-        assert Page(out.read_text(encoding="utf-8")).lines[0].startswith("NOT VERIFIED")
+        assert Page(out.read_text(encoding="utf-8")).lines[0].startswith("DO NOT DEPLOY — NOT VERIFIED")
 
 
 def test_installed_entry_point_help() -> None:

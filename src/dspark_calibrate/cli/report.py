@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -38,6 +38,9 @@ from dspark_calibrate.cli._common import (
     utcnow,
 )
 from dspark_calibrate.errors import DsparkError
+
+if TYPE_CHECKING:
+    from dspark_calibrate.calibrate.report import Report
 
 __all__ = ["ReportFormatOption", "register", "report"]
 
@@ -85,28 +88,17 @@ def report(
     ] = False,
     json_out: JsonFlag = False,
 ) -> None:
-    """Verify INPUTS and write the release report; exit 0 verified, 1 rejected, 2 usage or I/O error."""
-    from dspark_calibrate.artifacts import Expectation, read_fingerprint
-    from dspark_calibrate.calibrate.report import write_report
+    """Verify INPUTS and write the release report; its first line is the deploy verdict.
 
+    Exit 0 verified, 1 rejected (or ``--strict`` with a blocker), 2 usage or I/O error.
+    """
     if max_age_days is not None and max_age_days <= 0:
         fail_usage(
             f"--max-age-days {max_age_days:g} is not positive; give the largest acceptable age in days"
         )
     target = out if out is not None else Path(f"report.{fmt.value}")
     stage_line("report", "verifying and rendering", str(target))
-    try:
-        fingerprint = read_fingerprint(expect_fingerprint) if expect_fingerprint is not None else None
-        expected = Expectation(
-            fingerprint=fingerprint,
-            allow_synthetic=allow_synthetic,
-            max_age=timedelta(days=max_age_days) if max_age_days is not None else None,
-        )
-        result = write_report(
-            inputs, trust_root, target, now=utcnow(), fmt=fmt.value, expected=expected, plots=plots
-        )
-    except DsparkError as exc:
-        fail_error(exc)
+    result = _write(inputs, trust_root, target, fmt, expect_fingerprint, allow_synthetic, max_age_days, plots)
     if result.io_error:
         code = EXIT_USAGE
     elif not result.verified or (strict and result.blockers):
@@ -117,23 +109,76 @@ def report(
         first = result.findings[0]
         err_console.print(f"[bold red]REJECTED[/] {escape(first.code)}: {escape(first.message)}")
     if json_out:
-        top = result.findings[0] if result.findings and code != EXIT_OK else None
-        print_json(
-            {
-                "ok": code == EXIT_OK,
-                "error": top.code if top is not None else ("BLOCKERS" if code else None),
-                "message": top.message if top is not None else None,
-                "fix": split_fix(top.message)[1] if top is not None else None,
-                "out": str(target),
-                "exit_code": code,
-                **result.to_dict(),
-            }
-        )
+        _print_json(result, target, code)
     else:
-        if result.verified:
-            out_console.print(escape(result.headline), style="green")
+        _print_verdict(result)
         out_console.print(f"report written to {escape(str(target))}")
     exit_with(code)
+
+
+def _write(
+    inputs: list[Path],
+    trust_root: Path,
+    target: Path,
+    fmt: ReportFormatOption,
+    expect_fingerprint: Path | None,
+    allow_synthetic: bool,
+    max_age_days: float | None,
+    plots: bool,
+) -> Report:
+    from dspark_calibrate.artifacts import Expectation, read_fingerprint
+    from dspark_calibrate.calibrate.report import write_report
+
+    try:
+        fingerprint = read_fingerprint(expect_fingerprint) if expect_fingerprint is not None else None
+        expected = Expectation(
+            fingerprint=fingerprint,
+            allow_synthetic=allow_synthetic,
+            max_age=timedelta(days=max_age_days) if max_age_days is not None else None,
+        )
+        return write_report(
+            inputs, trust_root, target, now=utcnow(), fmt=fmt.value, expected=expected, plots=plots
+        )
+    except DsparkError as exc:
+        fail_error(exc)
+
+
+def _print_verdict(result: Report) -> None:
+    """The report's first screen on the terminal: the verdict, its gates, the blockers."""
+    verdict = result.verdict
+    out_console.print(escape(result.headline), style="bold green" if verdict.deploy else "bold red")
+    for gate in verdict.gates:
+        style = {"pass": "green", "fail": "red"}.get(gate.status, "dim")
+        out_console.print(f"  [{style}]{gate.status:>11}[/]  {escape(gate.name)}: {escape(gate.detail)}")
+    for n, blocker in enumerate(verdict.blockers, 1):
+        out_console.print(f"  [red]blocker {n}[/] ({escape(blocker.section)}) {escape(blocker.message)}")
+    if verdict.warnings or verdict.notes:
+        out_console.print(
+            f"  {verdict.warnings} warning(s) and {verdict.notes} note(s) in the page's What to check list"
+        )
+
+
+def _print_json(result: Report, target: Path, code: int) -> None:
+    top = result.findings[0] if result.findings and code != EXIT_OK else None
+    blocker = result.verdict.blockers[0] if result.verdict.blockers else None
+    error: str | None = None
+    message: str | None = None
+    fix: str | None = None
+    if top is not None:
+        error, message, fix = top.code, top.message, split_fix(top.message)[1]
+    elif code and blocker is not None:
+        error, message, fix = "BLOCKERS", blocker.message, "fix the blockers the report lists, then rebuild"
+    print_json(
+        {
+            "ok": code == EXIT_OK,
+            "error": error,
+            "message": message,
+            "fix": fix,
+            "out": str(target),
+            "exit_code": code,
+            **result.to_dict(),
+        }
+    )
 
 
 def register(app: typer.Typer) -> None:

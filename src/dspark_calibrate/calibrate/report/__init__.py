@@ -23,7 +23,7 @@ Example:
     >>> from dspark_calibrate.calibrate.report import build_report, collect_evidence
     >>> now = datetime(2026, 1, 1, tzinfo=UTC)
     >>> ev = collect_evidence([Path("/nonexistent")], Path("/nonexistent/root.json"), now=now)
-    >>> build_report(ev, now=now).headline.startswith("NOT VERIFIED")
+    >>> build_report(ev, now=now).headline.startswith("DO NOT DEPLOY — NOT VERIFIED")
     True
 """
 

@@ -13,7 +13,6 @@ hook will decide. No I/O, no clock; reading the inputs is :mod:`.evidence`'s job
 
 from __future__ import annotations
 
-import enum
 import itertools
 import math
 from collections import Counter
@@ -36,6 +35,15 @@ from dspark_calibrate.calibrate.report.evidence import (
     TrustRootInfo,
     UntrustedInput,
     display,
+)
+from dspark_calibrate.calibrate.report.verdict import (
+    SEVERITY_ORDER,
+    Check,
+    CheckGroup,
+    Severity,
+    Verdict,
+    group_checks,
+    make_verdict,
 )
 from dspark_calibrate.errors import ConfigError
 from dspark_calibrate.runtime_plugin.admission import AdmissionEconomics, cross_member_findings, gain_test
@@ -88,6 +96,13 @@ REPORT_SECTIONS: tuple[str, ...] = (
 # ---------------------------------------------------------------------------------------------
 
 
+#: The sweep's precision target (relative half-width of a compact cell's paired saving, in units
+#: of the native step) assumed when a cost table's signed provenance does not record its own: the
+#: default of ``measurement.stats.Thresholds.precision_rel`` (the report reads artifacts, never the
+#: measurement modules, so the number is repeated here and a test keeps the two equal).
+DEFAULT_SWEEP_PRECISION_REL = 0.005
+
+
 @dataclass(frozen=True, slots=True)
 class ReportThresholds:
     """Named thresholds behind the report's flags and its "what to check" list.
@@ -96,8 +111,14 @@ class ReportThresholds:
     reviewer is asked to look at.
 
     Attributes:
-        noisy_ci_rel: a cell is *noisy* when its CI half-width exceeds this fraction of its median
-            (0.01 = 1 %: twice the sweep's default precision target, ``stats.Thresholds.precision_rel``).
+        noisy_precision_multiple: a compact cell is *noisy* when the half-width of its paired
+            saving's interval (in units of the native step, as the selector compares it) exceeds
+            this multiple of the sweep's own precision target (``precision_rel`` of the cost
+            table's signed stopping rule). 2: the stored interval adds the between-run terms the
+            stopping rule does not judge, so a precise cell lands near 1x and one at 2x is
+            visibly wider than the sweep promised. The absolute interval of a median is not
+            judged: the level shift every cell of a process shares widens it without moving any
+            saving (DESIGN §7).
         min_saving_rel: a G whose best compact cell saves less than this fraction of the native step
             time cannot pay for the confidence path at that concurrency (0.02 = 2 %).
         min_samples: cells with fewer kept samples are flagged (``stats.Thresholds.min_samples``).
@@ -109,7 +130,7 @@ class ReportThresholds:
         expiry_warning: artifacts expiring sooner than this are flagged.
     """
 
-    noisy_ci_rel: float = 0.01
+    noisy_precision_multiple: float = 2.0
     min_saving_rel: float = 0.02
     min_samples: int = 8
     max_ece_after: float = 0.02
@@ -118,7 +139,10 @@ class ReportThresholds:
     expiry_warning: timedelta = timedelta(days=7)
 
     def __post_init__(self) -> None:
-        for name in ("noisy_ci_rel", "min_saving_rel", "max_ece_after", "survival_tolerance"):
+        multiple = self.noisy_precision_multiple
+        if not (isinstance(multiple, float) and math.isfinite(multiple) and multiple >= 1.0):
+            raise ConfigError(f"report threshold noisy_precision_multiple={multiple!r} must be a number >= 1")
+        for name in ("min_saving_rel", "max_ece_after", "survival_tolerance"):
             value = getattr(self, name)
             if not (isinstance(value, float) and math.isfinite(value) and 0.0 <= value < 1.0):
                 raise ConfigError(f"report threshold {name}={value!r} must be a number in [0, 1)")
@@ -128,43 +152,6 @@ class ReportThresholds:
                 raise ConfigError(f"report threshold {name}={value!r} must be an integer >= 0")
         if self.expiry_warning < timedelta(0):
             raise ConfigError("report threshold expiry_warning must not be negative")
-
-
-class Severity(enum.StrEnum):
-    """How much a check item matters to the release decision."""
-
-    BLOCKER = "blocker"  # do not ship this bundle as it is
-    WARNING = "warning"  # look closely before approving
-    INFO = "info"  # context for the reviewer
-
-
-_SEVERITY_ORDER = {Severity.BLOCKER: 0, Severity.WARNING: 1, Severity.INFO: 2}
-
-
-@dataclass(frozen=True, slots=True)
-class Check:
-    """One item of the "what to check" list.
-
-    Attributes:
-        severity: blocker, warning or info.
-        code: a stable short identifier (e.g. ``LOW_SAVING:G=8``) for tests and tooling.
-        section: the report section the item points at.
-        message: one line naming the cell, position or field, the numbers, and what it means.
-    """
-
-    severity: Severity
-    code: str
-    section: str
-    message: str
-
-    def to_dict(self) -> dict[str, str]:
-        """JSON-ready form."""
-        return {
-            "severity": self.severity.value,
-            "code": self.code,
-            "section": self.section,
-            "message": self.message,
-        }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,10 +209,13 @@ class CostCell:
         tokens: tokens the step verifies: G·(K+1) for the native cell, else V.
         step_time_ms, ci_low_ms, ci_high_ms, p10_ms, p90_ms, samples, stop_reason: as signed.
         saving: 1 − T(G, V) / T(G, native); ``None`` for the native cell or when G has none.
-        saving_low, saving_high: the saving's range from the two CIs (slow end of this cell against
-            the fast end of the native cell, and the reverse).
-        ci_half_width_rel: CI half-width over the median.
-        noisy: ``ci_half_width_rel`` above the threshold, or the stop reason is not ``precision``.
+        saving_low, saving_high: the saving's interval: the signed paired one (schema 2), or the
+            range from the two CIs (schema 1: slow end of this cell against the fast end of the
+            native cell, and the reverse).
+        ci_half_width_rel: CI half-width over the median (shown; not judged, see ``noisy``).
+        noisy: a compact cell whose saving interval is wider than the sweep's precision allows
+            (:attr:`saving_half_width` above ``ReportThresholds.noisy_precision_multiple`` times the
+            sweep's ``precision_rel``), or any cell that did not stop on precision.
         non_monotone: slower than a cell of the same G that verifies more tokens.
         chosen_steps: replayed steps that picked this cell (from the admission table), if known.
         value_ms: replayed time saved by this cell (admission table), if known.
@@ -254,6 +244,13 @@ class CostCell:
     def native(self) -> bool:
         """True for the static full-K cell (V = 0)."""
         return self.verifier_budget == 0
+
+    @property
+    def saving_half_width(self) -> float | None:
+        """The larger half-width of the saving's interval, in units of the native step."""
+        if self.saving is None or self.saving_low is None or self.saving_high is None:
+            return None
+        return max(self.saving - self.saving_low, self.saving_high - self.saving)
 
     @property
     def tokens_per_row(self) -> float:
@@ -316,6 +313,9 @@ class CostSection:
         has_replay: the admission table's replay statistics are attached to the cells.
         candidates: measured cells that were not deployed, when the signed summary lists them.
         problems: malformed entries of the summary's candidate list.
+        precision_rel: the sweep's precision target (its signed stopping rule's ``precision_rel``).
+        precision_recorded: False when the provenance lacks it and the default was assumed.
+        noisy_limit: the saving half-width above which a compact cell is noisy.
     """
 
     k: int
@@ -324,6 +324,40 @@ class CostSection:
     has_replay: bool
     candidates: tuple[CandidateCell, ...] = ()
     problems: tuple[str, ...] = ()
+    precision_rel: float = DEFAULT_SWEEP_PRECISION_REL
+    precision_recorded: bool = False
+    noisy_limit: float = 2.0 * DEFAULT_SWEEP_PRECISION_REL
+
+    @property
+    def faster_candidates(self) -> tuple[CandidateCell, ...]:
+        """Undeployed cells that save more than the best deployed cell of their G."""
+        best = {g.graph_batch_size: g.best for g in self.groups}
+        out = []
+        for cand in self.candidates:
+            top = best.get(cand.graph_batch_size)
+            if (
+                cand.saving is not None
+                and top is not None
+                and top.saving is not None
+                and cand.saving > top.saving
+            ):
+                out.append(cand)
+        return tuple(out)
+
+    @property
+    def candidate_summary(self) -> str:
+        """One line for the collapsed "measured, not deployed" table."""
+        if not self.candidates:
+            return "no undeployed measured cell is listed in the signed summary"
+        per_g = Counter(c.graph_batch_size for c in self.candidates)
+        spread = ", ".join(f"G={g}: {n}" for g, n in sorted(per_g.items()))
+        faster = len(self.faster_candidates)
+        tail = (
+            f"; {faster} of them save more than the best deployed cell of their G"
+            if faster
+            else "; none saves more than the best deployed cell of its G"
+        )
+        return f"{len(self.candidates)} measured cells were not deployed ({spread}){tail}"
 
     @property
     def cells(self) -> tuple[CostCell, ...]:
@@ -577,7 +611,8 @@ class Report:
 
     Attributes:
         verified: True when every input verified against the trust root.
-        headline: the page's first line (``VERIFIED …`` or ``NOT VERIFIED …``).
+        headline: the page's first line, the verdict's (``DEPLOY — …`` or ``DO NOT DEPLOY — …``).
+        verdict: whether to deploy, the gates behind it and the blockers (the first screen).
         generated_at: the report time (also the verification time).
         tool_version: this package's version.
         inputs: the input paths as given.
@@ -605,6 +640,7 @@ class Report:
     checks: tuple[Check, ...]
     untrusted: tuple[UntrustedInput, ...]
     thresholds: ReportThresholds
+    verdict: Verdict
     trust_root_unreadable: bool = False
     mixed: MixedSection | None = None
 
@@ -612,6 +648,11 @@ class Report:
     def blockers(self) -> tuple[Check, ...]:
         """Checks of severity blocker."""
         return tuple(c for c in self.checks if c.severity is Severity.BLOCKER)
+
+    @property
+    def check_groups(self) -> tuple[CheckGroup, ...]:
+        """The "what to check" list with near-identical items folded into one line each."""
+        return group_checks(self.checks)
 
     @property
     def io_error(self) -> bool:
@@ -623,6 +664,8 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready summary (for ``--json``)."""
         return {
+            "deploy": self.verdict.deploy,
+            "verdict": self.verdict.to_dict(),
             "verified": self.verified,
             "headline": self.headline,
             "generated_at": self.generated_at.isoformat(),
@@ -630,6 +673,7 @@ class Report:
             "inputs": list(self.inputs),
             "findings": [f.to_dict() for f in self.findings],
             "runtime_findings": [f.to_dict() for f in self.runtime_findings],
+            "what_to_check": [g.to_dict() for g in self.check_groups],
             "checks": [c.to_dict() for c in self.checks],
             "admission": None
             if self.admission is None
@@ -705,80 +749,120 @@ def _identity(evidence: Evidence) -> Identity:
     return Identity(rows, fp.digest(), members, evidence.bundle_version, evidence.manifest_keyids)
 
 
+def _replay_stats(admission: VerifiedArtifact | None) -> dict[tuple[int, int], tuple[int, float]]:
+    """``(G, V) -> (chosen steps, value ms)`` from the admission table's replay statistics."""
+    if admission is None:
+        return {}
+    return {
+        (int(r["graph_batch_size"]), int(r["verifier_budget"])): (
+            int(r["chosen_steps"]),
+            float(r["value_ms"]),
+        )
+        for r in _rows(admission.table)
+    }
+
+
+def _sweep_precision(art: VerifiedArtifact) -> tuple[float, bool]:
+    """The sweep's precision target from the cost table's signed stopping rule, or the default."""
+    rule = art.provenance.stopping_rule or {}
+    value = _finite(rule.get("precision_rel"))
+    if value is None or not 0.0 < value < 1.0:
+        return DEFAULT_SWEEP_PRECISION_REL, False
+    return value, True
+
+
+def _saving(
+    row: Mapping[str, Any], native_row: Mapping[str, Any] | None
+) -> tuple[float, float, float] | None:
+    """A compact cell's saving and its interval (``None`` for the native cell or without one)."""
+    if row["verifier_budget"] == 0:
+        return None
+    if row.get("saving_ci_low") is not None:
+        # Schema 2: the signed paired saving and its interval.
+        return float(row["saving"]), float(row["saving_ci_low"]), float(row["saving_ci_high"])
+    if native_row is None:
+        return None
+    # Schema 1: no pairing; the saving's range from the two absolute intervals.
+    t, tn = float(row["step_time_ms"]), float(native_row["step_time_ms"])
+    return (
+        1.0 - t / tn,
+        1.0 - float(row["ci_high_ms"]) / float(native_row["ci_low_ms"]),
+        1.0 - float(row["ci_low_ms"]) / float(native_row["ci_high_ms"]),
+    )
+
+
+def _cost_group(
+    g: int,
+    cells: Sequence[Mapping[str, Any]],
+    k: int,
+    replay: Mapping[tuple[int, int], tuple[int, float]],
+    has_replay: bool,
+    noisy_limit: float,
+) -> CostGroup:
+    native_row = next((r for r in cells if r["verifier_budget"] == 0), None)
+    tokens = {
+        int(r["verifier_budget"]): g * (k + 1) if r["verifier_budget"] == 0 else int(r["verifier_budget"])
+        for r in cells
+    }
+    # Cost must not fall as more tokens are verified: a cell slower than one verifying more
+    # tokens (within the same G) breaks the staircase the selector assumes (DESIGN §1).
+    slower_than_bigger = {
+        int(r["verifier_budget"])
+        for r in cells
+        for o in cells
+        if tokens[int(o["verifier_budget"])] > tokens[int(r["verifier_budget"])]
+        and float(r["step_time_ms"]) > float(o["step_time_ms"])
+    }
+    built: list[CostCell] = []
+    for r in cells:
+        v = int(r["verifier_budget"])
+        t, lo, hi = float(r["step_time_ms"]), float(r["ci_low_ms"]), float(r["ci_high_ms"])
+        paired = _saving(r, native_row)
+        saving, saving_low, saving_high = paired if paired is not None else (None, None, None)
+        wide = paired is not None and max(paired[0] - paired[1], paired[2] - paired[0]) > noisy_limit
+        chosen = replay.get((g, v), (0, 0.0) if has_replay and v != 0 else None)
+        built.append(
+            CostCell(
+                graph_batch_size=g,
+                verifier_budget=v,
+                tokens=tokens[v],
+                step_time_ms=t,
+                ci_low_ms=lo,
+                ci_high_ms=hi,
+                p10_ms=float(r["p10_ms"]),
+                p90_ms=float(r["p90_ms"]),
+                samples=int(r["samples"]),
+                stop_reason=str(r["stop_reason"]),
+                saving=saving,
+                saving_low=saving_low,
+                saving_high=saving_high,
+                ci_half_width_rel=(hi - lo) / 2.0 / t,
+                noisy=wide or str(r["stop_reason"]) != "precision",
+                non_monotone=v in slower_than_bigger,
+                chosen_steps=chosen[0] if chosen else None,
+                value_ms=chosen[1] if chosen else None,
+            )
+        )
+    native = next((c for c in built if c.native), None)
+    compact = tuple(sorted((c for c in built if not c.native), key=lambda c: c.verifier_budget))
+    return CostGroup(g, native, compact)
+
+
 def _cost_section(
     art: VerifiedArtifact, admission: VerifiedArtifact | None, th: ReportThresholds
 ) -> CostSection:
     k = art.fingerprint.max_draft_len
     assert k is not None  # content rules (step 8) require K for a cost table
-    replay: dict[tuple[int, int], tuple[int, float]] = {}
-    if admission is not None:
-        for r in _rows(admission.table):
-            replay[(int(r["graph_batch_size"]), int(r["verifier_budget"]))] = (
-                int(r["chosen_steps"]),
-                float(r["value_ms"]),
-            )
+    replay = _replay_stats(admission)
+    precision, recorded = _sweep_precision(art)
+    limit = th.noisy_precision_multiple * precision
     raw = sorted(_rows(art.table), key=lambda r: (r["graph_batch_size"], r["verifier_budget"]))
-    groups: list[CostGroup] = []
-    for g in sorted({int(r["graph_batch_size"]) for r in raw}):
-        cells = [r for r in raw if r["graph_batch_size"] == g]
-        native_row = next((r for r in cells if r["verifier_budget"] == 0), None)
-        tokens = {
-            int(r["verifier_budget"]): (
-                g * (k + 1) if r["verifier_budget"] == 0 else int(r["verifier_budget"])
-            )
-            for r in cells
-        }
-        # Cost must not fall as more tokens are verified: a cell slower than one verifying more
-        # tokens (within the same G) breaks the staircase the selector assumes (DESIGN §1).
-        slower_than_bigger = {
-            int(r["verifier_budget"])
-            for r in cells
-            for o in cells
-            if tokens[int(o["verifier_budget"])] > tokens[int(r["verifier_budget"])]
-            and float(r["step_time_ms"]) > float(o["step_time_ms"])
-        }
-        built: list[CostCell] = []
-        for r in cells:
-            v = int(r["verifier_budget"])
-            t, lo, hi = float(r["step_time_ms"]), float(r["ci_low_ms"]), float(r["ci_high_ms"])
-            saving = saving_low = saving_high = None
-            if v != 0 and r.get("saving_ci_low") is not None:
-                # Schema 2: the signed paired saving and its interval.
-                saving = float(r["saving"])
-                saving_low, saving_high = float(r["saving_ci_low"]), float(r["saving_ci_high"])
-            elif v != 0 and native_row is not None:
-                # Schema 1: no pairing; the saving's range from the two absolute intervals.
-                tn = float(native_row["step_time_ms"])
-                saving = 1.0 - t / tn
-                saving_low = 1.0 - hi / float(native_row["ci_low_ms"])
-                saving_high = 1.0 - lo / float(native_row["ci_high_ms"])
-            half_rel = (hi - lo) / 2.0 / t
-            chosen = replay.get((g, v))
-            built.append(
-                CostCell(
-                    graph_batch_size=g,
-                    verifier_budget=v,
-                    tokens=tokens[v],
-                    step_time_ms=t,
-                    ci_low_ms=lo,
-                    ci_high_ms=hi,
-                    p10_ms=float(r["p10_ms"]),
-                    p90_ms=float(r["p90_ms"]),
-                    samples=int(r["samples"]),
-                    stop_reason=str(r["stop_reason"]),
-                    saving=saving,
-                    saving_low=saving_low,
-                    saving_high=saving_high,
-                    ci_half_width_rel=half_rel,
-                    noisy=half_rel > th.noisy_ci_rel or str(r["stop_reason"]) != "precision",
-                    non_monotone=v in slower_than_bigger,
-                    chosen_steps=chosen[0] if chosen else (0 if admission is not None and v != 0 else None),
-                    value_ms=chosen[1] if chosen else (0.0 if admission is not None and v != 0 else None),
-                )
-            )
-        native = next((c for c in built if c.native), None)
-        compact = tuple(sorted((c for c in built if not c.native), key=lambda c: c.verifier_budget))
-        groups.append(CostGroup(g, native, compact))
+    groups = [
+        _cost_group(
+            g, [r for r in raw if r["graph_batch_size"] == g], k, replay, admission is not None, limit
+        )
+        for g in sorted({int(r["graph_batch_size"]) for r in raw})
+    ]
     mix = Counter(str(r["stop_reason"]) for r in raw)
     candidates, problems = _candidates(art.summary.get(SUMMARY_CANDIDATES), groups)
     return CostSection(
@@ -788,6 +872,9 @@ def _cost_section(
         has_replay=admission is not None,
         candidates=candidates,
         problems=problems,
+        precision_rel=precision,
+        precision_recorded=recorded,
+        noisy_limit=limit,
     )
 
 
@@ -901,19 +988,8 @@ def _binning_text(binning: Any) -> str | None:
     return "; ".join(parts)
 
 
-def _calibration_section(art: VerifiedArtifact) -> CalibrationSection:
-    """Rows from the signed table; method-level evidence from the signed summary.
-
-    Summary fields read (``fit``'s ``FitResult.summary``): ``nll_accepted_length``,
-    ``brier_survival``, ``ea_error`` (``{before, after}`` estimates), ``holdout_rounds``,
-    ``holdout_requests``, ``ece.binning``, and per position in ``ece.per_position``:
-    ``equal_width.{before,after}`` (ECE estimates), ``reliability.{before,after}`` (a
-    ``metrics.Reliability`` document: edges, counts, mean_confidence, mean_label, ece),
-    ``mean_survival.{before,after}``, ``observed_survival`` and ``labelled``.
-    """
-    k = art.fingerprint.max_draft_len
-    assert k is not None  # content rules (step 8) require K for a calibration
-    rows = tuple(
+def _calibration_rows(art: VerifiedArtifact) -> tuple[CalibrationRow, ...]:
+    return tuple(
         CalibrationRow(
             position=int(r["position"]),
             method=str(r["method"]),
@@ -930,8 +1006,9 @@ def _calibration_section(art: VerifiedArtifact) -> CalibrationSection:
         )
         for r in sorted(_rows(art.table), key=lambda r: r["position"])
     )
-    summary = art.summary
-    missing: list[str] = []
+
+
+def _global_metrics(summary: Mapping[str, Any], missing: list[str]) -> list[MetricInterval]:
     metrics: list[MetricInterval] = []
     for key, label in _GLOBAL_METRICS:
         if not isinstance(summary.get(key), Mapping):
@@ -940,13 +1017,21 @@ def _calibration_section(art: VerifiedArtifact) -> CalibrationSection:
         b, a = _before_after(summary[key])
         (b_val, b_ci), (a_val, a_ci) = _estimate(b), _estimate(a)
         metrics.append(MetricInterval(label, b_val, b_ci, a_val, a_ci))
-    ece = summary.get("ece")
-    if not isinstance(ece, Mapping):
-        missing.append("ece")
-        ece = {}
+    return metrics
+
+
+@dataclass
+class _PerPosition:
+    """What the summary's ``ece.per_position`` yields, position by position."""
+
+    metrics: list[MetricInterval]
+    reliability: list[ReliabilityDiagram]
+    survival: list[SurvivalPoint]
+
+
+def _per_position(k: int, ece: Mapping[str, Any], missing: list[str]) -> _PerPosition:
     per_position = _by_position(ece.get("per_position"))
-    reliability: list[ReliabilityDiagram] = []
-    survival: list[SurvivalPoint] = []
+    out = _PerPosition([], [], [])
     no_bins: list[int] = []
     no_survival: list[int] = []
     for j in range(1, k + 1):
@@ -957,38 +1042,57 @@ def _calibration_section(art: VerifiedArtifact) -> CalibrationSection:
             continue
         b_est, a_est = _before_after(entry.get("equal_width"))
         (b_val, b_ci), (a_val, a_ci) = _estimate(b_est), _estimate(a_est)
-        metrics.append(MetricInterval(f"ECE position {j} (equal width)", b_val, b_ci, a_val, a_ci))
+        out.metrics.append(MetricInterval(f"ECE position {j} (equal width)", b_val, b_ci, a_val, a_ci))
         raw, fitted = _before_after(entry.get("reliability"))
         bins = _bins(fitted)
         if bins is None:
             no_bins.append(j)
         else:
-            reliability.append(ReliabilityDiagram(j, bins, _finite(fitted.get("ece")), _bins(raw) or ()))
+            out.reliability.append(ReliabilityDiagram(j, bins, _finite(fitted.get("ece")), _bins(raw) or ()))
         pred_b, pred_a = _before_after(entry.get("mean_survival"))
         predicted, observed = _finite(pred_a), _finite(entry.get("observed_survival"))
         if predicted is None or observed is None:
             no_survival.append(j)
         else:
-            survival.append(
+            out.survival.append(
                 SurvivalPoint(j, predicted, observed, _finite(pred_b), _count(entry.get("labelled")))
             )
     if no_bins:
         missing.append(f"ece.per_position[].reliability (positions {no_bins})")
     if no_survival:
         missing.append(f"ece.per_position[].mean_survival/observed_survival (positions {no_survival})")
-    holdout_rounds, holdout_requests = (
-        _count(summary.get("holdout_rounds")),
-        _count(summary.get("holdout_requests")),
-    )
+    return out
+
+
+def _calibration_section(art: VerifiedArtifact) -> CalibrationSection:
+    """Rows from the signed table; method-level evidence from the signed summary.
+
+    Summary fields read (``fit``'s ``FitResult.summary``): ``nll_accepted_length``,
+    ``brier_survival``, ``ea_error`` (``{before, after}`` estimates), ``holdout_rounds``,
+    ``holdout_requests``, ``ece.binning``, and per position in ``ece.per_position``:
+    ``equal_width.{before,after}`` (ECE estimates), ``reliability.{before,after}`` (a
+    ``metrics.Reliability`` document: edges, counts, mean_confidence, mean_label, ece),
+    ``mean_survival.{before,after}``, ``observed_survival`` and ``labelled``.
+    """
+    k = art.fingerprint.max_draft_len
+    assert k is not None  # content rules (step 8) require K for a calibration
+    summary = art.summary
+    missing: list[str] = []
+    metrics = _global_metrics(summary, missing)
+    ece = summary.get("ece")
+    if not isinstance(ece, Mapping):
+        missing.append("ece")
+        ece = {}
+    positions = _per_position(k, ece, missing)
     return CalibrationSection(
         k=k,
-        rows=rows,
-        reliability=tuple(reliability),
+        rows=_calibration_rows(art),
+        reliability=tuple(positions.reliability),
         binning=_binning_text(ece.get("binning")),
-        survival=tuple(survival),
-        metrics=tuple(metrics),
-        holdout_rounds=holdout_rounds,
-        holdout_requests=holdout_requests,
+        survival=tuple(positions.survival),
+        metrics=tuple(metrics + positions.metrics),
+        holdout_rounds=_count(summary.get("holdout_rounds")),
+        holdout_requests=_count(summary.get("holdout_requests")),
         fallbacks=tuple(
             (int(f["position"]), str(f.get("note", "")))
             for f in _seq(summary.get("fallbacks")) or []
@@ -1003,59 +1107,47 @@ def _calibration_section(art: VerifiedArtifact) -> CalibrationSection:
     )
 
 
-def _admission_section(art: VerifiedArtifact) -> AdmissionSection:
-    s = art.summary
-    problems: list[str] = []
+class _SummaryReader:
+    """Typed reads of a signed summary; each missing or mistyped field becomes a problem line."""
 
-    def num(name: str) -> float | None:
-        value = _finite(s.get(name))
+    def __init__(self, summary: Mapping[str, Any]) -> None:
+        self.s = summary
+        self.problems: list[str] = []
+
+    def num(self, name: str) -> float | None:
+        value = _finite(self.s.get(name))
         if value is None:
-            problems.append(f"summary.{name} is missing or not a finite number")
+            self.problems.append(f"summary.{name} is missing or not a finite number")
         return value
 
-    def integer(name: str) -> int | None:
-        value = s.get(name)
+    def integer(self, name: str) -> int | None:
+        value = self.s.get(name)
         if isinstance(value, bool) or not isinstance(value, int):
-            problems.append(f"summary.{name} is missing or not an integer")
+            self.problems.append(f"summary.{name} is missing or not an integer")
             return None
         return value
 
-    def flag(name: str, *, required: bool = True) -> bool | None:
-        value = s.get(name)
+    def flag(self, name: str, *, required: bool = True) -> bool | None:
+        value = self.s.get(name)
         if not isinstance(value, bool):
             if required:
-                problems.append(f"summary.{name} is missing or not a boolean")
+                self.problems.append(f"summary.{name} is missing or not a boolean")
             return None
         return value
 
-    def text(name: str) -> str | None:
-        value = s.get(name)
+    def text(self, name: str) -> str | None:
+        value = self.s.get(name)
         if not isinstance(value, str):
-            problems.append(f"summary.{name} is missing")
+            self.problems.append(f"summary.{name} is missing")
             return None
         return value
 
-    gross = num("gross_compact_value_ms_lower_bound")
-    overhead = num("fixed_confidence_path_overhead_ms_upper_bound")
-    margin = num("safety_margin_ms")
-    steps = integer("policy_steps")
-    choices = integer("compact_choices")
-    recomputed = None
-    rule = None
-    if gross is not None and overhead is not None and margin is not None and steps is not None:
-        recomputed = gross - steps * overhead - margin
-        if choices is not None:
-            rule = choices > 0 and recomputed > 0
-    guard_raw = s.get("drain_guard")
-    guard = (
-        tuple((str(key), display(val)) for key, val in sorted(guard_raw.items()))
-        if isinstance(guard_raw, Mapping)
-        else None
-    )
+
+def _buckets(read: _SummaryReader) -> tuple[BucketGain, ...]:
     buckets: list[BucketGain] = []
-    per_bucket = s.get("per_bucket")
+    per_bucket = read.s.get("per_bucket")
     if per_bucket is None:
-        problems.append("summary.per_bucket is missing")
+        read.problems.append("summary.per_bucket is missing")
     for entry in _seq(per_bucket) or []:
         try:
             buckets.append(
@@ -1069,41 +1161,67 @@ def _admission_section(art: VerifiedArtifact) -> AdmissionSection:
                 )
             )
         except (KeyError, TypeError, ValueError):
-            problems.append(f"summary.per_bucket entry {entry!r} is malformed")
-    # The runtime's own reading of the summary and its gain test: the page says what the admission
-    # hook will decide, not a re-implementation of it.
+            read.problems.append(f"summary.per_bucket entry {entry!r} is malformed")
+    return tuple(sorted(buckets, key=lambda b: b.graph_batch_size))
+
+
+def _runtime_gain_test(summary: Mapping[str, Any]) -> tuple[str, str]:
+    """The runtime's own reading of the summary and its gain test: the page says what the
+    admission hook will decide, not a re-implementation of it."""
     try:
-        econ = AdmissionEconomics.from_summary(s)
-        minimum = econ.minimum_predicted_gain
-        verdict = gain_test(econ, minimum)
-        status, reason = verdict.status.value, verdict.detail
+        econ = AdmissionEconomics.from_summary(summary)
+        verdict = gain_test(econ, econ.minimum_predicted_gain)
     except ModelError as exc:
-        status, reason = "UNKNOWN", f"the runtime cannot read this summary: {exc}"
+        return "UNKNOWN", f"the runtime cannot read this summary: {exc}"
+    return verdict.status.value, verdict.detail
+
+
+def _admission_section(art: VerifiedArtifact) -> AdmissionSection:
+    read = _SummaryReader(art.summary)
+    gross = read.num("gross_compact_value_ms_lower_bound")
+    overhead = read.num("fixed_confidence_path_overhead_ms_upper_bound")
+    margin = read.num("safety_margin_ms")
+    steps = read.integer("policy_steps")
+    choices = read.integer("compact_choices")
+    recomputed = None
+    rule = None
+    if gross is not None and overhead is not None and margin is not None and steps is not None:
+        recomputed = gross - steps * overhead - margin
+        if choices is not None:
+            rule = choices > 0 and recomputed > 0
+    guard_raw = art.summary.get("drain_guard")
+    guard = (
+        tuple((str(key), display(val)) for key, val in sorted(guard_raw.items()))
+        if isinstance(guard_raw, Mapping)
+        else None
+    )
+    buckets = _buckets(read)
+    status, reason = _runtime_gain_test(art.summary)
     return AdmissionSection(
-        predicted_gain=num("predicted_gain"),
-        predicted_gain_ci_low=num("predicted_gain_ci_low"),
-        predicted_gain_ci_high=num("predicted_gain_ci_high"),
-        static_goodput_tok_per_ms=num("static_goodput_tok_per_ms"),
-        dynamic_goodput_tok_per_ms=num("dynamic_goodput_tok_per_ms"),
-        compact_step_share=num("compact_step_share"),
+        predicted_gain=read.num("predicted_gain"),
+        predicted_gain_ci_low=read.num("predicted_gain_ci_low"),
+        predicted_gain_ci_high=read.num("predicted_gain_ci_high"),
+        static_goodput_tok_per_ms=read.num("static_goodput_tok_per_ms"),
+        dynamic_goodput_tok_per_ms=read.num("dynamic_goodput_tok_per_ms"),
+        compact_step_share=read.num("compact_step_share"),
         policy_steps=steps,
         compact_choices=choices,
         gross_compact_value_ms_lower_bound=gross,
         fixed_confidence_path_overhead_ms_upper_bound=overhead,
         safety_margin_ms=margin,
-        net_value_ms=num("net_value_ms"),
+        net_value_ms=read.num("net_value_ms"),
         recomputed_net_value_ms=recomputed,
-        admitted=flag("admitted"),
+        admitted=read.flag("admitted"),
         receipt_rule=rule,
-        minimum_predicted_gain=num("minimum_predicted_gain"),
+        minimum_predicted_gain=read.num("minimum_predicted_gain"),
         drain_guard=guard,
-        workload_identity_sha256=text("workload_identity_sha256"),
-        selector_replay_sha256=text("selector_replay_sha256"),
-        workload_approximate=flag("workload_approximate", required=False),
-        buckets=tuple(sorted(buckets, key=lambda b: b.graph_batch_size)),
+        workload_identity_sha256=read.text("workload_identity_sha256"),
+        selector_replay_sha256=read.text("selector_replay_sha256"),
+        workload_approximate=read.flag("workload_approximate", required=False),
+        buckets=buckets,
         gain_status=status,
         gain_reason=reason,
-        problems=tuple(problems),
+        problems=tuple(read.problems),
     )
 
 
@@ -1123,8 +1241,61 @@ def _pct(x: float) -> str:
     return f"{100.0 * x:.1f}%"
 
 
+def _spct(x: float) -> str:
+    return f"{100.0 * x:+.1f}%"
+
+
 def _verification_checks(findings: Sequence[Finding]) -> list[Check]:
     return [Check(Severity.BLOCKER, f.code, "verification", f.message) for f in findings]
+
+
+def _member_checks(identity: Identity, now: datetime, th: ReportThresholds) -> list[Check]:
+    out: list[Check] = []
+    kinds = {m.kind for m in identity.members}
+    for kind in MEMBER_KINDS:
+        if kind not in kinds:
+            # Without an admission the runtime has no proven gain: it would run static K, so
+            # there is nothing dynamic to deploy.
+            gain = kind == "admission"
+            out.append(
+                Check(
+                    Severity.BLOCKER,
+                    f"MEMBER_ABSENT:{kind}",
+                    "identity",
+                    f"no {kind} artifact: "
+                    + (
+                        "the runtime has no proven gain to admit on (gain test UNKNOWN) and would run static K"
+                        if gain
+                        else "a deployment needs it"
+                    ),
+                    kind,
+                )
+            )
+    for m in identity.members:
+        if m.synthetic:
+            out.append(
+                Check(
+                    Severity.BLOCKER,
+                    f"SYNTHETIC:{m.kind}",
+                    "identity",
+                    f"{m.file} was made from synthetic measurements (backend {m.backend!r}); "
+                    "accepted only because synthetic evidence was allowed; never ship it to a fleet",
+                    m.kind,
+                )
+            )
+        left = m.expires_at - now
+        if left < th.expiry_warning:
+            out.append(
+                Check(
+                    Severity.WARNING,
+                    f"EXPIRES_SOON:{m.kind}",
+                    "identity",
+                    f"{m.file} expires {m.expires_at.isoformat()} ({left.days} days left); "
+                    "re-measure or re-sign before rolling out",
+                    m.kind,
+                )
+            )
+    return out
 
 
 def _identity_checks(
@@ -1137,48 +1308,10 @@ def _identity_checks(
                 Severity.WARNING,
                 "NOT_A_BUNDLE",
                 "identity",
-                "loose artifacts: no signed bundle manifest binds them together; "
-                "deploy the bundle `build` wrote",
+                "loose artifacts: no signed bundle manifest binds them together; deploy the bundle `build` wrote",
             )
         )
-    kinds = {m.kind for m in identity.members}
-    for kind in ("cost-table", "calibration", "admission"):
-        if kind not in kinds:
-            out.append(
-                Check(
-                    Severity.BLOCKER if kind != "admission" else Severity.WARNING,
-                    f"MEMBER_ABSENT:{kind}",
-                    "identity",
-                    f"no {kind} artifact: "
-                    + (
-                        "the runtime has no proven gain to admit on (gain test UNKNOWN)"
-                        if kind == "admission"
-                        else "a deployment needs it"
-                    ),
-                )
-            )
-    for m in identity.members:
-        if m.synthetic:
-            out.append(
-                Check(
-                    Severity.BLOCKER,
-                    f"SYNTHETIC:{m.kind}",
-                    "identity",
-                    f"{m.file} was made from synthetic measurements (backend {m.backend!r}); "
-                    "accepted only because synthetic evidence was allowed; never ship it to a fleet",
-                )
-            )
-        left = m.expires_at - now
-        if left < th.expiry_warning:
-            out.append(
-                Check(
-                    Severity.WARNING,
-                    f"EXPIRES_SOON:{m.kind}",
-                    "identity",
-                    f"{m.file} expires {m.expires_at.isoformat()} ({left.days} days left); "
-                    "re-measure or re-sign before rolling out",
-                )
-            )
+    out += _member_checks(identity, now, th)
     unbound = [name for name, value, bound, _ in identity.fingerprint if bound and value == "—"]
     if unbound:
         out.append(
@@ -1200,16 +1333,23 @@ def _identity_checks(
     return out
 
 
-def _cost_checks(cost: CostSection, th: ReportThresholds) -> list[Check]:
+def _cell_check(severity: Severity, family: str, cell: CostCell | CandidateCell, message: str) -> Check:
+    """A check about one cell: code ``FAMILY:G=g:V=v`` (or ``…:native``), subject ``G=g V=v``."""
+    label = f"G={cell.graph_batch_size} " + (
+        f"V={cell.verifier_budget}" if cell.verifier_budget else "native"
+    )
+    return Check(severity, f"{family}:{label.replace(' ', ':')}", "cost-table", message, label)
+
+
+def _group_checks(cost: CostSection, th: ReportThresholds) -> list[Check]:
+    """Per G: a native cell, a compact cell, and a saving large enough to pay."""
     out: list[Check] = []
     for g in cost.groups:
+        tag, subject = f"G={g.graph_batch_size}", f"G={g.graph_batch_size}"
         if g.native is None:
             out.append(
                 Check(
-                    Severity.BLOCKER,
-                    f"NO_NATIVE:G={g.graph_batch_size}",
-                    "cost-table",
-                    f"G={g.graph_batch_size} has no native cell",
+                    Severity.BLOCKER, f"NO_NATIVE:{tag}", "cost-table", f"{tag} has no native cell", subject
                 )
             )
             continue
@@ -1218,108 +1358,122 @@ def _cost_checks(cost: CostSection, th: ReportThresholds) -> list[Check]:
             out.append(
                 Check(
                     Severity.INFO,
-                    f"NATIVE_ONLY:G={g.graph_batch_size}",
+                    f"NATIVE_ONLY:{tag}",
                     "cost-table",
-                    f"G={g.graph_batch_size} has only its native cell: this concurrency always runs static K",
+                    f"{tag} has only its native cell: this concurrency always runs static K",
+                    subject,
                 )
             )
         elif best.saving is not None and best.saving < th.min_saving_rel:
             out.append(
                 Check(
                     Severity.WARNING,
-                    f"LOW_SAVING:G={g.graph_batch_size}",
+                    f"LOW_SAVING:{tag}",
                     "cost-table",
-                    f"G={g.graph_batch_size} saves < {_pct(th.min_saving_rel)} (best {best.label}: "
-                    f"{_pct(best.saving)} of {g.native.step_time_ms:.3f} ms): "
-                    "dynamic verification cannot pay "
-                    "at this concurrency",
+                    f"{tag} saves < {_pct(th.min_saving_rel)} (best {best.label}: {_pct(best.saving)} of "
+                    f"{g.native.step_time_ms:.3f} ms): dynamic verification cannot pay at this concurrency",
+                    subject,
                 )
             )
-        for c in g.compact:
-            if c.saving_low is not None and c.saving is not None and c.saving > 0 and c.saving_low <= 0:
-                out.append(
-                    Check(
-                        Severity.WARNING,
-                        f"SAVING_UNRESOLVED:{c.label.replace(' ', ':')}",
-                        "cost-table",
-                        f"{c.label}: saving {_pct(c.saving)} is within the measurement noise (CI lower bound "
-                        f"{_pct(c.saving_low)}); measure longer before trusting it",
-                    )
+    return out
+
+
+def _saving_checks(cost: CostSection) -> list[Check]:
+    """Compact cells whose saving is not resolved, or whose interval is wider than the sweep allows."""
+    out: list[Check] = []
+    precision = f"{_pct(cost.precision_rel)} precision target" + (
+        "" if cost.precision_recorded else " (assumed)"
+    )
+    for c in (c for g in cost.groups for c in g.compact):
+        half = c.saving_half_width
+        if c.saving is None or c.saving_low is None or half is None:
+            continue
+        if c.saving > 0 and c.saving_low <= 0:
+            out.append(
+                _cell_check(
+                    Severity.WARNING,
+                    "SAVING_UNRESOLVED",
+                    c,
+                    f"{c.label}: saving {_pct(c.saving)} is within the measurement noise (CI lower bound "
+                    f"{_pct(c.saving_low)}); measure longer before trusting it",
                 )
+            )
+        if half > cost.noisy_limit:
+            out.append(
+                _cell_check(
+                    Severity.WARNING,
+                    "NOISY",
+                    c,
+                    f"{c.label}: paired saving {_pct(c.saving)} ± {_pct(half)} is wider than "
+                    f"{_pct(cost.noisy_limit)} ({_multiple(cost)} × the sweep's {precision}); "
+                    "measure longer before trusting it",
+                )
+            )
+    return out
+
+
+def _multiple(cost: CostSection) -> str:
+    """The noisy limit as a multiple of the sweep's precision target, for messages."""
+    return f"{cost.noisy_limit / cost.precision_rel:g}"
+
+
+def _cell_checks(cost: CostSection, th: ReportThresholds) -> list[Check]:
+    """Per deployed cell: staircase order, stop reason, sample count, use in the replay."""
+    out: list[Check] = []
     for c in cost.cells:
-        tag = c.label.replace(" ", ":")
         if c.non_monotone:
             out.append(
-                Check(
+                _cell_check(
                     Severity.WARNING,
-                    f"NON_MONOTONE:{tag}",
-                    "cost-table",
-                    f"{c.label} ({c.tokens} tokens, {c.step_time_ms:.3f} ms) is slower than a cell "
-                    "of the same G "
-                    "verifying more tokens; re-measure it or check for a mis-captured graph",
-                )
-            )
-        if c.ci_half_width_rel > th.noisy_ci_rel:
-            out.append(
-                Check(
-                    Severity.WARNING,
-                    f"NOISY:{tag}",
-                    "cost-table",
-                    f"{c.label}: CI half-width {_pct(c.ci_half_width_rel)} of the median exceeds "
-                    f"{_pct(th.noisy_ci_rel)}",
+                    "NON_MONOTONE",
+                    c,
+                    f"{c.label} ({c.tokens} tokens, {c.step_time_ms:.3f} ms) is slower than a cell of the same "
+                    "G verifying more tokens; re-measure it or check for a mis-captured graph",
                 )
             )
         if c.stop_reason != "precision":
+            capped = c.stop_reason in ("budget", "cell_cap_samples", "cell_cap_time")
             out.append(
-                Check(
-                    Severity.WARNING
-                    if c.stop_reason in ("budget", "cell_cap_samples", "cell_cap_time")
-                    else Severity.INFO,
-                    f"STOP_REASON:{tag}",
-                    "cost-table",
+                _cell_check(
+                    Severity.WARNING if capped else Severity.INFO,
+                    "STOP_REASON",
+                    c,
                     f"{c.label} stopped on {c.stop_reason!r}, not on precision",
                 )
             )
         if c.samples < th.min_samples:
             out.append(
-                Check(
-                    Severity.WARNING,
-                    f"FEW_SAMPLES:{tag}",
-                    "cost-table",
-                    f"{c.label} has only {c.samples} samples",
-                )
+                _cell_check(Severity.WARNING, "FEW_SAMPLES", c, f"{c.label} has only {c.samples} samples")
             )
         if cost.has_replay and not c.native and c.chosen_steps == 0:
             out.append(
-                Check(
+                _cell_check(
                     Severity.INFO,
-                    f"NEVER_CHOSEN:{tag}",
-                    "cost-table",
+                    "NEVER_CHOSEN",
+                    c,
                     f"{c.label} is deployed but the workload replay never picked it",
                 )
             )
-    for cand in cost.candidates:
-        group = next((g for g in cost.groups if g.graph_batch_size == cand.graph_batch_size), None)
-        best = group.best if group is not None else None
-        if (
-            cand.saving is not None
-            and best is not None
-            and best.saving is not None
-            and cand.saving > best.saving
-        ):
-            out.append(
-                Check(
-                    Severity.INFO,
-                    f"UNDEPLOYED_FASTER:G={cand.graph_batch_size}:V={cand.verifier_budget}",
-                    "cost-table",
-                    f"G={cand.graph_batch_size} V={cand.verifier_budget} was measured but not deployed "
-                    f"and saves {_pct(cand.saving)}, more than the best deployed {best.label} "
-                    f"({_pct(best.saving)}); "
-                    "the selection maximises replayed value, confirm it did here",
-                )
+    return out
+
+
+def _cost_checks(cost: CostSection, th: ReportThresholds) -> list[Check]:
+    out = _group_checks(cost, th) + _saving_checks(cost) + _cell_checks(cost, th)
+    best = {g.graph_batch_size: g.best for g in cost.groups}
+    for cand in cost.faster_candidates:
+        top = best[cand.graph_batch_size]
+        assert top is not None and top.saving is not None and cand.saving is not None
+        out.append(
+            _cell_check(
+                Severity.INFO,
+                "UNDEPLOYED_FASTER",
+                cand,
+                f"G={cand.graph_batch_size} V={cand.verifier_budget} was measured but not deployed "
+                f"and saves {_pct(cand.saving)}, more than the best deployed {top.label} ({_pct(top.saving)}); "
+                "the selection maximises replayed value, confirm it did here",
             )
-    for problem in cost.problems:
-        out.append(Check(Severity.INFO, "COST_SUMMARY_FIELD", "cost-table", problem))
+        )
+    out += [Check(Severity.INFO, "COST_SUMMARY_FIELD", "cost-table", problem) for problem in cost.problems]
     natives = [(g.graph_batch_size, g.native.step_time_ms) for g in cost.groups if g.native is not None]
     for (g1, t1), (g2, t2) in itertools.pairwise(natives):
         if t2 < t1:
@@ -1329,98 +1483,109 @@ def _cost_checks(cost: CostSection, th: ReportThresholds) -> list[Check]:
                     f"NON_MONOTONE_G:G={g2}",
                     "cost-table",
                     f"native step at G={g2} ({t2:.3f} ms) is faster than at G={g1} ({t1:.3f} ms)",
+                    f"G={g2}",
                 )
             )
     return out
 
 
-def _calibration_checks(cal: CalibrationSection, th: ReportThresholds) -> list[Check]:
+def _position_check(severity: Severity, family: str, j: int, message: str) -> Check:
+    return Check(severity, f"{family}:j={j}", "calibration", message, f"j={j}")
+
+
+def _metric_checks(r: CalibrationRow, th: ReportThresholds) -> list[Check]:
+    """One position's held-out metrics against their before values and limits."""
+    j = r.position
     out: list[Check] = []
+    if r.ece_after is not None and r.ece_before is not None and r.ece_after > r.ece_before:
+        out.append(
+            _position_check(
+                Severity.WARNING,
+                "ECE_WORSE",
+                j,
+                f"position {j}: ECE after calibration {r.ece_after:.4f} is worse than before {r.ece_before:.4f}",
+            )
+        )
+    if r.ece_after is not None and r.ece_after > th.max_ece_after:
+        out.append(
+            _position_check(
+                Severity.WARNING,
+                "ECE_HIGH",
+                j,
+                f"position {j}: held-out ECE {r.ece_after:.4f} exceeds {th.max_ece_after:.3f}",
+            )
+        )
+    if r.nll_after is not None and r.nll_before is not None and r.nll_after > r.nll_before:
+        out.append(
+            _position_check(
+                Severity.WARNING,
+                "NLL_WORSE",
+                j,
+                f"position {j}: NLL after calibration {r.nll_after:.4f} is worse than before {r.nll_before:.4f}",
+            )
+        )
+    if r.holdout_risk_set_size < th.min_holdout_rounds:
+        out.append(
+            _position_check(
+                Severity.WARNING,
+                "SMALL_RISK_SET",
+                j,
+                f"position {j}: only {r.holdout_risk_set_size} held-out rounds reach it "
+                f"(< {th.min_holdout_rounds}); its metrics are imprecise",
+            )
+        )
+    return out
+
+
+def _map_checks(cal: CalibrationSection) -> list[Check]:
+    """Each position's map: fitted, and usable by TensorRT-LLM (an STS temperature)."""
+    out: list[Check] = []
+    fell_back = {pos for pos, _ in cal.fallbacks}
     for r in cal.rows:
         j = r.position
-        if r.ece_after is not None and r.ece_before is not None and r.ece_after > r.ece_before:
+        if r.method == "identity" and j not in fell_back:
             out.append(
-                Check(
+                _position_check(
                     Severity.WARNING,
-                    f"ECE_WORSE:j={j}",
-                    "calibration",
-                    f"position {j}: ECE after calibration {r.ece_after:.4f} is worse than "
-                    f"before {r.ece_before:.4f}",
-                )
-            )
-        if r.ece_after is not None and r.ece_after > th.max_ece_after:
-            out.append(
-                Check(
-                    Severity.WARNING,
-                    f"ECE_HIGH:j={j}",
-                    "calibration",
-                    f"position {j}: held-out ECE {r.ece_after:.4f} exceeds {th.max_ece_after:.3f}",
-                )
-            )
-        if r.nll_after is not None and r.nll_before is not None and r.nll_after > r.nll_before:
-            out.append(
-                Check(
-                    Severity.WARNING,
-                    f"NLL_WORSE:j={j}",
-                    "calibration",
-                    f"position {j}: NLL after calibration {r.nll_after:.4f} is worse than "
-                    f"before {r.nll_before:.4f}",
-                )
-            )
-        if r.holdout_risk_set_size < th.min_holdout_rounds:
-            out.append(
-                Check(
-                    Severity.WARNING,
-                    f"SMALL_RISK_SET:j={j}",
-                    "calibration",
-                    f"position {j}: only {r.holdout_risk_set_size} held-out rounds reach it "
-                    f"(< {th.min_holdout_rounds}); its metrics are imprecise",
-                )
-            )
-        if r.method == "identity" and j not in {pos for pos, _ in cal.fallbacks}:
-            out.append(
-                Check(
-                    Severity.WARNING,
-                    f"IDENTITY_FALLBACK:j={j}",
-                    "calibration",
-                    f"position {j} uses the neutral (identity) map: its risk set was empty "
-                    "or too small to fit",
+                    "IDENTITY_FALLBACK",
+                    j,
+                    f"position {j} uses the neutral (identity) map: its risk set was empty or too small to fit",
                 )
             )
         if r.temperature is None:
             out.append(
-                Check(
+                _position_check(
                     Severity.BLOCKER,
-                    f"NO_STS_TEMPERATURE:j={j}",
-                    "calibration",
-                    f"position {j} has no STS temperature; TensorRT-LLM applies sequential "
-                    "temperature scaling",
+                    "NO_STS_TEMPERATURE",
+                    j,
+                    f"position {j} has no STS temperature; TensorRT-LLM applies sequential temperature scaling",
                 )
             )
+    out += [
+        _position_check(Severity.WARNING, "FALLBACK", pos, f"position {pos}: the fit fell back ({note})")
+        for pos, note in cal.fallbacks
+    ]
+    return out
+
+
+def _calibration_checks(cal: CalibrationSection, th: ReportThresholds) -> list[Check]:
+    out = [c for r in cal.rows for c in _metric_checks(r, th)] + _map_checks(cal)
     for p in cal.survival:
         gap = p.predicted - p.observed
         if abs(gap) > th.survival_tolerance:
             out.append(
-                Check(
+                _position_check(
                     Severity.WARNING,
-                    f"SURVIVAL_GAP:j={p.position}",
-                    "calibration",
-                    f"position {p.position}: predicted survival {p.predicted:.3f} "
-                    f"vs observed {p.observed:.3f} "
+                    "SURVIVAL_GAP",
+                    p.position,
+                    f"position {p.position}: predicted survival {p.predicted:.3f} vs observed {p.observed:.3f} "
                     f"({'over' if gap > 0 else 'under'}-confident by {abs(gap):.3f})",
                 )
             )
-    for pos, note in cal.fallbacks:
-        out.append(
-            Check(
-                Severity.WARNING,
-                f"FALLBACK:j={pos}",
-                "calibration",
-                f"position {pos}: the fit fell back ({note})",
-            )
-        )
-    for code, message in cal.notices:
-        out.append(Check(Severity.WARNING, f"FIT_NOTICE:{code}", "calibration", f"fit warned: {message}"))
+    out += [
+        Check(Severity.WARNING, f"FIT_NOTICE:{code}", "calibration", f"fit warned: {message}")
+        for code, message in cal.notices
+    ]
     if cal.missing:
         out.append(
             Check(
@@ -1434,7 +1599,8 @@ def _calibration_checks(cal: CalibrationSection, th: ReportThresholds) -> list[C
     return out
 
 
-def _admission_checks(adm: AdmissionSection, cost: CostSection | None, th: ReportThresholds) -> list[Check]:
+def _economics_checks(adm: AdmissionSection) -> list[Check]:
+    """The gain test and the receipt: what TensorRT-LLM will do with this admission."""
     out: list[Check] = []
     if adm.gain_status != "ACCEPT":
         out.append(
@@ -1445,8 +1611,7 @@ def _admission_checks(adm: AdmissionSection, cost: CostSection | None, th: Repor
                 f"the runtime's gain test says {adm.gain_status}: {adm.gain_reason}; it would run static K",
             )
         )
-    for problem in adm.problems:
-        out.append(Check(Severity.WARNING, "SUMMARY_FIELD", "admission", problem))
+    out += [Check(Severity.WARNING, "SUMMARY_FIELD", "admission", problem) for problem in adm.problems]
     if (
         adm.recomputed_net_value_ms is not None
         and adm.net_value_ms is not None
@@ -1479,42 +1644,23 @@ def _admission_checks(adm: AdmissionSection, cost: CostSection | None, th: Repor
                 "no drain guard: TensorRT-LLM never picks a compact cell without iteration_drain_guard",
             )
         )
-    if adm.workload_approximate:
-        out.append(
-            Check(
-                Severity.WARNING,
-                "WORKLOAD_APPROXIMATE",
-                "admission",
-                "the workload's steps were reconstructed by sampling rows (no step ids in the traces); "
-                "the predicted gain is an approximation",
-            )
-        )
+    return out
+
+
+def _bucket_checks(adm: AdmissionSection, cost: CostSection | None) -> list[Check]:
+    """Per concurrency bucket of the workload: is the gain resolved, and is every G covered."""
+    out: list[Check] = []
     for b in adm.buckets:
+        tag = f"G={b.graph_batch_size}"
+        ci = f"CI [{_pct(b.ci_low)}, {_pct(b.ci_high)}]"
         if b.ci_low <= 0 < b.ci_high:
-            out.append(
-                Check(
-                    Severity.INFO,
-                    f"BUCKET_UNDECIDED:G={b.graph_batch_size}",
-                    "admission",
-                    f"G={b.graph_batch_size}: gain {_pct(b.predicted_gain)} "
-                    f"with CI [{_pct(b.ci_low)}, {_pct(b.ci_high)}] "
-                    f"over {b.steps} steps includes zero",
-                )
-            )
+            message = f"{tag}: gain {_pct(b.predicted_gain)} with {ci} over {b.steps} steps includes zero"
+            out.append(Check(Severity.INFO, f"BUCKET_UNDECIDED:{tag}", "admission", message, tag))
         elif b.ci_high <= 0:
-            out.append(
-                Check(
-                    Severity.WARNING,
-                    f"BUCKET_LOSS:G={b.graph_batch_size}",
-                    "admission",
-                    f"G={b.graph_batch_size}: dynamic verification loses goodput (CI [{_pct(b.ci_low)}, "
-                    f"{_pct(b.ci_high)}] over {b.steps} steps)",
-                )
-            )
+            message = f"{tag}: dynamic verification loses goodput ({ci} over {b.steps} steps)"
+            out.append(Check(Severity.WARNING, f"BUCKET_LOSS:{tag}", "admission", message, tag))
     if cost is not None and adm.buckets:
-        ladder = {g.graph_batch_size for g in cost.groups}
-        seen = {b.graph_batch_size for b in adm.buckets}
-        absent = sorted(ladder - seen)
+        absent = sorted({g.graph_batch_size for g in cost.groups} - {b.graph_batch_size for b in adm.buckets})
         if absent:
             out.append(
                 Check(
@@ -1525,6 +1671,21 @@ def _admission_checks(adm: AdmissionSection, cost: CostSection | None, th: Repor
                 )
             )
     return out
+
+
+def _admission_checks(adm: AdmissionSection, cost: CostSection | None) -> list[Check]:
+    out = _economics_checks(adm)
+    if adm.workload_approximate:
+        out.append(
+            Check(
+                Severity.WARNING,
+                "WORKLOAD_APPROXIMATE",
+                "admission",
+                "the workload's steps were reconstructed by sampling rows (no step ids in the traces); "
+                "the predicted gain is an approximation",
+            )
+        )
+    return out + _bucket_checks(adm, cost)
 
 
 def _mixed_section(evidence: Evidence) -> MixedSection | None:
@@ -1621,14 +1782,78 @@ def _mixed_checks(mixed: MixedSection) -> list[Check]:
 
 def _sorted_checks(checks: Iterable[Check]) -> tuple[Check, ...]:
     order = {s: i for i, s in enumerate(REPORT_SECTIONS)}
-    return tuple(sorted(checks, key=lambda c: (_SEVERITY_ORDER[c.severity], order.get(c.section, 99))))
+    return tuple(sorted(checks, key=lambda c: (SEVERITY_ORDER[c.severity], order.get(c.section, 99))))
+
+
+def _refused_report(evidence: Evidence, now: datetime, th: ReportThresholds) -> Report:
+    """The report of input that did not verify: findings and untrusted file facts only."""
+    findings = evidence.findings or (
+        Finding(Reason.BUNDLE_MEMBER_MISSING, "no artifact was given or verified", field="inputs"),
+    )
+    first = findings[0]
+    checks = _sorted_checks(_verification_checks(findings))
+    verdict = make_verdict(checks, verified=False, passed={}, refusal=f"{first.code}: {first.message}")
+    return Report(
+        verified=False,
+        headline=verdict.headline,
+        generated_at=now,
+        tool_version=dspark_calibrate.__version__,
+        inputs=tuple(str(p) for p in evidence.inputs),
+        trust_root=evidence.trust_root,
+        findings=tuple(findings),
+        identity=None,
+        cost=None,
+        calibration=None,
+        admission=None,
+        runtime_findings=(),
+        checks=checks,
+        untrusted=evidence.untrusted,
+        thresholds=th,
+        verdict=verdict,
+        trust_root_unreadable=evidence.trust_root_unreadable,
+    )
+
+
+def _passed(
+    evidence: Evidence,
+    cost: CostSection | None,
+    calibration: CalibrationSection | None,
+    admission: AdmissionSection | None,
+) -> dict[str, str]:
+    """What each deploy gate says when it passes (a gate absent here had nothing to check)."""
+    arts = evidence.artifacts
+    what = f"bundle v{evidence.bundle_version}" if evidence.is_bundle else "loose artifacts"
+    signers = sorted({kid for a in arts.values() for kid in a.signer_keyids} | set(evidence.manifest_keyids))
+    root = evidence.trust_root
+    out = {
+        "verification": f"signatures verified: {what} ({', '.join(k for k in MEMBER_KINDS if k in arts)}) "
+        f"signed by {', '.join(k[:16] for k in signers)} against trust root v{root.version if root else '?'}",
+        "identity": "measured on a real deployment, "
+        + ("all three members present" if len(arts) == len(MEMBER_KINDS) else "required members present"),
+    }
+    if cost is not None:
+        out["cost-table"] = f"native cell for each of G={[g.graph_batch_size for g in cost.groups]}"
+    if calibration is not None:
+        out["calibration"] = f"STS temperature for each of the {calibration.k} positions"
+    if admission is not None:
+        gain = (
+            f" {_spct(admission.predicted_gain)} (95% CI {_spct(admission.predicted_gain_ci_low)} … "
+            f"{_spct(admission.predicted_gain_ci_high)})"
+            if admission.predicted_gain is not None
+            and admission.predicted_gain_ci_low is not None
+            and admission.predicted_gain_ci_high is not None
+            else ""
+        )
+        out["admission"] = f"gain test ACCEPT{gain}, receipt economics consistent, drain guard present"
+    return out
 
 
 def build_report(evidence: Evidence, *, now: datetime, thresholds: ReportThresholds | None = None) -> Report:
     """Turn verified (or refused) evidence into the report model. Pure: no I/O, no clock.
 
     Only verified members feed the identity, cost-table, calibration and admission sections; a
-    refused input yields a report of findings and untrusted file facts only.
+    refused input yields a report of findings and untrusted file facts only. The verdict is a
+    no-go whenever any check is a blocker, whether or not the signatures verified.
 
     Args:
         evidence: from :func:`collect_evidence`.
@@ -1639,34 +1864,8 @@ def build_report(evidence: Evidence, *, now: datetime, thresholds: ReportThresho
         The report model.
     """
     th = thresholds if thresholds is not None else ReportThresholds()
-    version = dspark_calibrate.__version__
-    inputs = tuple(str(p) for p in evidence.inputs)
     if not evidence.ok:
-        findings = evidence.findings or (
-            Finding(Reason.BUNDLE_MEMBER_MISSING, "no artifact was given or verified", field="inputs"),
-        )
-        first = findings[0]
-        headline = (
-            f"NOT VERIFIED — {first.code}: {first.message}. Nothing in this report is trusted; do not deploy."
-        )
-        return Report(
-            verified=False,
-            headline=headline,
-            generated_at=now,
-            tool_version=version,
-            inputs=inputs,
-            trust_root=evidence.trust_root,
-            findings=tuple(findings),
-            identity=None,
-            cost=None,
-            calibration=None,
-            admission=None,
-            runtime_findings=(),
-            checks=_sorted_checks(_verification_checks(findings)),
-            untrusted=evidence.untrusted,
-            thresholds=th,
-            trust_root_unreadable=evidence.trust_root_unreadable,
-        )
+        return _refused_report(evidence, now, th)
     arts = evidence.artifacts
     identity = _identity(evidence)
     cost = _cost_section(arts["cost-table"], arts.get("admission"), th) if "cost-table" in arts else None
@@ -1678,33 +1877,26 @@ def build_report(evidence: Evidence, *, now: datetime, thresholds: ReportThresho
         for f in runtime
     ]
     checks += _identity_checks(evidence, identity, now, th)
-    if cost is not None:
-        checks += _cost_checks(cost, th)
-    if calibration is not None:
-        checks += _calibration_checks(calibration, th)
-    if admission is not None:
-        checks += _admission_checks(admission, cost, th)
+    checks += _cost_checks(cost, th) if cost is not None else []
+    checks += _calibration_checks(calibration, th) if calibration is not None else []
+    checks += _admission_checks(admission, cost) if admission is not None else []
     mixed = _mixed_section(evidence)
-    if mixed is not None:
-        checks += _mixed_checks(mixed)
+    checks += _mixed_checks(mixed) if mixed is not None else []
     ordered = _sorted_checks(checks)
-    what = f"bundle v{evidence.bundle_version}" if evidence.is_bundle else "artifacts"
-    kinds = ", ".join(k for k in MEMBER_KINDS if k in arts)
-    signers = sorted({kid for a in arts.values() for kid in a.signer_keyids} | set(evidence.manifest_keyids))
+    passed = _passed(evidence, cost, calibration, admission)
     root = evidence.trust_root
-    n_block = sum(1 for c in ordered if c.severity is Severity.BLOCKER)
-    n_warn = sum(1 for c in ordered if c.severity is Severity.WARNING)
-    headline = (
-        f"VERIFIED — {what} ({kinds}) signed by {', '.join(k[:16] for k in signers)} against trust root "
-        f"v{root.version if root else '?'}; {n_block} blocker(s), {n_warn} warning(s) to check."
-    )
+    what = f"bundle v{evidence.bundle_version}" if evidence.is_bundle else "loose artifacts"
+    go = f"signatures verified ({what}, trust root v{root.version if root else '?'})"
+    if "admission" in passed:
+        go += "; " + passed["admission"].split(",", 1)[0]
+    verdict = make_verdict(ordered, verified=True, passed=passed, go_summary=go)
     return Report(
         verified=True,
-        headline=headline,
+        headline=verdict.headline,
         generated_at=now,
-        tool_version=version,
-        inputs=inputs,
-        trust_root=root,
+        tool_version=dspark_calibrate.__version__,
+        inputs=tuple(str(p) for p in evidence.inputs),
+        trust_root=evidence.trust_root,
         findings=(),
         identity=identity,
         cost=cost,
@@ -1714,5 +1906,6 @@ def build_report(evidence: Evidence, *, now: datetime, thresholds: ReportThresho
         checks=ordered,
         untrusted=(),
         thresholds=th,
+        verdict=verdict,
         mixed=mixed,
     )

@@ -100,8 +100,22 @@ def _template_context(report: Report) -> dict[str, Any]:
     heat_rows: tuple[tuple[int, tuple[CostCell | None, ...]], ...] = ()
     if report.cost is not None:
         heat_columns, heat_rows = report.cost.heatmap()
+    present = {"verification", "what-to-check"}
+    if report.verified:
+        present.add("identity")
+        present.update(
+            name
+            for name, part in (
+                ("cost-table", report.cost),
+                ("calibration", report.calibration),
+                ("admission", report.admission),
+                ("mixed", report.mixed),
+            )
+            if part is not None
+        )
     return {
         "r": report,
+        "present": present,
         "heat_columns": heat_columns,
         "heat_rows": heat_rows,
         "generated": report.generated_at.replace(microsecond=0).isoformat(),
