@@ -110,7 +110,9 @@ def test_synthetic_needs_the_flag(app: Any, keys: tuple[Any, ...], root: Path, t
     assert allowed.exit_code == 0, allowed.output
     strict = invoke(app, b, "--trust-root", root, "--out", out, "--no-plots", "--allow-synthetic", "--strict")
     assert strict.exit_code == 1  # synthetic evidence is a blocker
-    assert Page(out.read_text(encoding="utf-8")).lines[0].startswith("DO NOT DEPLOY — 3 blocker(s): SYNTHETIC")
+    assert (
+        Page(out.read_text(encoding="utf-8")).lines[0].startswith("DO NOT DEPLOY — 3 blocker(s): SYNTHETIC")
+    )
 
 
 def test_expected_fingerprint_mismatch(app: Any, bundle: Path, root: Path, tmp_path: Path) -> None:
@@ -176,3 +178,37 @@ def test_installed_entry_point_help() -> None:
     proc = subprocess.run([exe, "report", "--help"], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "--trust-root" in proc.stdout and "--format" in proc.stdout
+
+
+def test_terminal_first_screen_is_the_verdict_and_its_blockers(
+    app: Any, keys: tuple[Any, ...], root: Path, tmp_path: Path
+) -> None:
+    """Without --json the command prints the verdict, its gates and every blocker before anything else."""
+    from tests.calibrate.report.test_report import report_admission_summary
+
+    b = make_report_bundle(
+        tmp_path / "b",
+        keys,
+        issued_at=ISSUED,
+        admission_summary=report_admission_summary(drain_guard=None, net_value_ms=1.0),
+    )
+    result = invoke(app, b, "--trust-root", root, "--out", tmp_path / "r.html", "--no-plots", "--strict")
+    assert result.exit_code == 1, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("DO NOT DEPLOY — 3 blocker(s): GAIN_REJECT; NET_VALUE_MISMATCH; NO_DRAIN_GUARD")
+    screen = "\n".join(lines[:40])
+    assert "fail  the runtime's gain test and the receipt economics" in screen
+    assert "blocker 1 (admission) the runtime's gain test says REJECT" in screen
+    assert "blocker 2 (admission) signed net value 1 ms differs" in screen
+    assert "blocker 3 (admission) no drain guard" in screen
+    assert lines[-1] == f"report written to {tmp_path / 'r.html'}"
+    doc = json.loads(
+        invoke(app, b, "--trust-root", root, "--out", tmp_path / "r.html", "--no-plots", "--json").stdout
+    )
+    assert doc["ok"] is True and doc["deploy"] is False and doc["verdict"]["status"] == "NO-GO"
+    strict = json.loads(
+        invoke(
+            app, b, "--trust-root", root, "--out", tmp_path / "r.html", "--no-plots", "--json", "--strict"
+        ).stdout
+    )
+    assert strict["ok"] is False and strict["error"] == "BLOCKERS" and strict["fix"]

@@ -181,7 +181,8 @@ def group_checks(checks: Iterable[Check]) -> tuple[CheckGroup, ...]:
     """
     keyed: dict[tuple[Severity, str, str], list[Check]] = {}
     for c in checks:
-        key = (c.severity, c.family, "" if c.subject else c.code)
+        # An item without a subject has nothing to name in a folded line: it stays on its own.
+        key = (c.severity, c.family, "" if c.subject else f"{c.code}\n{c.message}")
         keyed.setdefault(key, []).append(c)
     out: list[CheckGroup] = []
     for (severity, family, _), items in keyed.items():
