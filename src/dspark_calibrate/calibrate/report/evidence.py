@@ -223,6 +223,91 @@ def _load_root(
     return root, info, None, False
 
 
+def _verify_bundle_dir(
+    paths: tuple[Path, ...], root: TrustRoot, info: TrustRootInfo, now: datetime, expect: Expectation
+) -> Evidence:
+    """A bundle directory: the manifest and every member, then its optional mixed evidence."""
+    from dspark_calibrate.artifacts import verify_bundle, verify_mixed
+
+    bundle = verify_bundle(paths[0], root, now=now, expected=expect)
+    if not bundle.ok:
+        return Evidence(paths, info, bundle.findings, untrusted=_untrusted_inputs(paths))
+    members = {k: a for k in MEMBER_KINDS if (a := bundle.artifact(k)) is not None}
+    mixed = verify_mixed(paths[0], root, now=now, decode=bundle, expected=expect)
+    return Evidence(
+        paths,
+        info,
+        (),
+        members,
+        bundle_version=bundle.version,
+        manifest_keyids=bundle.manifest_keyids,
+        mixed=mixed if mixed.present else None,
+    )
+
+
+def _loose_member(art: VerifiedArtifact, members: Mapping[str, VerifiedArtifact]) -> Finding | None:
+    """Why a verified loose artifact cannot join the others (a second of its kind, a foreign kind)."""
+    if art.kind in members:
+        return Finding(
+            Reason.BUNDLE_INVALID,
+            f"{art.path}: a second {art.kind} artifact (first: {members[art.kind].path}); give one per kind",
+            field=art.kind,
+        )
+    if art.kind not in MEMBER_KINDS:
+        return Finding(
+            Reason.KIND_MISMATCH,
+            f"{art.path}: is a {art.kind} artifact; the report covers {', '.join(MEMBER_KINDS)}",
+            field="kind",
+            expected=list(MEMBER_KINDS),
+            actual=art.kind,
+        )
+    return None
+
+
+def _fingerprint_mismatches(members: Mapping[str, VerifiedArtifact]) -> list[Finding]:
+    """Loose artifacts must describe one deployment: every fingerprint equals the first's."""
+    first_kind = next(k for k in MEMBER_KINDS if k in members)
+    first = members[first_kind].fingerprint
+    out = []
+    for art in members.values():
+        diff = [name for name, _, _ in first.diff(art.fingerprint)]
+        if diff:
+            out.append(
+                Finding(
+                    Reason.CROSS_MEMBER_MISMATCH,
+                    f"{art.path}: fingerprint differs from {members[first_kind].path.name} in {diff}; "
+                    "these artifacts describe different deployments",
+                    field=diff[0],
+                )
+            )
+    return out
+
+
+def _verify_files(
+    paths: tuple[Path, ...], root: TrustRoot, info: TrustRootInfo, now: datetime, expect: Expectation
+) -> Evidence:
+    """Loose artifacts: each verified on its own, then distinct kinds with one fingerprint."""
+    from dspark_calibrate.artifacts import verify_path
+
+    findings: list[Finding] = []
+    members: dict[str, VerifiedArtifact] = {}
+    for path in paths:
+        report = verify_path(path, root, now=now, expected=expect)
+        if not report.ok or report.artifact is None:
+            findings.extend(report.findings)
+            continue
+        problem = _loose_member(report.artifact, members)
+        if problem is not None:
+            findings.append(problem)
+        else:
+            members[report.artifact.kind] = report.artifact
+    if not findings and members:
+        findings = _fingerprint_mismatches(members)
+    if findings:
+        return Evidence(paths, info, tuple(findings), untrusted=_untrusted_inputs(paths))
+    return Evidence(paths, info, (), members)
+
+
 def collect_evidence(
     inputs: Sequence[Path | str],
     trust_root: Path | str | TrustRoot,
@@ -249,7 +334,6 @@ def collect_evidence(
         ConfigError: no input, or a bundle directory mixed with other inputs.
     """
     from dspark_calibrate.artifacts import Expectation as _Expectation
-    from dspark_calibrate.artifacts import verify_bundle, verify_mixed, verify_path
 
     paths = tuple(Path(p) for p in inputs)
     if not paths:
@@ -258,69 +342,11 @@ def collect_evidence(
         raise ConfigError("give either one bundle directory or artifact files, not both")
     expect = expected if expected is not None else _Expectation()
     root, info, problem, unreadable = _load_root(trust_root, now)
-    if root is None:
+    if root is None or info is None:
         assert problem is not None
         return Evidence(
             paths, None, (problem,), untrusted=_untrusted_inputs(paths), trust_root_unreadable=unreadable
         )
     if paths[0].is_dir():
-        bundle = verify_bundle(paths[0], root, now=now, expected=expect)
-        if not bundle.ok:
-            return Evidence(paths, info, bundle.findings, untrusted=_untrusted_inputs(paths))
-        members = {k: a for k in MEMBER_KINDS if (a := bundle.artifact(k)) is not None}
-        mixed = verify_mixed(paths[0], root, now=now, decode=bundle, expected=expect)
-        return Evidence(
-            paths,
-            info,
-            (),
-            members,
-            bundle_version=bundle.version,
-            manifest_keyids=bundle.manifest_keyids,
-            mixed=mixed if mixed.present else None,
-        )
-    findings: list[Finding] = []
-    members = {}
-    for path in paths:
-        report = verify_path(path, root, now=now, expected=expect)
-        if not report.ok or report.artifact is None:
-            findings.extend(report.findings)
-            continue
-        art = report.artifact
-        if art.kind in members:
-            findings.append(
-                Finding(
-                    Reason.BUNDLE_INVALID,
-                    f"{path}: a second {art.kind} artifact (first: {members[art.kind].path}); "
-                    "give one per kind",
-                    field=art.kind,
-                )
-            )
-        elif art.kind not in MEMBER_KINDS:
-            findings.append(
-                Finding(
-                    Reason.KIND_MISMATCH,
-                    f"{path}: is a {art.kind} artifact; the report covers {', '.join(MEMBER_KINDS)}",
-                    field="kind",
-                    expected=list(MEMBER_KINDS),
-                    actual=art.kind,
-                )
-            )
-        else:
-            members[art.kind] = art
-    if not findings and members:
-        first_kind = next(k for k in MEMBER_KINDS if k in members)
-        first = members[first_kind].fingerprint
-        for art in members.values():
-            diff = [name for name, _, _ in first.diff(art.fingerprint)]
-            if diff:
-                findings.append(
-                    Finding(
-                        Reason.CROSS_MEMBER_MISMATCH,
-                        f"{art.path}: fingerprint differs from {members[first_kind].path.name} in {diff}; "
-                        "these artifacts describe different deployments",
-                        field=diff[0],
-                    )
-                )
-    if findings:
-        return Evidence(paths, info, tuple(findings), untrusted=_untrusted_inputs(paths))
-    return Evidence(paths, info, (), members)
+        return _verify_bundle_dir(paths, root, info, now, expect)
+    return _verify_files(paths, root, info, now, expect)

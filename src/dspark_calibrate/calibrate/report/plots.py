@@ -16,6 +16,7 @@ from dspark_calibrate.calibrate._png import new_figure, png_bytes
 from dspark_calibrate.calibrate.report.model import (
     AdmissionSection,
     CalibrationSection,
+    CostGroup,
     CostSection,
     Report,
 )
@@ -57,74 +58,63 @@ def _grid(fig: Figure, n: int, cols: int) -> list[Axes]:
     return [fig.add_subplot(rows, cols, i + 1) for i in range(n)]
 
 
-def plot_cost_curves(cost: CostSection) -> str:
-    """T(G, V) against verified tokens, one panel per G, with CI bars and the cells marked.
+def _plot_cells(ax: Axes, group: CostGroup, cost: CostSection) -> None:
+    """One G's deployed cells: native band and line, compact circles, non-monotone crosses."""
+    if group.native is not None:
+        nat = group.native
+        ax.axhline(nat.step_time_ms, color=_NATIVE, ls="--", lw=1)
+        ax.axhspan(nat.ci_low_ms, nat.ci_high_ms, color=_NATIVE, alpha=0.08)
+    for c in group.cells:
+        color = _NATIVE if c.native else _COMPACT
+        ax.errorbar(
+            [c.tokens],
+            [c.step_time_ms],
+            yerr=[[c.step_time_ms - c.ci_low_ms], [c.ci_high_ms - c.step_time_ms]],
+            fmt="none",
+            ecolor=color,
+            elinewidth=1.2,
+            capsize=3,
+        )
+        hollow = cost.has_replay and not c.native and not c.chosen_steps
+        ax.plot(
+            [c.tokens],
+            [c.step_time_ms],
+            marker="s" if c.native else "o",
+            ms=6,
+            mfc="white" if hollow else color,
+            mec=_NOISY if c.noisy else color,
+            mew=2 if c.noisy else 1,
+            ls="none",
+        )
+        if c.non_monotone:
+            ax.plot([c.tokens], [c.step_time_ms], marker="x", ms=10, mew=2, color=_BAD, ls="none")
+    compact = list(group.compact)
+    if compact:
+        ax.plot(
+            [c.tokens for c in compact], [c.step_time_ms for c in compact], color=_COMPACT, lw=0.8, alpha=0.6
+        )
 
-    Native cells are black squares with their CI as a band; compact cells are circles, filled when
-    the workload replay chose them (hollow when never chosen), orange-edged when noisy, crossed in
-    red when non-monotone.
-    """
+
+def _plot_candidates(ax: Axes, group: CostGroup, cost: CostSection) -> None:
+    """One G's measured but undeployed cells, as grey diamonds."""
+    for cand in (c for c in cost.candidates if c.graph_batch_size == group.graph_batch_size):
+        ax.errorbar(
+            [cand.tokens],
+            [cand.step_time_ms],
+            yerr=[[cand.step_time_ms - cand.ci_low_ms], [cand.ci_high_ms - cand.step_time_ms]],
+            fmt="D",
+            ms=4,
+            mfc="white",
+            mec=_CANDIDATE,
+            ecolor=_CANDIDATE,
+            elinewidth=0.8,
+            capsize=2,
+        )
+
+
+def _cost_legend(fig: Figure, cost: CostSection) -> None:
     from matplotlib.lines import Line2D
 
-    n = len(cost.groups)
-    cols = min(n, 3)
-    fig = _figure(4.2 * cols, 3.2 * math.ceil(n / cols))
-    for ax, group in zip(_grid(fig, n, cols), cost.groups, strict=True):
-        if group.native is not None:
-            nat = group.native
-            ax.axhline(nat.step_time_ms, color=_NATIVE, ls="--", lw=1)
-            ax.axhspan(nat.ci_low_ms, nat.ci_high_ms, color=_NATIVE, alpha=0.08)
-        for c in group.cells:
-            color = _NATIVE if c.native else _COMPACT
-            ax.errorbar(
-                [c.tokens],
-                [c.step_time_ms],
-                yerr=[[c.step_time_ms - c.ci_low_ms], [c.ci_high_ms - c.step_time_ms]],
-                fmt="none",
-                ecolor=color,
-                elinewidth=1.2,
-                capsize=3,
-            )
-            hollow = cost.has_replay and not c.native and not c.chosen_steps
-            ax.plot(
-                [c.tokens],
-                [c.step_time_ms],
-                marker="s" if c.native else "o",
-                ms=6,
-                mfc="white" if hollow else color,
-                mec=_NOISY if c.noisy else color,
-                mew=2 if c.noisy else 1,
-                ls="none",
-            )
-            if c.non_monotone:
-                ax.plot([c.tokens], [c.step_time_ms], marker="x", ms=10, mew=2, color=_BAD, ls="none")
-        for cand in (c for c in cost.candidates if c.graph_batch_size == group.graph_batch_size):
-            ax.errorbar(
-                [cand.tokens],
-                [cand.step_time_ms],
-                yerr=[[cand.step_time_ms - cand.ci_low_ms], [cand.ci_high_ms - cand.step_time_ms]],
-                fmt="D",
-                ms=4,
-                mfc="white",
-                mec=_CANDIDATE,
-                ecolor=_CANDIDATE,
-                elinewidth=0.8,
-                capsize=2,
-            )
-        compact = list(group.compact)
-        if compact:
-            ax.plot(
-                [c.tokens for c in compact],
-                [c.step_time_ms for c in compact],
-                color=_COMPACT,
-                lw=0.8,
-                alpha=0.6,
-            )
-        ax.set_title(f"G={group.graph_batch_size} (K={cost.k})", fontsize=10)
-        ax.set_xlabel("verified tokens (V; native = G·(K+1))", fontsize=8)
-        ax.set_ylabel("step time (ms)", fontsize=8)
-        ax.tick_params(labelsize=8)
-        ax.grid(alpha=0.3)
     handles = [
         Line2D([], [], marker="s", color=_NATIVE, ls="--", label="native cell (V=0), CI band"),
         Line2D(
@@ -135,7 +125,12 @@ def plot_cost_curves(cost: CostSection) -> str:
             ls="none",
             label="compact cell" + (", chosen in replay" if cost.has_replay else ""),
         ),
-        Line2D([], [], marker="o", mfc="white", mec=_COMPACT, ls="none", label="compact, never chosen"),
+    ]
+    if cost.has_replay:
+        handles.append(
+            Line2D([], [], marker="o", mfc="white", mec=_COMPACT, ls="none", label="compact, never chosen")
+        )
+    handles += [
         Line2D(
             [],
             [],
@@ -144,7 +139,7 @@ def plot_cost_curves(cost: CostSection) -> str:
             mec=_NOISY,
             mew=2,
             ls="none",
-            label="noisy (wide CI / no precision stop)",
+            label="noisy (wide saving interval / no precision stop)",
         ),
         Line2D([], [], marker="x", color=_BAD, mew=2, ls="none", label="non-monotone"),
     ]
@@ -152,14 +147,29 @@ def plot_cost_curves(cost: CostSection) -> str:
         handles.append(
             Line2D([], [], marker="D", mfc="white", mec=_CANDIDATE, ls="none", label="measured, not deployed")
         )
-    fig.legend(
-        handles=handles if cost.has_replay else [h for i, h in enumerate(handles) if i != 2],
-        loc="lower center",
-        ncol=3,
-        fontsize=8,
-        frameon=False,
-    )
+    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, frameon=False)
+
+
+def plot_cost_curves(cost: CostSection) -> str:
+    """T(G, V) against verified tokens, one panel per G, with CI bars and the cells marked.
+
+    Native cells are black squares with their CI as a band; compact cells are circles, filled when
+    the workload replay chose them (hollow when never chosen), orange-edged when noisy, crossed in
+    red when non-monotone; measured but undeployed cells are grey diamonds.
+    """
+    n = len(cost.groups)
+    cols = min(n, 3)
     rows = math.ceil(n / cols)
+    fig = _figure(4.2 * cols, 3.2 * rows)
+    for ax, group in zip(_grid(fig, n, cols), cost.groups, strict=True):
+        _plot_cells(ax, group, cost)
+        _plot_candidates(ax, group, cost)
+        ax.set_title(f"G={group.graph_batch_size} (K={cost.k})", fontsize=10)
+        ax.set_xlabel("verified tokens (V; native = G·(K+1))", fontsize=8)
+        ax.set_ylabel("step time (ms)", fontsize=8)
+        ax.tick_params(labelsize=8)
+        ax.grid(alpha=0.3)
+    _cost_legend(fig, cost)
     fig.subplots_adjust(
         left=0.07, right=0.99, top=1 - 0.08 / rows, bottom=0.28 / rows, wspace=0.28, hspace=0.5
     )
