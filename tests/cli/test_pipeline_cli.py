@@ -81,13 +81,13 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     ok(calib("trust", "init", "--key", d / "keys" / "signing-key.pem", "--out", d / "root.json"))
     ok(
         calib(
-            "sweep", "--backend", "synthetic", "--preset", "quick", "--k", "3", "--ladder", "8,16", *LIVE,
+            "sweep", "--backend", "synthetic", "--preset", "quick", "--k", "5", "--ladder", "8,16,32", *LIVE,
             "--no-plot", "--out", d / "sweep.parquet",
         )
     )  # fmt: skip
-    ok(calib("traces", "synth", "--k", "3", "--rounds", "30000", "--out", d / "traces" / "traces.parquet"))
+    ok(calib("traces", "synth", "--rounds", "60000", "--out", d / "traces" / "traces.parquet"))
     ok(calib("fit", "--traces", d / "traces", "--out", d / "fit"))
-    ok(calib("workload", "synth", "--k", "3", "--out", d / "workload.parquet"))
+    ok(calib("workload", "synth", "--k", "5", "--out", d / "workload.parquet"))
     build = run(
         "dspark-calibrate", "build", "--sweep", "sweep.parquet", "--calibration", "fit/calibration.parquet",
         "--workload", "workload.parquet", "--key", "keys/signing-key.pem", "--trust-root", "root.json",
@@ -162,6 +162,26 @@ def test_sweep_progress_tells_the_truth_without_a_terminal(tmp_path: Path) -> No
     for _, _, _, _, elapsed, eta in rounds[1:]:
         assert eta is not None and eta <= (last_elapsed - elapsed) + 2 * round0 + 1.0, (elapsed, eta)
     assert time.perf_counter() - started > last_elapsed
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="on the synthetic backend the sweep's ETA is in the backend's simulated clock "
+    "(calibrate/measurement/sweep.py _Harness._eta sums the timer's visit seconds), while the "
+    "line's elapsed time is wall time (cli/sweep.py _SweepProgress): a 0.4 s sweep says "
+    "'>= 0:07 left' after its first round",
+)
+def test_synthetic_sweep_eta_is_wall_time(tmp_path: Path) -> None:
+    r = run(
+        "dspark-calibrate", "sweep", "--backend", "synthetic", "--preset", "quick", "--k", "3", "--ladder", "8,16",
+        *LIVE, "--no-plot", "--out", tmp_path / "s.parquet",
+        cwd=tmp_path,
+    )  # fmt: skip
+    ok(r)
+    rounds = _rounds(r.stderr)
+    last_elapsed = rounds[-1][4]
+    for _, _, _, _, elapsed, eta in rounds[1:]:
+        assert eta is not None and eta <= (last_elapsed - elapsed) + 1.0, (elapsed, eta, r.stderr)
 
 
 def _visits(journal: Path) -> int:
