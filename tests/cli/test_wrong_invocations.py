@@ -91,6 +91,10 @@ CASES: list[tuple[str, str, Callable[[W], list[str]], int]] = [
 ]
 
 
+#: A progress line on a pipe: ``<command>: <stage>`` (see ``cli._common.stage_line``).
+PROGRESS = re.compile(r"^(sweep|fit|build|report|export|workload|traces): ")
+
+
 def _invoke(app: str, argv: list[str]) -> Any:
     target: typer.Typer = APP if app == "calib" else verify_app
     return runner.invoke(target, argv, env={"UNSET_VAR_X": ""})
@@ -104,6 +108,9 @@ def test_wrong_invocation(world: W, name: str, app: str, argv: Callable[[W], lis
     assert ("Traceback" not in r.output and r.exception is None) or isinstance(r.exception, SystemExit), r.output
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert lines, f"{name}: nothing on stderr"
+    # Progress lines (a stage, the sweep's estimate) may come first; the error is one line, the last.
+    errors = [line for line in lines if not PROGRESS.match(line)]
+    assert len(errors) == 1 and errors[0] == lines[-1], f"{name}: the error is not one last line: {lines}"
     last = lines[-1] if code == 2 else next(line for line in lines if ":" in line)
     assert ";" in last or " -h" in last, f"{name}: no fix in {last!r}"
     j = _invoke(app, [*args, "--json"])
