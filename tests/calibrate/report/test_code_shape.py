@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[3] / "src" / "dspark_calibrate"
-FILES = sorted((SRC / "calibrate" / "report").glob("*.py")) + [SRC / "cli" / "report.py"]
+FILES = [*sorted((SRC / "calibrate" / "report").glob("*.py")), SRC / "cli" / "report.py"]
 MAX_FUNCTION_LINES = 80
 
 

@@ -24,6 +24,7 @@ from dspark_calibrate.calibrate.report import (
 )
 from dspark_calibrate.calibrate.report.model import DEFAULT_SWEEP_PRECISION_REL
 from dspark_calibrate.calibrate.report.verdict import Check, group_checks, name_subjects
+from dspark_calibrate.schemas import arrow_schema
 from tests.calibrate.report.test_report import (
     LATER,
     Page,
@@ -233,24 +234,7 @@ def test_group_checks_keeps_singletons_and_subjectless_items() -> None:
 DEMO_K = 3
 DEMO_LADDER = (8,)
 DEMO_MODEL = {"tile": 8, "per_tile_ms": 0.4}
-COST_COLUMNS = (
-    "graph_batch_size",
-    "verifier_budget",
-    "step_time_ms",
-    "ci_low_ms",
-    "ci_high_ms",
-    "p10_ms",
-    "p90_ms",
-    "samples",
-    "stop_reason",
-    "source_result_sha256",
-    "saving",
-    "saving_ci_low",
-    "saving_ci_high",
-    "paired_rounds",
-    "common_mode_rel",
-    "level_rel",
-)
+COST_COLUMNS = tuple(arrow_schema("cost-table").names)
 
 
 @pytest.fixture(scope="module")
