@@ -81,7 +81,7 @@ __all__ = [
 
 Log = Callable[[str], None]
 #: Files whose bytes define the "engine source" of this deployment.
-ENGINE_SOURCE_FILES: tuple[str, ...] = ("model.py", "serving.py")
+ENGINE_SOURCE_FILES: tuple[str, ...] = ("model.py", "serving.py", "mixed_serving.py")
 #: Import string of the sweep's module-backend factory.
 SWEEP_FACTORY = "benchmarks.e2e.serving:sweep_factory"
 
@@ -539,16 +539,18 @@ def build_level(
     seed: int,
     safety_margin_ms: float | None = None,
     overhead_source: str | None = None,
+    mixed_sweep: Path | None = None,
 ) -> dict[str, Any]:
     """``build`` one signed bundle for one recorded workload; a refused build is an outcome, not an error.
 
     ``overhead_ms`` is the fixed confidence-path overhead per policy step (None: build's
     conservative default); ``overhead_source`` says how it was measured (passed on when
-    ``BuildOptions`` takes a source, and recorded in the outcome either way).
+    ``BuildOptions`` takes a source, and recorded in the outcome either way). ``mixed_sweep`` (a
+    ``sweep --mixed`` summary) prices the workload's mixed steps with their measured cells.
 
     Returns:
         ``status`` (``built`` or ``refused``), the bundle path, the signed admission summary, the
-        cell selection and the replay report (JSON-ready).
+        cell selection, the replay report and, with a mixed sweep, the mixed part (JSON-ready).
     """
     import importlib.util
 
@@ -572,7 +574,7 @@ def build_level(
         command=tuple(sys.argv),
     )
     try:
-        inputs = load_build_inputs([sweep], calibration, workload)
+        inputs = load_build_inputs([sweep], calibration, workload, mixed_sweep=mixed_sweep)
         result = build_bundle(
             inputs, out_dir, signers=[load_signer(trust.private_key)], trust_root=root, options=options
         )
@@ -590,6 +592,7 @@ def build_level(
         "selection": full.get("selection"),
         "replay": {k: v for k, v in (full.get("replay") or {}).items() if k not in ("per_cell",)},
         "notes": full.get("notes"),
+        "mixed": full.get("mixed"),
     }
 
 

@@ -1,0 +1,752 @@
+"""End-to-end proof of mixed prefill+decode evidence: does the mixed-aware prediction come true?
+
+One script, one GPU job (``benchmarks/gpu_mixed_job.sh`` wraps it)::
+
+    PYTHONPATH=src:/tmp/site python3 benchmarks/e2e/mixed.py --out $OUT --checkpoint /tmp/w.pt
+
+The engine of :mod:`serving` serves requests that arrive while others decode: bursts of requests
+on a fixed schedule, each prompt prefilled in chunks inside *mixed* steps (context chunks and
+generation rows in one forward, :mod:`mixed_serving`), so that about half of the steps are mixed.
+Stages (each prints timestamped progress and rewrites ``$OUT/e2e_mixed.json``):
+
+1. train (or ``--checkpoint``): the target and drafter of ``run.py``, trained identically;
+2. engine: decode cells as CUDA graphs, caches with prefill slots;
+3. toolkit: live fingerprint, decode ``sweep`` (module backend), traces and the recorded static
+   workload *with its mixed companion table*, both served with prefill traffic, ``fit``, the
+   confidence path's per-step cost measured in the serving loop, a signing key, then
+
+   - the **decode-only** bundle: ``build`` without a mixed sweep (mixed steps left out of the
+     prediction, as a decode-only table makes it);
+   - ``sweep --mixed`` of the engine's real mixed step (module backend, ``mixed_factory`` and
+     ``mixed_check`` of :mod:`mixed_serving`) over the geometries of the workload's mixed steps;
+   - the **decode + mixed** bundle: ``build --mixed-sweep`` (mixed steps priced by their cells
+     in the same resampling as the decode steps);
+   - ``export trtllm`` and ``admit`` of both (mixed admission decided apart from decode);
+
+4. experiment: three arms on the same prompts and arrival schedule, rotated in every round:
+   static K; decode-only evidence (mixed steps native); decode + mixed evidence (mixed steps run
+   at the admitted cells the mixed selector picks, native where no cell is admitted). Outputs
+   are checked token for token against the recorded static run;
+5. analysis: per arm predicted gain (with its CI) against realised gain (CI over rounds), the
+   share of mixed steps and how often mixed cells were used.
+
+``--tiny`` runs everything on the CPU with a tiny model in well under a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+_REPO = Path(__file__).resolve().parents[2]
+for _p in (str(_REPO), str(_REPO / "src")):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import torch  # noqa: E402
+from benchmarks.e2e import analysis, data, mixed_serving, pipeline, run, serving  # noqa: E402
+from benchmarks.e2e.mixed_serving import MixedArm, MixedRun, MixedTraffic  # noqa: E402
+
+#: The mixed step's execution mode in the signed route (eager, host-packed forwards).
+EXECUTION_MODE = "EAGER"
+RESULT = "e2e_mixed.json"
+
+
+@dataclass(frozen=True, slots=True)
+class MixedSettings:
+    """The mixed experiment's shape (recorded in the result)."""
+
+    base: run.Settings
+    ladder: tuple[int, ...]
+    prompt_len: int
+    max_new: int
+    traffic: MixedTraffic
+    burst: int
+    period: int
+    requests: int
+    trace_requests: int
+    pairs: int
+    mixed_budget_s: float
+    mixed_max_cells: int
+    overhead_runs: int
+    budget_s: float
+
+    @property
+    def max_len(self) -> int:
+        """Cache positions per slot, rounded up to 16."""
+        need = self.prompt_len + self.max_new + self.base.k + 1
+        return -(-need // 16) * 16
+
+    @property
+    def serving(self) -> run.Settings:
+        """The decode stages' settings with this experiment's ladder and lengths."""
+        return replace(
+            self.base,
+            ladder=self.ladder,
+            levels=(self.traffic.max_decoding,),
+            prompt_len=self.prompt_len,
+            max_new=self.max_new,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            **self.serving.to_dict(),
+            "traffic": self.traffic.to_dict(),
+            "burst": self.burst,
+            "period_steps": self.period,
+            "requests": self.requests,
+            "trace_requests": self.trace_requests,
+            "pairs": self.pairs,
+            "mixed_sweep_budget_s": self.mixed_budget_s,
+            "mixed_max_cells": self.mixed_max_cells,
+            "overhead_runs": self.overhead_runs,
+            "budget_s": self.budget_s,
+        }
+
+
+def make_settings(args: argparse.Namespace) -> MixedSettings:
+    """GPU or ``--tiny`` settings: bursts every ``period`` steps whose prompts take ``period / 2``
+    chunk steps, so about half of the steady-state steps are mixed."""
+    base = run.make_settings(args)
+    if args.tiny:
+        base = replace(base, sweep_budget_s=4.0, sweep_cell_cap_s=1.0, build_resamples=200)
+        chunk, chunks, k = 8, 3, base.k
+        s = MixedSettings(
+            base=base,
+            ladder=(2, 4, 8),
+            prompt_len=chunk * chunks,
+            max_new=24,
+            traffic=MixedTraffic(chunk, 2, 8, tuple(range(8, 8 * (chunks + k + 2) + 1, 8))),
+            burst=2,
+            period=2 * chunks,
+            requests=12,
+            trace_requests=16,
+            pairs=3,
+            mixed_budget_s=4.0,
+            mixed_max_cells=24,
+            overhead_runs=3,
+            budget_s=55.0,
+        )
+    else:
+        base = replace(base, sweep_budget_s=60.0)
+        chunk, chunks = 64, 3
+        s = MixedSettings(
+            base=base,
+            ladder=(8, 16, 32, 64),
+            prompt_len=chunk * chunks,
+            max_new=128,
+            traffic=MixedTraffic(chunk, 8, 64, tuple(range(128, 1025, 128))),
+            burst=8,
+            period=2 * chunks,
+            requests=160,
+            trace_requests=320,
+            pairs=6,
+            mixed_budget_s=75.0,
+            mixed_max_cells=128,
+            overhead_runs=4,
+            budget_s=540.0,
+        )
+    if args.pairs:
+        s = replace(s, pairs=max(run.MIN_PAIRS, args.pairs))
+    if args.budget_s:
+        s = replace(s, budget_s=args.budget_s)
+    if args.requests:
+        s = replace(s, requests=args.requests)
+    if args.mixed_budget_s:
+        s = replace(s, mixed_budget_s=args.mixed_budget_s)
+    return s
+
+
+def route(s: MixedSettings) -> Any:
+    """The mixed route this engine runs: K, one rank, the buckets, eager mixed steps."""
+    from dspark_calibrate.artifacts import MixedRoute
+
+    return MixedRoute(s.base.k, 1, s.traffic.buckets, EXECUTION_MODE, 1)
+
+
+# -- serving ------------------------------------------------------------------------------------
+@dataclass
+class Experiment:
+    """What the stages hand each other."""
+
+    s: MixedSettings
+    engine: serving.Engine
+    prompts: np.ndarray
+    arrivals: np.ndarray
+    reference: np.ndarray | None = None
+    arms: list[MixedArm] = field(default_factory=list)
+    runs: dict[str, list[MixedRun]] = field(default_factory=dict)
+    mismatches: list[dict[str, Any]] = field(default_factory=list)
+
+    def serve(self, arm: MixedArm, *, prompts: np.ndarray | None = None, record: bool = False) -> MixedRun:
+        """One run of ``arm`` (the experiment's prompts unless given), garbage collector off."""
+        import gc
+
+        p = self.prompts if prompts is None else prompts
+        arrivals = (
+            self.arrivals
+            if prompts is None
+            else mixed_serving.burst_arrivals(p.shape[0], self.s.burst, self.s.period)
+        )
+        gc.collect()
+        gc.disable()
+        try:
+            return mixed_serving.serve_mixed(
+                self.engine, p, arrivals, traffic=self.s.traffic, max_new=self.s.max_new, arm=arm, record=record
+            )
+        finally:
+            gc.enable()
+
+
+def write_mixed_workload(result: MixedRun, path: Path, fingerprint: Any, *, source: str) -> Any:
+    """The recorded run as a ``workload`` with its ``workload-mixed`` companion; returns the ``Workload``."""
+    from dspark_calibrate.calibrate.deployment.workload import workload_from_arrays, write_workload
+
+    recs, chunks = result.records, result.chunks
+    gens = [r for r in recs if r.mixed]
+    n_c, n_g = len(chunks), len(gens)
+    mixed = pa.table(
+        {
+            "step": pa.array([c.step for c in chunks] + [r.step for r in gens], pa.int64()),
+            "rank": pa.array([0] * (n_c + n_g), pa.int64()),
+            "request_id": pa.array(
+                [pipeline.request_key(c.request) for c in chunks] + [pipeline.request_key(r.request) for r in gens],
+                pa.string(),
+            ),
+            "role": pa.array(["context"] * n_c + ["generation"] * n_g, pa.string()),
+            "chunk_size": pa.array([c.size for c in chunks] + [0] * n_g, pa.int64()),
+            "chunk_position": pa.array([c.position for c in chunks] + [0] * n_g, pa.int64()),
+            "compressed_tokens": pa.array([0] * (n_c + n_g), pa.int64()),
+            "real": pa.array([True] * n_c + [False] * n_g, pa.bool_()),
+            "history": pa.array([0] * n_c + [r.history for r in gens], pa.int64()),
+            "eligible": pa.array([False] * n_c + [True] * n_g, pa.bool_()),
+            "bootstrap": pa.array([False] * (n_c + n_g), pa.bool_()),
+        }
+    )
+    workload = workload_from_arrays(
+        step=np.array([r.step for r in recs], dtype=np.int64),
+        rank=np.zeros(len(recs), dtype=np.int64),
+        request_id=[pipeline.request_key(r.request) for r in recs],
+        logits=np.stack([r.confidence for r in recs]).astype(np.float32),
+        accepted=np.array([r.accepted for r in recs], dtype=np.int64),
+        output_len=np.array([r.output_len for r in recs], dtype=np.int64),
+        num_ranks=1,
+        notes=(
+            f"recorded by benchmarks/e2e/mixed.py under static K with prefill traffic "
+            f"(chunked prefill in mixed steps): {source}",
+        ),
+        source=source,
+        fingerprint=fingerprint,
+        mixed=mixed,
+    )
+    write_workload(path, workload, fingerprint=fingerprint)
+    return workload
+
+
+def first_mismatch(a: np.ndarray, b: np.ndarray) -> dict[str, Any] | None:
+    """The first differing token of two output arrays (None when equal)."""
+    return run.first_mismatch(a, b)
+
+
+# -- stages -------------------------------------------------------------------------------------
+def stage_overhead(x: Experiment, verifier: Any, rec: run.Recorder) -> dict[str, Any]:
+    """The confidence path's per-step cost in the serving loop, before build.
+
+    Static K and the host planner with every window forced to K (so steps, outputs and the mixed
+    steps are static K's; the planner runs on every step, mixed ones included) alternate for
+    ``overhead_runs`` runs each; a run's cost is its planning time per step, the overhead the
+    paired difference, with a Student-t 95% interval over runs. Build charges its upper bound.
+    """
+    t = time.perf_counter()
+    if verifier is None:
+        rec.stage("overhead", time.perf_counter() - t, note="no planner inputs: build's default")
+        return {"overhead_ms": None, "source": "not measured: the sweep lacks the largest native cell"}
+    static = MixedArm("static", serving.StaticPolicy(x.s.ladder, x.s.base.k))
+    forced = MixedArm(
+        "forced-host",
+        pipeline.PlannerPolicy(verifier, name="forced-host", force_native=True),
+        plan_on_mixed=True,
+    )
+    diffs, runs = [], []
+    for i in range(x.s.overhead_runs):
+        pair = [static, forced] if i % 2 == 0 else [forced, static]
+        got = {a.name: x.serve(a) for a in pair}
+        for name, r in got.items():
+            miss = first_mismatch(x.reference, r.outputs) if x.reference is not None else None
+            if miss:
+                x.mismatches.append({"run": f"overhead {i} {name}", **miss})
+        per = {n: 1000.0 * r.plan_seconds / max(r.steps, 1) for n, r in got.items()}
+        diffs.append(per["forced-host"] - per["static"])
+        runs.append(per)
+    mean, lo, hi = analysis.t_interval(diffs)
+    out = {
+        "overhead_ms": max(0.0, hi) if math.isfinite(hi) else None,
+        "estimate_ms": mean,
+        "ci_ms": [lo, hi],
+        "runs": runs,
+        "source": (
+            f"measured: host planner per-step time in the serving loop with prefill traffic (forced-K arm minus "
+            f"static K, upper 95% bound over {len(diffs)} runs)"
+        ),
+    }
+    rec.stage("overhead", time.perf_counter() - t, **out)
+    rec.log(f"confidence path: {mean * 1000:+.1f} us/step (CI {lo * 1000:+.1f}..{hi * 1000:+.1f})")
+    return out
+
+
+def stage_mixed_sweep(
+    x: Experiment, workload: Any, live: Any, tk: Path, rec: run.Recorder
+) -> tuple[Path | None, dict[str, Any]]:
+    """``sweep --mixed`` of the engine's mixed step over the recorded workload's mixed steps."""
+    from dspark_calibrate.calibrate import Thresholds
+    from dspark_calibrate.calibrate.measurement.mixed import plan_from_workload
+    from dspark_calibrate.calibrate.measurement.mixed_sweep import MixedSweepRequest, execute_mixed
+
+    t = time.perf_counter()
+    s, cuda = x.s, x.engine.device.type == "cuda"
+    plan = plan_from_workload(workload, route(s), max_cells=s.mixed_max_cells, max_groups=s.mixed_max_cells)
+    mixed_serving.register_mixed_engine(x.engine, s.traffic)
+    b = s.base
+    thresholds = Thresholds(
+        precision_rel=b.sweep_precision,
+        min_rounds=b.sweep_min_rounds,
+        min_samples=2 * b.sweep_min_rounds,
+        max_seconds_per_cell=b.sweep_cell_cap_s,
+        budget_s=s.mixed_budget_s,
+        warmup_steps=b.sweep_warmup,
+        rewarm_steps=2,
+        replays_per_sample=2,
+        samples_per_visit=2,
+        n_boot=b.n_boot,
+        throttle_policy="keep-all",
+    )
+    out = tk / "mixed-sweep.parquet"
+    request = MixedSweepRequest(
+        backend="module",
+        plan=plan,
+        ladder=s.ladder,
+        out=out,
+        backend_options={
+            "factory": pipeline.SWEEP_FACTORY,
+            "mixed_factory": "benchmarks.e2e.mixed_serving:mixed_factory",
+            "mixed_check": "benchmarks.e2e.mixed_serving:mixed_check",
+            "sync": "torch.cuda:synchronize" if cuda else None,
+            "telemetry_device": 0 if cuda else None,
+        },
+        thresholds=thresholds,
+        seed=b.seed,
+        fingerprint=live.fingerprint,
+        command=tuple(sys.argv),
+    )
+    state = {"round": -1}
+
+    def on_event(event: Any) -> None:
+        if event.kind == "round" and event.round != state["round"]:
+            state["round"] = event.round
+            rec.log(f"mixed sweep round {event.round}: {event.cells_done}/{event.cells_total} arms done")
+
+    result, output = execute_mixed(request, on_event=on_event)
+    cells = sum(len(g.cells) for g in plan.groups)
+    info = {
+        "groups": len(plan.groups),
+        "cells": cells,
+        "workload_mixed_steps": plan.workload_mixed_steps,
+        "rounds": result.rounds,
+        "path": str(out) if output else None,
+        "output_checks": {f"{g}/{c}": [v.rows, v.mismatches] for (g, c), v in (output.checks if output else {}).items()},
+    }
+    rec.stage("mixed_sweep", time.perf_counter() - t, **info)
+    rec.log(f"mixed sweep: {len(plan.groups)} steps, {cells} cells, {result.rounds} rounds")
+    return (out if output else None), info
+
+
+def _admit(outcome: dict[str, Any], trust: Any, live: Any, state: Path, s: MixedSettings) -> tuple[Any, dict[str, Any]]:
+    """``admit`` one bundle with mixed evidence asked for; returns the decision (None: no bundle)."""
+    from dspark_calibrate.artifacts import MixedLive
+    from dspark_calibrate.runtime_plugin.admission import AdmissionPolicy, admit
+
+    if outcome.get("status") != "built":
+        return None, {"active": False, "reason_code": "NO_BUNDLE", "message": str(outcome.get("reason", ""))}
+    decision = admit(
+        Path(outcome["bundle"]),
+        trust.root_path,
+        live=live,
+        policy=AdmissionPolicy(
+            state_path=state, mixed=True, mixed_live=MixedLive(s.traffic.buckets, EXECUTION_MODE)
+        ),
+    )
+    mixed = decision.mixed
+    record = {
+        "active": decision.active,
+        "reason_code": decision.reason_code,
+        "message": decision.message,
+        "mixed": None if mixed is None else mixed.to_dict(),
+    }
+    return decision, record
+
+
+def _arm(name: str, decision: Any, s: MixedSettings, *, use_mixed: bool) -> MixedArm:
+    """The arm a decision drives: the host planner when decode is admitted (static K otherwise);
+    with ``use_mixed``, the admitted mixed table on mixed steps."""
+    from dspark_calibrate.runtime_plugin.engine import DynamicVerifier
+
+    if decision is None or not decision.active:
+        return MixedArm(name, serving.StaticPolicy(s.ladder, s.base.k, name=f"{name}-static-fallback"))
+    verifier = DynamicVerifier.from_decision(decision)
+    policy = pipeline.PlannerPolicy(verifier, name=f"{name}-host")
+    mixed = decision.mixed
+    table = mixed.table if use_mixed and mixed is not None and mixed.active else None
+    return MixedArm(
+        name,
+        policy,
+        table=table,
+        calibration=verifier.calibration if table is not None else None,
+        min_verify_len=1,
+        plan_on_mixed=table is None,
+    )
+
+
+def _prediction(outcome: dict[str, Any], decision: Any, *, part: str) -> dict[str, Any]:
+    """An arm's predicted gain and CI from build's signed summaries.
+
+    ``part``: ``decode`` (the decode summary: decode policy, mixed steps native or left out) or
+    ``mixed`` (the mixed admission summary: decode + mixed). A refused build or an inactive
+    decision deploys nothing: the prediction is exactly 0.
+    """
+    if outcome.get("status") != "built" or decision is None or not decision.active:
+        why = outcome.get("reason") or (decision.reason_code if decision is not None else "no bundle")
+        return {"predicted_gain": 0.0, "predicted_ci": [0.0, 0.0], "source": f"static K ({why})"}
+    if part == "mixed":
+        mixed = outcome.get("mixed") or {}
+        summary = mixed.get("summary")
+        if summary is not None and decision.mixed is not None and decision.mixed.active:
+            return {
+                "predicted_gain": float(summary["predicted_gain"]),
+                "predicted_ci": [float(summary["predicted_gain_ci_low"]), float(summary["predicted_gain_ci_high"])],
+                "decode_part": summary.get("decode_part"),
+                "mixed_part": summary.get("mixed_part"),
+                "source": "build: mixed admission summary (decode + mixed steps, one resampling)",
+            }
+    summary = outcome["summary"]
+    return {
+        "predicted_gain": float(summary["predicted_gain"]),
+        "predicted_ci": [float(summary["predicted_gain_ci_low"]), float(summary["predicted_gain_ci_high"])],
+        "source": "build: decode admission summary",
+    }
+
+
+def stage_toolkit(x: Experiment, trained: run.Trained, corpus: data.Corpus, attention: str, out: Path, rec: run.Recorder) -> dict[str, Any]:
+    """Fingerprint, decode sweep, traces, workload, fit, overhead, keys, both builds, mixed sweep,
+    export and admission; fills ``x.arms`` and returns the predictions per arm."""
+    s, engine = x.s, x.engine
+    tk = out / "toolkit"
+    tk.mkdir(parents=True, exist_ok=True)
+    t = time.perf_counter()
+    live, described = pipeline.deployment_live(engine, trained.target, trained.drafter, attention_backend=attention)
+    rec.result["deployment"] = described
+    rec.stage("fingerprint", time.perf_counter() - t, missing=list(live.missing))
+
+    t = time.perf_counter()
+    b = s.base
+    budgets = pipeline.candidate_budgets(s.ladder, b.k, b.budget_multiples)
+    sweep_settings = pipeline.SweepSettings(
+        budgets=budgets,
+        precision_rel=b.sweep_precision,
+        budget_s=b.sweep_budget_s,
+        max_seconds_per_cell=b.sweep_cell_cap_s,
+        min_rounds=b.sweep_min_rounds,
+        warmup_steps=b.sweep_warmup,
+        n_boot=b.n_boot,
+    )
+    result, _ = pipeline.run_sweep_stage(engine, live, tk, sweep_settings, seed=b.seed, log=rec.log)
+    table_ms = {
+        (int(r["graph_batch_size"]), int(r["verifier_budget"])): float(r["step_time_ms"])
+        for r in result.summary_table().to_pylist()
+    }
+    rec.stage("sweep", time.perf_counter() - t, cells=len(table_ms), rounds=result.rounds)
+
+    static = MixedArm("static", serving.StaticPolicy(s.ladder, b.k))
+    t = time.perf_counter()
+    trace_prompts = data.sample_prompts(corpus.heldout, s.trace_requests, s.prompt_len, seed=b.seed + 101)
+    traced = x.serve(static, prompts=trace_prompts, record=True)
+    rounds = pipeline.write_trace_file(traced.records, tk / "traces.parquet", b.k, source="e2e mixed trace prompts, static K")  # type: ignore[arg-type]
+    rec.stage("traces", time.perf_counter() - t, rounds=rounds, mixed_share=traced.mixed_share)
+
+    t = time.perf_counter()
+    recorded = x.serve(static, record=True)
+    x.reference = recorded.outputs.copy()
+    workload_path = tk / "workload.parquet"
+    workload = write_mixed_workload(recorded, workload_path, live.fingerprint, source="mixed traffic, static K")
+    rec.stage(
+        "workload",
+        time.perf_counter() - t,
+        steps=workload.steps,
+        rows=workload.rows,
+        mixed_steps=len(workload.mixed_step_rows()),
+        run=recorded.summary(),
+    )
+    rec.log(f"workload: {workload.steps} steps, {len(workload.mixed_step_rows())} mixed ({recorded.mixed_share:.0%} of steps)")
+
+    t = time.perf_counter()
+    fit_result, _ = pipeline.run_fit_stage(tk / "traces.parquet", tk / "fit", live.fingerprint, b.k, seed=b.seed, force=b.preset.name == "tiny")
+    rec.stage("fit", time.perf_counter() - t, summary=fit_result.summary())
+    calibration_path = tk / "fit" / "calibration.parquet"
+    calibration = pipeline.fit_calibration(calibration_path)
+    overhead = stage_overhead(x, pipeline.bracket_verifier(s.ladder, b.k, table_ms, budgets, calibration), rec)
+    charged = overhead.get("overhead_ms")
+    margin = None
+    if b.ungated:
+        charged, margin = 0.0, 0.0
+
+    t = time.perf_counter()
+    trust = pipeline.make_trust(tk)
+    builds: dict[str, dict[str, Any]] = {}
+    version = int(time.time())
+    try:
+        builds["decode_only"] = pipeline.build_level(
+            trust, calibration_path, tk / "sweep.parquet", workload_path, tk / "bundle-decode-only",
+            version=version, overhead_ms=charged, overhead_source=overhead.get("source"),
+            safety_margin_ms=margin, resamples=b.build_resamples, seed=b.seed,
+        )  # fmt: skip
+        rec.stage("build_decode_only", time.perf_counter() - t, outcome=builds["decode_only"])
+        mixed_path, _ = stage_mixed_sweep(x, workload, live, tk, rec)
+        t = time.perf_counter()
+        builds["decode_mixed"] = pipeline.build_level(
+            trust, calibration_path, tk / "sweep.parquet", workload_path, tk / "bundle-decode-mixed",
+            version=version + 1, overhead_ms=charged, overhead_source=overhead.get("source"),
+            safety_margin_ms=margin, resamples=b.build_resamples, seed=b.seed, mixed_sweep=mixed_path,
+        )  # fmt: skip
+        rec.stage("build_decode_mixed", time.perf_counter() - t, outcome=builds["decode_mixed"])
+    finally:
+        shutil.rmtree(trust.key_dir, ignore_errors=True)
+
+    t = time.perf_counter()
+    exported = {}
+    for name, outcome in builds.items():
+        if outcome.get("status") == "built":
+            exported[name] = pipeline.export_level(Path(outcome["bundle"]), tk / f"trtllm-{name}", trust.root_path, live)
+    rec.stage("export", time.perf_counter() - t, bundles=exported)
+
+    t = time.perf_counter()
+    d_decode, r_decode = _admit(builds["decode_only"], trust, live, tk / "state" / "decode-only.json", s)
+    d_mixed, r_mixed = _admit(builds["decode_mixed"], trust, live, tk / "state" / "decode-mixed.json", s)
+    rec.stage("admit", time.perf_counter() - t, decode_only=r_decode, decode_mixed=r_mixed)
+    rec.log(f"admit: decode-only {r_decode['reason_code']}, decode+mixed {r_mixed['reason_code']} (mixed {(r_mixed.get('mixed') or {}).get('reason_code')})")
+    x.arms = [
+        static,
+        _arm("decode_only", d_decode, s, use_mixed=False),
+        _arm("decode_mixed", d_mixed, s, use_mixed=True),
+    ]
+    return {
+        "static": {"predicted_gain": 0.0, "predicted_ci": [0.0, 0.0], "source": "the baseline"},
+        "decode_only": {
+            **_prediction(builds["decode_only"], d_decode, part="decode"),
+            "as_decode_only_table": True,
+            # The same arm as the mixed-aware model prices it: the decode policy with mixed
+            # steps native, over every step (the decode + mixed bundle's decode summary).
+            "mixed_aware": _prediction(builds["decode_mixed"], d_mixed, part="decode"),
+        },
+        "decode_mixed": _prediction(builds["decode_mixed"], d_mixed, part="mixed"),
+    }
+
+
+def stage_experiment(x: Experiment, rec: run.Recorder, deadline: float) -> None:
+    """Rounds of the three arms, rotated each round; every run checked against the reference."""
+    for arm in x.arms[1:]:  # untimed warm-up of the dynamic paths
+        warm = x.serve(arm)
+        miss = first_mismatch(x.reference, warm.outputs) if x.reference is not None else None
+        if miss:
+            x.mismatches.append({"run": f"warm-up {arm.name}", **miss})
+    x.runs = {a.name: [] for a in x.arms}
+    per_round: list[float] = []
+    for i in range(x.s.pairs):
+        left = deadline - time.perf_counter()
+        if i >= run.MIN_PAIRS and per_round and left < 1.5 * max(per_round):
+            rec.log(f"stopping after {i} rounds: {left:.0f}s left, a round takes {max(per_round):.0f}s")
+            break
+        t = time.perf_counter()
+        order = x.arms[i % 3 :] + x.arms[: i % 3]
+        for arm in order:
+            r = x.serve(arm)
+            miss = first_mismatch(x.reference, r.outputs) if x.reference is not None else None
+            if miss:
+                x.mismatches.append({"run": f"round {i} {arm.name}", **miss})
+            x.runs[arm.name].append(r)
+        per_round.append(time.perf_counter() - t)
+        g = {a: x.runs[a][-1].goodput for a in x.runs}
+        rec.log(
+            f"round {i}: static {g['static']:,.0f} tok/s, decode-only {g['decode_only'] / g['static'] - 1:+.2%}, "
+            f"decode+mixed {g['decode_mixed'] / g['static'] - 1:+.2%}; mixed share {x.runs['static'][-1].mixed_share:.0%}"
+        )
+        rec.result["experiment_progress"] = {a: [r.summary() for r in rs] for a, rs in x.runs.items()}
+        rec.stage("experiment", sum(per_round), rounds_done=i + 1)
+
+
+def _agreement(realised: float, lo: float, hi: float, predicted: float) -> str:
+    band = analysis.AGREEMENT_PP / 100.0
+    if abs(realised - predicted) <= band:
+        return "within_band"
+    if math.isfinite(lo) and math.isfinite(hi) and (hi < predicted - band or lo > predicted + band):
+        return "miss"
+    return "undecided"
+
+
+def stage_analysis(x: Experiment, predictions: dict[str, Any], rec: run.Recorder) -> None:
+    """Per arm: realised gain (CI over rounds) against its prediction, mixed share and cell use."""
+    base = x.runs.get("static", [])
+    arms: dict[str, Any] = {}
+    for arm in x.arms:
+        runs = x.runs.get(arm.name, [])
+        pairs = min(len(runs), len(base))
+        gains = [runs[i].goodput / base[i].goodput - 1 for i in range(pairs) if base[i].goodput > 0]
+        mean, lo, hi = analysis.t_interval(gains) if gains else (math.nan, math.nan, math.nan)
+        pred = predictions[arm.name]
+        mixed_steps = sum(r.mixed_steps for r in runs)
+        reasons: dict[str, int] = {}
+        for r in runs:
+            for key, c in r.reasons.items():
+                reasons[key] = reasons.get(key, 0) + c
+        entry = {
+            "realised_gain": mean,
+            "realised_ci": [lo, hi],
+            "pair_gains": gains,
+            "predicted_gain": pred["predicted_gain"],
+            "predicted_ci": pred["predicted_ci"],
+            "prediction": pred,
+            "goodput_tok_s": [r.goodput for r in runs],
+            "mixed_share": mixed_steps / max(1, sum(r.steps for r in runs)),
+            "mixed_steps": mixed_steps,
+            "mixed_compact_steps": sum(sum(r.mixed_cells.values()) for r in runs),
+            "mixed_cells_used": len({h for r in runs for h in r.mixed_cells}),
+            "mixed_reasons": reasons,
+            "mean_step_ms": {
+                "decode": 1000.0 * sum(r.decode_seconds for r in runs) / max(1, sum(r.steps - r.mixed_steps - r.prefill_only_steps for r in runs)),
+                "mixed": 1000.0 * sum(r.mixed_seconds for r in runs) / max(1, sum(r.mixed_steps + r.prefill_only_steps for r in runs)),
+            },
+        }
+        if arm.name != "static" and math.isfinite(mean):
+            entry["agreement"] = _agreement(mean, lo, hi, pred["predicted_gain"])
+            entry["error_pp"] = 100.0 * (mean - pred["predicted_gain"])
+            aware = pred.get("mixed_aware")
+            if aware is not None:
+                entry["mixed_aware_agreement"] = _agreement(mean, lo, hi, aware["predicted_gain"])
+                entry["mixed_aware_error_pp"] = 100.0 * (mean - aware["predicted_gain"])
+        arms[arm.name] = entry
+    rec.result["arms"] = arms
+    rec.result["identical_outputs"] = not x.mismatches
+    rec.result["mismatches"] = x.mismatches[:5]
+    mixed = arms.get("decode_mixed", {})
+    decode = arms.get("decode_only", {})
+    rec.result["verdict"] = {
+        "mixed_aware_within_3pp": mixed.get("agreement") == "within_band",
+        "decode_only_blind_within_3pp": decode.get("agreement") == "within_band",
+        "decode_only_mixed_aware_within_3pp": decode.get("mixed_aware_agreement") == "within_band",
+        "mixed_share_of_static_steps": arms.get("static", {}).get("mixed_share"),
+        "identical_outputs": not x.mismatches,
+    }
+    for name, e in arms.items():
+        rec.log(
+            f"{name}: realised {e['realised_gain']:+.3f} CI {[round(v, 3) for v in e['realised_ci']]} vs predicted "
+            f"{e['predicted_gain']:+.3f}; mixed share {e['mixed_share']:.0%}, compact mixed steps {e['mixed_compact_steps']}"
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``run.py``'s command line plus the mixed experiment's options."""
+    ap = run.build_parser(__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=None, help="requests per run (default 160; 12 with --tiny)")
+    ap.add_argument("--mixed-budget-s", type=float, default=None, help="seconds of mixed-sweep measurement")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the mixed experiment; returns the exit code (0 also when a prediction misses)."""
+    args = build_parser().parse_args(argv)
+    args.host_planner = True  # the mixed selector runs on the host; decode steps use the host planner too
+    out = (args.out or Path(os.environ.get("OUT") or "e2e-mixed-out")).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    s = make_settings(args)
+    device = run.torch_device(args)
+    rec = run.Recorder(out, RESULT)
+    deadline = time.perf_counter() + s.budget_s
+    rec.result.update(
+        {
+            "issue": 17,
+            "command": run.command_line(argv, "benchmarks/e2e/mixed.py"),
+            **run.commit_info(),
+            "gpu": run.gpu_info(device),
+            "machine": platform.node(),
+            "settings": s.to_dict(),
+            "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+    )
+    rec.write()
+    rec.log(f"e2e mixed on {rec.result['gpu'].get('name')} ({device}); out {out}")
+    try:
+        run.preflight()
+        t = time.perf_counter()
+        corpus = data.load_corpus(s.base.preset.corpus_bytes)
+        trained = run.stage_train(s.base, corpus, device, rec, args.checkpoint)
+        rec.result["training"] = trained.summaries
+        rec.stage("train", time.perf_counter() - t)
+
+        t = time.perf_counter()
+        engine, attention = build_engine(s, trained, device, graphs=not args.no_graphs, log=rec.log)
+        rec.stage("engine", time.perf_counter() - t, cells=len(engine.cells), attention=attention)
+        prompts = data.sample_prompts(corpus.heldout, s.requests, s.prompt_len, seed=s.base.seed + 2000)
+        x = Experiment(s, engine, prompts, mixed_serving.burst_arrivals(s.requests, s.burst, s.period))
+        predictions = stage_toolkit(x, trained, corpus, attention, out, rec)
+        rec.result["predictions"] = predictions
+        rec.write()
+        stage_experiment(x, rec, deadline)
+        stage_analysis(x, predictions, rec)
+        rec.result["status"] = "done"
+    finally:
+        if rec.result["status"] != "done":
+            exc = sys.exc_info()[1]
+            rec.result["status"] = "failed"
+            rec.result["error"] = f"{type(exc).__name__}: {exc}" if exc is not None else "unknown"
+            rec.log(f"FAILED: {rec.result['error']}")
+            rec.write()
+    rec.write()
+    rec.log(f"done in {rec.elapsed():.0f}s; results in {out / RESULT}")
+    return 0
+
+
+def build_engine(
+    s: MixedSettings, trained: run.Trained, device: torch.device, *, graphs: bool, log: Any
+) -> tuple[serving.Engine, str]:
+    """The engine with prefill slots above the decoding ones and every decode cell prepared."""
+    attention, desc = run.attention_backend_probe(device)
+    cfg = serving.EngineConfig(
+        k=s.base.k,
+        ladder=s.ladder,
+        max_len=s.max_len,
+        gemm_chunk=s.base.gemm_chunk,
+        use_graphs=device.type == "cuda" and graphs,
+        attention=attention,
+    )
+    engine = serving.Engine(trained.target, trained.drafter, cfg, device)
+    mixed_serving.enlarge_caches(engine, s.traffic.max_decoding + s.traffic.prefill_slots)
+    cells = [(g, 0) for g in s.ladder] + [
+        (g, v) for g, vs in pipeline.candidate_budgets(s.ladder, s.base.k, s.base.budget_multiples).items() for v in vs
+    ]
+    engine.prepare_cells(cells, log=log)
+    log(f"attention: {desc}")
+    return engine, f"sdpa-{attention}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""CPU coverage of the mixed prefill+decode proof (``benchmarks/e2e/mixed.py``, ``mixed_serving.py``).
+
+- chunked prefill in mixed steps: mixed steps really hold context chunks and generation rows,
+  about half of the steps are mixed, and the greedy outputs equal the decode-only engine's;
+- a mixed step's greedy tokens do not depend on the capacity it runs in (the sweep's output check);
+- the mixed arm runs a mixed cell only where the table has the step's exact geometry, a step
+  without a cell runs native, and its outputs equal static K's token for token;
+- ``mixed.py --tiny``: the whole proof in one process, three arms, the result file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from benchmarks.e2e import mixed, mixed_serving, serving
+from benchmarks.e2e.mixed_serving import MixedArm, MixedTraffic
+
+from dspark_calibrate.artifacts import (
+    ContextChunk,
+    GenerationRequest,
+    MixedGeometry,
+    MixedRoute,
+    MixedStep,
+    RankStep,
+    step_candidates,
+)
+from dspark_calibrate.calibrate.measurement.mixed import MixedShape
+from dspark_calibrate.runtime_plugin.mixed import MixedCell, MixedCostTable
+from dspark_calibrate.runtime_plugin.planner import Calibration
+from tests.e2e.test_e2e_cpu import CHUNK, K, LADDER, MAX_NEW, Pair, pair
+
+pytestmark = pytest.mark.slow
+__all__ = ["pair"]  # the trained tiny pair, a module fixture shared with test_e2e_cpu
+
+SIZE = 8  # context tokens per chunk: the 16-token prompts take two chunk steps
+TRAFFIC = MixedTraffic(SIZE, 2, 6, tuple(range(4, 65, 4)))
+ROUTE = MixedRoute(K, 1, TRAFFIC.buckets, mixed.EXECUTION_MODE, 1)
+
+
+def _engine(p: Pair) -> serving.Engine:
+    cfg = serving.EngineConfig(k=K, ladder=LADDER, max_len=64, gemm_chunk=CHUNK, use_graphs=False)
+    engine = serving.Engine(p.target, p.drafter, cfg, torch.device("cpu"))
+    mixed_serving.enlarge_caches(engine, TRAFFIC.max_decoding + TRAFFIC.prefill_slots)
+    engine.prepare_cells([(g, 0) for g in LADDER])
+    return engine
+
+
+def _arrivals(p: Pair) -> np.ndarray:
+    return mixed_serving.burst_arrivals(p.prompts.shape[0], 2, 4)
+
+
+def _static(name: str = "static") -> MixedArm:
+    return MixedArm(name, serving.StaticPolicy(LADDER, K))
+
+
+def test_mixed_steps_hold_chunks_and_generation_rows_and_keep_greedy_output(pair: Pair) -> None:
+    engine = _engine(pair)
+    got = mixed_serving.serve_mixed(
+        engine, pair.prompts, _arrivals(pair), traffic=TRAFFIC, max_new=MAX_NEW, arm=_static(), record=True
+    )
+    chunk_steps = {c.step for c in got.chunks}
+    gen_steps = {r.step for r in got.records}
+    mixed_steps = chunk_steps & gen_steps
+    assert len(mixed_steps) == got.mixed_steps > 0
+    assert all(r.mixed == (r.step in chunk_steps) for r in got.records)
+    # Every prompt ran in chunks at positions 0 and 8, each in a step of its own.
+    by_request: dict[int, list[int]] = {}
+    for c in got.chunks:
+        by_request.setdefault(c.request, []).append(c.position)
+    assert all(sorted(v) == [0, SIZE] for v in by_request.values()) and len(by_request) == len(pair.prompts)
+    assert 0.3 <= got.mixed_share <= 0.7, got.mixed_share
+    assert got.tokens == pair.prompts.shape[0] * (MAX_NEW - 1)
+    # Chunked prefill inside mixed steps gives the tokens of the decode-only engine (whole-prompt prefill).
+    decode_only = serving.serve(
+        _engine(pair), pair.prompts, concurrency=6, max_new=MAX_NEW, policy=serving.StaticPolicy(LADDER, K)
+    )
+    np.testing.assert_array_equal(got.outputs, decode_only.outputs)
+
+
+def test_mixed_step_tokens_do_not_depend_on_the_capacity(pair: Pair) -> None:
+    engine = _engine(pair)
+    mixed_serving.register_mixed_engine(engine, TRAFFIC)
+    gens = tuple(GenerationRequest(h) for h in (20, 23, 30, 17))
+    context = (ContextChunk(SIZE, SIZE),)
+    native = MixedShape(K, 40, context, gens, (6, 6, 6, 6))
+    for rows in ((2, 3, 4, 5), (6, 2, 2, 2), (1, 1, 1, 1)):
+        compact = MixedShape(K, 8 + sum(rows), context, gens, rows)
+        checked, mismatches = mixed_serving.mixed_check(native, compact)
+        assert checked == sum(rows) and mismatches == 0, rows
+    step = mixed_serving.mixed_factory(native)
+    step()  # the sweep's step runs (and is the same forward)
+
+
+def _recorded_steps(got: mixed_serving.MixedRun) -> dict[int, MixedStep]:
+    """Every mixed step of a recorded run, as the toolkit describes it."""
+    chunks: dict[int, list[ContextChunk]] = {}
+    for c in got.chunks:
+        chunks.setdefault(c.step, []).append(ContextChunk(c.size, c.position))
+    gens: dict[int, list[GenerationRequest]] = {}
+    for r in got.records:
+        if r.mixed:
+            gens.setdefault(r.step, []).append(GenerationRequest(r.history))
+    return {s: MixedStep((RankStep(tuple(chunks[s]), tuple(g)),)) for s, g in gens.items()}
+
+
+def _candidates(step: MixedStep) -> set[MixedGeometry]:
+    if any(c.position == 0 for c in step.ranks[0].context):
+        return set()  # first chunks stay native
+    return set(step_candidates(step.features(K), K, ROUTE.body_buckets)[1])
+
+
+def test_mixed_arm_uses_cells_only_where_admitted_and_keeps_greedy_output(pair: Pair) -> None:
+    engine = _engine(pair)
+    arrivals = _arrivals(pair)
+    recorded = mixed_serving.serve_mixed(
+        engine, pair.prompts, arrivals, traffic=TRAFFIC, max_new=MAX_NEW, arm=_static(), record=True
+    )
+    per_step = {s: _candidates(step) for s, step in _recorded_steps(recorded).items()}
+    # Hold out one compactable step whose geometries no other step shares; admit the others'.
+    held = next(
+        s for s, c in per_step.items() if c and all(not (c & o) for t, o in per_step.items() if t != s)
+    )
+    admitted = set().union(*(c for s, c in per_step.items() if s != held))
+    table = MixedCostTable(ROUTE, tuple(MixedCell(g, 10.0, 1.0) for g in sorted(admitted)))
+    arm = MixedArm("mixed", serving.StaticPolicy(LADDER, K), table=table, calibration=Calibration.sts([1.0] * K))
+    got = mixed_serving.serve_mixed(
+        engine, pair.prompts, arrivals, traffic=TRAFFIC, max_new=MAX_NEW, arm=arm, record=True
+    )
+    np.testing.assert_array_equal(got.outputs, recorded.outputs)
+    assert got.mixed_cells and set(got.mixed_cells) <= {g.sha256() for g in admitted}
+    assert got.reasons["compact"] == sum(got.mixed_cells.values()) > 0
+    steps = _recorded_steps(got)
+    uncovered = 0
+    for step, kind, _, capacity, native, reason in got.step_log:
+        if kind != "mixed":
+            continue
+        covered = bool(_candidates(steps[step]) & admitted)
+        if reason == "compact":
+            assert covered and capacity < native
+        else:
+            assert capacity == native, (reason, capacity, native)
+        if not covered and _candidates(steps[step]):
+            uncovered += 1
+            assert reason == "no_cell"
+    assert uncovered > 0, "every compactable step found a cell: the no-cell path was not exercised"
+    # Without evidence every mixed step runs native.
+    plain = mixed_serving.serve_mixed(
+        engine, pair.prompts, arrivals, traffic=TRAFFIC, max_new=MAX_NEW, arm=_static("plain")
+    )
+    assert all(c == n for _, kind, _, c, n, _ in plain.step_log if kind == "mixed")
+    assert set(plain.reasons) == {"native"}
+
+
+def test_tiny_mixed_proof_end_to_end(tmp_path: Path) -> None:
+    threads = torch.get_num_threads()
+    try:
+        assert mixed.main(["--tiny", "--out", str(tmp_path)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    result = json.loads((tmp_path / "e2e_mixed.json").read_text())
+    assert result["status"] == "done", result.get("error")
+    assert result["identical_outputs"] is True
+    for key in ("machine", "command", "commit", "gpu", "settings", "training", "verdict", "predictions"):
+        assert key in result, key
+    assert set(result["arms"]) == {"static", "decode_only", "decode_mixed"}
+    for name, arm in result["arms"].items():
+        assert len(arm["pair_gains"]) >= 3, name
+        assert 0.3 <= arm["mixed_share"] <= 0.7, (name, arm["mixed_share"])
+        for key in ("realised_gain", "realised_ci", "predicted_gain", "predicted_ci"):
+            assert key in arm, (name, key)
+    assert "mixed_aware" in result["predictions"]["decode_only"]
+    for stage in (
+        "train", "engine", "sweep", "traces", "workload", "fit", "overhead", "build_decode_only", "mixed_sweep",
+        "build_decode_mixed", "export", "admit", "experiment",
+    ):  # fmt: skip
+        assert stage in result["stages"], stage
+    # The workload build read is the recorded one, with its mixed companion table.
+    workload = result["stages"]["workload"]
+    assert workload["mixed_steps"] > 0 and (tmp_path / "toolkit" / "workload.mixed.parquet").exists()
+    assert result["stages"]["mixed_sweep"]["cells"] > 0
