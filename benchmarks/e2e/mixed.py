@@ -117,11 +117,12 @@ class MixedSettings:
 
 
 def make_settings(args: argparse.Namespace) -> MixedSettings:
-    """GPU or ``--tiny`` settings: bursts every ``period`` steps whose prompts take ``period / 2``
-    chunk steps, so about half of the steady-state steps are mixed."""
+    """GPU or ``--tiny`` settings: a burst every ``period`` steps whose prompts take three chunk
+    steps (three fifths of the steady state mixed), so that with the first burst's prefill-only
+    steps and the final drain about half of a run's steps are mixed."""
     base = run.make_settings(args)
     if args.tiny:
-        base = replace(base, sweep_budget_s=4.0, sweep_cell_cap_s=1.0, build_resamples=200)
+        base = replace(base, sweep_budget_s=3.0, sweep_cell_cap_s=0.8, build_resamples=200)
         chunk, chunks, k = 8, 3, base.k
         s = MixedSettings(
             base=base,
@@ -130,13 +131,13 @@ def make_settings(args: argparse.Namespace) -> MixedSettings:
             max_new=24,
             traffic=MixedTraffic(chunk, 2, 8, tuple(range(8, 8 * (chunks + k + 2) + 1, 8))),
             burst=2,
-            period=2 * chunks,
-            requests=12,
+            period=chunks + 2,
+            requests=16,
             trace_requests=16,
             pairs=3,
-            mixed_budget_s=4.0,
+            mixed_budget_s=3.0,
             mixed_max_cells=24,
-            overhead_runs=3,
+            overhead_runs=2,
             budget_s=55.0,
         )
     else:
@@ -149,8 +150,8 @@ def make_settings(args: argparse.Namespace) -> MixedSettings:
             max_new=128,
             traffic=MixedTraffic(chunk, 8, 64, tuple(range(128, 1025, 128))),
             burst=8,
-            period=2 * chunks,
-            requests=160,
+            period=chunks + 2,
+            requests=240,
             trace_requests=320,
             pairs=6,
             mixed_budget_s=75.0,
@@ -204,7 +205,13 @@ class Experiment:
         gc.disable()
         try:
             return mixed_serving.serve_mixed(
-                self.engine, p, arrivals, traffic=self.s.traffic, max_new=self.s.max_new, arm=arm, record=record
+                self.engine,
+                p,
+                arrivals,
+                traffic=self.s.traffic,
+                max_new=self.s.max_new,
+                arm=arm,
+                record=record,
             )
         finally:
             gc.enable()
@@ -222,7 +229,8 @@ def write_mixed_workload(result: MixedRun, path: Path, fingerprint: Any, *, sour
             "step": pa.array([c.step for c in chunks] + [r.step for r in gens], pa.int64()),
             "rank": pa.array([0] * (n_c + n_g), pa.int64()),
             "request_id": pa.array(
-                [pipeline.request_key(c.request) for c in chunks] + [pipeline.request_key(r.request) for r in gens],
+                [pipeline.request_key(c.request) for c in chunks]
+                + [pipeline.request_key(r.request) for r in gens],
                 pa.string(),
             ),
             "role": pa.array(["context"] * n_c + ["generation"] * n_g, pa.string()),
@@ -365,14 +373,18 @@ def stage_mixed_sweep(
         "workload_mixed_steps": plan.workload_mixed_steps,
         "rounds": result.rounds,
         "path": str(out) if output else None,
-        "output_checks": {f"{g}/{c}": [v.rows, v.mismatches] for (g, c), v in (output.checks if output else {}).items()},
+        "output_checks": {
+            f"{g}/{c}": [v.rows, v.mismatches] for (g, c), v in (output.checks if output else {}).items()
+        },
     }
     rec.stage("mixed_sweep", time.perf_counter() - t, **info)
     rec.log(f"mixed sweep: {len(plan.groups)} steps, {cells} cells, {result.rounds} rounds")
     return (out if output else None), info
 
 
-def _admit(outcome: dict[str, Any], trust: Any, live: Any, state: Path, s: MixedSettings) -> tuple[Any, dict[str, Any]]:
+def _admit(
+    outcome: dict[str, Any], trust: Any, live: Any, state: Path, s: MixedSettings
+) -> tuple[Any, dict[str, Any]]:
     """``admit`` one bundle with mixed evidence asked for; returns the decision (None: no bundle)."""
     from dspark_calibrate.artifacts import MixedLive
     from dspark_calibrate.runtime_plugin.admission import AdmissionPolicy, admit
@@ -434,7 +446,10 @@ def _prediction(outcome: dict[str, Any], decision: Any, *, part: str) -> dict[st
         if summary is not None and decision.mixed is not None and decision.mixed.active:
             return {
                 "predicted_gain": float(summary["predicted_gain"]),
-                "predicted_ci": [float(summary["predicted_gain_ci_low"]), float(summary["predicted_gain_ci_high"])],
+                "predicted_ci": [
+                    float(summary["predicted_gain_ci_low"]),
+                    float(summary["predicted_gain_ci_high"]),
+                ],
                 "decode_part": summary.get("decode_part"),
                 "mixed_part": summary.get("mixed_part"),
                 "source": "build: mixed admission summary (decode + mixed steps, one resampling)",
@@ -447,14 +462,19 @@ def _prediction(outcome: dict[str, Any], decision: Any, *, part: str) -> dict[st
     }
 
 
-def stage_toolkit(x: Experiment, trained: run.Trained, corpus: data.Corpus, attention: str, out: Path, rec: run.Recorder) -> dict[str, Any]:
+def stage_toolkit(
+    x: Experiment, trained: run.Trained, corpus: data.Corpus, attention: str, out: Path, rec: run.Recorder
+) -> dict[str, Any]:
     """Fingerprint, decode sweep, traces, workload, fit, overhead, keys, both builds, mixed sweep,
     export and admission; fills ``x.arms`` and returns the predictions per arm."""
     s, engine = x.s, x.engine
     tk = out / "toolkit"
-    tk.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(tk, ignore_errors=True)  # a re-run into the same directory starts over (journals, state)
+    tk.mkdir(parents=True)
     t = time.perf_counter()
-    live, described = pipeline.deployment_live(engine, trained.target, trained.drafter, attention_backend=attention)
+    live, described = pipeline.deployment_live(
+        engine, trained.target, trained.drafter, attention_backend=attention
+    )
     rec.result["deployment"] = described
     rec.stage("fingerprint", time.perf_counter() - t, missing=list(live.missing))
 
@@ -481,14 +501,22 @@ def stage_toolkit(x: Experiment, trained: run.Trained, corpus: data.Corpus, atte
     t = time.perf_counter()
     trace_prompts = data.sample_prompts(corpus.heldout, s.trace_requests, s.prompt_len, seed=b.seed + 101)
     traced = x.serve(static, prompts=trace_prompts, record=True)
-    rounds = pipeline.write_trace_file(traced.records, tk / "traces.parquet", b.k, source="e2e mixed trace prompts, static K")  # type: ignore[arg-type]
+    rows = [
+        serving.StepRecord(r.step, r.request, r.round, r.confidence, r.accepted, r.verified, r.output_len)
+        for r in traced.records
+    ]
+    rounds = pipeline.write_trace_file(
+        rows, tk / "traces.parquet", b.k, source="e2e mixed trace prompts, static K"
+    )
     rec.stage("traces", time.perf_counter() - t, rounds=rounds, mixed_share=traced.mixed_share)
 
     t = time.perf_counter()
     recorded = x.serve(static, record=True)
     x.reference = recorded.outputs.copy()
     workload_path = tk / "workload.parquet"
-    workload = write_mixed_workload(recorded, workload_path, live.fingerprint, source="mixed traffic, static K")
+    workload = write_mixed_workload(
+        recorded, workload_path, live.fingerprint, source="mixed traffic, static K"
+    )
     rec.stage(
         "workload",
         time.perf_counter() - t,
@@ -497,14 +525,20 @@ def stage_toolkit(x: Experiment, trained: run.Trained, corpus: data.Corpus, atte
         mixed_steps=len(workload.mixed_step_rows()),
         run=recorded.summary(),
     )
-    rec.log(f"workload: {workload.steps} steps, {len(workload.mixed_step_rows())} mixed ({recorded.mixed_share:.0%} of steps)")
+    rec.log(
+        f"workload: {workload.steps} steps, {len(workload.mixed_step_rows())} mixed ({recorded.mixed_share:.0%} of steps)"
+    )
 
     t = time.perf_counter()
-    fit_result, _ = pipeline.run_fit_stage(tk / "traces.parquet", tk / "fit", live.fingerprint, b.k, seed=b.seed, force=b.preset.name == "tiny")
+    fit_result, _ = pipeline.run_fit_stage(
+        tk / "traces.parquet", tk / "fit", live.fingerprint, b.k, seed=b.seed, force=b.preset.name == "tiny"
+    )
     rec.stage("fit", time.perf_counter() - t, summary=fit_result.summary())
     calibration_path = tk / "fit" / "calibration.parquet"
     calibration = pipeline.fit_calibration(calibration_path)
-    overhead = stage_overhead(x, pipeline.bracket_verifier(s.ladder, b.k, table_ms, budgets, calibration), rec)
+    overhead = stage_overhead(
+        x, pipeline.bracket_verifier(s.ladder, b.k, table_ms, budgets, calibration), rec
+    )
     charged = overhead.get("overhead_ms")
     margin = None
     if b.ungated:
@@ -536,14 +570,18 @@ def stage_toolkit(x: Experiment, trained: run.Trained, corpus: data.Corpus, atte
     exported = {}
     for name, outcome in builds.items():
         if outcome.get("status") == "built":
-            exported[name] = pipeline.export_level(Path(outcome["bundle"]), tk / f"trtllm-{name}", trust.root_path, live)
+            exported[name] = pipeline.export_level(
+                Path(outcome["bundle"]), tk / f"trtllm-{name}", trust.root_path, live
+            )
     rec.stage("export", time.perf_counter() - t, bundles=exported)
 
     t = time.perf_counter()
     d_decode, r_decode = _admit(builds["decode_only"], trust, live, tk / "state" / "decode-only.json", s)
     d_mixed, r_mixed = _admit(builds["decode_mixed"], trust, live, tk / "state" / "decode-mixed.json", s)
     rec.stage("admit", time.perf_counter() - t, decode_only=r_decode, decode_mixed=r_mixed)
-    rec.log(f"admit: decode-only {r_decode['reason_code']}, decode+mixed {r_mixed['reason_code']} (mixed {(r_mixed.get('mixed') or {}).get('reason_code')})")
+    rec.log(
+        f"admit: decode-only {r_decode['reason_code']}, decode+mixed {r_mixed['reason_code']} (mixed {(r_mixed.get('mixed') or {}).get('reason_code')})"
+    )
     x.arms = [
         static,
         _arm("decode_only", d_decode, s, use_mixed=False),
@@ -556,7 +594,7 @@ def stage_toolkit(x: Experiment, trained: run.Trained, corpus: data.Corpus, atte
             "as_decode_only_table": True,
             # The same arm as the mixed-aware model prices it: the decode policy with mixed
             # steps native, over every step (the decode + mixed bundle's decode summary).
-            "mixed_aware": _prediction(builds["decode_mixed"], d_mixed, part="decode"),
+            "mixed_aware": _prediction(builds["decode_mixed"], d_decode, part="decode"),
         },
         "decode_mixed": _prediction(builds["decode_mixed"], d_mixed, part="mixed"),
     }
@@ -632,10 +670,19 @@ def stage_analysis(x: Experiment, predictions: dict[str, Any], rec: run.Recorder
             "mixed_cells_used": len({h for r in runs for h in r.mixed_cells}),
             "mixed_reasons": reasons,
             "mean_step_ms": {
-                "decode": 1000.0 * sum(r.decode_seconds for r in runs) / max(1, sum(r.steps - r.mixed_steps - r.prefill_only_steps for r in runs)),
-                "mixed": 1000.0 * sum(r.mixed_seconds for r in runs) / max(1, sum(r.mixed_steps + r.prefill_only_steps for r in runs)),
+                "decode": 1000.0
+                * sum(r.decode_seconds for r in runs)
+                / max(1, sum(r.steps - r.mixed_steps - r.prefill_only_steps for r in runs)),
+                "mixed": 1000.0
+                * sum(r.mixed_seconds for r in runs)
+                / max(1, sum(r.mixed_steps + r.prefill_only_steps for r in runs)),
             },
         }
+        compactable = sum(
+            c for key, c in reasons.items() if key not in ("first_chunk", "no_candidate", "native")
+        )
+        covered = reasons.get("compact", 0) + reasons.get("native_score", 0)
+        entry["mixed_coverage"] = covered / compactable if compactable else None
         if arm.name != "static" and math.isfinite(mean):
             entry["agreement"] = _agreement(mean, lo, hi, pred["predicted_gain"])
             entry["error_pp"] = 100.0 * (mean - pred["predicted_gain"])
@@ -644,6 +691,12 @@ def stage_analysis(x: Experiment, predictions: dict[str, Any], rec: run.Recorder
                 entry["mixed_aware_agreement"] = _agreement(mean, lo, hi, aware["predicted_gain"])
                 entry["mixed_aware_error_pp"] = 100.0 * (mean - aware["predicted_gain"])
         arms[arm.name] = entry
+    replayed = (predictions.get("decode_mixed") or {}).get("mixed_part") or {}
+    if replayed.get("priced_steps"):
+        # What build's replay assumed: the recorded static run's mixed steps, each looked up exactly.
+        arms.setdefault("decode_mixed", {})["replayed_coverage"] = replayed.get("covered_steps", 0) / max(
+            1, int(replayed["priced_steps"])
+        )
     rec.result["arms"] = arms
     rec.result["identical_outputs"] = not x.mismatches
     rec.result["mismatches"] = x.mismatches[:5]
@@ -666,7 +719,9 @@ def stage_analysis(x: Experiment, predictions: dict[str, Any], rec: run.Recorder
 def build_parser() -> argparse.ArgumentParser:
     """``run.py``'s command line plus the mixed experiment's options."""
     ap = run.build_parser(__doc__.split("\n\n")[0])
-    ap.add_argument("--requests", type=int, default=None, help="requests per run (default 160; 12 with --tiny)")
+    ap.add_argument(
+        "--requests", type=int, default=None, help="requests per run (default 240; 16 with --tiny)"
+    )
     ap.add_argument("--mixed-budget-s", type=float, default=None, help="seconds of mixed-sweep measurement")
     return ap
 
@@ -741,7 +796,9 @@ def build_engine(
     engine = serving.Engine(trained.target, trained.drafter, cfg, device)
     mixed_serving.enlarge_caches(engine, s.traffic.max_decoding + s.traffic.prefill_slots)
     cells = [(g, 0) for g in s.ladder] + [
-        (g, v) for g, vs in pipeline.candidate_budgets(s.ladder, s.base.k, s.base.budget_multiples).items() for v in vs
+        (g, v)
+        for g, vs in pipeline.candidate_budgets(s.ladder, s.base.k, s.base.budget_multiples).items()
+        for v in vs
     ]
     engine.prepare_cells(cells, log=log)
     log(f"attention: {desc}")

@@ -229,7 +229,9 @@ def mixed_forward(
                 qc = q[tg:total].view(m, size, mc.n_kv_heads, mc.group, mc.head_dim).permute(0, 2, 3, 1, 4)
                 qc = qc.reshape(m, mc.n_kv_heads, mc.group * size, mc.head_dim)
                 kc, vc = ck.index_select(0, c_slots), cv.index_select(0, c_slots)
-                o = F.scaled_dot_product_attention(qc, kc.transpose(1, 2), vc.transpose(1, 2), attn_mask=cmask)
+                o = F.scaled_dot_product_attention(
+                    qc, kc.transpose(1, 2), vc.transpose(1, 2), attn_mask=cmask
+                )
                 o = o.view(m, mc.n_kv_heads, mc.group, size, mc.head_dim).permute(0, 3, 1, 2, 4)
                 packed[tg:total] = o.reshape(m * size, mc.d_model)
             x = x + _chunked_linear(packed, blk.wo.weight, chunk)
@@ -263,7 +265,11 @@ def mixed_forward(
         idx = torch.from_numpy(tg + ends * size + size - 1).to(dev)
         ft = pred[idx]
         fd, fc = engine.drafter.draft(hid[idx], ft)
-        first, f_drafts, f_conf = ft.cpu().numpy(), fd.cpu().numpy().astype(np.int64), fc.float().cpu().numpy()
+        first, f_drafts, f_conf = (
+            ft.cpu().numpy(),
+            fd.cpu().numpy().astype(np.int64),
+            fc.float().cpu().numpy(),
+        )
     if dev.type == "cuda":
         torch.cuda.current_stream(dev).synchronize()
     return MixedOut(accepted, bonus, out_drafts, out_conf, first, f_drafts, f_conf, pred_host)
@@ -521,13 +527,13 @@ def serve_mixed(
             dest = (req[:n] * max_new + produced[:n])[:, None] + offsets[None, :]
             flat_out[dest[keep]] = emitted[keep]
             if record:
-                run.records.extend(
-                    MixedRecord(
+                mixed_step = kind == "mixed"
+                for r in range(n):
+                    rec = MixedRecord(
                         step, int(req[r]), int(rounds[r]), conf[r].copy(), int(acc[r]), int(windows[r]),
-                        int(produced[r]), int(length[r]), kind == "mixed",
+                        int(produced[r]), int(length[r]), mixed_step,
                     )  # fmt: skip
-                    for r in range(n)
-                )
+                    run.records.append(rec)
             run.tokens += int(count.sum())
             produced[:n] += count
             length[:n] += acc + 1
@@ -638,7 +644,7 @@ def _shape_inputs(shape: Any, seed: int) -> dict[str, Any]:
 def _seed(shape: Any) -> int:
     """One synthetic state per step (native arm and cells alike): a seed from the step's description."""
     parts = [*(c.position for c in shape.context), *(g.history for g in shape.generations)]
-    return sum((i + 1) * 1_000_003 * p for i, p in enumerate(parts)) % (1 << 31)
+    return int(sum((i + 1) * 1_000_003 * p for i, p in enumerate(parts)) % (1 << 31))
 
 
 def mixed_factory(shape: Any, **_: Any) -> Callable[[], None]:

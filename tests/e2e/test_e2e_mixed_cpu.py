@@ -31,7 +31,7 @@ from dspark_calibrate.artifacts import (
 from dspark_calibrate.calibrate.measurement.mixed import MixedShape
 from dspark_calibrate.runtime_plugin.mixed import MixedCell, MixedCostTable
 from dspark_calibrate.runtime_plugin.planner import Calibration
-from tests.e2e.test_e2e_cpu import CHUNK, K, LADDER, MAX_NEW, Pair, pair
+from tests.e2e.test_e2e_cpu import CHUNK, LADDER, MAX_NEW, K, Pair, pair
 
 pytestmark = pytest.mark.slow
 __all__ = ["pair"]  # the trained tiny pair, a module fixture shared with test_e2e_cpu
@@ -126,7 +126,9 @@ def test_mixed_arm_uses_cells_only_where_admitted_and_keeps_greedy_output(pair: 
     )
     admitted = set().union(*(c for s, c in per_step.items() if s != held))
     table = MixedCostTable(ROUTE, tuple(MixedCell(g, 10.0, 1.0) for g in sorted(admitted)))
-    arm = MixedArm("mixed", serving.StaticPolicy(LADDER, K), table=table, calibration=Calibration.sts([1.0] * K))
+    arm = MixedArm(
+        "mixed", serving.StaticPolicy(LADDER, K), table=table, calibration=Calibration.sts([1.0] * K)
+    )
     got = mixed_serving.serve_mixed(
         engine, pair.prompts, arrivals, traffic=TRAFFIC, max_new=MAX_NEW, arm=arm, record=True
     )
