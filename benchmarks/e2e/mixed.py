@@ -123,13 +123,13 @@ def make_settings(args: argparse.Namespace) -> MixedSettings:
     base = run.make_settings(args)
     if args.tiny:
         base = replace(base, sweep_budget_s=3.0, sweep_cell_cap_s=0.8, build_resamples=200)
-        chunk, chunks, k = 8, 3, base.k
+        chunk, chunks = 8, 3
         s = MixedSettings(
             base=base,
             ladder=(2, 4, 8),
             prompt_len=chunk * chunks,
             max_new=24,
-            traffic=MixedTraffic(chunk, 2, 8, tuple(range(8, 8 * (chunks + k + 2) + 1, 8))),
+            traffic=MixedTraffic(chunk, 2, 8, ()),
             burst=2,
             period=chunks + 2,
             requests=16,
@@ -148,7 +148,7 @@ def make_settings(args: argparse.Namespace) -> MixedSettings:
             ladder=(8, 16, 32, 64),
             prompt_len=chunk * chunks,
             max_new=128,
-            traffic=MixedTraffic(chunk, 8, 64, tuple(range(128, 1025, 128))),
+            traffic=MixedTraffic(chunk, 8, 64, ()),
             burst=8,
             period=chunks + 2,
             requests=240,
@@ -161,12 +161,34 @@ def make_settings(args: argparse.Namespace) -> MixedSettings:
         )
     if args.pairs:
         s = replace(s, pairs=max(run.MIN_PAIRS, args.pairs))
+    s = _overrides(s, args)
+    if args.chunk or args.burst:
+        chunk = args.chunk or s.traffic.chunk
+        s = replace(
+            s, traffic=replace(s.traffic, chunk=chunk), prompt_len=3 * chunk, burst=args.burst or s.burst
+        )
+    return replace(
+        s, traffic=replace(s.traffic, buckets=body_buckets(s.traffic, s.base.k, 8 if args.tiny else 128))
+    )
+
+
+def body_buckets(t: MixedTraffic, k: int, step: int) -> tuple[int, ...]:
+    """Capacities every ``step`` rows up to the largest native mixed step the traffic can make
+    (every prefill slot's chunk and the most decoding rows at K+1 each)."""
+    top = t.prefill_slots * t.chunk + (k + 1) * t.max_decoding
+    return tuple(range(step, -(-top // step) * step + 1, step))
+
+
+def _overrides(s: MixedSettings, args: argparse.Namespace) -> MixedSettings:
+    """The budget and size options of the command line."""
     if args.budget_s:
         s = replace(s, budget_s=args.budget_s)
     if args.requests:
         s = replace(s, requests=args.requests)
     if args.mixed_budget_s:
         s = replace(s, mixed_budget_s=args.mixed_budget_s)
+    if args.sweep_budget_s:
+        s = replace(s, base=replace(s.base, sweep_budget_s=args.sweep_budget_s))
     return s
 
 
@@ -382,6 +404,43 @@ def stage_mixed_sweep(
     return (out if output else None), info
 
 
+def export_mixed(bundle: Path, out_dir: Path, root_path: Path, live: Any, s: MixedSettings) -> dict[str, Any]:
+    """``export trtllm`` with the bundle's verified mixed evidence. TensorRT-LLM's mixed route is
+    K = 3 on eight ranks with its six BREAKABLE buckets, so this deployment's evidence (one rank, its
+    own K and buckets) is refused there: the refusal is the result, recorded with its reason."""
+    from dspark_calibrate.artifacts import (
+        Expectation,
+        MixedLive,
+        export_trtllm,
+        load_trust_root,
+        verify_bundle,
+        verify_mixed,
+    )
+    from dspark_calibrate.errors import DsparkError
+
+    now = datetime.now(UTC)
+    root = load_trust_root(root_path.read_bytes(), now=now)
+    expected = Expectation(fingerprint=live.fingerprint, mixed=MixedLive(s.traffic.buckets, EXECUTION_MODE))
+    report = verify_bundle(bundle, root, now=now, expected=expected)
+    if not report.ok:
+        return {"status": "refused", "reason": f"{report.code}: {report.message}"}
+    mixed = verify_mixed(bundle, root, now=now, decode=report, expected=expected)
+    if not mixed.ok:
+        return {"status": "refused", "reason": f"mixed evidence: {mixed.code}: {mixed.message}"}
+    try:
+        done = export_trtllm(
+            report,
+            out_dir,
+            selector_identity=pipeline.selector_identity_sha256(),
+            live_fingerprint=live.fingerprint,
+            overwrite=True,
+            mixed=mixed,
+        )
+    except DsparkError as exc:
+        return {"status": "refused", "reason": str(exc)}
+    return {"status": "exported", **done.to_dict()}
+
+
 def _admit(
     outcome: dict[str, Any], trust: Any, live: Any, state: Path, s: MixedSettings
 ) -> tuple[Any, dict[str, Any]]:
@@ -573,6 +632,9 @@ def stage_toolkit(
             exported[name] = pipeline.export_level(
                 Path(outcome["bundle"]), tk / f"trtllm-{name}", trust.root_path, live
             )
+    if (builds["decode_mixed"].get("mixed") or {}).get("summary") is not None:
+        bundle = Path(builds["decode_mixed"]["bundle"])
+        exported["mixed_files"] = export_mixed(bundle, tk / "trtllm-mixed", trust.root_path, live, s)
     rec.stage("export", time.perf_counter() - t, bundles=exported)
 
     t = time.perf_counter()
@@ -723,6 +785,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--requests", type=int, default=None, help="requests per run (default 240; 16 with --tiny)"
     )
     ap.add_argument("--mixed-budget-s", type=float, default=None, help="seconds of mixed-sweep measurement")
+    ap.add_argument("--sweep-budget-s", type=float, default=None, help="seconds of decode-sweep measurement")
+    ap.add_argument(
+        "--chunk", type=int, default=None, help="context tokens per chunk (prompts are three chunks)"
+    )
+    ap.add_argument(
+        "--burst", type=int, default=None, help="requests arriving together (default 8; 2 with --tiny)"
+    )
     return ap
 
 
