@@ -340,7 +340,6 @@ def stage_mixed_sweep(
     x: Experiment, workload: Any, live: Any, tk: Path, rec: run.Recorder
 ) -> tuple[Path | None, dict[str, Any]]:
     """``sweep --mixed`` of the engine's mixed step over the recorded workload's mixed steps."""
-    from dspark_calibrate.calibrate import Thresholds
     from dspark_calibrate.calibrate.measurement.mixed import plan_from_workload
     from dspark_calibrate.calibrate.measurement.mixed_sweep import MixedSweepRequest, execute_mixed
 
@@ -349,19 +348,9 @@ def stage_mixed_sweep(
     plan = plan_from_workload(workload, route(s), max_cells=s.mixed_max_cells, max_groups=s.mixed_max_cells)
     mixed_serving.register_mixed_engine(x.engine, s.traffic)
     b = s.base
-    thresholds = Thresholds(
-        precision_rel=b.sweep_precision,
-        min_rounds=b.sweep_min_rounds,
-        min_samples=2 * b.sweep_min_rounds,
-        max_seconds_per_cell=b.sweep_cell_cap_s,
-        budget_s=s.mixed_budget_s,
-        warmup_steps=b.sweep_warmup,
-        rewarm_steps=2,
-        replays_per_sample=2,
-        samples_per_visit=2,
-        n_boot=b.n_boot,
-        throttle_policy="keep-all",
-    )
+    budgets = pipeline.candidate_budgets(s.ladder, b.k, b.budget_multiples)
+    settings = replace(run.sweep_settings(b, budgets), budget_s=s.mixed_budget_s)
+    thresholds = pipeline.sweep_thresholds(settings, replays_per_sample=2)
     out = tk / "mixed-sweep.parquet"
     request = MixedSweepRequest(
         backend="module",
@@ -404,13 +393,23 @@ def stage_mixed_sweep(
     return (out if output else None), info
 
 
-def export_mixed(bundle: Path, out_dir: Path, root_path: Path, live: Any, s: MixedSettings) -> dict[str, Any]:
+def export_mixed(
+    bundle: Path,
+    out_dir: Path,
+    root_path: Path,
+    fingerprint: Any,
+    mixed_live: Any,
+    *,
+    now: datetime | None = None,
+    allow_synthetic: bool = False,
+) -> dict[str, Any]:
     """``export trtllm`` with the bundle's verified mixed evidence. TensorRT-LLM's mixed route is
     K = 3 on eight ranks with its six BREAKABLE buckets, so this deployment's evidence (one rank, its
-    own K and buckets) is refused there: the refusal is the result, recorded with its reason."""
+    own K and buckets) is refused there: the refusal is the result, recorded with its reason.
+
+    ``now`` (default: the clock) and ``allow_synthetic`` (tests) are the verification's."""
     from dspark_calibrate.artifacts import (
         Expectation,
-        MixedLive,
         export_trtllm,
         load_trust_root,
         verify_bundle,
@@ -418,9 +417,9 @@ def export_mixed(bundle: Path, out_dir: Path, root_path: Path, live: Any, s: Mix
     )
     from dspark_calibrate.errors import DsparkError
 
-    now = datetime.now(UTC)
+    now = now or datetime.now(UTC)
     root = load_trust_root(root_path.read_bytes(), now=now)
-    expected = Expectation(fingerprint=live.fingerprint, mixed=MixedLive(s.traffic.buckets, EXECUTION_MODE))
+    expected = Expectation(fingerprint=fingerprint, mixed=mixed_live, allow_synthetic=allow_synthetic)
     report = verify_bundle(bundle, root, now=now, expected=expected)
     if not report.ok:
         return {"status": "refused", "reason": f"{report.code}: {report.message}"}
@@ -432,32 +431,39 @@ def export_mixed(bundle: Path, out_dir: Path, root_path: Path, live: Any, s: Mix
             report,
             out_dir,
             selector_identity=pipeline.selector_identity_sha256(),
-            live_fingerprint=live.fingerprint,
+            live_fingerprint=fingerprint,
             overwrite=True,
             mixed=mixed,
+            allow_synthetic=allow_synthetic,
         )
     except DsparkError as exc:
         return {"status": "refused", "reason": str(exc)}
     return {"status": "exported", **done.to_dict()}
 
 
-def _admit(
-    outcome: dict[str, Any], trust: Any, live: Any, state: Path, s: MixedSettings
+def admit_bundle(
+    outcome: dict[str, Any],
+    root_path: Path,
+    live: Any,
+    state: Path,
+    mixed_live: Any,
+    *,
+    now: datetime | None = None,
+    allow_synthetic: bool = False,
 ) -> tuple[Any, dict[str, Any]]:
-    """``admit`` one bundle with mixed evidence asked for; returns the decision (None: no bundle)."""
-    from dspark_calibrate.artifacts import MixedLive
+    """``admit`` one built bundle with mixed evidence asked for (bound to ``mixed_live``).
+
+    Returns:
+        The decision (None when nothing was built) and a JSON-ready record of it.
+    """
     from dspark_calibrate.runtime_plugin.admission import AdmissionPolicy, admit
 
     if outcome.get("status") != "built":
         return None, {"active": False, "reason_code": "NO_BUNDLE", "message": str(outcome.get("reason", ""))}
-    decision = admit(
-        Path(outcome["bundle"]),
-        trust.root_path,
-        live=live,
-        policy=AdmissionPolicy(
-            state_path=state, mixed=True, mixed_live=MixedLive(s.traffic.buckets, EXECUTION_MODE)
-        ),
+    policy = AdmissionPolicy(
+        state_path=state, mixed=True, mixed_live=mixed_live, allow_synthetic=allow_synthetic
     )
+    decision = admit(Path(outcome["bundle"]), root_path, live=live, policy=policy, now=now)
     mixed = decision.mixed
     record = {
         "active": decision.active,
@@ -468,13 +474,13 @@ def _admit(
     return decision, record
 
 
-def _arm(name: str, decision: Any, s: MixedSettings, *, use_mixed: bool) -> MixedArm:
+def arm_of(name: str, decision: Any, ladder: tuple[int, ...], k: int, *, use_mixed: bool) -> MixedArm:
     """The arm a decision drives: the host planner when decode is admitted (static K otherwise);
     with ``use_mixed``, the admitted mixed table on mixed steps."""
     from dspark_calibrate.runtime_plugin.engine import DynamicVerifier
 
     if decision is None or not decision.active:
-        return MixedArm(name, serving.StaticPolicy(s.ladder, s.base.k, name=f"{name}-static-fallback"))
+        return MixedArm(name, serving.StaticPolicy(ladder, k, name=f"{name}-static-fallback"))
     verifier = DynamicVerifier.from_decision(decision)
     policy = pipeline.PlannerPolicy(verifier, name=f"{name}-host")
     mixed = decision.mixed
@@ -489,7 +495,7 @@ def _arm(name: str, decision: Any, s: MixedSettings, *, use_mixed: bool) -> Mixe
     )
 
 
-def _prediction(outcome: dict[str, Any], decision: Any, *, part: str) -> dict[str, Any]:
+def prediction_of(outcome: dict[str, Any], decision: Any, *, part: str) -> dict[str, Any]:
     """An arm's predicted gain and CI from build's signed summaries.
 
     ``part``: ``decode`` (the decode summary: decode policy, mixed steps native or left out) or
@@ -540,15 +546,7 @@ def stage_toolkit(
     t = time.perf_counter()
     b = s.base
     budgets = pipeline.candidate_budgets(s.ladder, b.k, b.budget_multiples)
-    sweep_settings = pipeline.SweepSettings(
-        budgets=budgets,
-        precision_rel=b.sweep_precision,
-        budget_s=b.sweep_budget_s,
-        max_seconds_per_cell=b.sweep_cell_cap_s,
-        min_rounds=b.sweep_min_rounds,
-        warmup_steps=b.sweep_warmup,
-        n_boot=b.n_boot,
-    )
+    sweep_settings = run.sweep_settings(b, budgets)
     result, _ = pipeline.run_sweep_stage(engine, live, tk, sweep_settings, seed=b.seed, log=rec.log)
     table_ms = {
         (int(r["graph_batch_size"]), int(r["verifier_budget"])): float(r["step_time_ms"])
@@ -625,6 +623,9 @@ def stage_toolkit(
     finally:
         shutil.rmtree(trust.key_dir, ignore_errors=True)
 
+    from dspark_calibrate.artifacts import MixedLive
+
+    route_live = MixedLive(s.traffic.buckets, EXECUTION_MODE)
     t = time.perf_counter()
     exported = {}
     for name, outcome in builds.items():
@@ -634,31 +635,37 @@ def stage_toolkit(
             )
     if (builds["decode_mixed"].get("mixed") or {}).get("summary") is not None:
         bundle = Path(builds["decode_mixed"]["bundle"])
-        exported["mixed_files"] = export_mixed(bundle, tk / "trtllm-mixed", trust.root_path, live, s)
+        exported["mixed_files"] = export_mixed(
+            bundle, tk / "trtllm-mixed", trust.root_path, live.fingerprint, route_live
+        )
     rec.stage("export", time.perf_counter() - t, bundles=exported)
 
     t = time.perf_counter()
-    d_decode, r_decode = _admit(builds["decode_only"], trust, live, tk / "state" / "decode-only.json", s)
-    d_mixed, r_mixed = _admit(builds["decode_mixed"], trust, live, tk / "state" / "decode-mixed.json", s)
+    d_decode, r_decode = admit_bundle(
+        builds["decode_only"], trust.root_path, live, tk / "state" / "decode-only.json", route_live
+    )
+    d_mixed, r_mixed = admit_bundle(
+        builds["decode_mixed"], trust.root_path, live, tk / "state" / "decode-mixed.json", route_live
+    )
     rec.stage("admit", time.perf_counter() - t, decode_only=r_decode, decode_mixed=r_mixed)
     rec.log(
         f"admit: decode-only {r_decode['reason_code']}, decode+mixed {r_mixed['reason_code']} (mixed {(r_mixed.get('mixed') or {}).get('reason_code')})"
     )
     x.arms = [
         static,
-        _arm("decode_only", d_decode, s, use_mixed=False),
-        _arm("decode_mixed", d_mixed, s, use_mixed=True),
+        arm_of("decode_only", d_decode, s.ladder, b.k, use_mixed=False),
+        arm_of("decode_mixed", d_mixed, s.ladder, b.k, use_mixed=True),
     ]
     return {
         "static": {"predicted_gain": 0.0, "predicted_ci": [0.0, 0.0], "source": "the baseline"},
         "decode_only": {
-            **_prediction(builds["decode_only"], d_decode, part="decode"),
+            **prediction_of(builds["decode_only"], d_decode, part="decode"),
             "as_decode_only_table": True,
             # The same arm as the mixed-aware model prices it: the decode policy with mixed
             # steps native, over every step (the decode + mixed bundle's decode summary).
-            "mixed_aware": _prediction(builds["decode_mixed"], d_decode, part="decode"),
+            "mixed_aware": prediction_of(builds["decode_mixed"], d_decode, part="decode"),
         },
-        "decode_mixed": _prediction(builds["decode_mixed"], d_mixed, part="mixed"),
+        "decode_mixed": prediction_of(builds["decode_mixed"], d_mixed, part="mixed"),
     }
 
 

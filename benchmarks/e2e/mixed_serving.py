@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
 from .model import Block, apply_rope
-from .serving import Engine, Policy, _chunked_linear
+from .serving import Engine, Policy, Slots, StepOutput, _chunked_linear, _compact
 
 __all__ = [
     "ChunkRecord",
@@ -124,17 +124,14 @@ class MixedOut:
     """What a mixed forward returns (host arrays).
 
     Attributes:
-        accepted, bonus, drafts, confidence: of the ``n`` generation rows (as a decode step's).
+        gen: of the ``n`` generation rows, as a decode step's.
         first, first_drafts, first_confidence: of the chunks flagged ``last`` (their requests'
             first token, drafts and confidence logits), in chunk order.
         pred: greedy token of every generation row position, ``[n, K+1]`` (-1 where not verified;
             only with ``keep_pred``).
     """
 
-    accepted: np.ndarray
-    bonus: np.ndarray
-    drafts: np.ndarray
-    confidence: np.ndarray
+    gen: StepOutput
     first: np.ndarray
     first_drafts: np.ndarray
     first_confidence: np.ndarray
@@ -272,7 +269,7 @@ def mixed_forward(
         )
     if dev.type == "cuda":
         torch.cuda.current_stream(dev).synchronize()
-    return MixedOut(accepted, bonus, out_drafts, out_conf, first, f_drafts, f_conf, pred_host)
+    return MixedOut(StepOutput(accepted, bonus, out_drafts, out_conf), first, f_drafts, f_conf, pred_host)
 
 
 # -- arms and records ----------------------------------------------------------------------------
@@ -441,18 +438,13 @@ def serve_mixed(
             f"{traffic.max_decoding} decoding + {traffic.prefill_slots} prefill slots do not fit "
             f"{n_slots} cache slots and the ladder's {cfg.slots} rows"
         )
-    slots = n_slots
-    req = np.full(slots, -1, dtype=np.int64)
-    length = np.zeros(slots, dtype=np.int64)
-    anchor = np.zeros(slots, dtype=np.int64)
-    drafts = np.zeros((slots, k), dtype=np.int64)
-    conf = np.zeros((slots, k), dtype=np.float32)
-    produced = np.zeros(slots, dtype=np.int64)
-    rounds = np.zeros(slots, dtype=np.int64)
+    st = Slots.empty(n_slots, k)  # prefilling requests keep req -1: compaction moves decoding ones only
+    req, length, anchor, drafts, conf, produced, rounds = (
+        st.req, st.length, st.anchor, st.drafts, st.conf, st.produced, st.rounds,
+    )  # fmt: skip
     outputs = np.zeros((total, max_new), dtype=np.int64)
     flat_out = outputs.reshape(-1)
     run = MixedRun(arm=arm.name, outputs=outputs)
-    offsets = np.arange(width, dtype=np.int64)
     prefill: list[list[int]] = []  # [request, slot, next position]
     free_prefill = list(range(traffic.max_decoding, traffic.max_decoding + traffic.prefill_slots))
     queue: list[int] = []
@@ -484,7 +476,7 @@ def serve_mixed(
                 if choice.cell is not None:
                     capacity, cell = int(choice.capacity), choice.cell
             t1 = time.perf_counter()
-            out = mixed_forward(
+            mixed_out = mixed_forward(
                 engine,
                 capacity=capacity,
                 n=n,
@@ -497,6 +489,7 @@ def serve_mixed(
                 chunk_tokens=c_tok,
                 last=last,
             )
+            out = mixed_out.gen
             kind, g_or_cap, v = ("mixed" if n else "prefill"), capacity, paid
             if n:
                 run.mixed_steps += 1
@@ -513,19 +506,11 @@ def serve_mixed(
             plan = arm.decode.plan(conf[:n])
             t1 = time.perf_counter()
             windows = plan.windows if plan.windows is not None else np.full(n, k)
-            out = engine.step(plan.g, plan.v, n, plan.windows, length, anchor, drafts)  # type: ignore[assignment]
+            out = engine.step(plan.g, plan.v, n, plan.windows, length, anchor, drafts)
             kind, g_or_cap, v, reason = "decode", plan.g, plan.v, ""
         run.plan_seconds += t1 - t0
         if n:
             acc = out.accepted
-            emitted = np.zeros((n, width), dtype=np.int64)
-            emitted[:, :k] = drafts[:n]
-            emitted[np.arange(n), acc] = out.bonus
-            room = max_new - produced[:n]
-            count = np.minimum(acc + 1, room)
-            keep = offsets[None, :] < count[:, None]
-            dest = (req[:n] * max_new + produced[:n])[:, None] + offsets[None, :]
-            flat_out[dest[keep]] = emitted[keep]
             if record:
                 mixed_step = kind == "mixed"
                 for r in range(n):
@@ -534,13 +519,7 @@ def serve_mixed(
                         int(produced[r]), int(length[r]), mixed_step,
                     )  # fmt: skip
                     run.records.append(rec)
-            run.tokens += int(count.sum())
-            produced[:n] += count
-            length[:n] += acc + 1
-            anchor[:n] = out.bonus
-            drafts[:n] = out.drafts
-            conf[:n] = out.confidence
-            rounds[:n] += 1
+            run.tokens += int(st.advance(out, n, max_new, flat_out).sum())
         elapsed = time.perf_counter() - t0
         run.seconds += elapsed
         if kind == "decode":
@@ -555,7 +534,7 @@ def serve_mixed(
         if fin.size:
             req[fin] = -1
             done += int(fin.size)
-            n = _compact(engine, req, n, length, anchor, drafts, conf, produced, rounds)
+            n = _compact_decoding(engine, st)
         if kind != "decode":
             ended = 0
             for p in list(prefill):
@@ -565,10 +544,10 @@ def serve_mixed(
                 src, dst = p[1], n
                 engine.move_slots(np.array([src]), np.array([dst]))
                 req[dst], length[dst], produced[dst], rounds[dst] = p[0], plen, 1, 0
-                anchor[dst] = out.first[ended]
-                drafts[dst] = out.first_drafts[ended]
-                conf[dst] = out.first_confidence[ended]
-                outputs[p[0], 0] = out.first[ended]
+                anchor[dst] = mixed_out.first[ended]
+                drafts[dst] = mixed_out.first_drafts[ended]
+                conf[dst] = mixed_out.first_confidence[ended]
+                outputs[p[0], 0] = mixed_out.first[ended]
                 ended += 1
                 n += 1
                 free_prefill.append(src)
@@ -576,7 +555,7 @@ def serve_mixed(
                 if max_new == 1:  # the first token was the whole output
                     req[dst] = -1
                     done += 1
-                    n = _compact(engine, req, n, length, anchor, drafts, conf, produced, rounds)
+                    n = _compact_decoding(engine, st)
         step += 1
     finish = getattr(arm.decode, "finish", None)
     if finish is not None:
@@ -584,18 +563,10 @@ def serve_mixed(
     return run
 
 
-def _compact(engine: Engine, req: np.ndarray, n: int, *state: np.ndarray) -> int:
-    """Move the highest decoding slots into holes so they are ``0..n'-1``; returns ``n'``."""
-    active = np.flatnonzero(req[:n] >= 0)
-    m = active.size
-    holes = np.flatnonzero(req[:m] < 0)
-    if holes.size:
-        movers = active[active >= m]
-        engine.move_slots(movers, holes)
-        for arr in (req, *state):
-            arr[holes] = arr[movers]
-        req[movers] = -1
-    return int(m)
+def _compact_decoding(engine: Engine, st: Slots) -> int:
+    """Move the highest decoding slots into holes (prefill slots hold no request); returns their count."""
+    _compact(engine, st.req, *st.state())
+    return int((st.req >= 0).sum())
 
 
 # -- the mixed sweep's module-backend factory and output check -------------------------------------

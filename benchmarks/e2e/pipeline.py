@@ -75,6 +75,7 @@ __all__ = [
     "run_fit_stage",
     "run_sweep_stage",
     "selector_identity_sha256",
+    "sweep_thresholds",
     "write_trace_file",
     "write_workload_file",
 ]
@@ -191,6 +192,27 @@ def candidate_budgets(
     return out
 
 
+def sweep_thresholds(settings: SweepSettings, *, replays_per_sample: int) -> Any:
+    """The sweep's stopping rule and protocol settings (``calibrate.Thresholds``) for ``settings``."""
+    from dspark_calibrate.calibrate import Thresholds
+
+    return Thresholds(
+        precision_rel=settings.precision_rel,
+        min_rounds=settings.min_rounds,
+        min_samples=2 * settings.min_rounds,
+        max_seconds_per_cell=settings.max_seconds_per_cell,
+        budget_s=settings.budget_s,
+        warmup_steps=settings.warmup_steps,
+        rewarm_steps=2,
+        replays_per_sample=replays_per_sample,
+        samples_per_visit=2,
+        n_boot=settings.n_boot,
+        # Serving runs under whatever power and thermal state the GPU is in; a table cleaned of
+        # throttled samples would price steps faster than the experiment can run them.
+        throttle_policy="keep-all",
+    )
+
+
 def run_sweep_stage(
     engine: Engine, live: LiveContext, out_dir: Path, settings: SweepSettings, *, seed: int, log: Log
 ) -> tuple[Any, Any]:
@@ -199,7 +221,7 @@ def run_sweep_stage(
     Returns:
         The toolkit's ``(SweepResult, SweepOutput)``.
     """
-    from dspark_calibrate.calibrate import SweepRequest, Thresholds, execute
+    from dspark_calibrate.calibrate import SweepRequest, execute
 
     cfg = engine.cfg
     context = cfg.max_len // 2
@@ -207,21 +229,7 @@ def run_sweep_stage(
     cuda = engine.device.type == "cuda"
     out = out_dir / "sweep.parquet"
     journal = out.with_name(out.stem + ".journal.jsonl")
-    thresholds = Thresholds(
-        precision_rel=settings.precision_rel,
-        min_rounds=settings.min_rounds,
-        min_samples=2 * settings.min_rounds,
-        max_seconds_per_cell=settings.max_seconds_per_cell,
-        budget_s=settings.budget_s,
-        warmup_steps=settings.warmup_steps,
-        rewarm_steps=2,
-        replays_per_sample=4,
-        samples_per_visit=2,
-        n_boot=settings.n_boot,
-        # Serving runs under whatever power and thermal state the GPU is in; a table cleaned of
-        # throttled samples would price steps faster than the experiment can run them.
-        throttle_policy="keep-all",
-    )
+    thresholds = sweep_thresholds(settings, replays_per_sample=4)
     request = SweepRequest(
         backend="module",
         backend_options={

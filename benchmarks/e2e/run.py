@@ -210,6 +210,19 @@ def make_settings(args: argparse.Namespace) -> Settings:
     return base
 
 
+def sweep_settings(s: Settings, budgets: dict[int, tuple[int, ...]]) -> pipeline.SweepSettings:
+    """The decode sweep's settings of ``s`` over the candidate ``budgets``."""
+    return pipeline.SweepSettings(
+        budgets=budgets,
+        precision_rel=s.sweep_precision,
+        budget_s=s.sweep_budget_s,
+        max_seconds_per_cell=s.sweep_cell_cap_s,
+        min_rounds=s.sweep_min_rounds,
+        warmup_steps=s.sweep_warmup,
+        n_boot=s.n_boot,
+    )
+
+
 class Recorder:
     """Timestamped progress on stdout and the result file, rewritten atomically after each stage."""
 
@@ -502,15 +515,7 @@ def stage_toolkit(
 
     t = time.perf_counter()
     budgets = pipeline.candidate_budgets(s.ladder, s.k, s.budget_multiples)
-    settings = pipeline.SweepSettings(
-        budgets=budgets,
-        precision_rel=s.sweep_precision,
-        budget_s=s.sweep_budget_s,
-        max_seconds_per_cell=s.sweep_cell_cap_s,
-        min_rounds=s.sweep_min_rounds,
-        warmup_steps=s.sweep_warmup,
-        n_boot=s.n_boot,
-    )
+    settings = sweep_settings(s, budgets)
     result, output = pipeline.run_sweep_stage(engine, live, tk, settings, seed=s.seed, log=rec.log)
     table = result.summary_table().to_pylist()
     table_ms = {

@@ -52,6 +52,7 @@ __all__ = [
     "Plan",
     "Policy",
     "RunResult",
+    "Slots",
     "StaticPolicy",
     "StepRecord",
     "register_engine",
@@ -670,6 +671,61 @@ class CyclePolicy:
 
 
 # -- the serving loop ---------------------------------------------------------------------------
+@dataclass
+class Slots:
+    """Per-slot serving state: the request in the slot (-1: free), its cache length, anchor, drafts,
+    confidence logits, tokens produced and draft rounds."""
+
+    req: np.ndarray
+    length: np.ndarray
+    anchor: np.ndarray
+    drafts: np.ndarray
+    conf: np.ndarray
+    produced: np.ndarray
+    rounds: np.ndarray
+
+    @classmethod
+    def empty(cls, slots: int, k: int) -> Slots:
+        """Every slot free."""
+        zeros = [np.zeros(slots, dtype=np.int64) for _ in range(5)]
+        return cls(
+            np.full(slots, -1, dtype=np.int64),
+            zeros[0],
+            zeros[1],
+            np.zeros((slots, k), dtype=np.int64),
+            np.zeros((slots, k), dtype=np.float32),
+            zeros[2],
+            zeros[3],
+        )
+
+    def state(self) -> tuple[np.ndarray, ...]:
+        """Every array but ``req``, for slot moves."""
+        return (self.length, self.anchor, self.drafts, self.conf, self.produced, self.rounds)
+
+    def advance(self, out: StepOutput, n: int, max_new: int, flat_out: np.ndarray) -> np.ndarray:
+        """Emit the step's tokens of slots ``0..n-1`` into ``flat_out`` (``[requests · max_new]``)
+        and move their state on; returns the tokens each row emitted (capped at ``max_new``)."""
+        k = self.drafts.shape[1]
+        width = k + 1
+        acc = out.accepted
+        emitted = np.zeros((n, width), dtype=np.int64)
+        emitted[:, :k] = self.drafts[:n]
+        emitted[np.arange(n), acc] = out.bonus
+        count = np.minimum(acc + 1, max_new - self.produced[:n])
+        offsets = np.arange(width, dtype=np.int64)
+        keep = offsets[None, :] < count[:, None]
+        dest = (self.req[:n] * max_new + self.produced[:n])[:, None] + offsets[None, :]
+        flat_out[dest[keep]] = emitted[keep]
+        self.produced[:n] += count
+        self.length[:n] += acc + 1
+        self.anchor[:n] = out.bonus
+        self.drafts[:n] = out.drafts
+        self.conf[:n] = out.confidence
+        self.rounds[:n] += 1
+        count_out: np.ndarray = count
+        return count_out
+
+
 @dataclass(frozen=True, slots=True)
 class StepRecord:
     """One real row of one decode step, for traces and workloads (recorded under any policy)."""
@@ -779,19 +835,14 @@ def serve(
         raise ValueError(f"concurrency {concurrency} exceeds the engine's {cfg.slots} slots")
     if plen + max_new + cfg.width > cfg.max_len:
         raise ValueError(f"prompt {plen} + {max_new} new tokens + K+1 exceed the cache length {cfg.max_len}")
-    k, slots = cfg.k, cfg.slots
-    req = np.full(slots, -1, dtype=np.int64)
-    length = np.zeros(slots, dtype=np.int64)
-    anchor = np.zeros(slots, dtype=np.int64)
-    drafts = np.zeros((slots, k), dtype=np.int64)
-    conf = np.zeros((slots, k), dtype=np.float32)
-    produced = np.zeros(slots, dtype=np.int64)
-    rounds = np.zeros(slots, dtype=np.int64)
+    st = Slots.empty(cfg.slots, cfg.k)
+    req, length, anchor, drafts, conf, produced, rounds = (
+        st.req, st.length, st.anchor, st.drafts, st.conf, st.produced, st.rounds,
+    )  # fmt: skip
     outputs = np.zeros((total, max_new), dtype=np.int64)
     flat_out = outputs.reshape(-1)
     result = RunResult(policy=policy.name, concurrency=concurrency, outputs=outputs)
     state = {"next": 0, "n": 0}
-    offsets = np.arange(cfg.width, dtype=np.int64)
 
     def admit(free: list[int]) -> None:
         take = min(len(free), total - state["next"])
@@ -825,14 +876,6 @@ def serve(
             )
         out = engine.step(plan.g, plan.v, n, plan.windows, length, anchor, drafts)
         acc = out.accepted
-        emitted = np.zeros((n, cfg.width), dtype=np.int64)
-        emitted[:, :k] = drafts[:n]
-        emitted[np.arange(n), acc] = out.bonus
-        room = max_new - produced[:n]
-        count = np.minimum(acc + 1, room)
-        keep = offsets[None, :] < count[:, None]
-        dest = (req[:n] * max_new + produced[:n])[:, None] + offsets[None, :]
-        flat_out[dest[keep]] = emitted[keep]
         if record:
             windows = plan.windows
             assert windows is not None  # checked above: a recording policy keeps host windows
@@ -848,15 +891,9 @@ def serve(
                         int(produced[r]),
                     )
                 )
-        result.decode_tokens += int(count.sum())
+        result.decode_tokens += int(st.advance(out, n, max_new, flat_out).sum())
         if plan.windows is not None:
             result.verified_tokens += int(plan.windows.sum()) + n
-        produced[:n] += count
-        length[:n] += acc + 1
-        anchor[:n] = out.bonus
-        drafts[:n] = out.drafts
-        conf[:n] = out.confidence
-        rounds[:n] += 1
         result.steps += 1
         result.cells[(plan.g, plan.v)] += 1
         result.plan_seconds += t1 - t0
@@ -870,7 +907,7 @@ def serve(
             t2 = time.perf_counter()
             req[done] = -1
             admit([int(s) for s in done])
-            _compact(engine, req, length, anchor, drafts, conf, produced, rounds)
+            _compact(engine, req, *st.state())
             state["n"] = int((req >= 0).sum())
             result.prefill_seconds += time.perf_counter() - t2
     finish = getattr(policy, "finish", None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,9 +21,11 @@ from benchmarks.e2e import mixed, mixed_serving, serving
 from benchmarks.e2e.mixed_serving import MixedArm, MixedTraffic
 
 from dspark_calibrate.artifacts import (
+    MIXED_EXECUTION_MODE,
     ContextChunk,
     GenerationRequest,
     MixedGeometry,
+    MixedLive,
     MixedRoute,
     MixedStep,
     RankStep,
@@ -32,6 +35,7 @@ from dspark_calibrate.calibrate.measurement.mixed import MixedShape
 from dspark_calibrate.runtime_plugin.mixed import MixedCell, MixedCostTable
 from dspark_calibrate.runtime_plugin.planner import Calibration
 from tests.e2e.test_e2e_cpu import CHUNK, LADDER, MAX_NEW, K, Pair, pair
+from tests.mixed_bundles import LATER, TP1_BUCKETS, MixedBundle
 
 pytestmark = pytest.mark.slow
 __all__ = ["pair"]  # the trained tiny pair, a module fixture shared with test_e2e_cpu
@@ -184,3 +188,60 @@ def test_tiny_mixed_proof_end_to_end(tmp_path: Path) -> None:
     workload = result["stages"]["workload"]
     assert workload["mixed_steps"] > 0 and (tmp_path / "toolkit" / "workload.mixed.parquet").exists()
     assert result["stages"]["mixed_sweep"]["cells"] > 0
+
+
+def test_admitted_mixed_bundle_drives_the_arms_and_predictions(
+    mixed_tp1: MixedBundle, tmp_path: Path
+) -> None:
+    """The experiment's admission, arms, predictions and mixed export over a real one-GPU bundle
+    with mixed evidence (built from synthetic sweeps, so synthetic evidence is allowed here)."""
+    full = mixed_tp1.result.to_dict()
+    outcome = {
+        "status": "built",
+        "bundle": str(mixed_tp1.bundle),
+        "summary": full["summary"],
+        "mixed": full["mixed"],
+    }
+    fingerprint = mixed_tp1.files.fingerprint
+    ladder = tuple(fingerprint.rank_local_graph_batch_sizes or ())
+    k = int(fingerprint.max_draft_len or 0)
+    live = MixedLive(TP1_BUCKETS, MIXED_EXECUTION_MODE)
+    kw: dict[str, Any] = {"now": LATER, "allow_synthetic": True}
+    decision, record = mixed.admit_bundle(
+        outcome, mixed_tp1.root_file, fingerprint, tmp_path / "s1.json", live, **kw
+    )
+    assert decision.active and record["mixed"]["active"], record
+    arm = mixed.arm_of("decode_mixed", decision, ladder, k, use_mixed=True)
+    assert arm.table is decision.mixed.table and arm.calibration is not None and not arm.plan_on_mixed
+    plain = mixed.arm_of("decode_only", decision, ladder, k, use_mixed=False)
+    assert plain.table is None and plain.plan_on_mixed
+    summary, mixed_summary = full["summary"], full["mixed"]["summary"]
+    got = mixed.prediction_of(outcome, decision, part="mixed")
+    assert got["predicted_gain"] == mixed_summary["predicted_gain"]
+    assert got["predicted_ci"] == [
+        mixed_summary["predicted_gain_ci_low"],
+        mixed_summary["predicted_gain_ci_high"],
+    ]
+    assert (
+        mixed.prediction_of(outcome, decision, part="decode")["predicted_gain"] == summary["predicted_gain"]
+    )
+    # Mixed evidence bound to other buckets: decode stays admitted, mixed steps stay native and the
+    # arm's prediction is the decode policy's.
+    other = MixedLive((16, 32), MIXED_EXECUTION_MODE)
+    d2, r2 = mixed.admit_bundle(outcome, mixed_tp1.root_file, fingerprint, tmp_path / "s2.json", other, **kw)
+    assert d2.active and not r2["mixed"]["active"]
+    assert mixed.arm_of("decode_mixed", d2, ladder, k, use_mixed=True).table is None
+    assert mixed.prediction_of(outcome, d2, part="mixed")["predicted_gain"] == summary["predicted_gain"]
+    # Nothing built: static K, predicted exactly 0.
+    none, r3 = mixed.admit_bundle(
+        {"status": "refused", "reason": "r"}, mixed_tp1.root_file, fingerprint, tmp_path / "s3.json", live
+    )
+    assert none is None and r3["reason_code"] == "NO_BUNDLE"
+    assert isinstance(mixed.arm_of("x", none, ladder, k, use_mixed=True).decode, serving.StaticPolicy)
+    assert mixed.prediction_of({"status": "refused"}, None, part="mixed")["predicted_gain"] == 0.0
+    # One GPU is not TensorRT-LLM's mixed route: the mixed export is refused, with the reason.
+    exported = mixed.export_mixed(
+        mixed_tp1.bundle, tmp_path / "out", mixed_tp1.root_file, fingerprint, live, **kw
+    )
+    assert exported["status"] == "refused", exported
+    assert "world size" in exported["reason"] or "K=" in exported["reason"], exported["reason"]
