@@ -532,6 +532,8 @@ def stage_toolkit(
 ) -> dict[str, Any]:
     """Fingerprint, decode sweep, traces, workload, fit, overhead, keys, both builds, mixed sweep,
     export and admission; fills ``x.arms`` and returns the predictions per arm."""
+    from dspark_calibrate.errors import DsparkError
+
     s, engine = x.s, x.engine
     tk = out / "toolkit"
     shutil.rmtree(tk, ignore_errors=True)  # a re-run into the same directory starts over (journals, state)
@@ -599,7 +601,9 @@ def stage_toolkit(
     charged = overhead.get("overhead_ms")
     margin = None
     if b.ungated:
+        # Diagnostic: the dynamic arms run where the signed economics would refuse them.
         charged, margin = 0.0, 0.0
+    rec.result["charged"] = {"overhead_ms": charged, "safety_margin_ms": margin, "ungated": b.ungated}
 
     t = time.perf_counter()
     trust = pipeline.make_trust(tk)
@@ -612,7 +616,12 @@ def stage_toolkit(
             safety_margin_ms=margin, resamples=b.build_resamples, seed=b.seed,
         )  # fmt: skip
         rec.stage("build_decode_only", time.perf_counter() - t, outcome=builds["decode_only"])
-        mixed_path, _ = stage_mixed_sweep(x, workload, live, tk, rec)
+        try:
+            mixed_path, _ = stage_mixed_sweep(x, workload, live, tk, rec)
+        except DsparkError as exc:  # a result too: the second bundle is then built without mixed evidence
+            rec.stage("mixed_sweep", 0.0, error=f"{type(exc).__name__}: {exc}")
+            rec.log(f"mixed sweep failed: {exc}")
+            mixed_path = None
         t = time.perf_counter()
         builds["decode_mixed"] = pipeline.build_level(
             trust, calibration_path, tk / "sweep.parquet", workload_path, tk / "bundle-decode-mixed",
@@ -748,7 +757,9 @@ def stage_analysis(x: Experiment, predictions: dict[str, Any], rec: run.Recorder
             },
         }
         compactable = sum(
-            c for key, c in reasons.items() if key not in ("first_chunk", "no_candidate", "native")
+            c
+            for key, c in reasons.items()
+            if key not in ("first_chunk", "no_candidate", "native", "outside_grid")
         )
         covered = reasons.get("compact", 0) + reasons.get("native_score", 0)
         entry["mixed_coverage"] = covered / compactable if compactable else None
@@ -845,14 +856,7 @@ def main(argv: list[str] | None = None) -> int:
         stage_analysis(x, predictions, rec)
         rec.result["status"] = "done"
     finally:
-        if rec.result["status"] != "done":
-            exc = sys.exc_info()[1]
-            rec.result["status"] = "failed"
-            rec.result["error"] = f"{type(exc).__name__}: {exc}" if exc is not None else "unknown"
-            rec.log(f"FAILED: {rec.result['error']}")
-            rec.write()
-    rec.write()
-    rec.log(f"done in {rec.elapsed():.0f}s; results in {out / RESULT}")
+        rec.finish()
     return 0
 
 

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
 from .model import Block, apply_rope
-from .serving import Engine, Policy, Slots, StepOutput, _chunked_linear, _compact
+from .serving import Engine, Policy, Slots, StepOutput, _chunked_linear, _compact, grouped_attention
 
 __all__ = [
     "ChunkRecord",
@@ -215,22 +215,11 @@ def mixed_forward(
             if n:
                 qpad = q.new_zeros(n * width, mc.n_heads, mc.head_dim)
                 qpad.index_copy_(0, gflat, q[:tg])
-                qg = qpad.view(n, width, mc.n_kv_heads, mc.group, mc.head_dim).permute(0, 2, 3, 1, 4)
-                qg = qg.reshape(n, mc.n_kv_heads, mc.group * width, mc.head_dim)
-                o = F.scaled_dot_product_attention(
-                    qg, ck[:n].transpose(1, 2), cv[:n].transpose(1, 2), attn_mask=gmask
-                )
-                o = o.view(n, mc.n_kv_heads, mc.group, width, mc.head_dim).permute(0, 3, 1, 2, 4)
-                packed[:tg] = o.reshape(n * width, mc.d_model).index_select(0, gflat)
+                o = grouped_attention(qpad, n, width, ck[:n], cv[:n], gmask, mc)
+                packed[:tg] = o.index_select(0, gflat)
             if m:
-                qc = q[tg:total].view(m, size, mc.n_kv_heads, mc.group, mc.head_dim).permute(0, 2, 3, 1, 4)
-                qc = qc.reshape(m, mc.n_kv_heads, mc.group * size, mc.head_dim)
                 kc, vc = ck.index_select(0, c_slots), cv.index_select(0, c_slots)
-                o = F.scaled_dot_product_attention(
-                    qc, kc.transpose(1, 2), vc.transpose(1, 2), attn_mask=cmask
-                )
-                o = o.view(m, mc.n_kv_heads, mc.group, size, mc.head_dim).permute(0, 3, 1, 2, 4)
-                packed[tg:total] = o.reshape(m * size, mc.d_model)
+                packed[tg:total] = grouped_attention(q[tg:total], m, size, kc, vc, cmask, mc)
             x = x + _chunked_linear(packed, blk.wo.weight, chunk)
             up = F.gelu(_chunked_linear(blk.ln2(x), blk.up.weight, chunk), approximate="tanh")
             x = x + _chunked_linear(up, blk.down.weight, chunk)

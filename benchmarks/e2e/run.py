@@ -246,6 +246,17 @@ class Recorder:
         self.result["stages"][name] = {"seconds": round(seconds, 3), **info}
         self.write()
 
+    def finish(self) -> None:
+        """Close the run (call it in ``finally``): whatever stopped it (an error, a
+        KeyboardInterrupt), the file says how far it got and why."""
+        if self.result["status"] != "done":
+            exc = sys.exc_info()[1]
+            self.result["status"] = "failed"
+            self.result["error"] = f"{type(exc).__name__}: {exc}" if exc is not None else "unknown"
+            self.log(f"FAILED: {self.result['error']}")
+        self.write()
+        self.log(f"done in {self.elapsed():.0f}s; results in {self.out / self.name}")
+
     def write(self) -> None:
         """Atomically replace the result file (``e2e.json``)."""
         self.result["elapsed_s"] = round(self.elapsed(), 3)
@@ -1041,15 +1052,7 @@ def main(argv: list[str] | None = None) -> int:
         stage_analysis(s, levels, table_ms, out, rec)
         rec.result["status"] = "done"
     finally:
-        # Whatever stops the run (an error, a KeyboardInterrupt), the file says how far it got.
-        if rec.result["status"] != "done":
-            exc = sys.exc_info()[1]
-            rec.result["status"] = "failed"
-            rec.result["error"] = f"{type(exc).__name__}: {exc}" if exc is not None else "unknown"
-            rec.log(f"FAILED: {rec.result['error']}")
-            rec.write()
-    rec.write()
-    rec.log(f"done in {rec.elapsed():.0f}s; results in {out / 'e2e.json'}")
+        rec.finish()
     return 0
 
 

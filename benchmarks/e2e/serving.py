@@ -55,6 +55,7 @@ __all__ = [
     "Slots",
     "StaticPolicy",
     "StepRecord",
+    "grouped_attention",
     "register_engine",
     "rung",
     "serve",
@@ -115,6 +116,34 @@ def _chunked_linear(x: torch.Tensor, w: torch.Tensor, chunk: int) -> torch.Tenso
     for lo in range(0, m, chunk):
         torch.mm(x[lo : lo + chunk], wt, out=out[lo : lo + chunk])
     return out
+
+
+def grouped_attention(
+    q: torch.Tensor,
+    rows: int,
+    width: int,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    m: Any,
+) -> torch.Tensor:
+    """Attention of ``rows`` query rows of ``width`` tokens each over their own caches.
+
+    Args:
+        q: ``[rows · width, heads, head_dim]`` queries, row-major.
+        rows, width: the layout.
+        keys, values: ``[rows, cache, kv_heads, head_dim]``: each row's cache.
+        mask: ``[rows, 1, group · width, cache]`` (True: attend).
+        m: the target's model config (heads, key/value heads, group, sizes).
+
+    Returns:
+        ``[rows · width, d_model]`` attention outputs, row-major (graph-safe; per (row, head) tile).
+    """
+    qg = q.view(rows, width, m.n_kv_heads, m.group, m.head_dim).permute(0, 2, 3, 1, 4)
+    qg = qg.reshape(rows, m.n_kv_heads, m.group * width, m.head_dim)
+    o = F.scaled_dot_product_attention(qg, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask)
+    o = o.view(rows, m.n_kv_heads, m.group, width, m.head_dim).permute(0, 3, 1, 2, 4)
+    return o.reshape(rows * width, m.d_model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,13 +322,7 @@ class Engine:
             cv[slot, pos[:vt]] = v_new[:vt]
             qpad = q.new_zeros(g * width, m.n_heads, m.head_dim)
             qpad.index_copy_(0, flat, q[:vt])
-            qg = qpad.view(g, width, m.n_kv_heads, m.group, m.head_dim).permute(0, 2, 3, 1, 4)
-            qg = qg.reshape(g, m.n_kv_heads, m.group * width, m.head_dim)
-            o = F.scaled_dot_product_attention(
-                qg, ck[:g].transpose(1, 2), cv[:g].transpose(1, 2), attn_mask=mask
-            )
-            o = o.view(g, m.n_kv_heads, m.group, width, m.head_dim).permute(0, 3, 1, 2, 4)
-            o = o.reshape(g * width, m.d_model)
+            o = grouped_attention(qpad, g, width, ck[:g], cv[:g], mask, m)
             packed = o.new_zeros(vp, m.d_model)
             packed[:vt] = o.index_select(0, flat)
             x = x + _chunked_linear(packed, blk.wo.weight, chunk)
