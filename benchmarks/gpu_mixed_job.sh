@@ -25,8 +25,8 @@ export GIT_COMMIT=$COMMIT
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv > "$OUT/env.txt" 2>&1
 
 # The script stops extra rounds before --budget-s; the timeout is the last resort (the JSON so far stays).
-timeout "${MIXED_TIMEOUT:-555}" python3 benchmarks/e2e/mixed.py --out "$WORK/e2e" --checkpoint "$WORK/weights.pt" \
-  --budget-s "${MIXED_BUDGET:-500}" ${MIXED_ARGS:-} > "$OUT/e2e_mixed_log.txt" 2>&1
+timeout "${MIXED_TIMEOUT:-540}" python3 benchmarks/e2e/mixed.py --out "$WORK/e2e" --checkpoint "$WORK/weights.pt" \
+  --budget-s "${MIXED_BUDGET:-480}" ${MIXED_ARGS:-} > "$OUT/e2e_mixed_log.txt" 2>&1
 echo "mixed e2e rc=$? after $(( $(date +%s) - start )) s"
 cp "$WORK/e2e/e2e_mixed.json" "$OUT/" 2>/dev/null
 tar czf "$OUT/toolkit_mixed.tgz" -C "$WORK/e2e" --exclude='*.pem' toolkit/workload.parquet toolkit/workload.mixed.parquet \
