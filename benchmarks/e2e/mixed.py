@@ -599,22 +599,26 @@ def stage_toolkit(
         x, pipeline.bracket_verifier(s.ladder, b.k, table_ms, budgets, calibration), rec
     )
     charged = overhead.get("overhead_ms")
-    margin = None
-    if b.ungated:
-        # Diagnostic: the dynamic arms run where the signed economics would refuse them.
-        charged, margin = 0.0, 0.0
-    rec.result["charged"] = {"overhead_ms": charged, "safety_margin_ms": margin, "ungated": b.ungated}
 
     t = time.perf_counter()
     trust = pipeline.make_trust(tk)
-    builds: dict[str, dict[str, Any]] = {}
     version = int(time.time())
-    try:
-        builds["decode_only"] = pipeline.build_level(
-            trust, calibration_path, tk / "sweep.parquet", workload_path, tk / "bundle-decode-only",
-            version=version, overhead_ms=charged, overhead_source=overhead.get("source"),
-            safety_margin_ms=margin, resamples=b.build_resamples, seed=b.seed,
+
+    def build(name: str, mixed_sweep: Path | None, *, ungated: bool, v: int) -> dict[str, Any]:
+        # Ungated (diagnostic): no overhead and no margin in the economics, so the bundle admits
+        # where the signed economics refuse; its predictions are not the ones judged.
+        return pipeline.build_level(
+            trust, calibration_path, tk / "sweep.parquet", workload_path,
+            tk / f"bundle-{name}{'-ungated' if ungated else ''}", version=v,
+            overhead_ms=0.0 if ungated else charged,
+            overhead_source=None if ungated else overhead.get("source"),
+            safety_margin_ms=0.0 if ungated else None, resamples=b.build_resamples, seed=b.seed,
+            mixed_sweep=mixed_sweep,
         )  # fmt: skip
+
+    builds: dict[str, dict[str, Any]] = {}
+    try:
+        builds["decode_only"] = build("decode-only", None, ungated=False, v=version)
         rec.stage("build_decode_only", time.perf_counter() - t, outcome=builds["decode_only"])
         try:
             mixed_path, _ = stage_mixed_sweep(x, workload, live, tk, rec)
@@ -623,14 +627,26 @@ def stage_toolkit(
             rec.log(f"mixed sweep failed: {exc}")
             mixed_path = None
         t = time.perf_counter()
-        builds["decode_mixed"] = pipeline.build_level(
-            trust, calibration_path, tk / "sweep.parquet", workload_path, tk / "bundle-decode-mixed",
-            version=version + 1, overhead_ms=charged, overhead_source=overhead.get("source"),
-            safety_margin_ms=margin, resamples=b.build_resamples, seed=b.seed, mixed_sweep=mixed_path,
-        )  # fmt: skip
+        builds["decode_mixed"] = build("decode-mixed", mixed_path, ungated=False, v=version + 1)
         rec.stage("build_decode_mixed", time.perf_counter() - t, outcome=builds["decode_mixed"])
+        served = builds
+        if b.ungated:
+            t = time.perf_counter()
+            served = {
+                "decode_only": build("decode-only", None, ungated=True, v=version + 2),
+                "decode_mixed": build("decode-mixed", mixed_path, ungated=True, v=version + 3),
+            }
+            rec.stage("build_ungated", time.perf_counter() - t, outcomes=served)
     finally:
         shutil.rmtree(trust.key_dir, ignore_errors=True)
+    rec.result["charged"] = {
+        "overhead_ms": charged,
+        "source": overhead.get("source"),
+        "ungated": b.ungated,
+        "note": "the arms run bundles built with no overhead and no margin; predictions are the gated builds'"
+        if b.ungated
+        else "the arms run the gated bundles",
+    }
 
     from dspark_calibrate.artifacts import MixedLive
 
@@ -651,10 +667,10 @@ def stage_toolkit(
 
     t = time.perf_counter()
     d_decode, r_decode = admit_bundle(
-        builds["decode_only"], trust.root_path, live, tk / "state" / "decode-only.json", route_live
+        served["decode_only"], trust.root_path, live, tk / "state" / "decode-only.json", route_live
     )
     d_mixed, r_mixed = admit_bundle(
-        builds["decode_mixed"], trust.root_path, live, tk / "state" / "decode-mixed.json", route_live
+        served["decode_mixed"], trust.root_path, live, tk / "state" / "decode-mixed.json", route_live
     )
     rec.stage("admit", time.perf_counter() - t, decode_only=r_decode, decode_mixed=r_mixed)
     rec.log(
