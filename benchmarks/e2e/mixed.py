@@ -238,6 +238,12 @@ class Experiment:
         finally:
             gc.enable()
 
+    def check(self, name: str, result: MixedRun) -> None:
+        """Record where ``result``'s outputs first differ from the static reference (if they do)."""
+        miss = run.first_mismatch(self.reference, result.outputs) if self.reference is not None else None
+        if miss:
+            self.mismatches.append({"run": name, **miss})
+
 
 def write_mixed_workload(result: MixedRun, path: Path, fingerprint: Any, *, source: str) -> Any:
     """The recorded run as a ``workload`` with its ``workload-mixed`` companion; returns the ``Workload``."""
@@ -285,11 +291,6 @@ def write_mixed_workload(result: MixedRun, path: Path, fingerprint: Any, *, sour
     return workload
 
 
-def first_mismatch(a: np.ndarray, b: np.ndarray) -> dict[str, Any] | None:
-    """The first differing token of two output arrays (None when equal)."""
-    return run.first_mismatch(a, b)
-
-
 # -- stages -------------------------------------------------------------------------------------
 def stage_overhead(x: Experiment, verifier: Any, rec: run.Recorder) -> dict[str, Any]:
     """The confidence path's per-step cost in the serving loop, before build.
@@ -314,9 +315,7 @@ def stage_overhead(x: Experiment, verifier: Any, rec: run.Recorder) -> dict[str,
         pair = [static, forced] if i % 2 == 0 else [forced, static]
         got = {a.name: x.serve(a) for a in pair}
         for name, r in got.items():
-            miss = first_mismatch(x.reference, r.outputs) if x.reference is not None else None
-            if miss:
-                x.mismatches.append({"run": f"overhead {i} {name}", **miss})
+            x.check(f"overhead {i} {name}", r)
         per = {n: 1000.0 * r.plan_seconds / max(r.steps, 1) for n, r in got.items()}
         diffs.append(per["forced-host"] - per["static"])
         runs.append(per)
@@ -698,9 +697,7 @@ def stage_experiment(x: Experiment, rec: run.Recorder, deadline: float) -> None:
     """Rounds of the three arms, rotated each round; every run checked against the reference."""
     for arm in x.arms[1:]:  # untimed warm-up of the dynamic paths
         warm = x.serve(arm)
-        miss = first_mismatch(x.reference, warm.outputs) if x.reference is not None else None
-        if miss:
-            x.mismatches.append({"run": f"warm-up {arm.name}", **miss})
+        x.check(f"warm-up {arm.name}", warm)
     x.runs = {a.name: [] for a in x.arms}
     per_round: list[float] = []
     for i in range(x.s.pairs):
@@ -712,9 +709,7 @@ def stage_experiment(x: Experiment, rec: run.Recorder, deadline: float) -> None:
         order = x.arms[i % 3 :] + x.arms[: i % 3]
         for arm in order:
             r = x.serve(arm)
-            miss = first_mismatch(x.reference, r.outputs) if x.reference is not None else None
-            if miss:
-                x.mismatches.append({"run": f"round {i} {arm.name}", **miss})
+            x.check(f"round {i} {arm.name}", r)
             x.runs[arm.name].append(r)
         per_round.append(time.perf_counter() - t)
         g = {a: x.runs[a][-1].goodput for a in x.runs}

@@ -710,7 +710,7 @@ class Slots:
     @classmethod
     def empty(cls, slots: int, k: int) -> Slots:
         """Every slot free."""
-        zeros = [np.zeros(slots, dtype=np.int64) for _ in range(5)]
+        zeros = [np.zeros(slots, dtype=np.int64) for _ in range(4)]
         return cls(
             np.full(slots, -1, dtype=np.int64),
             zeros[0],
