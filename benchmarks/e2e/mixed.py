@@ -767,13 +767,10 @@ def stage_analysis(x: Experiment, predictions: dict[str, Any], rec: run.Recorder
                 / max(1, sum(r.mixed_steps + r.prefill_only_steps for r in runs)),
             },
         }
-        compactable = sum(
-            c
-            for key, c in reasons.items()
-            if key not in ("first_chunk", "no_candidate", "native", "outside_grid")
+        # Mixed steps some of whose candidate geometries have an admitted cell (the replay's "covered").
+        entry["mixed_covered_share"] = (
+            sum(r.covered_steps for r in runs) / mixed_steps if mixed_steps else None
         )
-        covered = reasons.get("compact", 0) + reasons.get("native_score", 0)
-        entry["mixed_coverage"] = covered / compactable if compactable else None
         if arm.name != "static" and math.isfinite(mean):
             entry["agreement"] = _agreement(mean, lo, hi, pred["predicted_gain"])
             entry["error_pp"] = 100.0 * (mean - pred["predicted_gain"])
@@ -785,8 +782,23 @@ def stage_analysis(x: Experiment, predictions: dict[str, Any], rec: run.Recorder
     replayed = (predictions.get("decode_mixed") or {}).get("mixed_part") or {}
     if replayed.get("priced_steps"):
         # What build's replay assumed: the recorded static run's mixed steps, each looked up exactly.
-        arms.setdefault("decode_mixed", {})["replayed_coverage"] = replayed.get("covered_steps", 0) / max(
-            1, int(replayed["priced_steps"])
+        arms.setdefault("decode_mixed", {})["replayed_covered_share"] = replayed.get(
+            "covered_steps", 0
+        ) / max(1, int(replayed["priced_steps"]))
+    target = arms.get("decode_mixed", {})
+    realised_cover, replayed_cover = target.get("mixed_covered_share"), target.get("replayed_covered_share")
+    if target.get("agreement") not in (None, "within_band"):
+        short = (
+            realised_cover is not None
+            and replayed_cover is not None
+            and realised_cover < replayed_cover - 0.1
+        )
+        target["failed_assumption"] = (
+            f"workload model: the replay priced the recorded mixed steps with {replayed_cover:.0%} covered by a "
+            f"cell, the run found a cell for {realised_cover:.0%} (exact geometries, KV histories included, "
+            "did not recur)"
+            if short
+            else "the decode policy's or the cost model's (mixed coverage as replayed); see the decode-only arm"
         )
     rec.result["arms"] = arms
     rec.result["identical_outputs"] = not x.mismatches

@@ -321,6 +321,7 @@ class MixedRun:
             the device, bookkeeping.
         steps, mixed_steps, prefill_only_steps: steps run, mixed ones (a chunk and generation
             rows), steps with chunks only.
+        covered_steps: mixed steps some of whose candidate geometries have an admitted cell.
         step_log: per step ``(step, kind, ms, G, V, "")`` for decode steps and ``(step, kind, ms,
             capacity, native capacity, reason)`` for mixed and prefill-only steps.
         reasons: the mixed selector's reasons over mixed steps, counted (``native`` without evidence).
@@ -336,6 +337,7 @@ class MixedRun:
     plan_seconds: float = 0.0
     steps: int = 0
     mixed_steps: int = 0
+    covered_steps: int = 0
     prefill_only_steps: int = 0
     step_log: list[tuple[int, str, float, int, int, str]] = field(default_factory=list)
     reasons: Counter[str] = field(default_factory=Counter)
@@ -364,6 +366,7 @@ class MixedRun:
             "steps": self.steps,
             "mixed_steps": self.mixed_steps,
             "prefill_only_steps": self.prefill_only_steps,
+            "covered_steps": self.covered_steps,
             "mixed_share": self.mixed_share,
             "mixed_seconds": self.mixed_seconds,
             "decode_seconds": self.decode_seconds,
@@ -462,6 +465,7 @@ def serve_mixed(
             if n and arm.table is not None:
                 choice, windows = _mixed_choice(arm, n, conf, length, c_pos, size, k)
                 reason = choice.reason
+                run.covered_steps += int(choice.covered)
                 if choice.cell is not None:
                     capacity, cell = int(choice.capacity), choice.cell
             t1 = time.perf_counter()

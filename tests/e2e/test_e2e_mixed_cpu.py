@@ -153,12 +153,13 @@ def test_mixed_arm_uses_cells_only_where_admitted_and_keeps_greedy_output(pair: 
             uncovered += 1
             assert reason == "no_cell"
     assert uncovered > 0, "every compactable step found a cell: the no-cell path was not exercised"
+    assert got.reasons["compact"] <= got.covered_steps < got.mixed_steps
     # Without evidence every mixed step runs native.
     plain = mixed_serving.serve_mixed(
         engine, pair.prompts, arrivals, traffic=TRAFFIC, max_new=MAX_NEW, arm=_static("plain")
     )
     assert all(c == n for _, kind, _, c, n, _ in plain.step_log if kind == "mixed")
-    assert set(plain.reasons) == {"native"}
+    assert set(plain.reasons) == {"native"} and plain.covered_steps == 0
 
 
 def test_tiny_mixed_proof_end_to_end(tmp_path: Path) -> None:
