@@ -37,11 +37,20 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
-from .model import Block, apply_rope
-from .serving import Engine, Policy, Slots, StepOutput, _chunked_linear, _compact, grouped_attention
+from .model import Block
+from .serving import (
+    Engine,
+    Policy,
+    Slots,
+    StepOutput,
+    _chunked_linear,
+    _compact,
+    block_out,
+    block_qkv,
+    grouped_attention,
+)
 
 __all__ = [
     "ChunkRecord",
@@ -206,8 +215,7 @@ def mixed_forward(
     with sdpa_kernel([engine.backend]):
         for layer, blk in enumerate(tgt.blocks):
             assert isinstance(blk, Block)
-            q, k_new, v_new = tgt.split_qkv(_chunked_linear(blk.ln1(x), blk.wqkv.weight, chunk))
-            q, k_new = apply_rope(q, cos, sin), apply_rope(k_new, cos, sin)
+            q, k_new, v_new = block_qkv(tgt, blk, x, cos, sin, chunk)
             ck, cv = engine.cache_k[layer], engine.cache_v[layer]
             ck[t_slot, t_pos[:total]] = k_new[:total]
             cv[t_slot, t_pos[:total]] = v_new[:total]
@@ -220,9 +228,7 @@ def mixed_forward(
             if m:
                 kc, vc = ck.index_select(0, c_slots), cv.index_select(0, c_slots)
                 packed[tg:total] = grouped_attention(q[tg:total], m, size, kc, vc, cmask, mc)
-            x = x + _chunked_linear(packed, blk.wo.weight, chunk)
-            up = F.gelu(_chunked_linear(blk.ln2(x), blk.up.weight, chunk), approximate="tanh")
-            x = x + _chunked_linear(up, blk.down.weight, chunk)
+            x = block_out(blk, x, packed, chunk)
         hid = tgt.ln_f(x)
         pred = _chunked_linear(hid, tgt.lm_head.weight, chunk).argmax(-1)
     empty = np.zeros((0, k), dtype=np.int64)

@@ -55,6 +55,8 @@ __all__ = [
     "Slots",
     "StaticPolicy",
     "StepRecord",
+    "block_out",
+    "block_qkv",
     "grouped_attention",
     "register_engine",
     "rung",
@@ -116,6 +118,21 @@ def _chunked_linear(x: torch.Tensor, w: torch.Tensor, chunk: int) -> torch.Tenso
     for lo in range(0, m, chunk):
         torch.mm(x[lo : lo + chunk], wt, out=out[lo : lo + chunk])
     return out
+
+
+def block_qkv(
+    tgt: TargetLM, blk: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, chunk: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A block's rotated queries and keys and its values for packed tokens ``x`` (chunked GEMM)."""
+    q, k, v = tgt.split_qkv(_chunked_linear(blk.ln1(x), blk.wqkv.weight, chunk))
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+def block_out(blk: Block, x: torch.Tensor, attn: torch.Tensor, chunk: int) -> torch.Tensor:
+    """The block's output: ``x`` plus the projected attention ``attn``, then the MLP residual."""
+    x = x + _chunked_linear(attn, blk.wo.weight, chunk)
+    up = F.gelu(_chunked_linear(blk.ln2(x), blk.up.weight, chunk), approximate="tanh")
+    return x + _chunked_linear(up, blk.down.weight, chunk)
 
 
 def grouped_attention(
@@ -315,8 +332,7 @@ class Engine:
         x = tgt.embed(tok)
         for layer, blk in enumerate(tgt.blocks):
             assert isinstance(blk, Block)
-            q, k_new, v_new = tgt.split_qkv(_chunked_linear(blk.ln1(x), blk.wqkv.weight, chunk))
-            q, k_new = apply_rope(q, cos, sin), apply_rope(k_new, cos, sin)
+            q, k_new, v_new = block_qkv(tgt, blk, x, cos, sin, chunk)
             ck, cv = self.cache_k[layer], self.cache_v[layer]
             ck[slot, pos[:vt]] = k_new[:vt]
             cv[slot, pos[:vt]] = v_new[:vt]
@@ -325,9 +341,7 @@ class Engine:
             o = grouped_attention(qpad, g, width, ck[:g], cv[:g], mask, m)
             packed = o.new_zeros(vp, m.d_model)
             packed[:vt] = o.index_select(0, flat)
-            x = x + _chunked_linear(packed, blk.wo.weight, chunk)
-            up = F.gelu(_chunked_linear(blk.ln2(x), blk.up.weight, chunk), approximate="tanh")
-            x = x + _chunked_linear(up, blk.down.weight, chunk)
+            x = block_out(blk, x, packed, chunk)
         hid = tgt.ln_f(x)
         logits = _chunked_linear(hid, tgt.lm_head.weight, chunk)
         if keep_logits:
@@ -573,8 +587,7 @@ class Engine:
         with sdpa_kernel([self.backend]):
             for layer, blk in enumerate(tgt.blocks):
                 assert isinstance(blk, Block)
-                q, k_new, v_new = tgt.split_qkv(_chunked_linear(blk.ln1(x), blk.wqkv.weight, chunk))
-                q, k_new = apply_rope(q, cos, sin), apply_rope(k_new, cos, sin)
+                q, k_new, v_new = block_qkv(tgt, blk, x, cos, sin, chunk)
                 self.cache_k[layer][slot_t, posn] = k_new[:ntok]
                 self.cache_v[layer][slot_t, posn] = v_new[:ntok]
                 qh = q[:ntok].view(count, plen, m.n_heads, m.head_dim).transpose(1, 2)
@@ -585,9 +598,7 @@ class Engine:
                 o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
                 packed = o.new_zeros(npad, m.d_model)
                 packed[:ntok] = o.transpose(1, 2).reshape(ntok, m.d_model)
-                x = x + _chunked_linear(packed, blk.wo.weight, chunk)
-                up = F.gelu(_chunked_linear(blk.ln2(x), blk.up.weight, chunk), approximate="tanh")
-                x = x + _chunked_linear(up, blk.down.weight, chunk)
+                x = block_out(blk, x, packed, chunk)
         hid = tgt.ln_f(x)
         last = torch.arange(count, device=self.device) * plen + plen - 1
         logits = _chunked_linear(hid, tgt.lm_head.weight, chunk)
