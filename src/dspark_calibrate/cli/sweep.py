@@ -17,7 +17,7 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -55,6 +55,59 @@ from dspark_calibrate.cli._common import (
 )
 from dspark_calibrate.cli._common import (
     parse_ladder as parse_option_ladder,
+)
+from dspark_calibrate.cli._sweep_options import (
+    BackendOption,
+    BackendOptPairs,
+    BudgetOption,
+    BudgetsOption,
+    ClockPolicyOption,
+    ConfigOption,
+    ContextLenOption,
+    ControlFlag,
+    DeviceOption,
+    EpochsRequiredOption,
+    FactoryOption,
+    FingerprintOption,
+    ForcedKFlag,
+    InputPathOption,
+    JournalOption,
+    KOption,
+    LadderOption,
+    LayersOption,
+    MaxCandidatesOption,
+    MaxCellSecondsOption,
+    MaxSamplesOption,
+    MemoryCheckFlag,
+    MinRoundsOption,
+    MinSamplesOption,
+    MinTimeOption,
+    MinVerifyLenOption,
+    MixedBucketsOption,
+    MixedExecutionModeOption,
+    MixedFlag,
+    MixedGridOption,
+    MixedMaxCellsOption,
+    MixedWorkloadOption,
+    ModelOption,
+    OutOption,
+    PassesOption,
+    PassIndexOption,
+    PlotFlag,
+    PrecisionOption,
+    PresetOption,
+    ProtocolOption,
+    RecaptureEveryOption,
+    ReplaysOption,
+    RequirePrecisionFlag,
+    ResumeFlag,
+    RewarmOption,
+    SamplesPerVisitOption,
+    SeedOption,
+    SweepOptions,
+    ThrottlePolicyOption,
+    UntilRoundOption,
+    WarmupOption,
 )
 from dspark_calibrate.errors import ConfigError, DsparkError, MeasurementError
 
@@ -315,107 +368,80 @@ def _mixed_json(result: Any, output: Any) -> dict[str, Any]:
     }
 
 
-def _sweep_mixed(
-    *,
-    backend: str,
-    options: dict[str, Any],
-    k: int,
-    ladder: tuple[int, ...],
-    out: Path,
-    workload: Path | None,
-    grid: Path | None,
-    buckets: str,
-    execution_mode: str,
-    max_cells: int,
-    min_verify_len: int,
-    protocol: str,
-    thresholds: Any,
-    seed: int,
-    fingerprint: Any,
-    live: dict[str, Any],
-    clock_policy: str | None,
-    journal: Path | None,
-    resume: bool,
-    input_path: Path | None,
-    require_precision: bool,
-    as_json: bool,
-) -> None:
-    """``sweep --mixed``: plan, measure (or import) and report; exits the command."""
+def _mixed_route(opts: SweepOptions, fingerprint: Any, live: dict[str, Any]) -> Any:
+    """The mixed route the cells are measured for (world size: live, fingerprint, then torchrun's)."""
     import os
 
     from dspark_calibrate.artifacts import MixedRoute
+
+    ws = live.get("gpu_count") or (fingerprint.gpu_count if fingerprint is not None else None)
+    ws = ws or int(os.environ.get("WORLD_SIZE", "1") or 1)
+    return MixedRoute(
+        physical_k=opts.k,
+        world_size=ws,
+        body_buckets=parse_option_ladder(opts.mixed_buckets, option="--mixed-buckets"),
+        execution_mode=opts.mixed_execution_mode,
+        min_verify_len=opts.min_verify_len,
+    )
+
+
+def _mixed_plan(opts: SweepOptions, route: Any) -> Any:
+    """The mixed steps to measure: from ``--mixed-grid`` or the ``--mixed-workload``'s mixed steps."""
     from dspark_calibrate.calibrate.deployment.workload import read_workload
     from dspark_calibrate.calibrate.measurement.mixed import plan_from_workload, read_grid
+
+    if (opts.mixed_workload is None) == (opts.mixed_grid is None):
+        raise ConfigError(
+            "--mixed needs exactly one of --mixed-workload WORKLOAD and --mixed-grid GRID.json; give the "
+            "recorded workload whose mixed steps to measure, or a grid of steps"
+        )
+    if opts.mixed_grid is not None:
+        return read_grid(opts.mixed_grid, route)
+    assert opts.mixed_workload is not None
+    return plan_from_workload(read_workload(opts.mixed_workload, k=opts.k), route, max_cells=opts.mixed_max_cells)
+
+
+def _measure_mixed(
+    opts: SweepOptions, *, route: Any, backend_options: dict[str, Any], ladder: tuple[int, ...], **common: Any
+) -> tuple[Any, Any]:
+    """Import or measure the mixed cells; ``(result, output)``, or exits on a rank other than 0.
+
+    ``common`` holds what both paths take: thresholds, seed, fingerprint, live, clock_policy.
+    """
     from dspark_calibrate.calibrate.measurement.mixed_sweep import (
         MixedSweepRequest,
         execute_mixed,
         import_mixed,
     )
 
-    try:
-        ws = live.get("gpu_count") or (fingerprint.gpu_count if fingerprint is not None else None)
-        ws = ws or int(os.environ.get("WORLD_SIZE", "1") or 1)
-        route = MixedRoute(
-            physical_k=k,
-            world_size=ws,
-            body_buckets=parse_option_ladder(buckets, option="--mixed-buckets"),
-            execution_mode=execution_mode,
-            min_verify_len=min_verify_len,
+    if opts.backend == "import-samples":
+        if opts.input_path is None:
+            raise ConfigError("--backend import-samples needs --input PROFILE.jsonl")
+        return import_mixed(
+            opts.input_path, route=route, ladder=ladder, out=opts.out, command=tuple(sys.argv), **common
         )
-        if backend == "import-samples":
-            if input_path is None:
-                raise ConfigError("--backend import-samples needs --input PROFILE.jsonl")
-            result, output = import_mixed(
-                input_path,
-                route=route,
-                ladder=ladder,
-                out=out,
-                fingerprint=fingerprint,
-                live=live,
-                clock_policy=clock_policy,
-                thresholds=thresholds,
-                seed=seed,
-                command=tuple(sys.argv),
-            )
-        else:
-            if (workload is None) == (grid is None):
-                raise ConfigError(
-                    "--mixed needs exactly one of --mixed-workload WORKLOAD and --mixed-grid GRID.json; give the "
-                    "recorded workload whose mixed steps to measure, or a grid of steps"
-                )
-            if grid is not None:
-                plan = read_grid(grid, route)
-            else:
-                assert workload is not None
-                plan = plan_from_workload(read_workload(workload, k=k), route, max_cells=max_cells)
-            progress = _SweepProgress(quiet=as_json)
-            with progress.progress:
-                result, maybe = execute_mixed(
-                    MixedSweepRequest(
-                        backend=backend,
-                        plan=plan,
-                        ladder=ladder,
-                        out=out,
-                        backend_options=options,
-                        protocol=protocol,
-                        thresholds=thresholds,
-                        seed=seed,
-                        fingerprint=fingerprint,
-                        live=live,
-                        clock_policy=clock_policy,
-                        journal=journal,
-                        resume=resume,
-                        command=tuple(sys.argv),
-                    ),
-                    on_event=progress,
-                )
-            if maybe is None:  # not rank 0: rank 0 reports
-                exit_with(EXIT_OK)
-            output = maybe
-    except MeasurementError as exc:
-        fail(str(exc), code=exc.code, exit_code=EXIT_REJECTED, label="measurement failed")
-    except DsparkError as exc:
-        fail_error(exc)
+    request = MixedSweepRequest(
+        backend=opts.backend,
+        plan=_mixed_plan(opts, route),
+        ladder=ladder,
+        out=opts.out,
+        backend_options=backend_options,
+        protocol=opts.protocol,
+        journal=opts.journal,
+        resume=opts.resume,
+        command=tuple(sys.argv),
+        **common,
+    )
+    progress = _SweepProgress(quiet=opts.as_json or json_mode())
+    with progress.progress:
+        result, maybe = execute_mixed(request, on_event=progress)
+    if maybe is None:  # not rank 0: rank 0 reports
+        exit_with(EXIT_OK)
+    return result, maybe
+
+
+def _report_mixed(result: Any, output: Any, *, as_json: bool, require_precision: bool) -> None:
+    """Print the mixed sweep's table (or JSON) and exit: 1 incomplete or, when required, imprecise."""
     if as_json:
         print_json(_mixed_json(result, output))
     else:
@@ -428,6 +454,36 @@ def _sweep_mixed(
     if require_precision and not result.all_precise:
         exit_with(EXIT_REJECTED)
     exit_with(EXIT_OK)
+
+
+def _sweep_mixed(
+    opts: SweepOptions,
+    *,
+    backend_options: dict[str, Any],
+    ladder: tuple[int, ...],
+    thresholds: Any,
+    fingerprint: Any,
+    live: dict[str, Any],
+) -> None:
+    """``sweep --mixed``: plan, measure (or import) and report; exits the command."""
+    try:
+        route = _mixed_route(opts, fingerprint, live)
+        result, output = _measure_mixed(
+            opts,
+            route=route,
+            backend_options=backend_options,
+            ladder=ladder,
+            thresholds=thresholds,
+            seed=opts.seed,
+            fingerprint=fingerprint,
+            live=live,
+            clock_policy=opts.clock_policy,
+        )
+    except MeasurementError as exc:
+        fail(str(exc), code=exc.code, exit_code=EXIT_REJECTED, label="measurement failed")
+    except DsparkError as exc:
+        fail_error(exc)
+    _report_mixed(result, output, as_json=opts.as_json or json_mode(), require_precision=opts.require_precision)
 
 
 def _run(request: Any, *, as_json: bool, require_precision: bool) -> None:
@@ -489,463 +545,212 @@ _EXAMPLES = (
     "dspark-calibrate sweep ... --resume      # continue an interrupted sweep",
 )
 
-_P = "Measurement"
+#: ``Thresholds`` fields set by options: (field, option) pairs; an option left unset keeps the preset's value.
+_THRESHOLD_OPTIONS = (
+    ("precision_rel", "precision"),
+    ("min_samples", "min_samples"),
+    ("min_rounds", "min_rounds"),
+    ("min_time_s", "min_time"),
+    ("max_samples_per_cell", "max_samples"),
+    ("max_seconds_per_cell", "max_cell_seconds"),
+    ("budget_s", "budget"),
+    ("warmup_steps", "warmup"),
+    ("rewarm_steps", "rewarm"),
+    ("replays_per_sample", "replays"),
+    ("samples_per_visit", "samples_per_visit"),
+    ("throttle_policy", "throttle_policy"),
+    ("recapture_every", "recapture_every"),
+    ("epochs_required", "epochs_required"),
+)
+
+#: Options passed to the backend under their own names (besides ``--backend-opt`` pairs).
+_NAMED_BACKEND_OPTIONS = ("config", "layers", "context_len", "device", "factory", "model")
+
+
+def _sweep_thresholds(opts: SweepOptions) -> Any:
+    """The thresholds of the protocol and preset, with the options given on the command line."""
+    chosen = {name: getattr(opts, option) for name, option in _THRESHOLD_OPTIONS}
+    return _thresholds(opts.protocol, opts.preset, {n: v for n, v in chosen.items() if v is not None})
+
+
+def _sweep_backend_options(opts: SweepOptions) -> dict[str, Any]:
+    """The backend's options: ``--backend-opt`` pairs, then the named options that were given."""
+    if opts.backend == "trtllm" and opts.model is None and "model" not in " ".join(opts.backend_opt or []):
+        raise ConfigError(
+            "--backend trtllm needs a model; pass --model MODEL (the path or name tensorrt_llm.LLM loads)"
+        )
+    return _backend_options(
+        opts.backend_opt or [], {name: getattr(opts, name) for name in _NAMED_BACKEND_OPTIONS}
+    )
+
+
+def _sweep_live(opts: SweepOptions) -> dict[str, Any]:
+    """The ``--live-*`` values as ``collect_live`` arguments (K and the ladder are the sweep's own)."""
+    live = LiveOptions(
+        topology=opts.live_topology,
+        gpu=opts.live_gpu,
+        gpu_count=opts.live_gpu_count,
+        gpu_snapshot_sha256=opts.live_gpu_snapshot_sha256,
+        source_dir=opts.live_source_dir,
+        source_head=opts.live_source_head,
+        source_diff=opts.live_source_diff,
+        runtime_snapshot=opts.live_runtime_snapshot,
+        model_config=opts.live_model_config,
+        checkpoint_sha256=opts.live_checkpoint_sha256,
+        attention_backend=opts.live_attention_backend,
+        moe_backend=opts.live_moe_backend,
+        kv_dtype=opts.live_kv_dtype,
+    ).arguments()
+    for name in ("max_draft_len", "rank_local_graph_batch_sizes"):
+        live.pop(name)
+    return live
+
+
+def _sweep_request(
+    opts: SweepOptions, backend_options: dict[str, Any], live: dict[str, Any], fingerprint: Any
+) -> Any:
+    """The decode sweep's :class:`~dspark_calibrate.calibrate.measurement.sweep.SweepRequest`."""
+    from dspark_calibrate.calibrate.measurement.ladder import parse_budgets, parse_ladder
+    from dspark_calibrate.calibrate.measurement.sweep import SweepRequest
+
+    return SweepRequest(
+        backend=opts.backend,
+        backend_options=backend_options,
+        k=opts.k,
+        ladder=parse_ladder(opts.ladder),
+        budgets=parse_budgets(opts.budgets or []),
+        max_candidates=opts.max_candidates,
+        include_control=opts.control,
+        forced_k=opts.forced_k,
+        out=opts.out,
+        journal=opts.journal,
+        resume=opts.resume,
+        protocol=opts.protocol,
+        thresholds=_sweep_thresholds(opts),
+        seed=opts.seed,
+        fingerprint=fingerprint,
+        clock_policy=opts.clock_policy,
+        input=opts.input_path,
+        plot=opts.plot and importlib.util.find_spec("matplotlib") is not None,
+        command=tuple(sys.argv),
+        live=live,
+        check_memory=opts.memory_check,
+        until_round=opts.until_round,
+        pass_epoch=opts.pass_index,
+        world_size=live.get("gpu_count"),
+    )
+
+
+def run_sweep(opts: SweepOptions) -> None:
+    """Run ``sweep`` for parsed options: measure (or import) the cells, report, exit the command.
+
+    ``--mixed`` goes to the mixed sweep; ``--passes N`` re-runs the command as N child processes;
+    otherwise one decode sweep runs in this process.
+    """
+    from dspark_calibrate.artifacts import read_fingerprint
+    from dspark_calibrate.calibrate.measurement.ladder import parse_ladder
+
+    try:
+        backend_options = _sweep_backend_options(opts)
+        live = _sweep_live(opts)
+        base_fp = read_fingerprint(opts.fingerprint) if opts.fingerprint is not None else None
+        if opts.mixed:
+            _sweep_mixed(
+                opts,
+                backend_options=backend_options,
+                ladder=parse_ladder(opts.ladder),
+                thresholds=_sweep_thresholds(opts),
+                fingerprint=base_fp,
+                live=live,
+            )
+        if opts.mixed_workload is not None or opts.mixed_grid is not None:
+            raise ConfigError("--mixed-workload and --mixed-grid need --mixed; add --mixed")
+        request = _sweep_request(opts, backend_options, live, base_fp)
+        if opts.passes > 1:
+            rounds = request.thresholds.recapture_every or 3
+            _run_in_passes(opts.passes, rounds, opts.resume, opts.as_json, opts.out)
+    except DsparkError as exc:
+        fail_error(exc)
+    _run(request, as_json=opts.as_json or json_mode(), require_precision=opts.require_precision)
+
+
+def sweep_command(
+    k: KOption,
+    ladder: LadderOption,
+    out: OutOption,
+    backend: BackendOption = "synthetic",
+    budgets: BudgetsOption = None,
+    max_candidates: MaxCandidatesOption = 48,
+    control: ControlFlag = True,
+    forced_k: ForcedKFlag = True,
+    throttle_policy: ThrottlePolicyOption = "serving",
+    recapture_every: RecaptureEveryOption = None,
+    passes: PassesOption = 1,
+    until_round: UntilRoundOption = None,
+    epochs_required: EpochsRequiredOption = None,
+    pass_index: PassIndexOption = None,
+    protocol: ProtocolOption = "adaptive",
+    preset: PresetOption = "default",
+    precision: PrecisionOption = None,
+    min_samples: MinSamplesOption = None,
+    min_rounds: MinRoundsOption = None,
+    min_time: MinTimeOption = None,
+    max_samples: MaxSamplesOption = None,
+    max_cell_seconds: MaxCellSecondsOption = None,
+    budget: BudgetOption = None,
+    warmup: WarmupOption = None,
+    rewarm: RewarmOption = None,
+    replays: ReplaysOption = None,
+    samples_per_visit: SamplesPerVisitOption = None,
+    seed: SeedOption = 0,
+    resume: ResumeFlag = False,
+    journal: JournalOption = None,
+    config: ConfigOption = None,
+    layers: LayersOption = None,
+    context_len: ContextLenOption = None,
+    device: DeviceOption = None,
+    model: ModelOption = None,
+    factory: FactoryOption = None,
+    input_path: InputPathOption = None,
+    backend_opt: BackendOptPairs = None,
+    memory_check: MemoryCheckFlag = True,
+    fingerprint: FingerprintOption = None,
+    live_topology: LiveTopology = None,
+    live_gpu: LiveGpu = None,
+    live_gpu_count: LiveGpuCount = None,
+    live_gpu_snapshot_sha256: LiveGpuSnapshot = None,
+    live_source_dir: LiveSourceDir = None,
+    live_source_head: LiveSourceHead = None,
+    live_source_diff: LiveSourceDiff = None,
+    live_runtime_snapshot: LiveRuntimeSnapshot = None,
+    live_model_config: LiveModelConfig = None,
+    live_checkpoint_sha256: LiveCheckpoint = None,
+    live_attention_backend: LiveAttention = None,
+    live_moe_backend: LiveMoe = None,
+    live_kv_dtype: LiveKvDtype = None,
+    clock_policy: ClockPolicyOption = None,
+    plot: PlotFlag = True,
+    require_precision: RequirePrecisionFlag = False,
+    mixed: MixedFlag = False,
+    mixed_workload: MixedWorkloadOption = None,
+    mixed_grid: MixedGridOption = None,
+    mixed_buckets: MixedBucketsOption = "96,128,192,256,384,512",
+    mixed_execution_mode: MixedExecutionModeOption = "BREAKABLE",
+    mixed_max_cells: MixedMaxCellsOption = 256,
+    min_verify_len: MinVerifyLenOption = 1,
+    as_json: JsonFlag = False,
+) -> None:
+    """Measure T(G, V) for the native and candidate cells of every G, with honest intervals.
+
+    Before measuring, the reference backend estimates its memory and time and refuses what the
+    machine cannot hold. Fields of the deployment fingerprint the sweep cannot probe come from
+    the --live-* options or --fingerprint (docs/fingerprint.md). Ctrl-C keeps the journal:
+    --resume continues.
+    """
+    # Every parameter is one SweepOptions field of the same name, and nothing else is local yet.
+    run_sweep(SweepOptions(**locals()))
 
 
 def register(app: typer.Typer) -> None:
     """Add the ``sweep`` command to the ``dspark-calibrate`` app."""
-
-    @command(app, "sweep", *_EXAMPLES)
-    def sweep_command(
-        k: Annotated[
-            int,
-            typer.Option("--k", help="Physical draft length K (drafted tokens per block).", metavar="K"),
-        ],
-        ladder: Annotated[
-            str,
-            typer.Option("--ladder", help="Rank-local graph batch sizes, e.g. 8,16,32.", metavar="G1,G2,..."),
-        ],
-        out: Annotated[
-            Path,
-            typer.Option(
-                "--out",
-                help="Summary Parquet; samples go to <stem>.samples.parquet.",
-                metavar="SWEEP.parquet",
-            ),
-        ],
-        backend: Annotated[
-            str,
-            typer.Option(
-                "--backend",
-                help="synthetic | reference | module | trtllm | import-samples | pkg.mod:Factory.",
-                metavar="NAME",
-            ),
-        ] = "synthetic",
-        budgets: Annotated[
-            list[str] | None,
-            typer.Option(
-                "--budgets",
-                help="Compact budgets for one G, e.g. 16:20,24,32 (repeatable; default: all, thinned to "
-                "--max-candidates).",
-                metavar="G:V1,V2",
-                show_default=False,
-            ),
-        ] = None,
-        max_candidates: Annotated[
-            int, typer.Option(help="Default compact candidates per G before thinning.", metavar="N")
-        ] = 48,
-        control: Annotated[
-            bool, typer.Option("--control/--no-control", help="Measure V=G*(K+1) as a control.")
-        ] = True,
-        forced_k: Annotated[
-            bool,
-            typer.Option(
-                "--forced-k/--no-forced-k",
-                help="Measure the forced-K arm (confidence path on, windows forced to K) of every G "
-                "when the backend offers it; build charges its excess as the per-step overhead.",
-            ),
-        ] = True,
-        throttle_policy: Annotated[
-            str,
-            typer.Option(
-                help="Which throttled samples to keep: serving (keep power-capped samples, the steady "
-                "state of a serving GPU; drop thermal and hardware slowdowns), strict (drop every "
-                "slowdown) or keep-all.",
-                metavar="POLICY",
-            ),
-        ] = "serving",
-        recapture_every: Annotated[
-            int | None,
-            typer.Option(
-                help="Rounds per capture epoch: every that many rounds each cell is captured again and "
-                "fully re-warmed, so the sweep estimates its own between-run variation (0: never; "
-                "default 3, quick preset 2).",
-                metavar="ROUNDS",
-                show_default=False,
-            ),
-        ] = None,
-        passes: Annotated[
-            int,
-            typer.Option(
-                min=1,
-                help="Run the sweep as this many consecutive processes over one journal, each one "
-                "capture epoch of --recapture-every rounds, so what a new process draws (context, "
-                "memory layout, clock state) enters the intervals; every cell spans all passes.",
-            ),
-        ] = 1,
-        until_round: Annotated[
-            int | None, typer.Option(hidden=True, help="End this process's pass before this round.")
-        ] = None,
-        epochs_required: Annotated[
-            int | None, typer.Option(hidden=True, help="Epochs a cell spans before it may stop.")
-        ] = None,
-        pass_index: Annotated[
-            int | None, typer.Option(hidden=True, help="This process's pass (its epoch).")
-        ] = None,
-        protocol: Annotated[
-            str, typer.Option(help="adaptive (rounds, stop on precision) or fixed (128+64).", metavar="NAME")
-        ] = "adaptive",
-        preset: Annotated[
-            str,
-            typer.Option(
-                help="Threshold preset: default, or quick (2% precision, small caps: CPU trials).",
-                metavar="NAME",
-            ),
-        ] = "default",
-        precision: Annotated[
-            float | None,
-            typer.Option(
-                help="Target relative half-width (default 0.005 = 0.5%; quick preset 0.02).",
-                metavar="REL",
-                show_default=False,
-            ),
-        ] = None,
-        min_samples: Annotated[
-            int | None,
-            typer.Option(
-                help="Kept samples before a cell may stop (default 8).", metavar="N", show_default=False
-            ),
-        ] = None,
-        min_rounds: Annotated[
-            int | None,
-            typer.Option(help="Rounds before a cell may stop (default 6).", metavar="N", show_default=False),
-        ] = None,
-        min_time: Annotated[
-            float | None,
-            typer.Option(
-                help="Seconds per cell before it may stop (default 0).", metavar="S", show_default=False
-            ),
-        ] = None,
-        max_samples: Annotated[
-            int | None,
-            typer.Option(help="Per-cell sample cap (default 48).", metavar="N", show_default=False),
-        ] = None,
-        max_cell_seconds: Annotated[
-            float | None,
-            typer.Option(
-                help="Per-cell time cap in s (default 60; quick 10).", metavar="S", show_default=False
-            ),
-        ] = None,
-        budget: Annotated[
-            float | None,
-            typer.Option(
-                help="Total sweep budget in s (default 3600; quick 600).", metavar="S", show_default=False
-            ),
-        ] = None,
-        warmup: Annotated[
-            int | None,
-            typer.Option(
-                help="Warm-up replays on a cell's first visit (default 8).", metavar="N", show_default=False
-            ),
-        ] = None,
-        rewarm: Annotated[
-            int | None,
-            typer.Option(
-                help="Warm-up replays on later visits (default 2).", metavar="N", show_default=False
-            ),
-        ] = None,
-        replays: Annotated[
-            int | None,
-            typer.Option(
-                help="Back-to-back replays per sample (default 2).", metavar="N", show_default=False
-            ),
-        ] = None,
-        samples_per_visit: Annotated[
-            int | None, typer.Option(help="Samples per visit (default 2).", metavar="N", show_default=False)
-        ] = None,
-        seed: Annotated[
-            int, typer.Option(help="Seed of the round order and the bootstrap.", metavar="N")
-        ] = 0,
-        resume: Annotated[
-            bool, typer.Option("--resume", help="Continue the journal of an interrupted sweep.")
-        ] = False,
-        journal: Annotated[
-            Path | None,
-            typer.Option(
-                help="Journal path (default <stem>.journal.jsonl).", metavar="FILE", show_default=False
-            ),
-        ] = None,
-        config: Annotated[
-            str | None,
-            typer.Option(
-                "--config",
-                help="reference: HF-style config.json, or a bundled one: tiny, mla-tiny, deepseek-v3, llama-8b.",
-                metavar="CONFIG",
-                show_default=False,
-            ),
-        ] = None,
-        layers: Annotated[
-            int | None,
-            typer.Option(
-                help="reference: layers to build (default: the config's).", metavar="N", show_default=False
-            ),
-        ] = None,
-        context_len: Annotated[
-            int | None,
-            typer.Option(
-                help="reference: KV-cache tokens per row (default 256).", metavar="TOKENS", show_default=False
-            ),
-        ] = None,
-        device: Annotated[
-            str | None,
-            typer.Option(
-                help="reference: cpu or cuda[:i] (default: cuda when available).",
-                metavar="DEV",
-                show_default=False,
-            ),
-        ] = None,
-        model: Annotated[
-            str | None,
-            typer.Option(
-                "--model",
-                help="trtllm: the model path or name for tensorrt_llm.LLM.",
-                metavar="MODEL",
-                show_default=False,
-            ),
-        ] = None,
-        factory: Annotated[
-            str | None,
-            typer.Option(
-                help="module: pkg.mod:factory returning a step for (G, V, K).",
-                metavar="PKG.MOD:FN",
-                show_default=False,
-            ),
-        ] = None,
-        input_path: Annotated[
-            Path | None,
-            typer.Option(
-                "--input", help="import-samples: profiler JSONL.", metavar="FILE", show_default=False
-            ),
-        ] = None,
-        backend_opt: Annotated[
-            list[str] | None,
-            typer.Option(
-                help="Backend option key=value (JSON value), e.g. ep=8, lm_head=false (repeatable).",
-                metavar="KEY=VALUE",
-                show_default=False,
-            ),
-        ] = None,
-        memory_check: Annotated[
-            bool,
-            typer.Option(
-                "--memory-check/--no-memory-check",
-                help="reference: refuse to start when the estimated memory exceeds what the machine has.",
-            ),
-        ] = True,
-        fingerprint: Annotated[
-            Path | None,
-            typer.Option(
-                help="Fingerprint JSON with fields the sweep cannot establish (docs/fingerprint.md).",
-                metavar="FP.json",
-                show_default=False,
-            ),
-        ] = None,
-        live_topology: LiveTopology = None,
-        live_gpu: LiveGpu = None,
-        live_gpu_count: LiveGpuCount = None,
-        live_gpu_snapshot_sha256: LiveGpuSnapshot = None,
-        live_source_dir: LiveSourceDir = None,
-        live_source_head: LiveSourceHead = None,
-        live_source_diff: LiveSourceDiff = None,
-        live_runtime_snapshot: LiveRuntimeSnapshot = None,
-        live_model_config: LiveModelConfig = None,
-        live_checkpoint_sha256: LiveCheckpoint = None,
-        live_attention_backend: LiveAttention = None,
-        live_moe_backend: LiveMoe = None,
-        live_kv_dtype: LiveKvDtype = None,
-        clock_policy: Annotated[
-            str | None,
-            typer.Option(
-                help="GPU clock policy, e.g. default or locked:1980.", metavar="POLICY", show_default=False
-            ),
-        ] = None,
-        plot: Annotated[
-            bool, typer.Option("--plot/--no-plot", help="Write <stem>.png (needs matplotlib).")
-        ] = True,
-        require_precision: Annotated[
-            bool, typer.Option(help="Exit 1 unless every cell reached precision.")
-        ] = False,
-        mixed: Annotated[
-            bool,
-            typer.Option(
-                "--mixed",
-                help="Measure mixed prefill+decode cells (each paired with its step's native width) instead of "
-                "decode cells; see docs/mixed.md.",
-                rich_help_panel="Mixed prefill+decode",
-            ),
-        ] = False,
-        mixed_workload: Annotated[
-            Path | None,
-            typer.Option(
-                help="--mixed: a recorded workload whose mixed steps say what to measure.",
-                metavar="WORKLOAD.parquet",
-                show_default=False,
-                rich_help_panel="Mixed prefill+decode",
-            ),
-        ] = None,
-        mixed_grid: Annotated[
-            Path | None,
-            typer.Option(
-                help="--mixed: a JSON grid of steps to measure (instead of a workload).",
-                metavar="GRID.json",
-                show_default=False,
-                rich_help_panel="Mixed prefill+decode",
-            ),
-        ] = None,
-        mixed_buckets: Annotated[
-            str,
-            typer.Option(
-                help="--mixed: the captured prefill body buckets (rows).",
-                metavar="B1,B2,...",
-                rich_help_panel="Mixed prefill+decode",
-            ),
-        ] = "96,128,192,256,384,512",
-        mixed_execution_mode: Annotated[
-            str,
-            typer.Option(
-                help="--mixed: the prefill graph mode of the deployment.",
-                metavar="MODE",
-                rich_help_panel="Mixed prefill+decode",
-            ),
-        ] = "BREAKABLE",
-        mixed_max_cells: Annotated[
-            int,
-            typer.Option(
-                help="--mixed: cells to measure at most (TensorRT-LLM holds <= 256).",
-                metavar="N",
-                rich_help_panel="Mixed prefill+decode",
-            ),
-        ] = 256,
-        min_verify_len: Annotated[
-            int,
-            typer.Option(
-                help="--mixed: draft tokens an eligible generation always keeps.",
-                metavar="N",
-                rich_help_panel="Mixed prefill+decode",
-            ),
-        ] = 1,
-        as_json: JsonFlag = False,
-    ) -> None:
-        """Measure T(G, V) for the native and candidate cells of every G, with honest intervals.
-
-        Before measuring, the reference backend estimates its memory and time and refuses what the
-        machine cannot hold. Fields of the deployment fingerprint the sweep cannot probe come from
-        the --live-* options or --fingerprint (docs/fingerprint.md). Ctrl-C keeps the journal:
-        --resume continues.
-        """
-        from dspark_calibrate.artifacts import read_fingerprint
-        from dspark_calibrate.calibrate.measurement.ladder import parse_budgets, parse_ladder
-        from dspark_calibrate.calibrate.measurement.sweep import SweepRequest
-
-        try:
-            chosen = {
-                name: v
-                for name, v in {
-                    "precision_rel": precision,
-                    "min_samples": min_samples,
-                    "min_rounds": min_rounds,
-                    "min_time_s": min_time,
-                    "max_samples_per_cell": max_samples,
-                    "max_seconds_per_cell": max_cell_seconds,
-                    "budget_s": budget,
-                    "warmup_steps": warmup,
-                    "rewarm_steps": rewarm,
-                    "replays_per_sample": replays,
-                    "samples_per_visit": samples_per_visit,
-                    "throttle_policy": throttle_policy,
-                    "recapture_every": recapture_every,
-                    "epochs_required": epochs_required,
-                }.items()
-                if v is not None
-            }
-            if backend == "trtllm" and model is None and "model" not in " ".join(backend_opt or []):
-                raise ConfigError(
-                    "--backend trtllm needs a model; pass --model MODEL (the path or name tensorrt_llm.LLM loads)"
-                )
-            options = _backend_options(
-                backend_opt or [],
-                {
-                    "config": config,
-                    "layers": layers,
-                    "context_len": context_len,
-                    "device": device,
-                    "factory": factory,
-                    "model": model,
-                },
-            )
-            live = LiveOptions(
-                topology=live_topology,
-                gpu=live_gpu,
-                gpu_count=live_gpu_count,
-                gpu_snapshot_sha256=live_gpu_snapshot_sha256,
-                source_dir=live_source_dir,
-                source_head=live_source_head,
-                source_diff=live_source_diff,
-                runtime_snapshot=live_runtime_snapshot,
-                model_config=live_model_config,
-                checkpoint_sha256=live_checkpoint_sha256,
-                attention_backend=live_attention_backend,
-                moe_backend=live_moe_backend,
-                kv_dtype=live_kv_dtype,
-            ).arguments()
-            for name in ("max_draft_len", "rank_local_graph_batch_sizes"):
-                live.pop(name)
-            base_fp = read_fingerprint(fingerprint) if fingerprint is not None else None
-            if mixed:
-                _sweep_mixed(
-                    backend=backend,
-                    options=options,
-                    k=k,
-                    ladder=parse_ladder(ladder),
-                    out=out,
-                    workload=mixed_workload,
-                    grid=mixed_grid,
-                    buckets=mixed_buckets,
-                    execution_mode=mixed_execution_mode,
-                    max_cells=mixed_max_cells,
-                    min_verify_len=min_verify_len,
-                    protocol=protocol,
-                    thresholds=_thresholds(protocol, preset, chosen),
-                    seed=seed,
-                    fingerprint=base_fp,
-                    live=live,
-                    clock_policy=clock_policy,
-                    journal=journal,
-                    resume=resume,
-                    input_path=input_path,
-                    require_precision=require_precision,
-                    as_json=as_json or json_mode(),
-                )
-            if mixed_workload is not None or mixed_grid is not None:
-                raise ConfigError("--mixed-workload and --mixed-grid need --mixed; add --mixed")
-            request = SweepRequest(
-                backend=backend,
-                backend_options=options,
-                k=k,
-                ladder=parse_ladder(ladder),
-                budgets=parse_budgets(budgets or []),
-                max_candidates=max_candidates,
-                include_control=control,
-                forced_k=forced_k,
-                out=out,
-                journal=journal,
-                resume=resume,
-                protocol=protocol,
-                thresholds=_thresholds(protocol, preset, chosen),
-                seed=seed,
-                fingerprint=base_fp,
-                clock_policy=clock_policy,
-                input=input_path,
-                plot=plot and importlib.util.find_spec("matplotlib") is not None,
-                command=tuple(sys.argv),
-                live=live,
-                check_memory=memory_check,
-                until_round=until_round,
-                pass_epoch=pass_index,
-                world_size=live.get("gpu_count"),
-            )
-            if passes > 1:
-                _run_in_passes(passes, request.thresholds.recapture_every or 3, resume, as_json, out)
-        except DsparkError as exc:
-            fail_error(exc)
-        _run(request, as_json=as_json or json_mode(), require_precision=require_precision)
+    command(app, "sweep", *_EXAMPLES)(sweep_command)
