@@ -50,6 +50,22 @@ from dspark_calibrate.cli._common import (
     split_fix,
     utcnow,
 )
+from dspark_calibrate.cli._verify_options import (
+    ArtifactsArgument,
+    ExpectFingerprintOption,
+    KeyOption,
+    LiveFlag,
+    LiveKOption,
+    LiveLadderOption,
+    MaxAgeDaysOption,
+    NoMixedFlag,
+    OptionalTrustRootOption,
+    RecordFlag,
+    StateOption,
+    UnbindOption,
+    VerboseFlag,
+    VerifyOptions,
+)
 from dspark_calibrate.cli.trust import load_root_or_exit
 from dspark_calibrate.cli.verify_runtime import (
     BaseOptionsOption,
@@ -63,7 +79,7 @@ from dspark_calibrate.cli.verify_runtime import (
 from dspark_calibrate.errors import ConfigError, DsparkError
 
 if TYPE_CHECKING:
-    from dspark_calibrate.artifacts import Finding, TrustRoot
+    from dspark_calibrate.artifacts import Expectation, Finding, RollbackState, TrustRoot
 
 __all__ = ["LiveOptions", "RootChainOption", "read_root_chain", "verify_app"]
 
@@ -148,56 +164,13 @@ def _diff_table(findings: list[Finding]) -> Table | None:
 
 @verify_app.command(cls=CliCommand, epilog=_EXAMPLES)
 def main(
-    artifacts: Annotated[
-        list[Path],
-        typer.Argument(
-            help="Signed Parquet artifacts and/or bundle directories.", metavar="PATH...", show_default=False
-        ),
-    ],
-    trust_root: Annotated[
-        Path | None,
-        typer.Option(
-            "--trust-root",
-            help="The pinned trust root (root.json) to verify against.",
-            metavar="ROOT.json",
-            show_default=False,
-        ),
-    ] = None,
-    key: Annotated[
-        Path | None,
-        typer.Option(
-            "--key",
-            help="Verify with this one public key instead of a trust root (one-key setups, like cosign "
-            "verify --key): threshold 1, no rotation, no trust-root rollback.",
-            metavar="PUB.pem",
-            show_default=False,
-        ),
-    ] = None,
-    expect_fingerprint: Annotated[
-        Path | None,
-        typer.Option(
-            "--expect-fingerprint",
-            help="Fingerprint JSON the artifact must be bound to (docs/fingerprint.md).",
-            metavar="FP.json",
-            show_default=False,
-        ),
-    ] = None,
-    live: Annotated[
-        bool, typer.Option("--live", help="Bind to this host's live deployment (probes plus --live-*).")
-    ] = False,
-    live_k: Annotated[
-        int | None,
-        typer.Option("--live-k", help="The engine's K (max draft length).", metavar="K", show_default=False),
-    ] = None,
-    live_ladder: Annotated[
-        str | None,
-        typer.Option(
-            "--live-ladder",
-            help="The engine's rank-local graph ladder.",
-            metavar="G1,G2,...",
-            show_default=False,
-        ),
-    ] = None,
+    artifacts: ArtifactsArgument,
+    trust_root: OptionalTrustRootOption = None,
+    key: KeyOption = None,
+    expect_fingerprint: ExpectFingerprintOption = None,
+    live: LiveFlag = False,
+    live_k: LiveKOption = None,
+    live_ladder: LiveLadderOption = None,
     live_topology: LiveTopology = None,
     live_gpu: LiveGpu = None,
     live_gpu_count: LiveGpuCount = None,
@@ -213,43 +186,14 @@ def main(
     live_kv_dtype: LiveKvDtype = None,
     live_body_buckets: LiveBodyBuckets = None,
     live_execution_mode: LiveExecutionMode = None,
-    no_mixed: Annotated[
-        bool,
-        typer.Option("--no-mixed", help="Leave a bundle's mixed evidence out (mixed steps stay native)."),
-    ] = False,
-    unbind: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--unbind",
-            help="Fingerprint field not to compare (repeatable).",
-            metavar="FIELD",
-            show_default=False,
-        ),
-    ] = None,
-    state: Annotated[
-        Path | None,
-        typer.Option(
-            "--state",
-            help="Rollback state file (highest accepted versions, newest trust root).",
-            metavar="STATE.json",
-            show_default=False,
-        ),
-    ] = None,
-    record: Annotated[
-        bool, typer.Option("--record/--no-record", help="Record accepted versions in --state.")
-    ] = True,
+    no_mixed: NoMixedFlag = False,
+    unbind: UnbindOption = None,
+    state: StateOption = None,
+    record: RecordFlag = True,
     root_chain: RootChainOption = None,
     allow_synthetic: AllowSyntheticFlag = False,
-    max_age_days: Annotated[
-        float | None,
-        typer.Option(
-            "--max-age-days",
-            help="Refuse artifacts issued longer ago than this (default: no limit; the runtime form: 30).",
-            metavar="DAYS",
-            show_default=False,
-        ),
-    ] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every finding.")] = False,
+    max_age_days: MaxAgeDaysOption = None,
+    verbose: VerboseFlag = False,
     json_out: JsonFlag = False,
     emit_trtllm_options: EmitTrtllmOption = None,
     fail_open_to_static: FailOpenOption = False,
@@ -259,177 +203,152 @@ def main(
     version: VersionFlag = False,
 ) -> None:
     """Verify ARTIFACTS; exit 0 if all are valid, 1 if any is rejected, 2 on usage or I/O errors."""
-    live_options = LiveOptions(
-        k=live_k,
-        ladder=live_ladder,
-        topology=live_topology,
-        gpu=live_gpu,
-        gpu_count=live_gpu_count,
-        gpu_snapshot_sha256=live_gpu_snapshot_sha256,
-        source_dir=live_source_dir,
-        source_head=live_source_head,
-        source_diff=live_source_diff,
-        runtime_snapshot=live_runtime_snapshot,
-        model_config=live_model_config,
-        checkpoint_sha256=live_checkpoint_sha256,
-        attention_backend=live_attention_backend,
-        moe_backend=live_moe_backend,
-        kv_dtype=live_kv_dtype,
-        body_buckets=live_body_buckets,
-        execution_mode=live_execution_mode,
+    # Every parameter is one VerifyOptions field of the same name, and nothing else is local yet.
+    run_verify(VerifyOptions(**locals()))
+
+
+def _live_options(opts: VerifyOptions) -> LiveOptions:
+    """The ``--live-*`` values."""
+    return LiveOptions(
+        k=opts.live_k,
+        ladder=opts.live_ladder,
+        topology=opts.live_topology,
+        gpu=opts.live_gpu,
+        gpu_count=opts.live_gpu_count,
+        gpu_snapshot_sha256=opts.live_gpu_snapshot_sha256,
+        source_dir=opts.live_source_dir,
+        source_head=opts.live_source_head,
+        source_diff=opts.live_source_diff,
+        runtime_snapshot=opts.live_runtime_snapshot,
+        model_config=opts.live_model_config,
+        checkpoint_sha256=opts.live_checkpoint_sha256,
+        attention_backend=opts.live_attention_backend,
+        moe_backend=opts.live_moe_backend,
+        kv_dtype=opts.live_kv_dtype,
+        body_buckets=opts.live_body_buckets,
+        execution_mode=opts.live_execution_mode,
     )
+
+
+def run_verify(opts: VerifyOptions) -> None:
+    """Run ``dspark-verify`` for parsed options: the runtime form when it was asked for, the
+    artifact check otherwise. Exits the command."""
     from dspark_calibrate.artifacts import BINDING_FIELDS
 
-    bad_unbind = sorted(set(unbind or []) - set(BINDING_FIELDS))
+    live_options = _live_options(opts)
+    bad_unbind = sorted(set(opts.unbind or []) - set(BINDING_FIELDS))
     if bad_unbind:
         fail_usage(
             f"--unbind {', '.join(bad_unbind)}: not binding fields; choose from {', '.join(BINDING_FIELDS)}"
         )
-    if max_age_days is not None and max_age_days <= 0:
+    if opts.max_age_days is not None and opts.max_age_days <= 0:
         fail_usage(
-            f"--max-age-days {max_age_days:g} must be positive; give the largest acceptable age in days"
+            f"--max-age-days {opts.max_age_days:g} must be positive; give the largest acceptable age in days"
         )
-    root, root_info = _trust(trust_root, key)
-    if runtime_requested(emit_trtllm_options, fail_open_to_static):
-        run_runtime(
-            artifacts=artifacts,
-            trust_root=root,
-            expect_fingerprint=expect_fingerprint,
-            live_options=live_options,
-            unbind=unbind,
-            state=state,
-            record=record,
-            root_chain=root_chain,
-            allow_synthetic=allow_synthetic,
-            max_age_days=max_age_days,
-            emit_trtllm_options=emit_trtllm_options,
-            fail_open_to_static=fail_open_to_static,
-            selector_identity=selector_identity,
-            trtllm_dir=trtllm_dir,
-            base_options=base_options,
-            verbose=verbose,
-            json_out=json_out,
-            mixed=not no_mixed,
-        )
-    _verify_offline(
-        artifacts,
-        root,
-        root_info,
-        expect_fingerprint=expect_fingerprint,
-        live=live,
-        live_options=live_options,
-        unbind=unbind,
-        state=state,
-        record=record,
-        root_chain=root_chain,
-        allow_synthetic=allow_synthetic,
-        max_age_days=max_age_days,
-        verbose=verbose,
-        json_out=json_out,
-        mixed=not no_mixed,
-    )
+    root, root_info = _trust(opts.trust_root, opts.key)
+    if runtime_requested(opts.emit_trtllm_options, opts.fail_open_to_static):
+        run_runtime(opts, root, live_options)
+    _verify_offline(opts, root, root_info, live_options)
 
 
-def _verify_offline(
-    artifacts: list[Path],
-    root: TrustRoot,
-    root_info: dict[str, Any],
-    *,
-    expect_fingerprint: Path | None,
-    live: bool,
-    live_options: LiveOptions,
-    unbind: list[str] | None,
-    state: Path | None,
-    record: bool,
-    root_chain: list[Path] | None,
-    allow_synthetic: bool,
-    max_age_days: float | None,
-    verbose: bool,
-    json_out: bool,
-    mixed: bool = True,
-) -> None:
-    """The artifact check of ``dspark-verify`` (not the runtime form). Exits the command.
+def _offline_inputs(
+    opts: VerifyOptions, live_options: LiveOptions
+) -> tuple[Expectation, RollbackState | None, list[bytes], dict[str, Any] | None]:
+    """``(expected, rollback state, root chain, live context)`` of the artifact check; exits 2 on a
+    bad option."""
+    from dspark_calibrate.artifacts import Expectation, RollbackState, read_fingerprint
 
-    A bundle's optional mixed evidence is verified on its own, after its decode members, and
-    reported as one more report (``--no-mixed`` leaves it out)."""
-    from dspark_calibrate.artifacts import (
-        BundleReport,
-        Expectation,
-        Reason,
-        RollbackState,
-        VerificationReport,
-        check_trust_root_freshness,
-        read_fingerprint,
-        verify_inputs,
-        verify_mixed,
-    )
-
-    if expect_fingerprint is not None and live:
+    if opts.expect_fingerprint is not None and opts.live:
         fail_usage("give either --expect-fingerprint or --live, not both")
     live_info: dict[str, Any] | None = None
     try:
         fingerprint = None
-        if expect_fingerprint is not None:
-            fingerprint = read_fingerprint(expect_fingerprint)
-        elif live:
+        if opts.expect_fingerprint is not None:
+            fingerprint = read_fingerprint(opts.expect_fingerprint)
+        elif opts.live:
             ctx = live_options.collect()
             fingerprint = ctx.fingerprint
             live_info = ctx.to_dict()
-        rollback = RollbackState(state) if state is not None else None
-        chain = read_root_chain(root_chain)
+        rollback = RollbackState(opts.state) if opts.state is not None else None
+        chain = read_root_chain(opts.root_chain)
         # The mixed route facts are bound under --live, and whenever they are given.
         given = live_options.body_buckets is not None or live_options.execution_mode is not None
-        mixed_live = live_options.mixed_live() if live or given else None
+        mixed_live = live_options.mixed_live() if opts.live or given else None
     except DsparkError as exc:
         fail_error(exc)
     expected = Expectation(
         fingerprint=fingerprint,
-        unbound_fields=frozenset(unbind or ()),
-        allow_synthetic=allow_synthetic,
-        max_age=timedelta(days=max_age_days) if max_age_days is not None else None,
+        unbound_fields=frozenset(opts.unbind or ()),
+        allow_synthetic=opts.allow_synthetic,
+        max_age=timedelta(days=opts.max_age_days) if opts.max_age_days is not None else None,
         mixed=mixed_live,
     )
+    return expected, rollback, chain, live_info
+
+
+def _offline_reports(
+    opts: VerifyOptions,
+    root: TrustRoot,
+    root_info: dict[str, Any],
+    *,
+    expected: Expectation,
+    rollback: RollbackState | None,
+    chain: list[bytes],
+) -> list[Any]:
+    """One report per input (a bundle's verified mixed evidence as one more), or only the trust
+    root's when the pinned root itself is rejected."""
+    from dspark_calibrate.artifacts import (
+        BundleReport,
+        VerificationReport,
+        check_trust_root_freshness,
+        verify_inputs,
+        verify_mixed,
+    )
+
     now = utcnow()
     # The pinned trust root first: never older than the newest one this state accepted (TUF's
     # rule). A --key root is made on the spot from the pinned key, so it has no history to check.
-    root_finding = (
-        check_trust_root_freshness(
-            root, rollback, now=now, chain=chain, record=record, where=root_info["path"]
+    if "path" in root_info:
+        root_finding = check_trust_root_freshness(
+            root, rollback, now=now, chain=chain, record=opts.record, where=root_info["path"]
         )
-        if "path" in root_info
-        else None
-    )
+        if root_finding is not None:
+            return [VerificationReport(path=Path(root_info["path"]), findings=(root_finding,))]
     reports: list[Any] = []
-    if root_finding is not None:
-        reports.append(VerificationReport(path=Path(root_info["path"]), findings=(root_finding,)))
-    else:
-        for report in verify_inputs(artifacts, root, now=now, expected=expected, state=rollback, record=record):
-            reports.append(report)
-            if mixed and isinstance(report, BundleReport) and report.ok:
-                extra = verify_mixed(
-                    report.path, root, now=now, decode=report, expected=expected, state=rollback, record=record
-                )
-                if extra.present:
-                    reports.append(extra)
-    io_error = any(r.reason is Reason.IO_ERROR for r in reports)
+    checked = verify_inputs(opts.artifacts, root, now=now, expected=expected, state=rollback, record=opts.record)
+    for report in checked:
+        reports.append(report)
+        if not opts.no_mixed and isinstance(report, BundleReport) and report.ok:
+            extra = verify_mixed(
+                report.path, root, now=now, decode=report, expected=expected, state=rollback, record=opts.record
+            )
+            if extra.present:
+                reports.append(extra)
+    return reports
+
+
+def _offline_json(
+    reports: list[Any], code: int, root_info: dict[str, Any], live_info: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The ``--json`` report of the artifact check; its error is the first rejection's."""
     rejected = [r for r in reports if not r.ok]
-    code = EXIT_USAGE if io_error else EXIT_REJECTED if rejected else EXIT_OK
-    if json_out:
-        first = rejected[0] if rejected else None
-        fix = split_fix(first.message)[1] if first is not None else ""
-        print_json(
-            {
-                "ok": code == EXIT_OK,
-                "valid": code == EXIT_OK,
-                "error": first.code if first is not None else None,
-                "message": first.message if first is not None else None,
-                "fix": fix if first is not None else None,
-                "exit_code": code,
-                "trust_root": root_info,
-                "live": live_info,
-                "reports": [r.to_dict() for r in reports],
-            }
-        )
+    first = rejected[0] if rejected else None
+    fix = split_fix(first.message)[1] if first is not None else ""
+    return {
+        "ok": code == EXIT_OK,
+        "valid": code == EXIT_OK,
+        "error": first.code if first is not None else None,
+        "message": first.message if first is not None else None,
+        "fix": fix if first is not None else None,
+        "exit_code": code,
+        "trust_root": root_info,
+        "live": live_info,
+        "reports": [r.to_dict() for r in reports],
+    }
+
+
+def _print_reports(reports: list[Any], *, verbose: bool, json_out: bool) -> None:
+    """VALID lines (stdout, unless ``--json``) and REJECTED lines with their differences (stderr)."""
     for r in reports:
         if r.ok:
             if not json_out:
@@ -445,6 +364,25 @@ def _verify_offline(
         diff = _diff_table(findings)
         if diff is not None:
             err_console.print(diff)
+
+
+def _verify_offline(
+    opts: VerifyOptions, root: TrustRoot, root_info: dict[str, Any], live_options: LiveOptions
+) -> None:
+    """The artifact check of ``dspark-verify`` (not the runtime form). Exits the command.
+
+    A bundle's optional mixed evidence is verified on its own, after its decode members, and
+    reported as one more report (``--no-mixed`` leaves it out)."""
+    from dspark_calibrate.artifacts import Reason
+
+    expected, rollback, chain, live_info = _offline_inputs(opts, live_options)
+    reports = _offline_reports(opts, root, root_info, expected=expected, rollback=rollback, chain=chain)
+    io_error = any(r.reason is Reason.IO_ERROR for r in reports)
+    rejected = any(not r.ok for r in reports)
+    code = EXIT_USAGE if io_error else EXIT_REJECTED if rejected else EXIT_OK
+    if opts.json_out:
+        print_json(_offline_json(reports, code, root_info, live_info))
+    _print_reports(reports, verbose=opts.verbose, json_out=opts.json_out)
     exit_with(code)
 
 

@@ -36,11 +36,12 @@ from dspark_calibrate.cli._common import (
     print_json,
     split_fix,
 )
+from dspark_calibrate.cli._verify_options import VerifyOptions
 from dspark_calibrate.errors import ConfigError
 
 if TYPE_CHECKING:
     from dspark_calibrate.artifacts import TrustRoot
-    from dspark_calibrate.runtime_plugin.admission import AdmissionDecision
+    from dspark_calibrate.runtime_plugin.admission import AdmissionDecision, AdmissionPolicy
     from dspark_calibrate.runtime_plugin.trtllm import TrtllmOptions
 
 __all__ = [
@@ -143,140 +144,170 @@ def _render(
         err_console.print(f"wrote {out}")
 
 
-def run_runtime(
-    *,
-    artifacts: list[Path],
-    trust_root: TrustRoot,
-    expect_fingerprint: Path | None,
-    live_options: LiveOptions,
-    unbind: list[str] | None,
-    state: Path | None,
-    record: bool,
-    root_chain: list[Path] | None,
-    allow_synthetic: bool,
-    max_age_days: float | None,
-    emit_trtllm_options: Path | None,
-    fail_open_to_static: bool,
-    selector_identity: str | None,
-    trtllm_dir: Path | None,
-    base_options: Path | None,
-    verbose: bool,
-    json_out: bool,
-    mixed: bool = True,
-) -> NoReturn:
+def run_runtime(opts: VerifyOptions, trust_root: TrustRoot, live_options: LiveOptions) -> NoReturn:
     """The runtime form of ``dspark-verify`` (see the module docstring). Exits the command.
 
     Args:
-        artifacts: exactly one bundle directory (or manifest).
-        live_options: ``verify.LiveOptions`` with the ``--live-*`` values.
-        Other arguments: the ``dspark-verify`` options of the same names.
+        opts: the ``dspark-verify`` options; ``opts.artifacts`` must be one bundle directory (or
+            manifest).
+        trust_root: the trust root to admit against.
+        live_options: the ``--live-*`` values.
     """
-    from dspark_calibrate.artifacts import Reason, read_fingerprint
-    from dspark_calibrate.runtime_plugin.admission import DEFAULT_MAX_ARTIFACT_AGE, AdmissionPolicy, admit
-    from dspark_calibrate.runtime_plugin.trtllm import (
-        decoding_fields,
-        read_options_yaml,
-        static_options,
-        write_options_yaml,
-    )
+    _check_runtime_invocation(opts)
+    out, trtllm_dir = _absolute_paths(opts.emit_trtllm_options, opts.trtllm_dir)
+    base = _read_base_options(opts.base_options)
+    decision, options = _admit_or_static(opts, trust_root, live_options, out, trtllm_dir)
+    if out is not None:
+        assert options is not None
+        _write_runtime_options(out, options, base, opts.base_options)
+    active = bool(decision is not None and decision.active and (options is None or options.active))
+    code = _runtime_exit_code(decision, active, opts.fail_open_to_static)
+    if opts.json_out:
+        print_json(_runtime_json(decision, options, out, active=active, code=code))
+    if decision is not None:
+        _render(decision, options, out, opts.verbose, opts.json_out)
+    exit_with(code)
 
-    if len(artifacts) != 1:
+
+def _check_runtime_invocation(opts: VerifyOptions) -> None:
+    """Exit 2 unless the runtime form was given one bundle and, to emit options, a selector identity."""
+    if len(opts.artifacts) != 1:
         fail_usage(
-            f"the runtime form admits exactly one bundle, got {len(artifacts)} paths; pass one bundle directory"
+            f"the runtime form admits exactly one bundle, got {len(opts.artifacts)} paths; pass one bundle directory"
         )
-    if emit_trtllm_options is not None and selector_identity is None and not fail_open_to_static:
+    if opts.emit_trtllm_options is not None and opts.selector_identity is None and not opts.fail_open_to_static:
         fail_usage(
             "--emit-trtllm-options needs --selector-identity HEX (no receipt is written without it); copy "
             "EXACT_SPS_SELECTOR_IDENTITY_SHA256 from tensorrt_llm/_torch/speculative/dspark_planner.py"
         )
-    if emit_trtllm_options is not None:
-        # Written into the YAML as they are: relative paths would be relative to wherever the
-        # engine starts, not to here.
-        emit_trtllm_options = emit_trtllm_options.absolute()
-        if trtllm_dir is not None:
-            trtllm_dir = trtllm_dir.absolute()
-    base: dict[str, Any] = {}
-    if base_options is not None:
-        try:
-            base = read_options_yaml(base_options)
-        except ConfigError as exc:
-            fail_usage(str(exc))
-    problem: str | None = None
-    live: Any = None
-    policy: AdmissionPolicy | None = None
+
+
+def _absolute_paths(out: Path | None, trtllm_dir: Path | None) -> tuple[Path | None, Path | None]:
+    """``(OUT, --trtllm-dir)`` made absolute when options are emitted.
+
+    Written into the YAML as they are: relative paths would be relative to wherever the engine
+    starts, not to here.
+    """
+    if out is None:
+        return None, trtllm_dir
+    return out.absolute(), trtllm_dir.absolute() if trtllm_dir is not None else None
+
+
+def _read_base_options(path: Path | None) -> dict[str, Any]:
+    """The ``--base-options`` YAML (empty when not given); exits 2 when it cannot be read."""
+    from dspark_calibrate.runtime_plugin.trtllm import read_options_yaml
+
+    if path is None:
+        return {}
     try:
-        if expect_fingerprint is not None:
-            live = read_fingerprint(expect_fingerprint)
-        else:
-            live = live_options.arguments()
-        policy = AdmissionPolicy(
-            allow_synthetic=allow_synthetic,
-            state_path=state,
-            record_state=record,
-            trust_root_chain=tuple(root_chain or ()),
-            unbound_fields=frozenset(unbind or ()),
-            max_artifact_age=(
-                timedelta(days=max_age_days) if max_age_days is not None else DEFAULT_MAX_ARTIFACT_AGE
-            ),
-            mixed=mixed,
-            mixed_live=live_options.mixed_live(),
-        )
+        return read_options_yaml(path)
+    except ConfigError as exc:
+        fail_usage(str(exc))
+
+
+def _runtime_policy(opts: VerifyOptions, live_options: LiveOptions) -> tuple[Any, AdmissionPolicy]:
+    """``(live, policy)``: what ``admit`` binds to and the admission policy of the options.
+
+    Raises:
+        ConfigError: a malformed option value.
+    """
+    from dspark_calibrate.artifacts import read_fingerprint
+    from dspark_calibrate.runtime_plugin.admission import DEFAULT_MAX_ARTIFACT_AGE, AdmissionPolicy
+
+    live: Any = (
+        read_fingerprint(opts.expect_fingerprint)
+        if opts.expect_fingerprint is not None
+        else live_options.arguments()
+    )
+    max_age = opts.max_age_days
+    policy = AdmissionPolicy(
+        allow_synthetic=opts.allow_synthetic,
+        state_path=opts.state,
+        record_state=opts.record,
+        trust_root_chain=tuple(opts.root_chain or ()),
+        unbound_fields=frozenset(opts.unbind or ()),
+        max_artifact_age=timedelta(days=max_age) if max_age is not None else DEFAULT_MAX_ARTIFACT_AGE,
+        mixed=not opts.no_mixed,
+        mixed_live=live_options.mixed_live(),
+    )
+    return live, policy
+
+
+def _admit_or_static(
+    opts: VerifyOptions, trust_root: TrustRoot, live_options: LiveOptions, out: Path | None, trtllm_dir: Path | None
+) -> tuple[AdmissionDecision | None, TrtllmOptions | None]:
+    """``(decision, options)``: the admission decision and, when emitting, the engine options.
+
+    A bad option exits 2, or under ``--fail-open-to-static`` gives no decision and static options.
+    """
+    from dspark_calibrate.artifacts import Reason
+    from dspark_calibrate.runtime_plugin.admission import admit
+    from dspark_calibrate.runtime_plugin.trtllm import decoding_fields, static_options
+
+    try:
+        live, policy = _runtime_policy(opts, live_options)
     except ConfigError as exc:
         problem = str(exc)
-    if problem is not None or policy is None:
-        if not fail_open_to_static:
+        if not opts.fail_open_to_static:
             fail_usage(problem or "invalid options")
         err_console.print(f"[bold red]error:[/] {problem}; falling back to static K")
-        decision = None
-        options = static_options(Reason.CONFIG_INVALID.value, problem or "invalid options")
-    else:
-        decision = admit(artifacts[0], trust_root, live=live, policy=policy)
-        options = None
-        if emit_trtllm_options is not None:
-            options = decoding_fields(
-                decision,
-                selector_identity=selector_identity,
-                out_dir=trtllm_dir if trtllm_dir is not None else default_export_dir(emit_trtllm_options),
-            )
-    if emit_trtllm_options is not None:
-        assert options is not None
-        try:
-            merged = options.llm_api_options(base)
-        except ConfigError as exc:
-            fail_usage(f"{base_options}: {exc}")
-        try:
-            write_options_yaml(emit_trtllm_options, merged)
-        except OSError as exc:
-            fail_usage(f"{emit_trtllm_options}: cannot write the options ({exc.strerror or exc})")
-    active = bool(decision is not None and decision.active and (options is None or options.active))
-    if active or fail_open_to_static:
-        code = EXIT_OK
-    elif decision is not None and decision.reason is Reason.IO_ERROR:
-        code = EXIT_USAGE
-    else:
-        code = EXIT_REJECTED
-    if json_out:
-        reason, message = None, None
-        if not active:
-            if decision is not None and decision.active and options is not None:
-                reason, message = options.reason_code, options.message
-            elif decision is not None:
-                reason, message = decision.reason_code, decision.message
-            elif options is not None:
-                reason, message = options.reason_code, options.message
-        print_json(
-            {
-                "ok": active,
-                "error": reason,
-                "message": message,
-                "fix": split_fix(message)[1] if message else None,
-                "active": active,
-                "exit_code": code,
-                "decision": decision.to_dict() if decision is not None else None,
-                "trtllm": options.to_dict() if options is not None else None,
-                "options_path": str(emit_trtllm_options) if emit_trtllm_options is not None else None,
-            }
-        )
-    if decision is not None:
-        _render(decision, options, emit_trtllm_options, verbose, json_out)
-    exit_with(code)
+        return None, static_options(Reason.CONFIG_INVALID.value, problem or "invalid options")
+    decision = admit(opts.artifacts[0], trust_root, live=live, policy=policy)
+    if out is None:
+        return decision, None
+    options = decoding_fields(
+        decision,
+        selector_identity=opts.selector_identity,
+        out_dir=trtllm_dir if trtllm_dir is not None else default_export_dir(out),
+    )
+    return decision, options
+
+
+def _write_runtime_options(out: Path, options: TrtllmOptions, base: dict[str, Any], base_path: Path | None) -> None:
+    """Write the engine options merged into the base options; exits 2 when that fails."""
+    from dspark_calibrate.runtime_plugin.trtllm import write_options_yaml
+
+    try:
+        merged = options.llm_api_options(base)
+    except ConfigError as exc:
+        fail_usage(f"{base_path}: {exc}")
+    try:
+        write_options_yaml(out, merged)
+    except OSError as exc:
+        fail_usage(f"{out}: cannot write the options ({exc.strerror or exc})")
+
+
+def _runtime_exit_code(decision: AdmissionDecision | None, active: bool, fail_open: bool) -> int:
+    """0 active (or failing open), 2 an I/O error, 1 any other rejection."""
+    from dspark_calibrate.artifacts import Reason
+
+    if active or fail_open:
+        return EXIT_OK
+    if decision is not None and decision.reason is Reason.IO_ERROR:
+        return EXIT_USAGE
+    return EXIT_REJECTED
+
+
+def _runtime_json(
+    decision: AdmissionDecision | None, options: TrtllmOptions | None, out: Path | None, *, active: bool, code: int
+) -> dict[str, Any]:
+    """The ``--json`` report of the runtime form; its error is the first reason static K was chosen."""
+    reason, message = None, None
+    if not active:
+        if decision is not None and decision.active and options is not None:
+            reason, message = options.reason_code, options.message
+        elif decision is not None:
+            reason, message = decision.reason_code, decision.message
+        elif options is not None:
+            reason, message = options.reason_code, options.message
+    return {
+        "ok": active,
+        "error": reason,
+        "message": message,
+        "fix": split_fix(message)[1] if message else None,
+        "active": active,
+        "exit_code": code,
+        "decision": decision.to_dict() if decision is not None else None,
+        "trtllm": options.to_dict() if options is not None else None,
+        "options_path": str(out) if out is not None else None,
+    }
