@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -48,8 +50,80 @@ if TYPE_CHECKING:
 __all__ = ["register", "render_build"]
 
 
-def render_build(result: BuildResult) -> None:
-    """Print the build summary as rich tables."""
+SweepOption = Annotated[
+list[Path],
+typer.Option(
+    "--sweep", help="Unsigned sweep summary (repeat to merge sweeps).", metavar="SWEEP.parquet"
+),
+    ]
+CalibrationOption = Annotated[
+Path,
+typer.Option(
+    "--calibration", help="Unsigned calibration table from `fit`.", metavar="CALIBRATION.parquet"
+),
+    ]
+WorkloadOption = Annotated[
+Path,
+typer.Option(
+    "--workload",
+    help="Workload trace: `workload import-trtllm` (recorded) or `workload synth` (synthetic).",
+    metavar="WORKLOAD.parquet",
+),
+    ]
+OutOption = Annotated[Path, typer.Option("--out", help="Bundle directory to create.", metavar="DIR")]
+VersionOption = Annotated[
+int, typer.Option("--version", help="Version of the artifacts in their series.", metavar="N")
+    ]
+ExpiresOption = Annotated[
+str, typer.Option("--expires", help="Expiry: a duration (30d) or an ISO time.")
+    ]
+MinGainOption = Annotated[
+float, typer.Option("--min-gain", help="Runtime minimum predicted gain (0.01 = 1%).")
+    ]
+MinVerifyLenOption = Annotated[int, typer.Option("--min-verify-len", help="The engine's verify floor.")]
+OverheadMsOption = Annotated[
+float | None,
+typer.Option("--overhead-ms", help="Measured upper bound of the confidence-path overhead per step."),
+    ]
+SafetyMarginMsOption = Annotated[
+float | None, typer.Option("--safety-margin-ms", help="Receipt safety margin.")
+    ]
+MinGroupValueMsOption = Annotated[
+float, typer.Option("--min-group-value-ms", help="Drain guard: value a compact step must exceed.")
+    ]
+LossMultiplierOption = Annotated[
+float | None,
+typer.Option("--loss-multiplier", help="Drain guard loss multiplier (default: estimated)."),
+    ]
+ResamplesOption = Annotated[int, typer.Option("--resamples", help="Bootstrap resamples.")]
+BlockStepsOption = Annotated[
+int | None, typer.Option("--block-steps", help="Bootstrap block length in steps.")
+    ]
+SeedOption = Annotated[int, typer.Option("--seed", help="Bootstrap seed.")]
+CalibrationUseOption = Annotated[
+str,
+typer.Option(
+    "--calibration-use", help="sts (what TensorRT-LLM applies) or native (the fitted maps)."
+),
+    ]
+PlotsFlag = Annotated[bool, typer.Option("--plots/--no-plots", help="Write report/*.png.")]
+ForceFlag = Annotated[bool, typer.Option("--force", help="Replace an existing --out directory.")]
+MixedSweepOption = Annotated[
+Path | None,
+typer.Option(
+    "--mixed-sweep",
+    help="A `sweep --mixed` summary of this deployment: prices the workload's mixed steps and adds "
+    "the signed mixed evidence (mixed/) to the bundle.",
+),
+    ]
+MixedMinGainOption = Annotated[
+float | None,
+typer.Option("--mixed-min-gain", help="The mixed cost file's minimum predicted gain (>= 0.01)."),
+    ]
+
+
+def _summary_table(result: BuildResult) -> Table:
+    """The bundle's headline numbers: verification, cells, gain, value and the receipt's decision."""
     s = result.summary
     r = result.report
     table = Table(title=f"bundle {result.out_dir}", show_header=False, title_justify="left")
@@ -91,11 +165,15 @@ def render_build(result: BuildResult) -> None:
     table.add_row(
         "workload", f"{s['workload_identity_sha256'][:16]}… approximate={s['workload_approximate']}"
     )
-    out_console.print(table)
+    return table
+
+
+def _bucket_table(result: BuildResult) -> Table:
+    """The predicted gain per graph batch size."""
     buckets = Table(title="per graph batch size", title_justify="left")
     for col in ("G", "steps", "gain", "95% CI", "compact share"):
         buckets.add_column(col, justify="right")
-    for b in s["per_bucket"]:
+    for b in result.summary["per_bucket"]:
         buckets.add_row(
             str(b["graph_batch_size"]),
             str(b["steps"]),
@@ -103,145 +181,101 @@ def render_build(result: BuildResult) -> None:
             f"{b['ci_low']:+.2%} .. {b['ci_high']:+.2%}",
             f"{b['compact_share']:.1%}",
         )
-    out_console.print(buckets)
+    return buckets
+
+
+def _cells_table(result: BuildResult) -> Table:
+    """The deployed compact cells with their value."""
     cells = Table(title="deployed compact cells", title_justify="left")
     for col in ("G", "V", "steps", "value ms", "lower bound ms"):
         cells.add_column(col, justify="right")
-    for c in r.per_cell:
+    for c in result.report.per_cell:
         if c["verifier_budget"]:
             cells.add_row(
                 *(str(c[k]) for k in ("graph_batch_size", "verifier_budget", "chosen_steps")),
                 f"{c['value_ms']:.4g}",
                 f"{c['value_ms_lower_bound']:.4g}",
             )
-    out_console.print(cells)
-    mixed = result.mixed_summary
-    if mixed is not None:
-        m = Table(title="mixed prefill+decode evidence (mixed/)", title_justify="left")
-        m.add_column("")
-        m.add_column("value")
-        part = mixed["mixed_part"]
-        m.add_row(
-            "mixed share of the workload",
-            f"{part['share']:.1%} ({part['steps']} of {part['workload_steps']} steps)",
-        )
-        m.add_row(
-            "decode + mixed gain",
-            f"{mixed['predicted_gain']:+.2%} [{mixed['predicted_gain_ci_low']:+.2%}, {mixed['predicted_gain_ci_high']:+.2%}]",
-        )
-        d = mixed["decode_part"]
-        m.add_row("  decode steps", f"{d['predicted_gain']:+.2%} [{d['ci_low']:+.2%}, {d['ci_high']:+.2%}]")
-        m.add_row(
-            "  mixed steps", f"{part['predicted_gain']:+.2%} [{part['ci_low']:+.2%}, {part['ci_high']:+.2%}]"
-        )
-        m.add_row(
-            "mixed compact steps", f"{mixed['compact_choices']} ({part['covered_steps']} covered by a cell)"
-        )
-        m.add_row(
-            "mixed net value",
-            f"{mixed['net_value_ms']:.4g} ms; admitted {'yes' if mixed['admitted'] else 'no'}",
-        )
-        failed = [g for g, ok in mixed["gates"].items() if not ok]
-        m.add_row("receipt gates", "all passed" if not failed else f"[red]not passed: {failed}[/]")
-        out_console.print(m)
+    return cells
+
+
+def _mixed_table(mixed: Mapping[str, Any]) -> Table:
+    """The mixed prefill+decode evidence: its share, gains, value and receipt gates."""
+    m = Table(title="mixed prefill+decode evidence (mixed/)", title_justify="left")
+    m.add_column("")
+    m.add_column("value")
+    part = mixed["mixed_part"]
+    m.add_row(
+        "mixed share of the workload",
+        f"{part['share']:.1%} ({part['steps']} of {part['workload_steps']} steps)",
+    )
+    m.add_row(
+        "decode + mixed gain",
+        f"{mixed['predicted_gain']:+.2%} [{mixed['predicted_gain_ci_low']:+.2%}, {mixed['predicted_gain_ci_high']:+.2%}]",
+    )
+    d = mixed["decode_part"]
+    m.add_row("  decode steps", f"{d['predicted_gain']:+.2%} [{d['ci_low']:+.2%}, {d['ci_high']:+.2%}]")
+    m.add_row(
+        "  mixed steps", f"{part['predicted_gain']:+.2%} [{part['ci_low']:+.2%}, {part['ci_high']:+.2%}]"
+    )
+    m.add_row(
+        "mixed compact steps", f"{mixed['compact_choices']} ({part['covered_steps']} covered by a cell)"
+    )
+    m.add_row(
+        "mixed net value",
+        f"{mixed['net_value_ms']:.4g} ms; admitted {'yes' if mixed['admitted'] else 'no'}",
+    )
+    failed = [g for g, ok in mixed["gates"].items() if not ok]
+    m.add_row("receipt gates", "all passed" if not failed else f"[red]not passed: {failed}[/]")
+    return m
+
+
+def render_build(result: BuildResult) -> None:
+    """Print the build summary as rich tables."""
+    out_console.print(_summary_table(result))
+    out_console.print(_bucket_table(result))
+    out_console.print(_cells_table(result))
+    if result.mixed_summary is not None:
+        out_console.print(_mixed_table(result.mixed_summary))
     for note in result.notes:
         out_console.print(f"note: {note}")
 
 
 def build(
-    sweep: Annotated[
-        list[Path],
-        typer.Option(
-            "--sweep", help="Unsigned sweep summary (repeat to merge sweeps).", metavar="SWEEP.parquet"
-        ),
-    ],
-    calibration: Annotated[
-        Path,
-        typer.Option(
-            "--calibration", help="Unsigned calibration table from `fit`.", metavar="CALIBRATION.parquet"
-        ),
-    ],
-    workload: Annotated[
-        Path,
-        typer.Option(
-            "--workload",
-            help="Workload trace: `workload import-trtllm` (recorded) or `workload synth` (synthetic).",
-            metavar="WORKLOAD.parquet",
-        ),
-    ],
+    sweep: SweepOption,
+    calibration: CalibrationOption,
+    workload: WorkloadOption,
     trust_root: TrustRootOption,
-    out: Annotated[Path, typer.Option("--out", help="Bundle directory to create.", metavar="DIR")],
-    version: Annotated[
-        int, typer.Option("--version", help="Version of the artifacts in their series.", metavar="N")
-    ],
+    out: OutOption,
+    version: VersionOption,
     key: KeyOption = None,
-    expires: Annotated[
-        str, typer.Option("--expires", help="Expiry: a duration (30d) or an ISO time.")
-    ] = "30d",
-    min_gain: Annotated[
-        float, typer.Option("--min-gain", help="Runtime minimum predicted gain (0.01 = 1%).")
-    ] = 0.01,
-    min_verify_len: Annotated[int, typer.Option("--min-verify-len", help="The engine's verify floor.")] = 1,
-    overhead_ms: Annotated[
-        float | None,
-        typer.Option("--overhead-ms", help="Measured upper bound of the confidence-path overhead per step."),
-    ] = None,
-    safety_margin_ms: Annotated[
-        float | None, typer.Option("--safety-margin-ms", help="Receipt safety margin.")
-    ] = None,
-    min_group_value_ms: Annotated[
-        float, typer.Option("--min-group-value-ms", help="Drain guard: value a compact step must exceed.")
-    ] = 0.0,
-    loss_multiplier: Annotated[
-        float | None,
-        typer.Option("--loss-multiplier", help="Drain guard loss multiplier (default: estimated)."),
-    ] = None,
-    resamples: Annotated[int, typer.Option("--resamples", help="Bootstrap resamples.")] = 1000,
-    block_steps: Annotated[
-        int | None, typer.Option("--block-steps", help="Bootstrap block length in steps.")
-    ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Bootstrap seed.")] = 0,
-    calibration_use: Annotated[
-        str,
-        typer.Option(
-            "--calibration-use", help="sts (what TensorRT-LLM applies) or native (the fitted maps)."
-        ),
-    ] = "sts",
+    expires: ExpiresOption = "30d",
+    min_gain: MinGainOption = 0.01,
+    min_verify_len: MinVerifyLenOption = 1,
+    overhead_ms: OverheadMsOption = None,
+    safety_margin_ms: SafetyMarginMsOption = None,
+    min_group_value_ms: MinGroupValueMsOption = 0.0,
+    loss_multiplier: LossMultiplierOption = None,
+    resamples: ResamplesOption = 1000,
+    block_steps: BlockStepsOption = None,
+    seed: SeedOption = 0,
+    calibration_use: CalibrationUseOption = "sts",
     allow_synthetic: AllowSyntheticFlag = False,
-    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write report/*.png.")] = True,
-    force: Annotated[bool, typer.Option("--force", help="Replace an existing --out directory.")] = False,
+    plots: PlotsFlag = True,
+    force: ForceFlag = False,
     passphrase_env: PassEnv = None,
     signer_uri: SignerUriOption = None,
     signer_public_key: SignerPublicKeyOption = None,
-    mixed_sweep: Annotated[
-        Path | None,
-        typer.Option(
-            "--mixed-sweep",
-            help="A `sweep --mixed` summary of this deployment: prices the workload's mixed steps and adds "
-            "the signed mixed evidence (mixed/) to the bundle.",
-        ),
-    ] = None,
-    mixed_min_gain: Annotated[
-        float | None,
-        typer.Option("--mixed-min-gain", help="The mixed cost file's minimum predicted gain (>= 0.01)."),
-    ] = None,
+    mixed_sweep: MixedSweepOption = None,
+    mixed_min_gain: MixedMinGainOption = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Build a signed bundle (cost-table, calibration, admission + manifest) and verify it."""
-    from dspark_calibrate.calibrate.deployment.build import BuildOptions, build_bundle, load_build_inputs
+    from dspark_calibrate.calibrate.deployment.build import BuildOptions
     from dspark_calibrate.calibrate.deployment.replay import BootstrapSettings
-    from dspark_calibrate.calibrate.deployment.select_cells import SelectionRefused
 
-    quiet = json_out or json_mode()
     root = load_root_or_exit(trust_root)
     now = utcnow()
-
-    def on_stage(name: str) -> None:
-        stage_line("build", name)
-        if status is not None:
-            status.update(f"build: {name}")
-
-    status = None if quiet or not err_console.is_terminal else err_console.status("build: reading inputs")
     try:
         options = BuildOptions(
             version=version,
@@ -264,13 +298,43 @@ def build(
         signers = signers_from_keys(
             key, passphrase_env, signer_uris=signer_uri, signer_public_keys=signer_public_key
         )
+    except (DsparkError, OSError) as exc:
+        fail_error(exc)
+    inputs = _BuildInputs(sweep, calibration, workload, mixed_sweep)
+    result = _run_build(inputs, out, signers, root, options, quiet=json_out or json_mode())
+    _report_build(result, out, json_out)
+
+
+@dataclass(frozen=True, slots=True)
+class _BuildInputs:
+    """The unsigned tables a build reads."""
+
+    sweeps: list[Path]
+    calibration: Path
+    workload: Path
+    mixed_sweep: Path | None
+
+
+def _run_build(
+    inputs: _BuildInputs, out: Path, signers: Any, root: Any, options: Any, *, quiet: bool
+) -> BuildResult:
+    """Read the inputs and build the bundle, naming each stage (a spinner on a terminal); exits 1
+    when cell selection refuses, 2 on other errors."""
+    from dspark_calibrate.calibrate.deployment.build import build_bundle, load_build_inputs
+    from dspark_calibrate.calibrate.deployment.select_cells import SelectionRefused
+
+    def on_stage(name: str) -> None:
+        stage_line("build", name)
+        if status is not None:
+            status.update(f"build: {name}")
+
+    status = None if quiet or not err_console.is_terminal else err_console.status("build: reading inputs")
+    try:
         if status is not None:
             status.start()
         stage_line("build", "reading inputs")
-        inputs = load_build_inputs(sweep, calibration, workload, mixed_sweep=mixed_sweep)
-        result = build_bundle(
-            inputs, out, signers=signers, trust_root=root, options=options, on_stage=on_stage
-        )
+        tables = load_build_inputs(inputs.sweeps, inputs.calibration, inputs.workload, mixed_sweep=inputs.mixed_sweep)
+        return build_bundle(tables, out, signers=signers, trust_root=root, options=options, on_stage=on_stage)
     except SelectionRefused as exc:
         fail(
             str(exc),
@@ -284,6 +348,10 @@ def build(
     finally:
         if status is not None:
             status.stop()
+
+
+def _report_build(result: BuildResult, out: Path, json_out: bool) -> None:
+    """Print the build (tables or ``--json``) and exit: 0 admitted, 1 written but not admitted."""
     if json_out:
         doc = result.to_dict()
         admitted = bool(result.summary["admitted"])
