@@ -137,101 +137,94 @@ def _render_drift(report: Any) -> None:
     out_console.print(f"{report.decision.status.value}: {report.decision.detail}")
 
 
+OutOption = Annotated[
+Path | None,
+typer.Option(
+    "--out", help="Output directory (required unless --evaluate).", metavar="DIR", show_default=False
+),
+    ]
+MethodOption = Annotated[str, typer.Option("--method", help="auto | sts | platt | beta | isotonic.")]
+HoldoutOption = Annotated[
+float, typer.Option("--holdout", help="Fraction of requests held out for metrics.")
+    ]
+SeedOption = Annotated[int, typer.Option("--seed", help="Seed of the request split and the bootstrap.")]
+FoldsOption = Annotated[int, typer.Option("--folds", help="Request-grouped CV folds for --method auto.")]
+BootstrapOption = Annotated[int, typer.Option("--bootstrap", help="Request-level bootstrap replicates.")]
+KOption = Annotated[
+int | None, typer.Option("--k", help="Expected draft length K (default: from the traces).")
+    ]
+SharedSlopeFlag = Annotated[
+bool, typer.Option("--shared-slope", help="Platt: one slope for all positions.")
+    ]
+StsApproxFlag = Annotated[
+bool,
+typer.Option("--sts-approx", help="Write sts.json with the best STS approximation of a non-STS fit."),
+    ]
+GridBaselineFlag = Annotated[
+bool, typer.Option("--grid-baseline", help="Also score the 41-point grid STS baseline.")
+    ]
+ForceFlag = Annotated[
+bool, typer.Option("--force", help="Fit even below the minimum number of rounds.")
+    ]
+FingerprintOption = Annotated[
+Path | None,
+typer.Option("--fingerprint", help="Fingerprint JSON of the deployment the traces came from."),
+    ]
+NoPlotsFlag = Annotated[bool, typer.Option("--no-plots", help="Skip the PNG plots.")]
+EvaluateOption = Annotated[
+Path | None,
+typer.Option(
+    "--evaluate", help="Re-score this calibration.parquet or sts.json on --traces (drift check)."
+),
+    ]
+EceToleranceOption = Annotated[
+float, typer.Option("--ece-tolerance", help="Drift: allowed ECE increase per position.")
+    ]
+NllToleranceOption = Annotated[
+float, typer.Option("--nll-tolerance", help="Drift: allowed NLL regret vs a refit (nats/round).")
+    ]
+StrictFlag = Annotated[bool, typer.Option("--strict", help="Drift: treat UNDECIDED as rejected.")]
+
+
 def fit(
     ctx: typer.Context,
     traces: TracesOption = None,
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            "--out", help="Output directory (required unless --evaluate).", metavar="DIR", show_default=False
-        ),
-    ] = None,
-    method: Annotated[str, typer.Option("--method", help="auto | sts | platt | beta | isotonic.")] = "auto",
-    holdout: Annotated[
-        float, typer.Option("--holdout", help="Fraction of requests held out for metrics.")
-    ] = 0.2,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the request split and the bootstrap.")] = 0,
-    folds: Annotated[int, typer.Option("--folds", help="Request-grouped CV folds for --method auto.")] = 5,
-    bootstrap: Annotated[int, typer.Option("--bootstrap", help="Request-level bootstrap replicates.")] = 200,
-    k: Annotated[
-        int | None, typer.Option("--k", help="Expected draft length K (default: from the traces).")
-    ] = None,
+    out: OutOption = None,
+    method: MethodOption = "auto",
+    holdout: HoldoutOption = 0.2,
+    seed: SeedOption = 0,
+    folds: FoldsOption = 5,
+    bootstrap: BootstrapOption = 200,
+    k: KOption = None,
     sampling: SamplingOption = None,
-    shared_slope: Annotated[
-        bool, typer.Option("--shared-slope", help="Platt: one slope for all positions.")
-    ] = False,
-    sts_approx: Annotated[
-        bool,
-        typer.Option("--sts-approx", help="Write sts.json with the best STS approximation of a non-STS fit."),
-    ] = False,
-    grid_baseline: Annotated[
-        bool, typer.Option("--grid-baseline", help="Also score the 41-point grid STS baseline.")
-    ] = False,
-    force: Annotated[
-        bool, typer.Option("--force", help="Fit even below the minimum number of rounds.")
-    ] = False,
-    fingerprint: Annotated[
-        Path | None,
-        typer.Option("--fingerprint", help="Fingerprint JSON of the deployment the traces came from."),
-    ] = None,
-    no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip the PNG plots.")] = False,
-    evaluate: Annotated[
-        Path | None,
-        typer.Option(
-            "--evaluate", help="Re-score this calibration.parquet or sts.json on --traces (drift check)."
-        ),
-    ] = None,
-    ece_tolerance: Annotated[
-        float, typer.Option("--ece-tolerance", help="Drift: allowed ECE increase per position.")
-    ] = 0.02,
-    nll_tolerance: Annotated[
-        float, typer.Option("--nll-tolerance", help="Drift: allowed NLL regret vs a refit (nats/round).")
-    ] = 0.02,
-    strict: Annotated[bool, typer.Option("--strict", help="Drift: treat UNDECIDED as rejected.")] = False,
+    shared_slope: SharedSlopeFlag = False,
+    sts_approx: StsApproxFlag = False,
+    grid_baseline: GridBaselineFlag = False,
+    force: ForceFlag = False,
+    fingerprint: FingerprintOption = None,
+    no_plots: NoPlotsFlag = False,
+    evaluate: EvaluateOption = None,
+    ece_tolerance: EceToleranceOption = 0.02,
+    nll_tolerance: NllToleranceOption = 0.02,
+    strict: StrictFlag = False,
     json_out: JsonFlag = False,
 ) -> None:
     """Calibrate the confidence head into prefix-survival probabilities (or check drift with --evaluate)."""
-    from dspark_calibrate.calibrate.confidence.fit import (
-        DriftTolerances,
-        FitOptions,
-        load_fingerprint,
-        run_evaluate,
-        run_fit,
-    )
+    from dspark_calibrate.calibrate.confidence.fit import FitOptions
 
     if not traces:
         fail_usage("--traces is required; pass trace files or directories (Parquet, JSONL, recorder .pt)")
     if evaluate is not None:
-        try:
-            report = run_evaluate(
-                evaluate,
-                traces,
-                tolerances=DriftTolerances(ece=ece_tolerance, nll=nll_tolerance),
-                sampling=sampling,
-                force=force,
-                bootstrap=bootstrap,
-                seed=seed,
-            )
-        except (DsparkError, OSError) as exc:
-            fail_error(exc)
-        _print_notices(report.notices)
-        if json_out:
-            print_json(report.to_dict())
-        else:
-            _render_drift(report)
-        status = report.decision.status
-        if status is Status.ACCEPT or (status is Status.UNDECIDED and not strict):
-            if status is Status.UNDECIDED:
-                err_console.print(
-                    f"[yellow]warning[/] UNDECIDED: {report.decision.detail} (use --strict to fail)"
-                )
-            exit_with(EXIT_OK)
-        fail(
-            f"drift check failed: {report.decision.detail}",
-            code="DRIFT",
-            fix="refit the calibration on fresh traces (dspark-calibrate fit --traces ...)",
-            exit_code=EXIT_REJECTED,
-            label="rejected",
+        _evaluate(
+            evaluate,
+            traces,
+            tolerances=(ece_tolerance, nll_tolerance),
+            sampling=sampling,
+            force=force,
+            bootstrap=bootstrap,
+            seed=seed,
+            strict=strict,
+            json_out=json_out,
         )
     if out is None:
         fail_usage(
@@ -249,19 +242,72 @@ def fit(
             force=force,
             grid_baseline=grid_baseline,
         )
+    except (DsparkError, OSError) as exc:
+        fail_error(exc)
+    _fit(
+        traces,
+        out,
+        options=options,
+        fingerprint=fingerprint,
+        k=k,
+        sampling=sampling,
+        command=_command_line(ctx),
+        sts_approx=sts_approx,
+        plots=not no_plots,
+        json_out=json_out,
+    )
+
+
+def _evaluate(
+    calibration: Path,
+    traces: list[Path],
+    *,
+    tolerances: tuple[float, float],
+    strict: bool,
+    json_out: bool,
+    **options: Any,
+) -> None:
+    """``fit --evaluate``: re-score a calibration on the traces and exit (1 when drift is found,
+    or with ``--strict`` when it is undecided). ``tolerances``: the (ECE, NLL) drift tolerances."""
+    from dspark_calibrate.calibrate.confidence.fit import DriftTolerances, run_evaluate
+
+    try:
+        ece, nll = tolerances
+        report = run_evaluate(calibration, traces, tolerances=DriftTolerances(ece=ece, nll=nll), **options)
+    except (DsparkError, OSError) as exc:
+        fail_error(exc)
+    _print_notices(report.notices)
+    if json_out:
+        print_json(report.to_dict())
+    else:
+        _render_drift(report)
+    status = report.decision.status
+    if status is Status.ACCEPT or (status is Status.UNDECIDED and not strict):
+        if status is Status.UNDECIDED:
+            err_console.print(f"[yellow]warning[/] UNDECIDED: {report.decision.detail} (use --strict to fail)")
+        exit_with(EXIT_OK)
+    fail(
+        f"drift check failed: {report.decision.detail}",
+        code="DRIFT",
+        fix="refit the calibration on fresh traces (dspark-calibrate fit --traces ...)",
+        exit_code=EXIT_REJECTED,
+        label="rejected",
+    )
+
+
+def _fit(traces: list[Path], out: Path, *, fingerprint: Path | None, json_out: bool, **options: Any) -> None:
+    """Fit the calibration, write it with its report and plots, print the result and exit 0."""
+    from dspark_calibrate.calibrate.confidence.fit import load_fingerprint, run_fit
+
+    try:
         fp = load_fingerprint(fingerprint) if fingerprint is not None else None
         result, outputs, read_seconds = run_fit(
             traces,
             out,
-            options=options,
-            k=k,
-            sampling=sampling,
             fingerprint=fp,
             tool_version=dspark_calibrate.__version__,
-            command=_command_line(ctx),
-            sts_approx=sts_approx,
-            plots=not no_plots,
             created_at=utcnow().isoformat(),
+            **options,
         )
     except (DsparkError, OSError) as exc:
         fail_error(exc)
