@@ -363,6 +363,52 @@ def render_trtllm(
             is missing, the live fingerprint differs from the bundle's, or the mixed evidence
             cannot back a receipt on TensorRT-LLM's mixed route.
     """
+    _check_render_arguments(selector_identity, deploy_dir)
+    fp10 = _engine_fields(inputs.fingerprint, live_fingerprint)
+    k = int(fp10["max_draft_len"])
+    notes: list[str] = []
+    sps_bytes = canonical_json(_render_sps(inputs, fp10))
+    sts_bytes = canonical_json(_render_sts(inputs, k, notes))
+    live_bytes = canonical_json(fp10)
+    body = _receipt_body(inputs.summary, fp10, selector_identity, sps=sps_bytes, sts=sts_bytes, live=live_bytes)
+    receipt = {"schema_version": 1, "admission": body, "admission_sha256": sha256_hex(canonical_json(body))}
+    receipt_bytes = canonical_json(receipt)
+    receipt_sha = sha256_hex(receipt_bytes)
+    if not body["admitted"]:
+        notes.append(
+            "the receipt does not admit (net value <= 0 or no compact choice): TensorRT-LLM will run static K"
+        )
+    base = deploy_dir.rstrip("/") or "/"
+    lines = _yaml_lines(inputs, k, base, receipt_sha)
+    mixed_files: dict[str, bytes] = {}
+    if inputs.mixed is not None:
+        mixed_files = _render_mixed_files(inputs.fingerprint, inputs.mixed, selector_identity, mixed_identity)
+        lines.append("  confidence_mixed_evidence:")
+        for key, value in config_block(mixed_files, inputs.mixed.protocol_sha256, base).items():
+            lines.append(f"    {key}: {_yaml_str(value)}")
+        if inputs.mixed.synthetic:
+            notes.append("the mixed evidence is synthetic (synthetic: true): TensorRT-LLM never serves it")
+    yaml_bytes = ("\n".join(lines) + "\n").encode("ascii")
+    files = {
+        SPS_FILE: sps_bytes,
+        STS_FILE: sts_bytes,
+        LIVE_FILE: live_bytes,
+        RECEIPT_FILE: receipt_bytes,
+        YAML_FILE: yaml_bytes,
+        **mixed_files,
+    }
+    return TrtllmExport(
+        files=files,
+        receipt_sha256=receipt_sha,
+        admitted=bool(body["admitted"]),
+        notes=tuple(notes),
+        mixed=bool(mixed_files),
+    )
+
+
+def _check_render_arguments(selector_identity: str, deploy_dir: str) -> None:
+    """Raise ConfigError unless the selector identity is 64 lowercase hex and the deploy dir an
+    absolute, printable ASCII path."""
     if not is_sha256_hex(selector_identity):
         raise ConfigError(
             f"--selector-identity {selector_identity!r} is not 64 lowercase hex characters; copy "
@@ -372,7 +418,10 @@ def render_trtllm(
         )
     if not _PRINTABLE.match(deploy_dir) or not deploy_dir.startswith("/"):
         raise ConfigError(f"--deploy-dir {deploy_dir!r} must be an absolute, printable ASCII path")
-    fp = inputs.fingerprint
+
+
+def _engine_fields(fp: Fingerprint, live_fingerprint: Fingerprint | None) -> dict[str, Any]:
+    """The bundle fingerprint's ten TensorRT-LLM fields, once a given live fingerprint agrees."""
     try:
         fp10 = fp.trtllm_fields()
     except ModelError as exc:
@@ -383,10 +432,13 @@ def render_trtllm(
             raise ConfigError(
                 f"live fingerprint differs from the bundle's in {diff}; this bundle is not for this engine"
             )
-    k = int(fp10["max_draft_len"])
-    notes: list[str] = []
+    return fp10
+
+
+def _render_sps(inputs: TrtllmInputs, fp10: Mapping[str, Any]) -> dict[str, Any]:
+    """``sps_table.json``: the cost tables per G, their measurements and, with compact cells, the
+    drain guard."""
     summary = inputs.summary
-    # sps_table.json
     tables: dict[str, dict[str, list[Any]]] = {}
     measurements = []
     for g, v, t, src in inputs.cost_cells:
@@ -421,8 +473,11 @@ def render_trtllm(
             "tail_graph_batch_size": int(guard["tail_graph_batch_size"]),
             "source_result_sha256": str(summary["workload_identity_sha256"]),
         }
-    # sts.json
-    cal = inputs.calibration
+    return sps
+
+
+def _sts_temperatures(cal: Sequence[Mapping[str, Any]]) -> list[float]:
+    """One STS temperature per position (identity: 1.0); a position without one is refused."""
     temps: list[float] = []
     for r in cal:
         temp: Any = r.get("temperature")
@@ -435,6 +490,14 @@ def render_trtllm(
                 "STS only, so re-run fit (it records the best STS approximation of every method)"
             )
         temps.append(float(temp))
+    return temps
+
+
+def _render_sts(inputs: TrtllmInputs, k: int, notes: list[str]) -> dict[str, Any]:
+    """``sts.json``: the temperatures, and the sample count and mean ECEs where they qualify
+    (appends a note for each approximation or omission)."""
+    cal = inputs.calibration
+    temps = _sts_temperatures(cal)
     methods = sorted({str(r["method"]) for r in cal} - {"sts"})
     if methods:
         notes.append(f"calibration methods {methods} exported as their best STS approximation temperatures")
@@ -457,19 +520,29 @@ def render_trtllm(
         values: list[Any] = [r.get(key) for r in cal]
         if values and all(isinstance(x, int | float) and math.isfinite(x) and 0 <= x <= 1 for x in values):
             sts[key] = math.fsum(float(x) for x in values) / len(values)
-    sps_bytes = canonical_json(sps)
-    sts_bytes = canonical_json(sts)
-    live_bytes = canonical_json(fp10)
-    body = {
-        "physical_k": k,
+    return sts
+
+
+def _receipt_body(
+    summary: Mapping[str, Any],
+    fp10: Mapping[str, Any],
+    selector_identity: str,
+    *,
+    sps: bytes,
+    sts: bytes,
+    live: bytes,
+) -> dict[str, Any]:
+    """The receipt's ``admission`` object: the pins of the three files and the signed economics."""
+    return {
+        "physical_k": int(fp10["max_draft_len"]),
         "source_head": fp10["source_head"],
         "source_diff_sha256": fp10["source_diff_sha256"],
         "runtime_snapshot": fp10["runtime_snapshot"],
-        "sps_cost_table_sha256": sha256_hex(sps_bytes),
-        "live_engine_fingerprint_sha256": sha256_hex(live_bytes),
+        "sps_cost_table_sha256": sha256_hex(sps),
+        "live_engine_fingerprint_sha256": sha256_hex(live),
         "selector_identity_sha256": selector_identity,
         "workload_identity_sha256": str(summary["workload_identity_sha256"]),
-        "calibration_result_sha256": sha256_hex(sts_bytes),
+        "calibration_result_sha256": sha256_hex(sts),
         "selector_replay_sha256": str(summary["selector_replay_sha256"]),
         "policy_steps": int(summary["policy_steps"]),
         "compact_choices": int(summary["compact_choices"]),
@@ -480,17 +553,13 @@ def render_trtllm(
         "safety_margin_ms": float(summary["safety_margin_ms"]),
         "admitted": bool(summary["admitted"]),
     }
-    receipt = {"schema_version": 1, "admission": body, "admission_sha256": sha256_hex(canonical_json(body))}
-    receipt_bytes = canonical_json(receipt)
-    receipt_sha = sha256_hex(receipt_bytes)
-    if not body["admitted"]:
-        notes.append(
-            "the receipt does not admit (net value <= 0 or no compact choice): TensorRT-LLM will run static K"
-        )
-    base = deploy_dir.rstrip("/") or "/"
+
+
+def _yaml_lines(inputs: TrtllmInputs, k: int, base: str, receipt_sha: str) -> list[str]:
+    """The decode part of ``extra_llm_api_options.yaml``, one line each (paths under ``base``)."""
     lines = [
         "# DSpark confidence-guided verification for TensorRT-LLM (generated by dspark-calibrate).",
-        f"# Bundle version {inputs.bundle_version}, deployment {fp.digest()[:16]}; merge speculative_config",
+        f"# Bundle version {inputs.bundle_version}, deployment {inputs.fingerprint.digest()[:16]}; merge speculative_config",
         "# into your extra LLM API options (speculative_model and other engine options stay yours).",
         "speculative_config:",
         "  decoding_type: DSpark",
@@ -500,48 +569,31 @@ def render_trtllm(
     for key, name in _YAML_PATHS.items():
         lines.append(f"  {key}: {_yaml_str(base.rstrip('/') + '/' + name)}")
     lines.append(f"  confidence_admission_receipt_sha256: {_yaml_str(receipt_sha)}")
-    mixed_files: dict[str, bytes] = {}
-    if inputs.mixed is not None:
-        m = inputs.mixed
-        derived = MixedIdentity.derive(
-            fp,
-            selector_identity=selector_identity,
-            body_buckets=m.route.body_buckets,
-            execution_mode=m.route.execution_mode,
-            world_size=m.route.world_size,
+    return lines
+
+
+def _render_mixed_files(
+    fp: Fingerprint, m: MixedSource, selector_identity: str, mixed_identity: MixedIdentity | None
+) -> dict[str, bytes]:
+    """The three mixed files, bound to the observed mixed identity (derived from ``fp`` by default)."""
+    derived = MixedIdentity.derive(
+        fp,
+        selector_identity=selector_identity,
+        body_buckets=m.route.body_buckets,
+        execution_mode=m.route.execution_mode,
+        world_size=m.route.world_size,
+    )
+    return render_mixed(
+        MixedExportInputs(
+            identity=observed_identity(derived, mixed_identity),
+            protocol_sha256=m.protocol_sha256,
+            minimum_predicted_gain=m.minimum_predicted_gain,
+            synthetic=m.synthetic,
+            cells=cells_of(m.rows),
+            gates=m.gates,
+            results=m.results,
+            economics=m.economics,
         )
-        mixed_files = render_mixed(
-            MixedExportInputs(
-                identity=observed_identity(derived, mixed_identity),
-                protocol_sha256=m.protocol_sha256,
-                minimum_predicted_gain=m.minimum_predicted_gain,
-                synthetic=m.synthetic,
-                cells=cells_of(m.rows),
-                gates=m.gates,
-                results=m.results,
-                economics=m.economics,
-            )
-        )
-        lines.append("  confidence_mixed_evidence:")
-        for key, value in config_block(mixed_files, m.protocol_sha256, base).items():
-            lines.append(f"    {key}: {_yaml_str(value)}")
-        if m.synthetic:
-            notes.append("the mixed evidence is synthetic (synthetic: true): TensorRT-LLM never serves it")
-    yaml_bytes = ("\n".join(lines) + "\n").encode("ascii")
-    files = {
-        SPS_FILE: sps_bytes,
-        STS_FILE: sts_bytes,
-        LIVE_FILE: live_bytes,
-        RECEIPT_FILE: receipt_bytes,
-        YAML_FILE: yaml_bytes,
-        **mixed_files,
-    }
-    return TrtllmExport(
-        files=files,
-        receipt_sha256=receipt_sha,
-        admitted=bool(body["admitted"]),
-        notes=tuple(notes),
-        mixed=bool(mixed_files),
     )
 
 
@@ -657,72 +709,10 @@ def _check_sps(c: _Check, sps: Any) -> tuple[int | None, dict[int, list[int]], d
     if not isinstance(sps, dict):
         c.fail(f, "keys", "must be a JSON object")
         return None, {}, None
-    extra = sorted(set(sps) - _SPS_REQUIRED - {"iteration_drain_guard"})
-    missing = sorted(_SPS_REQUIRED - set(sps))
-    if extra or missing:
-        c.fail(f, "keys", f"top-level keys: unknown {extra}, missing {missing}")
-    if _nulls(sps):
-        c.fail(f, "nulls", "no value may be null")
-    if sps.get("schema_version") != 2 or not _is_int(sps.get("schema_version")):
-        c.fail(f, "schema_version", "schema_version must be the JSON integer 2", 2, sps.get("schema_version"))
+    fp_ok = _check_sps_header(c, sps)
     fp: Any = sps.get("engine_fingerprint")
-    fp_ok = _check_fingerprint(c, f, fp, "fingerprint")
     k = fp["max_draft_len"] if fp_ok else None
-    if fp_ok and sps.get("engine_fingerprint_sha256") != sha256_hex(canonical_json(fp)):
-        c.fail(
-            f,
-            "fingerprint_sha256",
-            "engine_fingerprint_sha256 is not the SHA-256 of the fingerprint's canonical JSON",
-        )
-    if not _is_num(sps.get("minimum_predicted_gain"), nonneg=True):
-        c.fail(f, "minimum_predicted_gain", "minimum_predicted_gain must be a finite number >= 0")
-    tables = sps.get("cost_tables")
-    cells: dict[int, list[int]] = {}
-    times: dict[tuple[int, int], Any] = {}
-    if not isinstance(tables, dict) or not tables:
-        c.fail(f, "cost_tables", "cost_tables must be a non-empty object keyed by G")
-        tables = {}
-    for key, entry in tables.items():
-        if not (key.isascii() and key.isdecimal() and not key.startswith("0")):
-            c.fail(f, "g_keys", f"cost_tables key {key!r} is not a canonical positive decimal integer")
-            continue
-        g = int(key)
-        if not isinstance(entry, dict) or set(entry) != {"token_counts", "step_time_ms"}:
-            c.fail(f, "table_keys", f"cost_tables[{key}] must have exactly token_counts and step_time_ms")
-            continue
-        vs, ts = entry["token_counts"], entry["step_time_ms"]
-        if not isinstance(vs, list) or not isinstance(ts, list) or not vs or len(vs) != len(ts):
-            c.fail(
-                f,
-                "token_counts",
-                f"cost_tables[{key}]: token_counts and step_time_ms need equal, non-zero lengths",
-            )
-            continue
-        if not all(_is_int(v, 0) for v in vs) or any(b <= a for a, b in itertools.pairwise(vs)) or vs[0] != 0:
-            c.fail(
-                f,
-                "token_counts",
-                f"cost_tables[{key}].token_counts must be JSON ints, strictly increasing, first 0",
-                actual=vs,
-            )
-            continue
-        if not all(_is_num(t, positive=True) for t in ts):
-            c.fail(f, "step_times", f"cost_tables[{key}].step_time_ms must be finite positive numbers")
-        cells[g] = vs
-        times.update({(g, v): t for v, t in zip(vs, ts, strict=True)})
-        if k is not None:
-            bad = [v for v in vs[1:] if not g <= v <= g * (k + 1)]
-            if bad:
-                c.fail(f, "budget_range", f"G={g}: budgets {bad} outside G <= V <= G*(K+1)")
-            if g in vs[1:]:
-                c.fail(f, "v_equals_g", f"G={g}: V=G can never carry a real row; do not deploy it")
-            compact = [v for v in vs[1:] if v < g * (k + 1)]
-            if len(compact) > MAX_COMPACT_CELLS_PER_G:
-                c.fail(
-                    f,
-                    "cell_limits",
-                    f"G={g} has {len(compact)} compact cells (engine limit {MAX_COMPACT_CELLS_PER_G})",
-                )
+    cells, times = _check_cost_tables(c, sps.get("cost_tables"), k)
     if k is not None:
         total = sum(1 for g, vs in cells.items() for v in vs[1:] if v < g * (k + 1))
         if total > MAX_COMPACT_CELLS_TOTAL:
@@ -735,7 +725,107 @@ def _check_sps(c: _Check, sps: Any) -> tuple[int | None, dict[int, list[int]], d
             sorted(fp["rank_local_graph_batch_sizes"]),
             sorted(cells),
         )
-    ms = sps.get("measurements")
+    _check_measurements(c, sps.get("measurements"), times)
+    _check_drain_guard(c, sps.get("iteration_drain_guard"), cells)
+    return k, cells, (fp if fp_ok else None)
+
+
+def _check_sps_header(c: _Check, sps: dict[str, Any]) -> bool:
+    """The keys, nulls, schema version, fingerprint (and its digest) and margin of
+    ``sps_table.json``; True when the fingerprint is well-formed."""
+    f = SPS_FILE
+    extra = sorted(set(sps) - _SPS_REQUIRED - {"iteration_drain_guard"})
+    missing = sorted(_SPS_REQUIRED - set(sps))
+    if extra or missing:
+        c.fail(f, "keys", f"top-level keys: unknown {extra}, missing {missing}")
+    if _nulls(sps):
+        c.fail(f, "nulls", "no value may be null")
+    if sps.get("schema_version") != 2 or not _is_int(sps.get("schema_version")):
+        c.fail(f, "schema_version", "schema_version must be the JSON integer 2", 2, sps.get("schema_version"))
+    fp: Any = sps.get("engine_fingerprint")
+    fp_ok = _check_fingerprint(c, f, fp, "fingerprint")
+    if fp_ok and sps.get("engine_fingerprint_sha256") != sha256_hex(canonical_json(fp)):
+        c.fail(
+            f,
+            "fingerprint_sha256",
+            "engine_fingerprint_sha256 is not the SHA-256 of the fingerprint's canonical JSON",
+        )
+    if not _is_num(sps.get("minimum_predicted_gain"), nonneg=True):
+        c.fail(f, "minimum_predicted_gain", "minimum_predicted_gain must be a finite number >= 0")
+    return fp_ok
+
+
+def _check_cost_tables(
+    c: _Check, tables: Any, k: int | None
+) -> tuple[dict[int, list[int]], dict[tuple[int, int], Any]]:
+    """``(budgets per G, step time per (G, V))`` of the well-formed ``cost_tables`` entries."""
+    cells: dict[int, list[int]] = {}
+    times: dict[tuple[int, int], Any] = {}
+    if not isinstance(tables, dict) or not tables:
+        c.fail(SPS_FILE, "cost_tables", "cost_tables must be a non-empty object keyed by G")
+        tables = {}
+    for key, entry in tables.items():
+        table = _check_cost_table(c, key, entry)
+        if table is None:
+            continue
+        g, vs, ts = table
+        cells[g] = vs
+        times.update({(g, v): t for v, t in zip(vs, ts, strict=True)})
+        if k is not None:
+            _check_budgets(c, g, vs, k)
+    return cells, times
+
+
+def _check_cost_table(c: _Check, key: str, entry: Any) -> tuple[int, list[int], list[Any]] | None:
+    """``(G, budgets, step times)`` of one ``cost_tables`` entry; None when its shape is wrong."""
+    f = SPS_FILE
+    if not (key.isascii() and key.isdecimal() and not key.startswith("0")):
+        c.fail(f, "g_keys", f"cost_tables key {key!r} is not a canonical positive decimal integer")
+        return None
+    if not isinstance(entry, dict) or set(entry) != {"token_counts", "step_time_ms"}:
+        c.fail(f, "table_keys", f"cost_tables[{key}] must have exactly token_counts and step_time_ms")
+        return None
+    vs, ts = entry["token_counts"], entry["step_time_ms"]
+    if not isinstance(vs, list) or not isinstance(ts, list) or not vs or len(vs) != len(ts):
+        c.fail(
+            f,
+            "token_counts",
+            f"cost_tables[{key}]: token_counts and step_time_ms need equal, non-zero lengths",
+        )
+        return None
+    if not all(_is_int(v, 0) for v in vs) or any(b <= a for a, b in itertools.pairwise(vs)) or vs[0] != 0:
+        c.fail(
+            f,
+            "token_counts",
+            f"cost_tables[{key}].token_counts must be JSON ints, strictly increasing, first 0",
+            actual=vs,
+        )
+        return None
+    if not all(_is_num(t, positive=True) for t in ts):
+        c.fail(f, "step_times", f"cost_tables[{key}].step_time_ms must be finite positive numbers")
+    return int(key), vs, ts
+
+
+def _check_budgets(c: _Check, g: int, vs: list[int], k: int) -> None:
+    """One G's budgets: inside G <= V <= G*(K+1), never V=G, at most the engine's compact cells."""
+    f = SPS_FILE
+    bad = [v for v in vs[1:] if not g <= v <= g * (k + 1)]
+    if bad:
+        c.fail(f, "budget_range", f"G={g}: budgets {bad} outside G <= V <= G*(K+1)")
+    if g in vs[1:]:
+        c.fail(f, "v_equals_g", f"G={g}: V=G can never carry a real row; do not deploy it")
+    compact = [v for v in vs[1:] if v < g * (k + 1)]
+    if len(compact) > MAX_COMPACT_CELLS_PER_G:
+        c.fail(
+            f,
+            "cell_limits",
+            f"G={g} has {len(compact)} compact cells (engine limit {MAX_COMPACT_CELLS_PER_G})",
+        )
+
+
+def _check_measurements(c: _Check, ms: Any, times: Mapping[tuple[int, int], Any]) -> None:
+    """``measurements``: well-formed, no cell twice, and exactly the cost tables' cells and times."""
+    f = SPS_FILE
     if not isinstance(ms, list) or not ms:
         c.fail(f, "measurements", "measurements must be a non-empty list")
         ms = []
@@ -767,29 +857,33 @@ def _check_sps(c: _Check, sps: Any) -> tuple[int | None, dict[int, list[int]], d
             sorted(times),
             sorted(seen),
         )
-    guard = sps.get("iteration_drain_guard")
-    if guard is not None:
-        if (
-            not isinstance(guard, dict)
-            or set(guard) != _GUARD_FIELDS
-            or not _is_num(guard["loss_multiplier"], positive=True)
-            or not _is_num(guard["mean_output_tokens_per_request_iteration"], positive=True)
-            or not _is_num(guard["minimum_group_value_ms"], nonneg=True)
-            or not _is_int(guard["tail_graph_batch_size"], 1)
-            or not is_sha256_hex(guard["source_result_sha256"])
-        ):
-            c.fail(
-                f,
-                "drain_guard",
-                f"iteration_drain_guard must have exactly {sorted(_GUARD_FIELDS)} with valid values",
-            )
-        elif guard["tail_graph_batch_size"] not in cells:
-            c.fail(
-                f,
-                "drain_guard",
-                f"drain guard tail G={guard['tail_graph_batch_size']} has no measured native table",
-            )
-    return k, cells, (fp if fp_ok else None)
+
+
+def _check_drain_guard(c: _Check, guard: Any, cells: Mapping[int, list[int]]) -> None:
+    """``iteration_drain_guard`` when present: its exact fields, valid, on a measured native table."""
+    f = SPS_FILE
+    if guard is None:
+        return
+    if (
+        not isinstance(guard, dict)
+        or set(guard) != _GUARD_FIELDS
+        or not _is_num(guard["loss_multiplier"], positive=True)
+        or not _is_num(guard["mean_output_tokens_per_request_iteration"], positive=True)
+        or not _is_num(guard["minimum_group_value_ms"], nonneg=True)
+        or not _is_int(guard["tail_graph_batch_size"], 1)
+        or not is_sha256_hex(guard["source_result_sha256"])
+    ):
+        c.fail(
+            f,
+            "drain_guard",
+            f"iteration_drain_guard must have exactly {sorted(_GUARD_FIELDS)} with valid values",
+        )
+    elif guard["tail_graph_batch_size"] not in cells:
+        c.fail(
+            f,
+            "drain_guard",
+            f"drain guard tail G={guard['tail_graph_batch_size']} has no measured native table",
+        )
 
 
 def _check_sts(c: _Check, sts: Any, k: int | None) -> None:
@@ -885,6 +979,15 @@ def _check_receipt(
         for key, value in want.items():
             if body[key] != value or (key == "physical_k" and not _is_int(body[key])):
                 c.fail(f, "deployment", f"{key} must repeat the engine fingerprint", value, body[key])
+    _check_receipt_economics(c, body, cells, has_guard, k)
+
+
+def _check_receipt_economics(
+    c: _Check, body: dict[str, Any], cells: Mapping[int, list[int]], has_guard: bool, k: int | None
+) -> None:
+    """The receipt's counts and amounts, its admitted flag against them, and the guard compact
+    choices need."""
+    f = RECEIPT_FILE
     steps, choices = body["policy_steps"], body["compact_choices"]
     counts_ok = _is_int(steps, 1) and _is_int(choices, 0) and choices <= steps
     if not counts_ok:
