@@ -98,7 +98,7 @@ from dspark_calibrate.runtime_plugin.sentinel import SentinelPolicy, run_sentine
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from dspark_calibrate.artifacts import BundleReport, TrustRoot, VerifiedArtifact
+    from dspark_calibrate.artifacts import BundleReport, MixedReport, TrustRoot, VerifiedArtifact
 
 __all__ = [
     "ADMISSION_SUMMARY_FIELDS",
@@ -500,8 +500,6 @@ def _decide_mixed(
     report: BundleReport,
 ) -> MixedAdmission:
     """The mixed evidence's decision, after decode scheduling was admitted (see the module docstring)."""
-    from dspark_calibrate.artifacts import Expectation, verify_mixed
-
     if not policy.mixed:
         return _mixed_inactive(
             Finding(
@@ -511,27 +509,7 @@ def _decide_mixed(
             )
         )
     try:
-        state = (
-            RollbackState(policy.state_path, lock_timeout_s=policy.state_lock_timeout_s)
-            if policy.state_path is not None
-            else None
-        )
-        mixed = verify_mixed(
-            bundle,
-            root,
-            now=now,
-            decode=report,
-            expected=Expectation(
-                fingerprint=ctx.fingerprint,
-                unbound_fields=policy.unbound_fields,
-                allow_synthetic=policy.allow_synthetic,
-                max_age=policy.max_artifact_age,
-                mixed=policy.mixed_live or MixedLive(),
-            ),
-            state=state,
-            record=state is not None and policy.record_state,
-            limits=policy.limits,
-        )
+        mixed = _verify_mixed_evidence(bundle, root, ctx, policy, now, report)
         if not mixed.present:
             return _mixed_inactive(
                 Finding(
@@ -542,27 +520,10 @@ def _decide_mixed(
             )
         if not mixed.ok:
             return _mixed_inactive(mixed.findings[0], report=mixed)
-        admission, costs = mixed.artifact("mixed-admission"), mixed.artifact("mixed-cost-table")
-        assert admission is not None and costs is not None
-        econ = MixedEconomics.from_summary(admission.summary)
-        failed = [g for g, ok in econ.gates.items() if not ok]
-        if failed or not econ.admitted:
-            why = (
-                f"gates {failed} not passed"
-                if failed
-                else f"economics do not admit (net {econ.net_ms():.6g} ms)"
-            )
-            return _mixed_inactive(
-                Finding(
-                    Reason.GAIN_NOT_PROVEN, f"{mixed.path}: {why}; mixed steps stay native", field="mixed"
-                ),
-                report=mixed,
-            )
-        table = MixedCostTable.from_rows(
-            costs.table.to_pylist(),
-            MixedRoute.from_dict(costs.summary["route"]),
-            minimum_predicted_gain=float(costs.summary["minimum_predicted_gain"]),
-        )
+        refused = _mixed_economics_refusal(mixed)
+        if refused is not None:
+            return _mixed_inactive(refused, report=mixed)
+        table = _mixed_cost_table(mixed)
     except _MIXED_FAILURES as exc:
         return _mixed_inactive(
             Finding(
@@ -583,21 +544,81 @@ def _decide_mixed(
     )
 
 
-def _decide(
-    bundle: Path | str, trust_root: Any, live: LiveSpec, policy: AdmissionPolicy, now: datetime, run: _Run
-) -> AdmissionDecision:
-    """Steps (1)–(6); returns the local decision (rank agreement comes after)."""
-    from dspark_calibrate.artifacts import Expectation, check_trust_root_freshness, verify_bundle
+def _verify_mixed_evidence(
+    bundle: Path,
+    root: TrustRoot,
+    ctx: LiveContext,
+    policy: AdmissionPolicy,
+    now: datetime,
+    report: BundleReport,
+) -> MixedReport:
+    """The bundle's mixed evidence through the artifacts pipeline (versions recorded in the state)."""
+    from dspark_calibrate.artifacts import Expectation, verify_mixed
 
-    if now.tzinfo is None:
-        raise TypeError("now must be timezone-aware")
-    bundle_path = Path(bundle)
     state = (
         RollbackState(policy.state_path, lock_timeout_s=policy.state_lock_timeout_s)
         if policy.state_path is not None
         else None
     )
-    # (1) trust root: verified on its own, then never older than the newest one accepted here
+    return verify_mixed(
+        bundle,
+        root,
+        now=now,
+        decode=report,
+        expected=Expectation(
+            fingerprint=ctx.fingerprint,
+            unbound_fields=policy.unbound_fields,
+            allow_synthetic=policy.allow_synthetic,
+            max_age=policy.max_artifact_age,
+            mixed=policy.mixed_live or MixedLive(),
+        ),
+        state=state,
+        record=state is not None and policy.record_state,
+        limits=policy.limits,
+    )
+
+
+def _mixed_economics_refusal(mixed: MixedReport) -> Finding | None:
+    """Why verified mixed evidence does not admit (a gate failed, or its economics), or None."""
+    admission = mixed.artifact("mixed-admission")
+    assert admission is not None
+    econ = MixedEconomics.from_summary(admission.summary)
+    failed = [g for g, ok in econ.gates.items() if not ok]
+    if not failed and econ.admitted:
+        return None
+    why = f"gates {failed} not passed" if failed else f"economics do not admit (net {econ.net_ms():.6g} ms)"
+    return Finding(Reason.GAIN_NOT_PROVEN, f"{mixed.path}: {why}; mixed steps stay native", field="mixed")
+
+
+def _mixed_cost_table(mixed: MixedReport) -> MixedCostTable:
+    """The verified mixed cost table, as the planner reads it."""
+    costs = mixed.artifact("mixed-cost-table")
+    assert costs is not None
+    return MixedCostTable.from_rows(
+        costs.table.to_pylist(),
+        MixedRoute.from_dict(costs.summary["route"]),
+        minimum_predicted_gain=float(costs.summary["minimum_predicted_gain"]),
+    )
+
+
+class _Refused(Exception):
+    """Raised by a step of :func:`_decide` with the findings that make the decision static K.
+
+    Never leaves :func:`_decide`; the step has stopped its timing before raising.
+    """
+
+    def __init__(self, findings: Sequence[Finding]) -> None:
+        super().__init__()
+        self.findings = findings
+
+
+def _check_root(
+    trust_root: Any, policy: AdmissionPolicy, state: RollbackState | None, now: datetime, run: _Run
+) -> TrustRoot:
+    """Step (1): the trust root, verified on its own, then never older than the newest one
+    accepted here."""
+    from dspark_calibrate.artifacts import check_trust_root_freshness
+
     run.enter("trust_root")
     root, finding = _load_root(trust_root, now)
     if root is not None:
@@ -616,28 +637,47 @@ def _decide(
     run.done()
     if finding is not None or root is None:
         assert finding is not None
-        return run.inactive([finding])
-    # (2) live deployment
+        raise _Refused([finding])
+    return root
+
+
+def _check_live(live: LiveSpec, run: _Run) -> LiveContext:
+    """Step (2): the live deployment."""
     run.enter("live")
     try:
         ctx = _resolve_live(live)
     except (ProbeError, ConfigError) as exc:
         run.done()
-        return run.inactive(
+        raise _Refused(
             [
                 Finding(
                     Reason.LIVE_PROBE_FAILED, f"live fingerprint: {exc}; pass the engine arguments explicitly"
                 )
             ]
-        )
+        ) from None
     run.done()
     run.info["live_fingerprint"] = ctx.fingerprint
-    # (3) the bundle through the artifacts pipeline; accepted versions are recorded in the state
+    return ctx
+
+
+def _check_bundle(
+    bundle_path: Path,
+    root: TrustRoot,
+    ctx: LiveContext,
+    policy: AdmissionPolicy,
+    state: RollbackState | None,
+    now: datetime,
+    run: _Run,
+) -> BundleReport:
+    """Step (3): the bundle through the artifacts pipeline (accepted versions are recorded in the
+    state), unchanged while it was read."""
+    from dspark_calibrate.artifacts import Expectation, verify_bundle
+
     run.enter("bundle")
     special = _special_files(bundle_path)
     if special:
         run.done()
-        return run.inactive(special)
+        raise _Refused(special)
     manifest = _manifest_bytes(bundle_path, policy.limits)
     run.info["bundle_sha256"] = sha256_hex(manifest) if manifest is not None else None
     expected = Expectation(
@@ -660,19 +700,17 @@ def _decide(
     for kind, member in sorted(report.members.items()):
         for step, seconds in member.timings:
             run.timings[f"bundle.{kind}.{step}"] = round(seconds * 1e3, 4)
-    cost_table, calibration, adm = (report.artifact(k) for k in ("cost-table", "calibration", "admission"))
     run.info.update(
         bundle_report=report,
         bundle_version=report.version,
-        cost_table=cost_table,
-        calibration=calibration,
-        admission=adm,
+        cost_table=report.artifact("cost-table"),
+        calibration=report.artifact("calibration"),
+        admission=report.artifact("admission"),
     )
     if not report.ok:
-        return run.inactive(report.findings)
-    assert cost_table is not None and calibration is not None
+        raise _Refused(report.findings)
     if manifest is None or _manifest_bytes(bundle_path, policy.limits) != manifest:
-        return run.inactive(
+        raise _Refused(
             [
                 Finding(
                     Reason.BUNDLE_INVALID,
@@ -682,13 +720,13 @@ def _decide(
                 )
             ]
         )
-    # (4) cross-member checks
-    run.enter("members")
-    cross = cross_member_findings(cost_table, calibration, adm)
-    run.done()
-    if cross:
-        return run.inactive(cross)
-    # (5) economics: the signed summary, then the gain test
+    return report
+
+
+def _check_economics(
+    adm: VerifiedArtifact | None, policy: AdmissionPolicy, bundle_path: Path, run: _Run
+) -> AdmissionEconomics | None:
+    """Step (5): the signed summary's economics, then the gain test when the policy asks for one."""
     run.enter("economics")
     econ: AdmissionEconomics | None = None
     if adm is not None:
@@ -696,15 +734,15 @@ def _decide(
             econ = AdmissionEconomics.from_summary(adm.summary)
         except ModelError as exc:
             run.done()
-            return run.inactive(
+            raise _Refused(
                 [Finding(Reason.CONTENT_INVALID, f"{adm.path}: {exc}", field="admission.summary")]
-            )
+            ) from None
         run.info["economics"] = econ
     if policy.min_gain_lower_bound is not None:
         verdict = gain_test(econ, policy.min_gain_lower_bound)
         if verdict.status is not Status.ACCEPT:
             run.done()
-            return run.inactive(
+            raise _Refused(
                 [
                     Finding(
                         Reason.GAIN_NOT_PROVEN,
@@ -717,16 +755,27 @@ def _decide(
                 ]
             )
     run.done()
-    # (5b) the reference selector must accept these members, so that an active decision always
-    # yields a working DynamicVerifier (and the drain guard prices a measured native cell)
+    return econ
+
+
+def _check_planner(
+    cost_table: VerifiedArtifact,
+    calibration: VerifiedArtifact,
+    econ: AdmissionEconomics | None,
+    bundle_path: Path,
+    run: _Run,
+) -> int:
+    """Step (5b): the reference selector must accept these members, so that an active decision
+    always yields a working DynamicVerifier (and the drain guard prices a measured native cell).
+    Returns K."""
     run.enter("planner")
-    k = cost_table.fingerprint.max_draft_len
+    k: int | None = cost_table.fingerprint.max_draft_len
     assert k is not None  # content rules refuse a cost table without K
     try:
         planner_inputs(cost_table.table, calibration.table, k, econ)
     except ConfigError as exc:
         run.done()
-        return run.inactive(
+        raise _Refused(
             [
                 Finding(
                     Reason.CONTENT_INVALID,
@@ -734,16 +783,51 @@ def _decide(
                     field="planner",
                 )
             ]
-        )
+        ) from None
     run.done()
-    # (6) sentinel: re-measure a few cells on this host
-    if policy.sentinel is not None:
-        run.enter("sentinel")
-        sentinel = run_sentinel(cost_table.table, k, policy.sentinel)
+    return k
+
+
+def _decide(
+    bundle: Path | str, trust_root: Any, live: LiveSpec, policy: AdmissionPolicy, now: datetime, run: _Run
+) -> AdmissionDecision:
+    """Steps (1)–(6); returns the local decision (rank agreement comes after).
+
+    Each step records what it learnt in ``run`` and raises :class:`_Refused` to make the
+    decision static K.
+    """
+    if now.tzinfo is None:
+        raise TypeError("now must be timezone-aware")
+    bundle_path = Path(bundle)
+    state = (
+        RollbackState(policy.state_path, lock_timeout_s=policy.state_lock_timeout_s)
+        if policy.state_path is not None
+        else None
+    )
+    try:
+        root = _check_root(trust_root, policy, state, now, run)
+        ctx = _check_live(live, run)
+        report = _check_bundle(bundle_path, root, ctx, policy, state, now, run)
+        cost_table, calibration, adm = (report.artifact(k) for k in ("cost-table", "calibration", "admission"))
+        assert cost_table is not None and calibration is not None
+        # (4) cross-member checks
+        run.enter("members")
+        cross = cross_member_findings(cost_table, calibration, adm)
         run.done()
-        run.info["sentinel"] = sentinel
-        if not sentinel.ok:
-            return run.inactive(sentinel.findings)
+        if cross:
+            raise _Refused(cross)
+        econ = _check_economics(adm, policy, bundle_path, run)
+        k = _check_planner(cost_table, calibration, econ, bundle_path, run)
+        # (6) sentinel: re-measure a few cells on this host
+        if policy.sentinel is not None:
+            run.enter("sentinel")
+            sentinel = run_sentinel(cost_table.table, k, policy.sentinel)
+            run.done()
+            run.info["sentinel"] = sentinel
+            if not sentinel.ok:
+                raise _Refused(sentinel.findings)
+    except _Refused as refused:
+        return run.inactive(refused.findings)
     # (6b) the optional mixed evidence, decided apart from decode
     run.enter("mixed")
     mixed = _decide_mixed(bundle_path, root, ctx, policy, now, report)
