@@ -301,6 +301,105 @@ def _runtime_snapshot(env: LiveEnvironment, packages: Sequence[str]) -> str:
     return ";".join(parts)
 
 
+class _Found:
+    """The fingerprint fields established so far, where each came from, and why others are not."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+        self.sources: dict[str, str] = {}
+        self.problems: dict[str, str] = {}
+
+    def put(self, name: str, value: Any, source: str) -> None:
+        """Record ``name`` unless it is None or already known (the first source wins)."""
+        if value is not None and name not in self.values:
+            self.values[name] = value
+            self.sources[name] = source
+
+    def missing(self) -> dict[str, str]:
+        """Why each unknown field is unknown (a probe's own reason first, then the hint)."""
+        for name, why in _MISSING_HINTS:
+            if name not in self.values:
+                self.problems.setdefault(name, why)
+        for name in ("model_config_sha256", "checkpoint_sha256", "attention_backend", "moe_backend", "kv_dtype"):
+            if name not in self.values:
+                self.problems.setdefault(name, f"not given ({fingerprint_flag(name)})")
+        for name in list(self.problems):
+            if name in self.values:
+                del self.problems[name]
+        return self.problems
+
+
+#: Why a field no argument or probe established is missing, and how to give it.
+_MISSING_HINTS = (
+    ("topology", "not given (--live-topology or DSPARK_TOPOLOGY)"),
+    ("source_head", "not given (--live-source-dir, --live-source-head or DSPARK_SOURCE_HEAD)"),
+    ("source_diff_sha256", "not given (--live-source-dir or DSPARK_SOURCE_DIFF_SHA256)"),
+    ("max_draft_len", "not given (the engine's K: --live-k)"),
+    ("rank_local_graph_batch_sizes", "not given (the engine's graph ladder: --live-ladder)"),
+    ("global_graph_batch_sizes", "needs the ladder and the GPU count"),
+    ("gpu_count", "no GPU visible and WORLD_SIZE unset (--live-gpu-count)"),
+)
+
+#: Fingerprint fields the environment may give: (field, variable).
+_ENVIRONMENT_FIELDS = (
+    ("topology", "DSPARK_TOPOLOGY"),
+    ("source_head", "DSPARK_SOURCE_HEAD"),
+    ("source_diff_sha256", "DSPARK_SOURCE_DIFF_SHA256"),
+    ("runtime_snapshot", "DSPARK_RUNTIME_SNAPSHOT"),
+)
+
+
+def _probe_environment(found: _Found, env: LiveEnvironment) -> None:
+    """The ``DSPARK_*`` variables, and ``WORLD_SIZE`` for the GPU count."""
+    for name, var in _ENVIRONMENT_FIELDS:
+        found.put(name, env.getenv(var), f"env:{var}")
+    world = env.getenv("WORLD_SIZE")
+    if world is not None and world.isdigit():
+        found.put("gpu_count", int(world), "env:WORLD_SIZE")
+
+
+def _probe_gpus(found: _Found, env: LiveEnvironment) -> tuple[GpuInfo, ...] | None:
+    """The GPU name, count and snapshot (or the synthetic device's, or the CPU's on request);
+    returns the visible GPUs."""
+    gpus, gpu_source = env.gpus()
+    cpu_probe = getattr(env, "cpu", None)
+    if found.values.get("gpu") == SYNTHETIC_DEVICE:
+        # The synthetic backend's simulated device: one fixed snapshot, nothing to probe.
+        found.put("gpu_count", 1, "synthetic")
+        found.put("gpu_snapshot_sha256", SYNTHETIC_SNAPSHOT_SHA256, "synthetic")
+    elif found.values.get("gpu") == CPU_DEVICE and not gpus and callable(cpu_probe):
+        # A deployment that runs on the CPU (the reference backend's CPU path): its "GPU" is the
+        # CPU model, probed like a GPU would be. Only on request (--live-gpu cpu): a GPU host
+        # whose probes failed must report the GPU fields as missing, not describe its CPU.
+        found.put("gpu_count", 1, "cpu")
+        found.put("gpu_snapshot_sha256", sha256_hex(canonical_json({"cpu": cpu_probe()})), "cpu")
+    elif gpus:
+        names = sorted({g.name for g in gpus})
+        if len(names) == 1:
+            found.put("gpu", names[0], gpu_source)
+        else:
+            found.problems.setdefault("gpu", f"visible GPUs differ ({names}); pass --live-gpu")
+        found.put("gpu_count", len(gpus), f"{gpu_source}: visible devices")
+        snapshot = sorted((g.snapshot() for g in gpus), key=lambda s: canonical_json(s))
+        found.put("gpu_snapshot_sha256", sha256_hex(canonical_json(snapshot)), gpu_source)
+    else:
+        for name in ("gpu", "gpu_snapshot_sha256"):
+            if name not in found.values:
+                found.problems[name] = f"{gpu_source} (--live-gpu cpu for a CPU deployment)"
+    return gpus
+
+
+def _probe_source(found: _Found, env: LiveEnvironment, source_dir: Path) -> None:
+    """The engine source's git head and diff digest, unless both were given."""
+    if "source_head" in found.values and "source_diff_sha256" in found.values:
+        return
+    head, diff, why = env.git(source_dir)
+    found.put("source_head", head, why)
+    found.put("source_diff_sha256", diff, why)
+    if head is None:
+        found.problems.setdefault("source_head", why)
+
+
 def collect_live(
     *,
     max_draft_len: int | None = None,
@@ -336,98 +435,32 @@ def collect_live(
         ProbeError: the values found do not form a valid fingerprint (e.g. a malformed digest).
     """
     env = env or SystemEnvironment()
-    values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    problems: dict[str, str] = {}
-
-    def put(name: str, value: Any, source: str) -> None:
-        if value is not None and name not in values:
-            values[name] = value
-            sources[name] = source
-
-    put("max_draft_len", max_draft_len, "argument")
-    put(
+    found = _Found()
+    found.put("max_draft_len", max_draft_len, "argument")
+    found.put(
         "rank_local_graph_batch_sizes",
         tuple(rank_local_graph_batch_sizes) if rank_local_graph_batch_sizes else None,
         "argument",
     )
-    put("topology", topology, "argument")
-    put("gpu", gpu, "argument")
-    put("gpu_count", gpu_count, "argument")
-    put("source_head", source_head, "argument")
-    put("source_diff_sha256", source_diff_sha256, "argument")
-    put("runtime_snapshot", runtime_snapshot, "argument")
+    found.put("topology", topology, "argument")
+    found.put("gpu", gpu, "argument")
+    found.put("gpu_count", gpu_count, "argument")
+    found.put("source_head", source_head, "argument")
+    found.put("source_diff_sha256", source_diff_sha256, "argument")
+    found.put("runtime_snapshot", runtime_snapshot, "argument")
     for name, value in (overrides or {}).items():
-        put(name, tuple(value) if isinstance(value, list) else value, "argument")
-
-    for name, var in (
-        ("topology", "DSPARK_TOPOLOGY"),
-        ("source_head", "DSPARK_SOURCE_HEAD"),
-        ("source_diff_sha256", "DSPARK_SOURCE_DIFF_SHA256"),
-        ("runtime_snapshot", "DSPARK_RUNTIME_SNAPSHOT"),
-    ):
-        put(name, env.getenv(var), f"env:{var}")
-    world = env.getenv("WORLD_SIZE")
-    if world is not None and world.isdigit():
-        put("gpu_count", int(world), "env:WORLD_SIZE")
-
-    gpus, gpu_source = env.gpus()
-    cpu_probe = getattr(env, "cpu", None)
-    if values.get("gpu") == SYNTHETIC_DEVICE:
-        # The synthetic backend's simulated device: one fixed snapshot, nothing to probe.
-        put("gpu_count", 1, "synthetic")
-        put("gpu_snapshot_sha256", SYNTHETIC_SNAPSHOT_SHA256, "synthetic")
-    elif values.get("gpu") == CPU_DEVICE and not gpus and callable(cpu_probe):
-        # A deployment that runs on the CPU (the reference backend's CPU path): its "GPU" is the
-        # CPU model, probed like a GPU would be. Only on request (--live-gpu cpu): a GPU host
-        # whose probes failed must report the GPU fields as missing, not describe its CPU.
-        put("gpu_count", 1, "cpu")
-        put("gpu_snapshot_sha256", sha256_hex(canonical_json({"cpu": cpu_probe()})), "cpu")
-    elif gpus:
-        names = sorted({g.name for g in gpus})
-        if len(names) == 1:
-            put("gpu", names[0], gpu_source)
-        else:
-            problems.setdefault("gpu", f"visible GPUs differ ({names}); pass --live-gpu")
-        put("gpu_count", len(gpus), f"{gpu_source}: visible devices")
-        snapshot = sorted((g.snapshot() for g in gpus), key=lambda s: canonical_json(s))
-        put("gpu_snapshot_sha256", sha256_hex(canonical_json(snapshot)), gpu_source)
-    else:
-        for name in ("gpu", "gpu_snapshot_sha256"):
-            if name not in values:
-                problems[name] = f"{gpu_source} (--live-gpu cpu for a CPU deployment)"
-
-    if source_dir is not None and ("source_head" not in values or "source_diff_sha256" not in values):
-        head, diff, why = env.git(source_dir)
-        put("source_head", head, why)
-        put("source_diff_sha256", diff, why)
-        if head is None:
-            problems.setdefault("source_head", why)
-    put("runtime_snapshot", _runtime_snapshot(env, runtime_packages), "installed package versions")
+        found.put(name, tuple(value) if isinstance(value, list) else value, "argument")
+    _probe_environment(found, env)
+    gpus = _probe_gpus(found, env)
+    if source_dir is not None:
+        _probe_source(found, env, source_dir)
+    found.put("runtime_snapshot", _runtime_snapshot(env, runtime_packages), "installed package versions")
     if model_config is not None:
-        put("model_config_sha256", model_config_digest(model_config), f"file:{model_config}")
-
-    rl, n = values.get("rank_local_graph_batch_sizes"), values.get("gpu_count")
+        found.put("model_config_sha256", model_config_digest(model_config), f"file:{model_config}")
+    rl, n = found.values.get("rank_local_graph_batch_sizes"), found.values.get("gpu_count")
     if rl is not None and n is not None:
-        put("global_graph_batch_sizes", tuple(int(g) * int(n) for g in rl), "rank-local sizes x gpu_count")
-
-    for name, why in (
-        ("topology", "not given (--live-topology or DSPARK_TOPOLOGY)"),
-        ("source_head", "not given (--live-source-dir, --live-source-head or DSPARK_SOURCE_HEAD)"),
-        ("source_diff_sha256", "not given (--live-source-dir or DSPARK_SOURCE_DIFF_SHA256)"),
-        ("max_draft_len", "not given (the engine's K: --live-k)"),
-        ("rank_local_graph_batch_sizes", "not given (the engine's graph ladder: --live-ladder)"),
-        ("global_graph_batch_sizes", "needs the ladder and the GPU count"),
-        ("gpu_count", "no GPU visible and WORLD_SIZE unset (--live-gpu-count)"),
-    ):
-        if name not in values:
-            problems.setdefault(name, why)
-    for name in ("model_config_sha256", "checkpoint_sha256", "attention_backend", "moe_backend", "kv_dtype"):
-        if name not in values:
-            problems.setdefault(name, f"not given ({fingerprint_flag(name)})")
-    for name in list(problems):
-        if name in values:
-            del problems[name]
+        found.put("global_graph_batch_sizes", tuple(int(g) * int(n) for g in rl), "rank-local sizes x gpu_count")
+    values, sources, problems = found.values, found.sources, found.missing()
     try:
         fp = Fingerprint.from_dict(values)
     except ModelError as exc:
