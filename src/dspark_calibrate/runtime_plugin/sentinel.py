@@ -308,6 +308,47 @@ def _report(
     )
 
 
+def _setup_problem(
+    policy: SentinelPolicy, table_cells: Mapping[tuple[int, int], StoredCell], wanted: Sequence[tuple[int, int]]
+) -> Finding | None:
+    """Why the sentinel cannot start: cells the table does not hold, or no backend loader."""
+    unknown = [c for c in wanted if c not in table_cells]
+    if unknown or not wanted:
+        return Finding(
+            Reason.SENTINEL_FAILED,
+            f"sentinel: cells {unknown or 'none'} are not in the verified cost table; "
+            "choose cells the table holds",
+            field="cells",
+        )
+    if policy.loader is None:
+        return Finding(
+            Reason.BACKEND_IMPORT_ERROR,
+            "sentinel: no backend loader given; pass SentinelPolicy(loader=...), e.g. "
+            "dspark_calibrate.calibrate.measurement.load_sentinel_backend",
+            field="loader",
+        )
+    return None
+
+
+def _measure(
+    backend: SentinelBackend, wanted: Sequence[tuple[int, int]], max_draft_len: int, policy: SentinelPolicy
+) -> dict[tuple[int, int], list[float]]:
+    """The backend's samples of each wanted cell, with the policy's warm-up, replays and count."""
+    samples: dict[tuple[int, int], list[float]] = {}
+    for g, v in wanted:
+        samples[(g, v)] = list(
+            backend.measure(
+                g,
+                v,
+                max_draft_len,
+                warmup=policy.warmup,
+                replays=policy.replays,
+                samples=policy.samples,
+            )
+        )
+    return samples
+
+
 def run_sentinel(
     cost_table: pa.Table,
     max_draft_len: int,
@@ -333,35 +374,10 @@ def run_sentinel(
     started = clock()
     table_cells = stored_cells(cost_table)
     wanted = policy.cells if policy.cells is not None else default_cells(table_cells)
-    unknown = [c for c in wanted if c not in table_cells]
-    if unknown or not wanted:
-        return _report(
-            policy,
-            started,
-            clock,
-            [
-                Finding(
-                    Reason.SENTINEL_FAILED,
-                    f"sentinel: cells {unknown or 'none'} are not in the verified cost table; "
-                    "choose cells the table holds",
-                    field="cells",
-                )
-            ],
-        )
-    if policy.loader is None:
-        return _report(
-            policy,
-            started,
-            clock,
-            [
-                Finding(
-                    Reason.BACKEND_IMPORT_ERROR,
-                    "sentinel: no backend loader given; pass SentinelPolicy(loader=...), e.g. "
-                    "dspark_calibrate.calibrate.measurement.load_sentinel_backend",
-                    field="loader",
-                )
-            ],
-        )
+    problem = _setup_problem(policy, table_cells, wanted)
+    if problem is not None:
+        return _report(policy, started, clock, [problem])
+    assert policy.loader is not None
     try:
         backend = policy.loader(policy.backend, policy.backend_options)
     except (ConfigError, ImportError) as exc:
@@ -385,18 +401,7 @@ def run_sentinel(
                     )
                 ],
             )
-        samples: dict[tuple[int, int], list[float]] = {}
-        for g, v in wanted:
-            samples[(g, v)] = list(
-                backend.measure(
-                    g,
-                    v,
-                    max_draft_len,
-                    warmup=policy.warmup,
-                    replays=policy.replays,
-                    samples=policy.samples,
-                )
-            )
+        samples = _measure(backend, wanted, max_draft_len, policy)
     except (MeasurementError, ConfigError) as exc:
         return _report(policy, started, clock, [Finding(Reason.SENTINEL_FAILED, f"sentinel: {exc}")])
     finally:
