@@ -263,6 +263,24 @@ def _check_receipt(receipt: bytes, digests: Mapping[str, str], where: Path) -> N
         raise ConfigError(f"{where}: the receipt says admitted={body.get('admitted')!r}")
 
 
+def _export_package(
+    report: Any, package: Path, export: Exporter, **options: Any
+) -> tuple[Path, dict[str, Path], dict[str, str]]:
+    """Export ``report`` into ``package`` and pin what was written: ``(package, files, digests)``.
+
+    Raises:
+        DsparkError, OSError, ImportError: the export failed, or the receipt on disk does not pin
+            the files beside it.
+    """
+    export(report, package, overwrite=True, **options)
+    files = {name: package / filename for name, filename in EXPORTED_FILES.items()}
+    # Pin what is on disk: that is what the engine will read.
+    digests = {name: sha256_hex(_read_pinned(path)) for name, path in files.items()}
+    receipt_path = files["confidence_admission_receipt_path"]
+    _check_receipt(_read_pinned(receipt_path), digests, receipt_path)
+    return package, files, digests
+
+
 def decoding_fields(
     decision: AdmissionDecision,
     *,
@@ -310,25 +328,18 @@ def decoding_fields(
     block: dict[str, str] | None = None
     for with_mixed in attempts:
         try:
-            package = _private_dir(out_dir) / PACKAGE_DIR
-            export = exporter if exporter is not None else _default_exporter()
             extra: dict[str, Any] = {}
             if with_mixed:
                 assert mixed is not None
                 extra = {"mixed": mixed.report, "allow_synthetic": mixed.allow_synthetic}
-            export(
+            package, files, digests = _export_package(
                 decision.bundle_report,
-                package,
+                _private_dir(out_dir) / PACKAGE_DIR,
+                exporter if exporter is not None else _default_exporter(),
                 selector_identity=selector_identity,
                 live_fingerprint=bind,
-                overwrite=True,
                 **extra,
             )
-            files = {name: package / filename for name, filename in EXPORTED_FILES.items()}
-            # Pin what is on disk: that is what the engine will read.
-            digests = {name: sha256_hex(_read_pinned(path)) for name, path in files.items()}
-            receipt_path = files["confidence_admission_receipt_path"]
-            _check_receipt(_read_pinned(receipt_path), digests, receipt_path)
             block = _mixed_block(package) if with_mixed else None
         except (DsparkError, OSError, ImportError) as exc:
             if with_mixed:
