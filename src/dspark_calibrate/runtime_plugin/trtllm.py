@@ -281,6 +281,25 @@ def _export_package(
     return package, files, digests
 
 
+def _not_exportable(decision: AdmissionDecision, selector_identity: str | None, k: int | None) -> TrtllmOptions | None:
+    """Static options when there is nothing to export (an inactive decision, no verified bundle
+    report, a malformed selector identity), else None."""
+    if not decision.active:
+        return static_options(decision.reason_code, decision.message, k)
+    if decision.bundle_report is None:
+        return _export_failed(
+            "the decision carries no verified bundle report to export from", "bundle_report", k
+        )
+    if not is_sha256_hex(selector_identity):
+        return _export_failed(
+            f"selector identity {selector_identity!r} is not 64 lowercase hex; pass the engine's selector "
+            "constant (the receipt pins it, TensorRT-LLM refuses a receipt without it)",
+            "selector_identity",
+            k,
+        )
+    return None
+
+
 def decoding_fields(
     decision: AdmissionDecision,
     *,
@@ -305,19 +324,9 @@ def decoding_fields(
         (bad input, I/O) never raise.
     """
     k = _decision_k(decision)
-    if not decision.active:
-        return static_options(decision.reason_code, decision.message, k)
-    if decision.bundle_report is None:
-        return _export_failed(
-            "the decision carries no verified bundle report to export from", "bundle_report", k
-        )
-    if not is_sha256_hex(selector_identity):
-        return _export_failed(
-            f"selector identity {selector_identity!r} is not 64 lowercase hex; pass the engine's selector "
-            "constant (the receipt pins it, TensorRT-LLM refuses a receipt without it)",
-            "selector_identity",
-            k,
-        )
+    refused = _not_exportable(decision, selector_identity, k)
+    if refused is not None:
+        return refused
     live = decision.live_fingerprint
     # The exporter binds the ten engine fields once more when all of them were established live.
     bind = live if live is not None and not live.missing(TRTLLM_FINGERPRINT_FIELDS) else None
