@@ -33,7 +33,7 @@ from dspark_calibrate.artifacts._models import Fingerprint, ModelError, is_sha25
 from dspark_calibrate.artifacts._parquet import DEFAULT_LIMITS, ReadLimits
 from dspark_calibrate.artifacts._reasons import Finding, FindingsOutcome, Reason
 from dspark_calibrate.artifacts._sign import format_time, parse_time, series_of
-from dspark_calibrate.artifacts._state import RollbackState, StateError
+from dspark_calibrate.artifacts._state import RollbackState, SeriesIdentity, StateError
 from dspark_calibrate.artifacts._trust import TrustRoot
 from dspark_calibrate.artifacts._verify import (
     Expectation,
@@ -277,64 +277,18 @@ def verify_bundle(
     manifest = bundle_dir / layout.manifest if path.is_dir() else path
     members: dict[str, VerificationReport] = {}
     try:
-        try:
-            raw = read_regular_file(manifest, limits.max_envelope_bytes)
-        except FileNotFoundError:
-            raise _Stop(
-                [
-                    Finding(
-                        Reason.BUNDLE_MEMBER_MISSING,
-                        f"{manifest}: bundle manifest not found",
-                        field="manifest",
-                    )
-                ]
-            ) from None
-        except FileTooLarge as big:
-            raise _Stop(
-                [Finding(Reason.ENVELOPE_TOO_LARGE, f"{manifest}: {big.size} bytes is above the limit")]
-            ) from None
-        except OSError as exc:
-            raise _Stop(
-                [Finding(Reason.IO_ERROR, f"{manifest}: cannot read ({exc.strerror or exc})")]
-            ) from None
-        try:
-            env = parse_envelope(raw, max_bytes=limits.max_envelope_bytes)
-        except EnvelopeError as exc:
-            raise _Stop([Finding(exc.reason, f"{manifest}: {exc}")]) from None
-        keyids, statement = check_envelope(env, trust_root, manifest)
-        predicate, fp, issued, expires = _manifest_predicate(statement, manifest, layout)
-        identity = series_identity("bundle", fp, predicate["series"])
-        fresh = check_freshness(
-            identity=identity,
-            bound=bound_fields(expected),
-            version=predicate["version"],
-            issued_at=issued,
-            expires_at=expires,
-            now=now,
-            max_age=expected.max_age,
+        keyids, predicate, fp, identity = _check_manifest(
+            _read_manifest(manifest, limits),
+            manifest,
+            trust_root,
+            expected=expected,
             state=state,
-            where=manifest,
+            now=now,
+            limits=limits,
+            layout=layout,
+            required=required,
         )
-        if fresh:
-            raise _Stop(fresh)
-        if expected.fingerprint is not None:
-            binding, _ = check_binding(
-                fp, expected.fingerprint, unbound=expected.unbound_fields, where=manifest
-            )
-            if binding:
-                raise _Stop(binding)
         entries: dict[str, Any] = predicate["members"]
-        missing = [k for k in required if k not in entries]
-        if missing:
-            raise _Stop(
-                [
-                    Finding(
-                        Reason.BUNDLE_MEMBER_MISSING,
-                        f"{manifest}: required member(s) {missing} not in the bundle",
-                        field=missing[0],
-                    )
-                ]
-            )
         findings: list[Finding] = []
         for kind, entry in sorted(entries.items()):
             member_path = bundle_dir / entry["file"]
@@ -348,44 +302,11 @@ def verify_bundle(
                 limits=limits,
             )
             members[kind] = report
-            if not report.ok:
-                findings.extend(report.findings)
-                continue
-            art = report.artifact
-            assert art is not None
-            if art.logical_sha256 != entry["logical_sha256"] or art.version != entry["version"]:
-                findings.append(
-                    Finding(
-                        Reason.BUNDLE_MEMBER_MISMATCH,
-                        f"{member_path}: is not the {kind} this bundle pins (logical sha256 "
-                        f"{art.logical_sha256[:16]}… v{art.version}, pinned {entry['logical_sha256'][:16]}… "
-                        f"v{entry['version']}); restore the bundle's own file",
-                        field=kind,
-                        expected=entry["logical_sha256"],
-                        actual=art.logical_sha256,
-                    )
-                )
-            elif art.fingerprint != fp:
-                diff = [n for n, _, _ in art.fingerprint.diff(fp)]
-                findings.append(
-                    Finding(
-                        Reason.CROSS_MEMBER_MISMATCH,
-                        f"{member_path}: fingerprint differs from the bundle's in {diff}",
-                        field=diff[0] if diff else kind,
-                    )
-                )
+            findings.extend(report.findings if not report.ok else _member_mismatch(report, kind, member_path, entry, fp))
         if findings:
             raise _Stop(findings)
         if record and state is not None:
-            accepted = [(identity, predicate["version"])]
-            for report in members.values():
-                a = report.artifact
-                assert a is not None
-                accepted.append((a.identity, a.version))
-            try:
-                state.update(accepted)  # one locked, atomic update for the manifest and its members
-            except StateError as exc:
-                raise _Stop([Finding(exc.reason, f"{manifest}: {exc}")]) from None
+            _record(state, manifest, [(identity, predicate["version"])], members)
     except _Stop as stop:
         return BundleReport(path=bundle_dir, findings=stop.findings, members=members)
     return BundleReport(
@@ -396,6 +317,132 @@ def verify_bundle(
         fingerprint=fp,
         manifest_keyids=keyids,
     )
+
+
+def _check_manifest(
+    raw: bytes,
+    manifest: Path,
+    trust_root: TrustRoot,
+    *,
+    expected: Expectation,
+    state: RollbackState | None,
+    now: datetime,
+    limits: ReadLimits,
+    layout: BundleLayout,
+    required: Sequence[str],
+) -> tuple[tuple[str, ...], dict[str, Any], Fingerprint, SeriesIdentity]:
+    """The manifest's steps: signature, payload, predicate, freshness and rollback, binding, and
+    the required members; ``(keyids, predicate, fingerprint, series identity)`` or :class:`_Stop`."""
+    try:
+        env = parse_envelope(raw, max_bytes=limits.max_envelope_bytes)
+    except EnvelopeError as exc:
+        raise _Stop([Finding(exc.reason, f"{manifest}: {exc}")]) from None
+    keyids, statement = check_envelope(env, trust_root, manifest)
+    predicate, fp, issued, expires = _manifest_predicate(statement, manifest, layout)
+    identity = series_identity("bundle", fp, predicate["series"])
+    fresh = check_freshness(
+        identity=identity,
+        bound=bound_fields(expected),
+        version=predicate["version"],
+        issued_at=issued,
+        expires_at=expires,
+        now=now,
+        max_age=expected.max_age,
+        state=state,
+        where=manifest,
+    )
+    if fresh:
+        raise _Stop(fresh)
+    if expected.fingerprint is not None:
+        binding, _ = check_binding(
+            fp, expected.fingerprint, unbound=expected.unbound_fields, where=manifest
+        )
+        if binding:
+            raise _Stop(binding)
+    entries: dict[str, Any] = predicate["members"]
+    missing = [k for k in required if k not in entries]
+    if missing:
+        raise _Stop(
+            [
+                Finding(
+                    Reason.BUNDLE_MEMBER_MISSING,
+                    f"{manifest}: required member(s) {missing} not in the bundle",
+                    field=missing[0],
+                )
+            ]
+        )
+    return keyids, predicate, fp, identity
+
+
+def _read_manifest(manifest: Path, limits: ReadLimits) -> bytes:
+    """The manifest's bytes (bounded); raises :class:`_Stop` when it is missing, too large or
+    unreadable."""
+    try:
+        return read_regular_file(manifest, limits.max_envelope_bytes)
+    except FileNotFoundError:
+        raise _Stop(
+            [
+                Finding(
+                    Reason.BUNDLE_MEMBER_MISSING,
+                    f"{manifest}: bundle manifest not found",
+                    field="manifest",
+                )
+            ]
+        ) from None
+    except FileTooLarge as big:
+        raise _Stop(
+            [Finding(Reason.ENVELOPE_TOO_LARGE, f"{manifest}: {big.size} bytes is above the limit")]
+        ) from None
+    except OSError as exc:
+        raise _Stop([Finding(Reason.IO_ERROR, f"{manifest}: cannot read ({exc.strerror or exc})")]) from None
+
+
+def _member_mismatch(
+    report: VerificationReport, kind: str, member_path: Path, entry: Mapping[str, Any], fp: Fingerprint
+) -> list[Finding]:
+    """A verified member that is not the one the manifest pins (logical hash, version), or whose
+    fingerprint is not the bundle's; empty when it is."""
+    art = report.artifact
+    assert art is not None
+    if art.logical_sha256 != entry["logical_sha256"] or art.version != entry["version"]:
+        return [
+            Finding(
+                Reason.BUNDLE_MEMBER_MISMATCH,
+                f"{member_path}: is not the {kind} this bundle pins (logical sha256 "
+                f"{art.logical_sha256[:16]}… v{art.version}, pinned {entry['logical_sha256'][:16]}… "
+                f"v{entry['version']}); restore the bundle's own file",
+                field=kind,
+                expected=entry["logical_sha256"],
+                actual=art.logical_sha256,
+            )
+        ]
+    if art.fingerprint != fp:
+        diff = [n for n, _, _ in art.fingerprint.diff(fp)]
+        return [
+            Finding(
+                Reason.CROSS_MEMBER_MISMATCH,
+                f"{member_path}: fingerprint differs from the bundle's in {diff}",
+                field=diff[0] if diff else kind,
+            )
+        ]
+    return []
+
+
+def _record(
+    state: RollbackState,
+    manifest: Path,
+    accepted: list[tuple[SeriesIdentity, int]],
+    members: Mapping[str, VerificationReport],
+) -> None:
+    """Record the manifest's and its members' versions in one locked, atomic state update."""
+    for report in members.values():
+        a = report.artifact
+        assert a is not None
+        accepted.append((a.identity, a.version))
+    try:
+        state.update(accepted)
+    except StateError as exc:
+        raise _Stop([Finding(exc.reason, f"{manifest}: {exc}")]) from None
 
 
 def verify_inputs(
