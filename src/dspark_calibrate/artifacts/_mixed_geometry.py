@@ -555,12 +555,54 @@ def geometry_violations(
         costs: ``(native_lower_ms, candidate_upper_ms, minimum_predicted_gain)`` to check the dead-cell
             rule; None skips it.
     """
+    out = _shape_violations(geometry, buckets, world_size)
+    if any(v.rule in ("ranks", "integers") for v in out):
+        return out  # nothing below can be read rank by rank
+    feats, actual, native = geometry.rank_features, geometry.actual_rank_rows, geometry.native_rank_rows
+    for r, f in enumerate(feats):
+        out.extend(_rank_violations(r, f, actual[r], native[r], geometry.capacity, k))
+    if not any(f.real_context_requests for f in feats):
+        out.append(
+            GeometryViolation(
+                "all_decode",
+                None,
+                "no rank has a real context request; all-decode steps are priced by the decode table",
+            )
+        )
+    if actual == native:
+        out.append(
+            GeometryViolation("not_compact", None, "actual rows equal native rows on every rank; a cell must be compact")
+        )
+    top = max(native)
+    largest = max(buckets) if buckets else 0
+    if top > largest:
+        out.append(
+            GeometryViolation(
+                "native_grid", None, f"largest native row count {top} exceeds the largest body bucket {largest}"
+            )
+        )
+    if not any(v.rule in ("fixed_rows", "native_rows") for v in out):
+        out.extend(_reach_violations(geometry, k, min_verify_len))
+    if costs is not None:
+        native_lower, candidate_upper, gain = costs
+        if dead_cell(native_lower, candidate_upper, gain):
+            out.append(
+                GeometryViolation(
+                    "dead",
+                    None,
+                    f"candidate_upper_ms {candidate_upper:.6g} × (1 + gain {gain:g}) > native_lower_ms "
+                    f"{native_lower:.6g}: the runtime can never choose this cell",
+                )
+            )
+    return out
+
+
+def _shape_violations(
+    geometry: MixedGeometry, buckets: Sequence[int], world_size: int | None
+) -> list[GeometryViolation]:
+    """The rules read before any rank's rows: one entry per rank, a captured capacity, wire integers."""
     out: list[GeometryViolation] = []
     feats, actual, native = geometry.rank_features, geometry.actual_rank_rows, geometry.native_rank_rows
-
-    def bad(rule: str, rank: int | None, message: str) -> None:
-        out.append(GeometryViolation(rule, rank, message))
-
     ranks = len(feats)
     if (
         not ranks
@@ -569,114 +611,113 @@ def geometry_violations(
         or (world_size is not None and ranks != world_size)
     ):
         want = f"{world_size}" if world_size is not None else "one or more"
-        bad(
-            "ranks",
-            None,
-            f"{ranks} rank feature objects, {len(actual)} actual and {len(native)} native row counts; "
-            f"need {want} of each, in rank order",
+        out.append(
+            GeometryViolation(
+                "ranks",
+                None,
+                f"{ranks} rank feature objects, {len(actual)} actual and {len(native)} native row counts; "
+                f"need {want} of each, in rank order",
+            )
         )
-        return out  # nothing below can be read rank by rank
+        return out
     if geometry.capacity not in buckets:
-        bad("capacity", None, f"capacity {geometry.capacity} is not a captured body bucket {list(buckets)}")
+        out.append(
+            GeometryViolation(
+                "capacity", None, f"capacity {geometry.capacity} is not a captured body bucket {list(buckets)}"
+            )
+        )
     for r in range(ranks):
         values = (*feats[r].values(), actual[r], native[r])
         if any(type(v) is not int or not 0 <= v < _WIRE_LIMIT for v in values):
-            bad("integers", r, "every feature and row count must be an integer in [0, 2^63)")
-    if any(v.rule == "integers" for v in out):
-        return out
+            out.append(GeometryViolation("integers", r, "every feature and row count must be an integer in [0, 2^63)"))
+    return out
+
+
+def _rank_violations(
+    r: int, f: RankFeatures, actual: int, native: int, capacity: int, k: int
+) -> list[GeometryViolation]:
+    """One rank's counting rules: features consistent, fixed and native rows as the runtime
+    builds them, actual rows between the reserved floor and min(native, capacity)."""
+    out: list[GeometryViolation] = []
+
+    def bad(rule: str, message: str) -> None:
+        out.append(GeometryViolation(rule, r, message))
+
     full = k + 1
-    for r, f in enumerate(feats):
-        gens, elig = f.generation_requests, f.eligible_generations
-        if f.real_context_requests > f.context_requests:
-            bad(
-                "real_context",
-                r,
-                f"real_context_requests {f.real_context_requests} > context_requests {f.context_requests}",
-            )
-        if elig > gens:
-            bad("eligible", r, f"eligible_generations {elig} > generation_requests {gens}")
-        if f.bootstrap_generations > gens - elig:
-            bad(
-                "bootstrap",
-                r,
-                f"bootstrap_generations {f.bootstrap_generations} > generations {gens} − eligible {elig}; "
-                "a bootstrap generation is never eligible",
-            )
-        if f.generation_history_max > f.generation_history_sum:
-            bad(
-                "history",
-                r,
-                f"generation_history_max {f.generation_history_max} > generation_history_sum "
-                f"{f.generation_history_sum}",
-            )
-        if f.fixed_generation_rows != full * (gens - elig):
-            bad(
-                "fixed_rows",
-                r,
-                f"fixed_generation_rows is {f.fixed_generation_rows}, expected {full} × (generations {gens} − "
-                f"eligible {elig}) = {full * (gens - elig)} (non-eligible generations keep K+1 rows)",
-            )
-        want_native = f.context_rows + f.fixed_generation_rows + full * elig
-        if native[r] != want_native:
-            bad(
-                "native_rows",
-                r,
-                f"native rows {native[r]}, expected context {f.context_rows} + fixed {f.fixed_generation_rows} "
-                f"+ {full} × eligible {elig} = {want_native}",
-            )
-        floor = f.context_rows + f.fixed_generation_rows + elig
-        if actual[r] < floor:
-            bad(
-                "reserved_rows",
-                r,
-                f"actual rows {actual[r]} < context {f.context_rows} + fixed {f.fixed_generation_rows} + "
-                f"eligible {elig} = {floor}; context and full-K rows are never discounted",
-            )
-        ceiling = min(native[r], geometry.capacity)
-        if actual[r] > ceiling:
-            bad(
-                "capacity_rows",
-                r,
-                f"actual rows {actual[r]} > min(native rows {native[r]}, capacity {geometry.capacity}) = {ceiling}",
-            )
-    if not any(f.real_context_requests for f in feats):
+    gens, elig = f.generation_requests, f.eligible_generations
+    if f.real_context_requests > f.context_requests:
         bad(
-            "all_decode",
-            None,
-            "no rank has a real context request; all-decode steps are priced by the decode table",
+            "real_context",
+            f"real_context_requests {f.real_context_requests} > context_requests {f.context_requests}",
         )
-    if actual == native:
-        bad("not_compact", None, "actual rows equal native rows on every rank; a cell must be compact")
-    top = max(native)
-    largest = max(buckets) if buckets else 0
-    if top > largest:
-        bad("native_grid", None, f"largest native row count {top} exceeds the largest body bucket {largest}")
-    if not any(v.rule in ("fixed_rows", "native_rows") for v in out):
-        for r, f in enumerate(feats):
-            built = candidate_rows(f, geometry.capacity, k, min_verify_len=min_verify_len)
-            if built is None:
-                bad(
+    if elig > gens:
+        bad("eligible", f"eligible_generations {elig} > generation_requests {gens}")
+    if f.bootstrap_generations > gens - elig:
+        bad(
+            "bootstrap",
+            f"bootstrap_generations {f.bootstrap_generations} > generations {gens} − eligible {elig}; "
+            "a bootstrap generation is never eligible",
+        )
+    if f.generation_history_max > f.generation_history_sum:
+        bad(
+            "history",
+            f"generation_history_max {f.generation_history_max} > generation_history_sum "
+            f"{f.generation_history_sum}",
+        )
+    if f.fixed_generation_rows != full * (gens - elig):
+        bad(
+            "fixed_rows",
+            f"fixed_generation_rows is {f.fixed_generation_rows}, expected {full} × (generations {gens} − "
+            f"eligible {elig}) = {full * (gens - elig)} (non-eligible generations keep K+1 rows)",
+        )
+    want_native = f.context_rows + f.fixed_generation_rows + full * elig
+    if native != want_native:
+        bad(
+            "native_rows",
+            f"native rows {native}, expected context {f.context_rows} + fixed {f.fixed_generation_rows} "
+            f"+ {full} × eligible {elig} = {want_native}",
+        )
+    floor = f.context_rows + f.fixed_generation_rows + elig
+    if actual < floor:
+        bad(
+            "reserved_rows",
+            f"actual rows {actual} < context {f.context_rows} + fixed {f.fixed_generation_rows} + "
+            f"eligible {elig} = {floor}; context and full-K rows are never discounted",
+        )
+    ceiling = min(native, capacity)
+    if actual > ceiling:
+        bad(
+            "capacity_rows",
+            f"actual rows {actual} > min(native rows {native}, capacity {capacity}) = {ceiling}",
+        )
+    return out
+
+
+def _reach_violations(geometry: MixedGeometry, k: int, min_verify_len: int) -> list[GeometryViolation]:
+    """Ranks whose actual rows the runtime never builds at the cell's capacity (no lookup matches)."""
+    out: list[GeometryViolation] = []
+    full = k + 1
+    for r, f in enumerate(geometry.rank_features):
+        built = candidate_rows(f, geometry.capacity, k, min_verify_len=min_verify_len)
+        actual = geometry.actual_rank_rows[r]
+        if built is None:
+            out.append(
+                GeometryViolation(
                     "unreachable",
                     r,
                     f"capacity {geometry.capacity} − reserve {f.reserve} < {1 + min_verify_len} × eligible "
                     f"{f.eligible_generations}: the runtime never offers this capacity, so no lookup can match",
                 )
-            elif built != actual[r]:
-                bad(
+            )
+        elif built != actual:
+            out.append(
+                GeometryViolation(
                     "unreachable",
                     r,
                     f"the runtime builds {built} rows at capacity {geometry.capacity} (reserve {f.reserve} + "
                     f"min({geometry.capacity - f.reserve}, {full} × eligible {f.eligible_generations})), not "
-                    f"{actual[r]}: no lookup can match this cell",
+                    f"{actual}: no lookup can match this cell",
                 )
-    if costs is not None:
-        native_lower, candidate_upper, gain = costs
-        if dead_cell(native_lower, candidate_upper, gain):
-            bad(
-                "dead",
-                None,
-                f"candidate_upper_ms {candidate_upper:.6g} × (1 + gain {gain:g}) > native_lower_ms "
-                f"{native_lower:.6g}: the runtime can never choose this cell",
             )
     return out
 
