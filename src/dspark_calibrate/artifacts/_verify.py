@@ -373,6 +373,48 @@ def _step4_predicate(
     statement: Mapping[str, Any], expected: Expectation, where: Path
 ) -> tuple[str, dict[str, Any], Fingerprint, Provenance, str, datetime, datetime]:
     subject, predicate = _statement_parts(statement, where, PREDICATE_TYPE)
+    kind = _step4_kind(predicate, expected, where)
+    # A known schema_version rejects unknown fields: no decision may rest on fields we do not read.
+    if set(predicate) != _PREDICATE_FIELDS:
+        extra, missing = (
+            sorted(set(predicate) - _PREDICATE_FIELDS),
+            sorted(_PREDICATE_FIELDS - set(predicate)),
+        )
+        raise _Stop(
+            [
+                Finding(
+                    Reason.PREDICATE_INVALID, f"{where}: predicate fields: extra {extra}, missing {missing}"
+                )
+            ]
+        )
+    digest = _step4_subject(subject, kind, where)
+    try:
+        fp = Fingerprint.from_dict(predicate["fingerprint"])
+        prov = Provenance.from_dict(predicate["provenance"])
+        version = predicate["version"]
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise ModelError(f"version must be an integer >= 1, got {version!r}")
+        if not isinstance(predicate["summary"], dict):
+            raise ModelError("summary must be an object")
+        issued = parse_time(predicate["issued_at"])
+        expires = parse_time(predicate["expires_at"])
+    except (ModelError, ValueError, TypeError) as exc:
+        raise _Stop([Finding(Reason.PREDICATE_INVALID, f"{where}: {exc}")]) from None
+    if predicate["series"] != series_of(kind, fp):
+        raise _Stop(
+            [
+                Finding(
+                    Reason.PREDICATE_INVALID,
+                    f"{where}: series does not match kind + fingerprint digest",
+                    "series",
+                )
+            ]
+        )
+    return kind, predicate, fp, prov, digest, issued, expires
+
+
+def _step4_kind(predicate: Mapping[str, Any], expected: Expectation, where: Path) -> str:
+    """The signed kind: an artifact kind, at a schema version this tool reads, the one expected."""
     kind = predicate.get("kind")
     if kind not in ARTIFACT_KINDS:
         raise _Stop([Finding(Reason.KIND_MISMATCH, f"{where}: signed kind {kind!r} is not an artifact kind")])
@@ -403,19 +445,11 @@ def _step4_predicate(
                 )
             ]
         )
-    # A known schema_version rejects unknown fields: no decision may rest on fields we do not read.
-    if set(predicate) != _PREDICATE_FIELDS:
-        extra, missing = (
-            sorted(set(predicate) - _PREDICATE_FIELDS),
-            sorted(_PREDICATE_FIELDS - set(predicate)),
-        )
-        raise _Stop(
-            [
-                Finding(
-                    Reason.PREDICATE_INVALID, f"{where}: predicate fields: extra {extra}, missing {missing}"
-                )
-            ]
-        )
+    return str(kind)
+
+
+def _step4_subject(subject: Any, kind: str, where: Path) -> str:
+    """The table digest the statement's one subject names."""
     if (
         len(subject) != 1
         or not isinstance(subject[0], dict)
@@ -434,29 +468,7 @@ def _step4_predicate(
             ]
         )
     digest: str = subject[0]["digest"]["sha256"]
-    try:
-        fp = Fingerprint.from_dict(predicate["fingerprint"])
-        prov = Provenance.from_dict(predicate["provenance"])
-        version = predicate["version"]
-        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-            raise ModelError(f"version must be an integer >= 1, got {version!r}")
-        if not isinstance(predicate["summary"], dict):
-            raise ModelError("summary must be an object")
-        issued = parse_time(predicate["issued_at"])
-        expires = parse_time(predicate["expires_at"])
-    except (ModelError, ValueError, TypeError) as exc:
-        raise _Stop([Finding(Reason.PREDICATE_INVALID, f"{where}: {exc}")]) from None
-    if predicate["series"] != series_of(kind, fp):
-        raise _Stop(
-            [
-                Finding(
-                    Reason.PREDICATE_INVALID,
-                    f"{where}: series does not match kind + fingerprint digest",
-                    "series",
-                )
-            ]
-        )
-    return kind, predicate, fp, prov, digest, issued, expires
+    return digest
 
 
 def _step5_hash(table: pa.Table, kind: str, digest: str, where: Path) -> None:
@@ -762,6 +774,83 @@ def verify_artifact(
     )
 
 
+def _step6_freshness(
+    identity: SeriesIdentity,
+    predicate: Mapping[str, Any],
+    issued: datetime,
+    expires: datetime,
+    *,
+    now: datetime,
+    expected: Expectation,
+    state: RollbackState | None,
+    where: Path | str,
+) -> None:
+    """Step 6: expiry, age and rollback of the artifact's series (DESIGN §4)."""
+    fresh = check_freshness(
+        identity=identity,
+        bound=bound_fields(expected),
+        version=predicate["version"],
+        issued_at=issued,
+        expires_at=expires,
+        now=now,
+        max_age=expected.max_age,
+        state=state,
+        where=where,
+    )
+    if fresh:
+        raise _Stop(fresh)
+
+
+def _step7_binding(
+    kind: str, fp: Fingerprint, predicate: Mapping[str, Any], expected: Expectation, where: Path | str
+) -> tuple[list[Finding], tuple[str, ...]]:
+    """Step 7: the fingerprint against the expected one, then a mixed kind's route.
+
+    Returns:
+        ``(findings, fields left unbound)``; the unbound fields are reported with the findings too.
+    """
+    skipped: tuple[str, ...] = ()
+    if expected.fingerprint is not None:
+        binding, skipped = check_binding(fp, expected.fingerprint, unbound=expected.unbound_fields, where=where)
+        if binding:
+            return binding, skipped
+    if expected.mixed is not None and kind.startswith("mixed-"):
+        return check_mixed_binding(predicate["summary"], expected.mixed, where=where), skipped
+    return [], skipped
+
+
+def _step8_content(
+    kind: str,
+    table: pa.Table,
+    fp: Fingerprint,
+    prov: Provenance,
+    predicate: Mapping[str, Any],
+    expected: Expectation,
+    where: Path | str,
+) -> None:
+    """Step 8: the kind's content rules over the verified table and its signed fields."""
+    content = content_findings(
+        kind,
+        table,
+        fp,
+        prov.to_dict(),
+        allow_synthetic=expected.allow_synthetic,
+        where=str(where),
+        schema_version=predicate["schema_version"],
+        summary=predicate["summary"],
+    )
+    if content:
+        raise _Stop(content)
+
+
+def _record(state: RollbackState, identity: SeriesIdentity, version: int, where: Path) -> None:
+    """Record the accepted version of the artifact's series in the rollback state."""
+    try:
+        state.record(identity, version)
+    except StateError as exc:
+        raise _Stop([Finding(exc.reason, f"{where}: {exc}")]) from None
+
+
 def _pipeline(
     head: LoadedArtifact | OpenedArtifact,
     table_of: Callable[[], pa.Table],
@@ -809,51 +898,18 @@ def _pipeline(
         lap("logical_hash")
         # (6) expiry, rollback (the series is the kind + the bound fingerprint fields, DESIGN §4)
         identity = series_identity(kind, fp, predicate["series"])
-        fresh = check_freshness(
-            identity=identity,
-            bound=bound_fields(expected),
-            version=predicate["version"],
-            issued_at=issued,
-            expires_at=expires,
-            now=now,
-            max_age=expected.max_age,
-            state=state,
-            where=where,
-        )
-        if fresh:
-            raise _Stop(fresh)
+        _step6_freshness(identity, predicate, issued, expires, now=now, expected=expected, state=state, where=where)
         lap("freshness")
         # (7) binding: fingerprint vs expected/live, field by field (all differing fields reported)
-        if expected.fingerprint is not None:
-            binding, skipped = check_binding(
-                fp, expected.fingerprint, unbound=expected.unbound_fields, where=where
-            )
-            if binding:
-                raise _Stop(binding)
-        if expected.mixed is not None and kind.startswith("mixed-"):
-            mixed_binding = check_mixed_binding(predicate["summary"], expected.mixed, where=where)
-            if mixed_binding:
-                raise _Stop(mixed_binding)
+        binding, skipped = _step7_binding(kind, fp, predicate, expected, where)
+        if binding:
+            raise _Stop(binding)
         lap("binding")
         # (8) content rules
-        content = content_findings(
-            kind,
-            table,
-            fp,
-            prov.to_dict(),
-            allow_synthetic=expected.allow_synthetic,
-            where=str(where),
-            schema_version=predicate["schema_version"],
-            summary=predicate["summary"],
-        )
-        if content:
-            raise _Stop(content)
+        _step8_content(kind, table, fp, prov, predicate, expected, where)
         lap("content")
         if record and state is not None:
-            try:
-                state.record(identity, predicate["version"])
-            except StateError as exc:
-                raise _Stop([Finding(exc.reason, f"{where}: {exc}")]) from None
+            _record(state, identity, predicate["version"], where)
             lap("record")
     except _Stop as stop:
         findings = stop.findings
@@ -868,7 +924,30 @@ def _pipeline(
         return VerificationReport(
             path=where, findings=(Finding(exc.reason, str(exc)),), timings=tuple(timings)
         )
-    artifact = VerifiedArtifact(
+    artifact = _verified_artifact(
+        where, kind, predicate, fp, prov, table, digest, keyids, identity, issued=issued, expires=expires
+    )
+    return VerificationReport(
+        path=where, findings=(), artifact=artifact, timings=tuple(timings), skipped_fields=skipped
+    )
+
+
+def _verified_artifact(
+    where: Path,
+    kind: str,
+    predicate: Mapping[str, Any],
+    fp: Fingerprint,
+    prov: Provenance,
+    table: pa.Table,
+    digest: str,
+    keyids: tuple[str, ...],
+    identity: SeriesIdentity,
+    *,
+    issued: datetime,
+    expires: datetime,
+) -> VerifiedArtifact:
+    """The artifact every step accepted, with its signed fields and the kind's notices."""
+    return VerifiedArtifact(
         path=where,
         kind=kind,
         schema_version=predicate["schema_version"],
@@ -884,9 +963,6 @@ def _pipeline(
         signer_keyids=keyids,
         identity=identity,
         notices=content_notices(kind, predicate["schema_version"], where=str(where)),
-    )
-    return VerificationReport(
-        path=where, findings=(), artifact=artifact, timings=tuple(timings), skipped_fields=skipped
     )
 
 
