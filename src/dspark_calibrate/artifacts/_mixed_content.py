@@ -186,56 +186,63 @@ def mixed_cost_table_findings(
     rows = table.to_pylist()
     out += _geometry_findings(rows, route, where, gain=gain, costs=True)
     for i, row in enumerate(rows):
-        cell = f"mixed cell {i}"
-        times = [row[c] for c in ("native_lower_ms", "candidate_upper_ms", "native_ms", "candidate_ms")]
-        if not _finite(times) or min(times) <= 0:
-            out.append(
-                Finding(
-                    Reason.CONTENT_INVALID,
-                    f"{where}: {cell}: step times must be finite and > 0",
-                    field="native_lower_ms",
-                )
+        out += _mixed_cost_row_findings(row, f"mixed cell {i}", where)
+    return out
+
+
+def _mixed_cost_row_findings(row: Mapping[str, Any], cell: str, where: str) -> list[Finding]:
+    """One deployed mixed cell's numbers: positive times, a saving that is sure, sane noise
+    levels, SHA-256 pins and samples in both arms."""
+    out: list[Finding] = []
+    times = [row[c] for c in ("native_lower_ms", "candidate_upper_ms", "native_ms", "candidate_ms")]
+    if not _finite(times) or min(times) <= 0:
+        out.append(
+            Finding(
+                Reason.CONTENT_INVALID,
+                f"{where}: {cell}: step times must be finite and > 0",
+                field="native_lower_ms",
             )
-        lo, s, hi = row["saving_ci_low"], row["saving"], row["saving_ci_high"]
-        if not _finite([lo, s, hi]) or not lo <= s <= hi < 1.0:
-            out.append(
-                Finding(
-                    Reason.CONTENT_INVALID,
-                    f"{where}: {cell}: needs finite saving_ci_low <= saving <= saving_ci_high < 1, got {lo}, {s}, {hi}",
-                    field="saving",
-                )
+        )
+    lo, s, hi = row["saving_ci_low"], row["saving"], row["saving_ci_high"]
+    if not _finite([lo, s, hi]) or not lo <= s <= hi < 1.0:
+        out.append(
+            Finding(
+                Reason.CONTENT_INVALID,
+                f"{where}: {cell}: needs finite saving_ci_low <= saving <= saving_ci_high < 1, got {lo}, {s}, {hi}",
+                field="saving",
             )
-        elif lo <= 0.0:
-            out.append(
-                Finding(
-                    Reason.CONTENT_INVALID,
-                    f"{where}: {cell}: saving_ci_low {lo:.4g} <= 0; a deployed mixed cell must save for sure",
-                    field="saving_ci_low",
-                )
+        )
+    elif lo <= 0.0:
+        out.append(
+            Finding(
+                Reason.CONTENT_INVALID,
+                f"{where}: {cell}: saving_ci_low {lo:.4g} <= 0; a deployed mixed cell must save for sure",
+                field="saving_ci_low",
             )
-        rel = [row["common_mode_rel"], row["native_level_rel"]]
-        if not _finite(rel) or min(rel) < 0:
-            out.append(
-                Finding(
-                    Reason.CONTENT_INVALID,
-                    f"{where}: {cell}: common_mode_rel and native_level_rel must be finite and >= 0",
-                    field="common_mode_rel",
-                )
+        )
+    rel = [row["common_mode_rel"], row["native_level_rel"]]
+    if not _finite(rel) or min(rel) < 0:
+        out.append(
+            Finding(
+                Reason.CONTENT_INVALID,
+                f"{where}: {cell}: common_mode_rel and native_level_rel must be finite and >= 0",
+                field="common_mode_rel",
             )
-        if not is_sha256_hex(row["measurement_result_sha256"]) or not is_sha256_hex(row["group_sha256"]):
-            out.append(
-                Finding(
-                    Reason.CONTENT_INVALID,
-                    f"{where}: {cell}: measurement_result_sha256 and group_sha256 must be SHA-256 hex",
-                    field="measurement_result_sha256",
-                )
+        )
+    if not is_sha256_hex(row["measurement_result_sha256"]) or not is_sha256_hex(row["group_sha256"]):
+        out.append(
+            Finding(
+                Reason.CONTENT_INVALID,
+                f"{where}: {cell}: measurement_result_sha256 and group_sha256 must be SHA-256 hex",
+                field="measurement_result_sha256",
             )
-        if row["samples"] < 1 or row["native_samples"] < 1:
-            out.append(
-                Finding(
-                    Reason.CONTENT_INVALID, f"{where}: {cell}: every arm needs >= 1 sample", field="samples"
-                )
+        )
+    if row["samples"] < 1 or row["native_samples"] < 1:
+        out.append(
+            Finding(
+                Reason.CONTENT_INVALID, f"{where}: {cell}: every arm needs >= 1 sample", field="samples"
             )
+        )
     return out
 
 
