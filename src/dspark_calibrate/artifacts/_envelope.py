@@ -297,23 +297,9 @@ def _check_fields(obj: Mapping[str, Any], allowed: frozenset[str], where: str) -
         raise _invalid(f"{where}: {'; '.join(parts)}; re-sign the artifact")
 
 
-def parse_envelope(data: bytes | Mapping[str, Any], *, max_bytes: int = MAX_ENVELOPE_BYTES) -> ParsedEnvelope:
-    """Parse a DSSE JSON envelope strictly, without verifying anything.
-
-    Args:
-        data: the envelope's JSON bytes (detached file) or an already-parsed mapping (the footer's
-            ``envelope`` value, parsed with ``loads_strict``). A mapping is measured by its
-            canonical JSON size.
-        max_bytes: size limit.
-
-    Returns:
-        The decoded envelope.
-
-    Raises:
-        EnvelopeError: ``ENVELOPE_TOO_LARGE`` (bytes or signature count over the limits),
-            ``ENVELOPE_INVALID`` (not JSON, duplicate keys, missing/unknown fields, wrong types,
-            non-canonical base64), ``SIGNATURE_MISSING`` (an empty ``signatures`` list).
-    """
+def _envelope_object(data: Any, max_bytes: int) -> Mapping[str, Any]:
+    """The envelope as a JSON object, measured before it is parsed (bytes) or by its canonical
+    size (a mapping)."""
     # Size first, before any parsing work is spent on the input.
     if isinstance(data, bytes | bytearray):
         if len(data) > max_bytes:
@@ -340,25 +326,14 @@ def parse_envelope(data: bytes | Mapping[str, Any], *, max_bytes: int = MAX_ENVE
         obj = data
     else:
         raise _invalid(f"envelope must be a JSON object, got {type(data).__name__}")
-
     if not isinstance(obj, Mapping):
         raise _invalid("envelope: not a JSON object; re-sign the artifact")
-    _check_fields(obj, _ENVELOPE_FIELDS, "envelope")
+    return obj
 
-    payload_type = obj["payloadType"]
-    if not isinstance(payload_type, str):
-        raise _invalid("envelope.payloadType: must be a string; re-sign the artifact")
-    try:
-        # JSON can spell lone surrogates ("\ud800"), which have no UTF-8 form and so no PAE.
-        payload_type.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise _invalid("envelope.payloadType: not encodable as UTF-8; re-sign the artifact") from exc
-    try:
-        payload = b64decode_strict(obj["payload"])
-    except ValueError as exc:
-        raise _invalid(f"envelope.payload: {exc}; re-sign the artifact") from exc
 
-    raw_signatures = obj["signatures"]
+def _signatures(raw_signatures: Any) -> list[tuple[str, bytes]]:
+    """``(keyid, signature bytes)`` of each ``signatures`` entry: a non-empty list within
+    :data:`MAX_SIGNATURES`, each exactly ``{keyid, sig}`` with canonical base64."""
     if not isinstance(raw_signatures, list):
         raise _invalid("envelope.signatures: must be a list; re-sign the artifact")
     if not raw_signatures:
@@ -384,6 +359,42 @@ def parse_envelope(data: bytes | Mapping[str, Any], *, max_bytes: int = MAX_ENVE
         except ValueError as exc:
             raise _invalid(f"{where}.sig: {exc}; re-sign the artifact") from exc
         signatures.append((keyid, sig))
+    return signatures
+
+
+def parse_envelope(data: bytes | Mapping[str, Any], *, max_bytes: int = MAX_ENVELOPE_BYTES) -> ParsedEnvelope:
+    """Parse a DSSE JSON envelope strictly, without verifying anything.
+
+    Args:
+        data: the envelope's JSON bytes (detached file) or an already-parsed mapping (the footer's
+            ``envelope`` value, parsed with ``loads_strict``). A mapping is measured by its
+            canonical JSON size.
+        max_bytes: size limit.
+
+    Returns:
+        The decoded envelope.
+
+    Raises:
+        EnvelopeError: ``ENVELOPE_TOO_LARGE`` (bytes or signature count over the limits),
+            ``ENVELOPE_INVALID`` (not JSON, duplicate keys, missing/unknown fields, wrong types,
+            non-canonical base64), ``SIGNATURE_MISSING`` (an empty ``signatures`` list).
+    """
+    obj = _envelope_object(data, max_bytes)
+    _check_fields(obj, _ENVELOPE_FIELDS, "envelope")
+
+    payload_type = obj["payloadType"]
+    if not isinstance(payload_type, str):
+        raise _invalid("envelope.payloadType: must be a string; re-sign the artifact")
+    try:
+        # JSON can spell lone surrogates ("\ud800"), which have no UTF-8 form and so no PAE.
+        payload_type.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise _invalid("envelope.payloadType: not encodable as UTF-8; re-sign the artifact") from exc
+    try:
+        payload = b64decode_strict(obj["payload"])
+    except ValueError as exc:
+        raise _invalid(f"envelope.payload: {exc}; re-sign the artifact") from exc
+    signatures = _signatures(obj["signatures"])
     return ParsedEnvelope(payload_type=payload_type, payload=payload, signatures=tuple(signatures))
 
 
