@@ -251,6 +251,17 @@ def cross_findings(
     return out
 
 
+def _fingerprint_differs(path: Path, report: BundleReport, decode: BundleReport) -> Finding | None:
+    """The finding when the mixed manifest's fingerprint is not the decode bundle's, else None."""
+    if report.fingerprint is not None and decode.fingerprint is not None:
+        if report.fingerprint == decode.fingerprint:
+            return None
+        diff = [n for n, _, _ in report.fingerprint.diff(decode.fingerprint)]
+    else:
+        diff = ["fingerprint"]
+    return _mismatch(path, f"the mixed evidence's fingerprint differs from the bundle's in {diff}", "fingerprint")
+
+
 def verify_mixed(
     bundle_dir: Path | str,
     trust_root: TrustRoot,
@@ -299,24 +310,9 @@ def verify_mixed(
         return MixedReport(path=path, present=True, findings=report.findings, bundle=report)
     costs, samples, admission = (report.artifact(k) for k in MIXED_LAYOUT.kinds)
     assert costs is not None and samples is not None and admission is not None
-    if report.fingerprint is None or decode.fingerprint is None or report.fingerprint != decode.fingerprint:
-        diff = (
-            [n for n, _, _ in report.fingerprint.diff(decode.fingerprint)]
-            if report.fingerprint is not None and decode.fingerprint is not None
-            else ["fingerprint"]
-        )
-        return MixedReport(
-            path=path,
-            present=True,
-            findings=(
-                _mismatch(
-                    path,
-                    f"the mixed evidence's fingerprint differs from the bundle's in {diff}",
-                    "fingerprint",
-                ),
-            ),
-            bundle=report,
-        )
+    differs = _fingerprint_differs(path, report, decode)
+    if differs is not None:
+        return MixedReport(path=path, present=True, findings=(differs,), bundle=report)
     results, found = _results(path, admission.summary.get("results"), limits)
     found += cross_findings(path, costs, samples, admission, decode, results)
     if found:
