@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,10 +120,24 @@ def _cost_table(table: pa.Table, fp: Fingerprint, where: str) -> list[Finding]:
     # A deployed table has at most 32 rows: plain Python over lists beats numpy call overhead.
     gl: list[int] = table.column("graph_batch_size").to_pylist()
     vl: list[int] = table.column("verifier_budget").to_pylist()
-    t = table.column("step_time_ms").to_numpy()
-    lo = table.column("ci_low_ms").to_numpy()
-    hi = table.column("ci_high_ms").to_numpy()
-    ladder = fp.rank_local_graph_batch_sizes or ()
+    out += _cost_cells(gl, vl, fp.rank_local_graph_batch_sizes or (), k, where)
+    if table.num_rows > MAX_COST_TABLE_ROWS:
+        out.append(
+            Finding(
+                Reason.CONTENT_INVALID,
+                f"{where}: {table.num_rows} cells, above the engine limit of {MAX_COST_TABLE_ROWS}",
+            )
+        )
+    out += _cost_times(table, where)
+    if "saving" in table.column_names:
+        out += _paired_savings(table, gl, vl, where)
+    return out
+
+
+def _cost_cells(gl: list[int], vl: list[int], ladder: Sequence[int], k: int, where: str) -> list[Finding]:
+    """The cells' keys: G on the ladder, deployable compact budgets, a native cell per G, and the
+    engine's compact-cell limit per G."""
+    out: list[Finding] = []
     rungs = set(ladder)
     for gi, vi in zip(gl, vl, strict=True):
         if gi not in rungs:
@@ -164,13 +178,15 @@ def _cost_table(table: pa.Table, fp: Fingerprint, where: str) -> list[Finding]:
                 f"{where}: more than {MAX_COMPACT_CELLS_PER_G} compact cells for G {sorted(over)} (engine limit)",
             )
         )
-    if table.num_rows > MAX_COST_TABLE_ROWS:
-        out.append(
-            Finding(
-                Reason.CONTENT_INVALID,
-                f"{where}: {table.num_rows} cells, above the engine limit of {MAX_COST_TABLE_ROWS}",
-            )
-        )
+    return out
+
+
+def _cost_times(table: pa.Table, where: str) -> list[Finding]:
+    """Positive step times inside their intervals, and samples behind every cell."""
+    out: list[Finding] = []
+    t = table.column("step_time_ms").to_numpy()
+    lo = table.column("ci_low_ms").to_numpy()
+    hi = table.column("ci_high_ms").to_numpy()
     if np.any(t <= 0) or np.any(lo <= 0):
         out.append(
             Finding(Reason.CONTENT_INVALID, f"{where}: step times must be positive", field="step_time_ms")
@@ -185,8 +201,6 @@ def _cost_table(table: pa.Table, fp: Fingerprint, where: str) -> list[Finding]:
         )
     if np.any(table.column("samples").to_numpy() < 1):
         out.append(Finding(Reason.CONTENT_INVALID, f"{where}: every cell needs >= 1 sample", field="samples"))
-    if "saving" in table.column_names:
-        out += _paired_savings(table, gl, vl, where)
     return out
 
 
