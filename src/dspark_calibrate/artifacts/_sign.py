@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from securesystemslib.signer import Signer
 
@@ -31,6 +31,9 @@ from dspark_calibrate.artifacts._parquet import (
 )
 from dspark_calibrate.errors import ConfigError, InvalidValueError
 from dspark_calibrate.schemas import ARTIFACT_KINDS, SCHEMA_VERSION, SchemaMismatch, conform_table
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["SignedArtifact", "build_predicate", "format_time", "parse_time", "series_of", "sign_artifact"]
 
@@ -104,6 +107,25 @@ def build_predicate(
     }
 
 
+def _signable(
+    loaded: LoadedArtifact, kind: str, fingerprint: Fingerprint | None, provenance: Provenance | None
+) -> tuple[Fingerprint, Provenance, pa.Table, str]:
+    """``(fingerprint, provenance, table in canonical order, logical hash)`` of what is signed.
+
+    Raises:
+        ConfigError: invalid footer fields, or a table that does not match its schema or cannot
+            be hashed.
+    """
+    try:
+        fingerprint = fingerprint or Fingerprint.from_dict(loaded.metadata.get("fingerprint") or {})
+        provenance = provenance or Provenance.from_dict(loaded.metadata.get("provenance") or {})
+        table = canonical_order(conform_table(kind, loaded.table), kind)
+        digest = logical_sha256(table, kind)
+    except (ModelError, SchemaMismatch, LogicalHashError) as exc:
+        raise ConfigError(f"{loaded.path}: cannot sign: {exc}") from exc
+    return fingerprint, provenance, table, digest
+
+
 def sign_artifact(
     loaded: LoadedArtifact,
     signers: Sequence[Signer],
@@ -144,13 +166,7 @@ def sign_artifact(
         )
     if not signers:
         raise ConfigError("no signing key given: pass --key (or an external signer URI)")
-    try:
-        fingerprint = fingerprint or Fingerprint.from_dict(loaded.metadata.get("fingerprint") or {})
-        provenance = provenance or Provenance.from_dict(loaded.metadata.get("provenance") or {})
-        table = canonical_order(conform_table(kind, loaded.table), kind)
-        digest = logical_sha256(table, kind)
-    except (ModelError, SchemaMismatch, LogicalHashError) as exc:
-        raise ConfigError(f"{loaded.path}: cannot sign: {exc}") from exc
+    fingerprint, provenance, table, digest = _signable(loaded, kind, fingerprint, provenance)
     if summary is None:
         raw = loaded.metadata.get("summary")
         summary = raw if isinstance(raw, Mapping) else {}
