@@ -191,7 +191,7 @@ MinTimeOption = Annotated[
 ]
 MaxSamplesOption = Annotated[
     int | None,
-    typer.Option(help="Per-cell sample cap (default 48).", metavar="N", show_default=False),
+    typer.Option(help="Per-cell sample cap (default 128; quick preset 48).", metavar="N", show_default=False),
 ]
 MaxCellSecondsOption = Annotated[
     float | None,
