@@ -40,11 +40,10 @@ from dspark_calibrate.artifacts._verify import (
     VerificationReport,
     VerifiedArtifact,
     _statement_parts,
+    _step6_freshness,
     _Stop,
-    bound_fields,
     check_binding,
     check_envelope,
-    check_freshness,
     series_identity,
     verify_path,
 )
@@ -340,19 +339,7 @@ def _check_manifest(
     keyids, statement = check_envelope(env, trust_root, manifest)
     predicate, fp, issued, expires = _manifest_predicate(statement, manifest, layout)
     identity = series_identity("bundle", fp, predicate["series"])
-    fresh = check_freshness(
-        identity=identity,
-        bound=bound_fields(expected),
-        version=predicate["version"],
-        issued_at=issued,
-        expires_at=expires,
-        now=now,
-        max_age=expected.max_age,
-        state=state,
-        where=manifest,
-    )
-    if fresh:
-        raise _Stop(fresh)
+    _step6_freshness(identity, predicate, issued, expires, now=now, expected=expected, state=state, where=manifest)
     if expected.fingerprint is not None:
         binding, _ = check_binding(
             fp, expected.fingerprint, unbound=expected.unbound_fields, where=manifest
