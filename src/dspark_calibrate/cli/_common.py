@@ -22,7 +22,7 @@ import json
 import re
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
@@ -498,6 +498,12 @@ class LiveOptions:
     kv_dtype: str | None = None
     body_buckets: str | None = None
     execution_mode: str | None = None
+
+    @classmethod
+    def from_options(cls, options: Any) -> LiveOptions:
+        """From a command's parsed options: each field is the ``live_``-prefixed attribute of the
+        same name (``gpu`` is ``--live-gpu``'s ``live_gpu``; None where the command has no such option)."""
+        return cls(**{f.name: getattr(options, f"live_{f.name}", None) for f in fields(cls)})
 
     def mixed_live(self) -> Any:
         """The live route facts mixed evidence is bound to (``MixedLive``; unset ones are None).

@@ -1,6 +1,8 @@
 """``dspark-calibrate sweep``: measure T(G, V) over the graph ladder and write an unsigned sweep.
 
-Thin: parses options into a :class:`~dspark_calibrate.calibrate.measurement.sweep.SweepRequest`, calls
+Thin: the command collects its options (declared once in cli/_sweep_options.py) into a
+:class:`~dspark_calibrate.cli._sweep_options.SweepOptions`; :func:`run_sweep` turns them into a
+:class:`~dspark_calibrate.calibrate.measurement.sweep.SweepRequest`, calls
 :func:`~dspark_calibrate.calibrate.measurement.sweep.execute`, renders a progress bar and a summary table (or
 ``--json``). Exit codes: 0 every cell measured, 1 a measurement failed (or, with
 ``--require-precision``, a cell stopped short of the precision target), 2 usage or I/O error.
@@ -586,21 +588,7 @@ def _sweep_backend_options(opts: SweepOptions) -> dict[str, Any]:
 
 def _sweep_live(opts: SweepOptions) -> dict[str, Any]:
     """The ``--live-*`` values as ``collect_live`` arguments (K and the ladder are the sweep's own)."""
-    live = LiveOptions(
-        topology=opts.live_topology,
-        gpu=opts.live_gpu,
-        gpu_count=opts.live_gpu_count,
-        gpu_snapshot_sha256=opts.live_gpu_snapshot_sha256,
-        source_dir=opts.live_source_dir,
-        source_head=opts.live_source_head,
-        source_diff=opts.live_source_diff,
-        runtime_snapshot=opts.live_runtime_snapshot,
-        model_config=opts.live_model_config,
-        checkpoint_sha256=opts.live_checkpoint_sha256,
-        attention_backend=opts.live_attention_backend,
-        moe_backend=opts.live_moe_backend,
-        kv_dtype=opts.live_kv_dtype,
-    ).arguments()
+    live = LiveOptions.from_options(opts).arguments()
     for name in ("max_draft_len", "rank_local_graph_batch_sizes"):
         live.pop(name)
     return live

@@ -207,35 +207,12 @@ def main(
     run_verify(VerifyOptions(**locals()))
 
 
-def _live_options(opts: VerifyOptions) -> LiveOptions:
-    """The ``--live-*`` values."""
-    return LiveOptions(
-        k=opts.live_k,
-        ladder=opts.live_ladder,
-        topology=opts.live_topology,
-        gpu=opts.live_gpu,
-        gpu_count=opts.live_gpu_count,
-        gpu_snapshot_sha256=opts.live_gpu_snapshot_sha256,
-        source_dir=opts.live_source_dir,
-        source_head=opts.live_source_head,
-        source_diff=opts.live_source_diff,
-        runtime_snapshot=opts.live_runtime_snapshot,
-        model_config=opts.live_model_config,
-        checkpoint_sha256=opts.live_checkpoint_sha256,
-        attention_backend=opts.live_attention_backend,
-        moe_backend=opts.live_moe_backend,
-        kv_dtype=opts.live_kv_dtype,
-        body_buckets=opts.live_body_buckets,
-        execution_mode=opts.live_execution_mode,
-    )
-
-
 def run_verify(opts: VerifyOptions) -> None:
     """Run ``dspark-verify`` for parsed options: the runtime form when it was asked for, the
     artifact check otherwise. Exits the command."""
     from dspark_calibrate.artifacts import BINDING_FIELDS
 
-    live_options = _live_options(opts)
+    live_options = LiveOptions.from_options(opts)
     bad_unbind = sorted(set(opts.unbind or []) - set(BINDING_FIELDS))
     if bad_unbind:
         fail_usage(
