@@ -301,7 +301,9 @@ def verify_bundle(
                 limits=limits,
             )
             members[kind] = report
-            findings.extend(report.findings if not report.ok else _member_mismatch(report, kind, member_path, entry, fp))
+            findings.extend(
+                report.findings if not report.ok else _member_mismatch(report, kind, member_path, entry, fp)
+            )
         if findings:
             raise _Stop(findings)
         if record and state is not None:
@@ -339,11 +341,9 @@ def _check_manifest(
     keyids, statement = check_envelope(env, trust_root, manifest)
     predicate, fp, issued, expires = _manifest_predicate(statement, manifest, layout)
     identity = series_identity("bundle", fp, predicate["series"])
-    _step6_freshness(identity, predicate, issued, expires, now=now, expected=expected, state=state, where=manifest)
+    _step6_freshness(identity, predicate, issued, expires, now, expected, state, manifest)
     if expected.fingerprint is not None:
-        binding, _ = check_binding(
-            fp, expected.fingerprint, unbound=expected.unbound_fields, where=manifest
-        )
+        binding, _ = check_binding(fp, expected.fingerprint, unbound=expected.unbound_fields, where=manifest)
         if binding:
             raise _Stop(binding)
     entries: dict[str, Any] = predicate["members"]

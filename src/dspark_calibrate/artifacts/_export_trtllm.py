@@ -370,7 +370,9 @@ def render_trtllm(
     sps_bytes = canonical_json(_render_sps(inputs, fp10))
     sts_bytes = canonical_json(_render_sts(inputs, k, notes))
     live_bytes = canonical_json(fp10)
-    body = _receipt_body(inputs.summary, fp10, selector_identity, sps=sps_bytes, sts=sts_bytes, live=live_bytes)
+    body = _receipt_body(
+        inputs.summary, fp10, selector_identity, sps=sps_bytes, sts=sts_bytes, live=live_bytes
+    )
     receipt = {"schema_version": 1, "admission": body, "admission_sha256": sha256_hex(canonical_json(body))}
     receipt_bytes = canonical_json(receipt)
     receipt_sha = sha256_hex(receipt_bytes)

@@ -259,7 +259,9 @@ def _fingerprint_differs(path: Path, report: BundleReport, decode: BundleReport)
         diff = [n for n, _, _ in report.fingerprint.diff(decode.fingerprint)]
     else:
         diff = ["fingerprint"]
-    return _mismatch(path, f"the mixed evidence's fingerprint differs from the bundle's in {diff}", "fingerprint")
+    return _mismatch(
+        path, f"the mixed evidence's fingerprint differs from the bundle's in {diff}", "fingerprint"
+    )
 
 
 def verify_mixed(

@@ -239,9 +239,7 @@ def _mixed_cost_row_findings(row: Mapping[str, Any], cell: str, where: str) -> l
         )
     if row["samples"] < 1 or row["native_samples"] < 1:
         out.append(
-            Finding(
-                Reason.CONTENT_INVALID, f"{where}: {cell}: every arm needs >= 1 sample", field="samples"
-            )
+            Finding(Reason.CONTENT_INVALID, f"{where}: {cell}: every arm needs >= 1 sample", field="samples")
         )
     return out
 

@@ -571,14 +571,18 @@ def geometry_violations(
         )
     if actual == native:
         out.append(
-            GeometryViolation("not_compact", None, "actual rows equal native rows on every rank; a cell must be compact")
+            GeometryViolation(
+                "not_compact", None, "actual rows equal native rows on every rank; a cell must be compact"
+            )
         )
     top = max(native)
     largest = max(buckets) if buckets else 0
     if top > largest:
         out.append(
             GeometryViolation(
-                "native_grid", None, f"largest native row count {top} exceeds the largest body bucket {largest}"
+                "native_grid",
+                None,
+                f"largest native row count {top} exceeds the largest body bucket {largest}",
             )
         )
     if not any(v.rule in ("fixed_rows", "native_rows") for v in out):
@@ -623,13 +627,19 @@ def _shape_violations(
     if geometry.capacity not in buckets:
         out.append(
             GeometryViolation(
-                "capacity", None, f"capacity {geometry.capacity} is not a captured body bucket {list(buckets)}"
+                "capacity",
+                None,
+                f"capacity {geometry.capacity} is not a captured body bucket {list(buckets)}",
             )
         )
     for r in range(ranks):
         values = (*feats[r].values(), actual[r], native[r])
         if any(type(v) is not int or not 0 <= v < _WIRE_LIMIT for v in values):
-            out.append(GeometryViolation("integers", r, "every feature and row count must be an integer in [0, 2^63)"))
+            out.append(
+                GeometryViolation(
+                    "integers", r, "every feature and row count must be an integer in [0, 2^63)"
+                )
+            )
     return out
 
 

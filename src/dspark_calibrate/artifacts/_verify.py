@@ -779,7 +779,6 @@ def _step6_freshness(
     predicate: Mapping[str, Any],
     issued: datetime,
     expires: datetime,
-    *,
     now: datetime,
     expected: Expectation,
     state: RollbackState | None,
@@ -811,7 +810,9 @@ def _step7_binding(
     """
     skipped: tuple[str, ...] = ()
     if expected.fingerprint is not None:
-        binding, skipped = check_binding(fp, expected.fingerprint, unbound=expected.unbound_fields, where=where)
+        binding, skipped = check_binding(
+            fp, expected.fingerprint, unbound=expected.unbound_fields, where=where
+        )
         if binding:
             return binding, skipped
     if expected.mixed is not None and kind.startswith("mixed-"):
@@ -898,7 +899,7 @@ def _pipeline(
         lap("logical_hash")
         # (6) expiry, rollback (the series is the kind + the bound fingerprint fields, DESIGN §4)
         identity = series_identity(kind, fp, predicate["series"])
-        _step6_freshness(identity, predicate, issued, expires, now=now, expected=expected, state=state, where=where)
+        _step6_freshness(identity, predicate, issued, expires, now, expected, state, where)
         lap("freshness")
         # (7) binding: fingerprint vs expected/live, field by field (all differing fields reported)
         binding, skipped = _step7_binding(kind, fp, predicate, expected, where)

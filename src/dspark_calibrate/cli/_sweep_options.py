@@ -107,9 +107,7 @@ BudgetsOption = Annotated[
 MaxCandidatesOption = Annotated[
     int, typer.Option(help="Default compact candidates per G before thinning.", metavar="N")
 ]
-ControlFlag = Annotated[
-    bool, typer.Option("--control/--no-control", help="Measure V=G*(K+1) as a control.")
-]
+ControlFlag = Annotated[bool, typer.Option("--control/--no-control", help="Measure V=G*(K+1) as a control.")]
 ForcedKFlag = Annotated[
     bool,
     typer.Option(
@@ -152,9 +150,7 @@ UntilRoundOption = Annotated[
 EpochsRequiredOption = Annotated[
     int | None, typer.Option(hidden=True, help="Epochs a cell spans before it may stop.")
 ]
-PassIndexOption = Annotated[
-    int | None, typer.Option(hidden=True, help="This process's pass (its epoch).")
-]
+PassIndexOption = Annotated[int | None, typer.Option(hidden=True, help="This process's pass (its epoch).")]
 ProtocolOption = Annotated[
     str, typer.Option(help="adaptive (rounds, stop on precision) or fixed (128+64).", metavar="NAME")
 ]
@@ -175,9 +171,7 @@ PrecisionOption = Annotated[
 ]
 MinSamplesOption = Annotated[
     int | None,
-    typer.Option(
-        help="Kept samples before a cell may stop (default 8).", metavar="N", show_default=False
-    ),
+    typer.Option(help="Kept samples before a cell may stop (default 8).", metavar="N", show_default=False),
 ]
 MinRoundsOption = Annotated[
     int | None,
@@ -185,9 +179,7 @@ MinRoundsOption = Annotated[
 ]
 MinTimeOption = Annotated[
     float | None,
-    typer.Option(
-        help="Seconds per cell before it may stop (default 0).", metavar="S", show_default=False
-    ),
+    typer.Option(help="Seconds per cell before it may stop (default 0).", metavar="S", show_default=False),
 ]
 MaxSamplesOption = Annotated[
     int | None,
@@ -195,15 +187,11 @@ MaxSamplesOption = Annotated[
 ]
 MaxCellSecondsOption = Annotated[
     float | None,
-    typer.Option(
-        help="Per-cell time cap in s (default 60; quick 10).", metavar="S", show_default=False
-    ),
+    typer.Option(help="Per-cell time cap in s (default 60; quick 10).", metavar="S", show_default=False),
 ]
 BudgetOption = Annotated[
     float | None,
-    typer.Option(
-        help="Total sweep budget in s (default 3600; quick 600).", metavar="S", show_default=False
-    ),
+    typer.Option(help="Total sweep budget in s (default 3600; quick 600).", metavar="S", show_default=False),
 ]
 WarmupOption = Annotated[
     int | None,
@@ -213,30 +201,20 @@ WarmupOption = Annotated[
 ]
 RewarmOption = Annotated[
     int | None,
-    typer.Option(
-        help="Warm-up replays on later visits (default 2).", metavar="N", show_default=False
-    ),
+    typer.Option(help="Warm-up replays on later visits (default 2).", metavar="N", show_default=False),
 ]
 ReplaysOption = Annotated[
     int | None,
-    typer.Option(
-        help="Back-to-back replays per sample (default 2).", metavar="N", show_default=False
-    ),
+    typer.Option(help="Back-to-back replays per sample (default 2).", metavar="N", show_default=False),
 ]
 SamplesPerVisitOption = Annotated[
     int | None, typer.Option(help="Samples per visit (default 2).", metavar="N", show_default=False)
 ]
-SeedOption = Annotated[
-    int, typer.Option(help="Seed of the round order and the bootstrap.", metavar="N")
-]
-ResumeFlag = Annotated[
-    bool, typer.Option("--resume", help="Continue the journal of an interrupted sweep.")
-]
+SeedOption = Annotated[int, typer.Option(help="Seed of the round order and the bootstrap.", metavar="N")]
+ResumeFlag = Annotated[bool, typer.Option("--resume", help="Continue the journal of an interrupted sweep.")]
 JournalOption = Annotated[
     Path | None,
-    typer.Option(
-        help="Journal path (default <stem>.journal.jsonl).", metavar="FILE", show_default=False
-    ),
+    typer.Option(help="Journal path (default <stem>.journal.jsonl).", metavar="FILE", show_default=False),
 ]
 ConfigOption = Annotated[
     str | None,
@@ -249,9 +227,7 @@ ConfigOption = Annotated[
 ]
 LayersOption = Annotated[
     int | None,
-    typer.Option(
-        help="reference: layers to build (default: the config's).", metavar="N", show_default=False
-    ),
+    typer.Option(help="reference: layers to build (default: the config's).", metavar="N", show_default=False),
 ]
 ContextLenOption = Annotated[
     int | None,
@@ -286,9 +262,7 @@ FactoryOption = Annotated[
 ]
 InputPathOption = Annotated[
     Path | None,
-    typer.Option(
-        "--input", help="import-samples: profiler JSONL.", metavar="FILE", show_default=False
-    ),
+    typer.Option("--input", help="import-samples: profiler JSONL.", metavar="FILE", show_default=False),
 ]
 BackendOptPairs = Annotated[
     list[str] | None,
@@ -315,16 +289,10 @@ FingerprintOption = Annotated[
 ]
 ClockPolicyOption = Annotated[
     str | None,
-    typer.Option(
-        help="GPU clock policy, e.g. default or locked:1980.", metavar="POLICY", show_default=False
-    ),
+    typer.Option(help="GPU clock policy, e.g. default or locked:1980.", metavar="POLICY", show_default=False),
 ]
-PlotFlag = Annotated[
-    bool, typer.Option("--plot/--no-plot", help="Write <stem>.png (needs matplotlib).")
-]
-RequirePrecisionFlag = Annotated[
-    bool, typer.Option(help="Exit 1 unless every cell reached precision.")
-]
+PlotFlag = Annotated[bool, typer.Option("--plot/--no-plot", help="Write <stem>.png (needs matplotlib).")]
+RequirePrecisionFlag = Annotated[bool, typer.Option(help="Exit 1 unless every cell reached precision.")]
 MixedFlag = Annotated[
     bool,
     typer.Option(

@@ -31,89 +31,89 @@ __all__ = [
 ]
 
 ArtifactsArgument = Annotated[
-list[Path],
-typer.Argument(
-    help="Signed Parquet artifacts and/or bundle directories.", metavar="PATH...", show_default=False
-),
-    ]
+    list[Path],
+    typer.Argument(
+        help="Signed Parquet artifacts and/or bundle directories.", metavar="PATH...", show_default=False
+    ),
+]
 OptionalTrustRootOption = Annotated[
-Path | None,
-typer.Option(
-    "--trust-root",
-    help="The pinned trust root (root.json) to verify against.",
-    metavar="ROOT.json",
-    show_default=False,
-),
-    ]
+    Path | None,
+    typer.Option(
+        "--trust-root",
+        help="The pinned trust root (root.json) to verify against.",
+        metavar="ROOT.json",
+        show_default=False,
+    ),
+]
 KeyOption = Annotated[
-Path | None,
-typer.Option(
-    "--key",
-    help="Verify with this one public key instead of a trust root (one-key setups, like cosign "
-    "verify --key): threshold 1, no rotation, no trust-root rollback.",
-    metavar="PUB.pem",
-    show_default=False,
-),
-    ]
+    Path | None,
+    typer.Option(
+        "--key",
+        help="Verify with this one public key instead of a trust root (one-key setups, like cosign "
+        "verify --key): threshold 1, no rotation, no trust-root rollback.",
+        metavar="PUB.pem",
+        show_default=False,
+    ),
+]
 ExpectFingerprintOption = Annotated[
-Path | None,
-typer.Option(
-    "--expect-fingerprint",
-    help="Fingerprint JSON the artifact must be bound to (docs/fingerprint.md).",
-    metavar="FP.json",
-    show_default=False,
-),
-    ]
+    Path | None,
+    typer.Option(
+        "--expect-fingerprint",
+        help="Fingerprint JSON the artifact must be bound to (docs/fingerprint.md).",
+        metavar="FP.json",
+        show_default=False,
+    ),
+]
 LiveFlag = Annotated[
-bool, typer.Option("--live", help="Bind to this host's live deployment (probes plus --live-*).")
-    ]
+    bool, typer.Option("--live", help="Bind to this host's live deployment (probes plus --live-*).")
+]
 LiveKOption = Annotated[
-int | None,
-typer.Option("--live-k", help="The engine's K (max draft length).", metavar="K", show_default=False),
-    ]
+    int | None,
+    typer.Option("--live-k", help="The engine's K (max draft length).", metavar="K", show_default=False),
+]
 LiveLadderOption = Annotated[
-str | None,
-typer.Option(
-    "--live-ladder",
-    help="The engine's rank-local graph ladder.",
-    metavar="G1,G2,...",
-    show_default=False,
-),
-    ]
+    str | None,
+    typer.Option(
+        "--live-ladder",
+        help="The engine's rank-local graph ladder.",
+        metavar="G1,G2,...",
+        show_default=False,
+    ),
+]
 NoMixedFlag = Annotated[
-bool,
-typer.Option("--no-mixed", help="Leave a bundle's mixed evidence out (mixed steps stay native)."),
-    ]
+    bool,
+    typer.Option("--no-mixed", help="Leave a bundle's mixed evidence out (mixed steps stay native)."),
+]
 UnbindOption = Annotated[
-list[str] | None,
-typer.Option(
-    "--unbind",
-    help="Fingerprint field not to compare (repeatable).",
-    metavar="FIELD",
-    show_default=False,
-),
-    ]
+    list[str] | None,
+    typer.Option(
+        "--unbind",
+        help="Fingerprint field not to compare (repeatable).",
+        metavar="FIELD",
+        show_default=False,
+    ),
+]
 StateOption = Annotated[
-Path | None,
-typer.Option(
-    "--state",
-    help="Rollback state file (highest accepted versions, newest trust root).",
-    metavar="STATE.json",
-    show_default=False,
-),
-    ]
+    Path | None,
+    typer.Option(
+        "--state",
+        help="Rollback state file (highest accepted versions, newest trust root).",
+        metavar="STATE.json",
+        show_default=False,
+    ),
+]
 RecordFlag = Annotated[
-bool, typer.Option("--record/--no-record", help="Record accepted versions in --state.")
-    ]
+    bool, typer.Option("--record/--no-record", help="Record accepted versions in --state.")
+]
 MaxAgeDaysOption = Annotated[
-float | None,
-typer.Option(
-    "--max-age-days",
-    help="Refuse artifacts issued longer ago than this (default: no limit; the runtime form: 30).",
-    metavar="DAYS",
-    show_default=False,
-),
-    ]
+    float | None,
+    typer.Option(
+        "--max-age-days",
+        help="Refuse artifacts issued longer ago than this (default: no limit; the runtime form: 30).",
+        metavar="DAYS",
+        show_default=False,
+    ),
+]
 VerboseFlag = Annotated[bool, typer.Option("--verbose", "-v", help="Print every finding.")]
 
 

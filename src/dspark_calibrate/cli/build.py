@@ -51,75 +51,69 @@ __all__ = ["register", "render_build"]
 
 
 SweepOption = Annotated[
-list[Path],
-typer.Option(
-    "--sweep", help="Unsigned sweep summary (repeat to merge sweeps).", metavar="SWEEP.parquet"
-),
-    ]
+    list[Path],
+    typer.Option("--sweep", help="Unsigned sweep summary (repeat to merge sweeps).", metavar="SWEEP.parquet"),
+]
 CalibrationOption = Annotated[
-Path,
-typer.Option(
-    "--calibration", help="Unsigned calibration table from `fit`.", metavar="CALIBRATION.parquet"
-),
-    ]
+    Path,
+    typer.Option(
+        "--calibration", help="Unsigned calibration table from `fit`.", metavar="CALIBRATION.parquet"
+    ),
+]
 WorkloadOption = Annotated[
-Path,
-typer.Option(
-    "--workload",
-    help="Workload trace: `workload import-trtllm` (recorded) or `workload synth` (synthetic).",
-    metavar="WORKLOAD.parquet",
-),
-    ]
+    Path,
+    typer.Option(
+        "--workload",
+        help="Workload trace: `workload import-trtllm` (recorded) or `workload synth` (synthetic).",
+        metavar="WORKLOAD.parquet",
+    ),
+]
 OutOption = Annotated[Path, typer.Option("--out", help="Bundle directory to create.", metavar="DIR")]
 VersionOption = Annotated[
-int, typer.Option("--version", help="Version of the artifacts in their series.", metavar="N")
-    ]
-ExpiresOption = Annotated[
-str, typer.Option("--expires", help="Expiry: a duration (30d) or an ISO time.")
-    ]
+    int, typer.Option("--version", help="Version of the artifacts in their series.", metavar="N")
+]
+ExpiresOption = Annotated[str, typer.Option("--expires", help="Expiry: a duration (30d) or an ISO time.")]
 MinGainOption = Annotated[
-float, typer.Option("--min-gain", help="Runtime minimum predicted gain (0.01 = 1%).")
-    ]
+    float, typer.Option("--min-gain", help="Runtime minimum predicted gain (0.01 = 1%).")
+]
 MinVerifyLenOption = Annotated[int, typer.Option("--min-verify-len", help="The engine's verify floor.")]
 OverheadMsOption = Annotated[
-float | None,
-typer.Option("--overhead-ms", help="Measured upper bound of the confidence-path overhead per step."),
-    ]
+    float | None,
+    typer.Option("--overhead-ms", help="Measured upper bound of the confidence-path overhead per step."),
+]
 SafetyMarginMsOption = Annotated[
-float | None, typer.Option("--safety-margin-ms", help="Receipt safety margin.")
-    ]
+    float | None, typer.Option("--safety-margin-ms", help="Receipt safety margin.")
+]
 MinGroupValueMsOption = Annotated[
-float, typer.Option("--min-group-value-ms", help="Drain guard: value a compact step must exceed.")
-    ]
+    float, typer.Option("--min-group-value-ms", help="Drain guard: value a compact step must exceed.")
+]
 LossMultiplierOption = Annotated[
-float | None,
-typer.Option("--loss-multiplier", help="Drain guard loss multiplier (default: estimated)."),
-    ]
+    float | None,
+    typer.Option("--loss-multiplier", help="Drain guard loss multiplier (default: estimated)."),
+]
 ResamplesOption = Annotated[int, typer.Option("--resamples", help="Bootstrap resamples.")]
 BlockStepsOption = Annotated[
-int | None, typer.Option("--block-steps", help="Bootstrap block length in steps.")
-    ]
+    int | None, typer.Option("--block-steps", help="Bootstrap block length in steps.")
+]
 SeedOption = Annotated[int, typer.Option("--seed", help="Bootstrap seed.")]
 CalibrationUseOption = Annotated[
-str,
-typer.Option(
-    "--calibration-use", help="sts (what TensorRT-LLM applies) or native (the fitted maps)."
-),
-    ]
+    str,
+    typer.Option("--calibration-use", help="sts (what TensorRT-LLM applies) or native (the fitted maps)."),
+]
 PlotsFlag = Annotated[bool, typer.Option("--plots/--no-plots", help="Write report/*.png.")]
 ForceFlag = Annotated[bool, typer.Option("--force", help="Replace an existing --out directory.")]
 MixedSweepOption = Annotated[
-Path | None,
-typer.Option(
-    "--mixed-sweep",
-    help="A `sweep --mixed` summary of this deployment: prices the workload's mixed steps and adds "
-    "the signed mixed evidence (mixed/) to the bundle.",
-),
-    ]
+    Path | None,
+    typer.Option(
+        "--mixed-sweep",
+        help="A `sweep --mixed` summary of this deployment: prices the workload's mixed steps and adds "
+        "the signed mixed evidence (mixed/) to the bundle.",
+    ),
+]
 MixedMinGainOption = Annotated[
-float | None,
-typer.Option("--mixed-min-gain", help="The mixed cost file's minimum predicted gain (>= 0.01)."),
-    ]
+    float | None,
+    typer.Option("--mixed-min-gain", help="The mixed cost file's minimum predicted gain (>= 0.01)."),
+]
 
 
 def _summary_table(result: BuildResult) -> Table:
@@ -333,7 +327,9 @@ def _run_build(
         if status is not None:
             status.start()
         stage_line("build", "reading inputs")
-        tables = load_build_inputs(inputs.sweeps, inputs.calibration, inputs.workload, mixed_sweep=inputs.mixed_sweep)
+        tables = load_build_inputs(
+            inputs.sweeps, inputs.calibration, inputs.workload, mixed_sweep=inputs.mixed_sweep
+        )
         return build_bundle(tables, out, signers=signers, trust_root=root, options=options, on_stage=on_stage)
     except SelectionRefused as exc:
         fail(

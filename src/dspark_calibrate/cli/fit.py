@@ -138,51 +138,45 @@ def _render_drift(report: Any) -> None:
 
 
 OutOption = Annotated[
-Path | None,
-typer.Option(
-    "--out", help="Output directory (required unless --evaluate).", metavar="DIR", show_default=False
-),
-    ]
+    Path | None,
+    typer.Option(
+        "--out", help="Output directory (required unless --evaluate).", metavar="DIR", show_default=False
+    ),
+]
 MethodOption = Annotated[str, typer.Option("--method", help="auto | sts | platt | beta | isotonic.")]
-HoldoutOption = Annotated[
-float, typer.Option("--holdout", help="Fraction of requests held out for metrics.")
-    ]
+HoldoutOption = Annotated[float, typer.Option("--holdout", help="Fraction of requests held out for metrics.")]
 SeedOption = Annotated[int, typer.Option("--seed", help="Seed of the request split and the bootstrap.")]
 FoldsOption = Annotated[int, typer.Option("--folds", help="Request-grouped CV folds for --method auto.")]
 BootstrapOption = Annotated[int, typer.Option("--bootstrap", help="Request-level bootstrap replicates.")]
 KOption = Annotated[
-int | None, typer.Option("--k", help="Expected draft length K (default: from the traces).")
-    ]
-SharedSlopeFlag = Annotated[
-bool, typer.Option("--shared-slope", help="Platt: one slope for all positions.")
-    ]
+    int | None, typer.Option("--k", help="Expected draft length K (default: from the traces).")
+]
+SharedSlopeFlag = Annotated[bool, typer.Option("--shared-slope", help="Platt: one slope for all positions.")]
 StsApproxFlag = Annotated[
-bool,
-typer.Option("--sts-approx", help="Write sts.json with the best STS approximation of a non-STS fit."),
-    ]
+    bool,
+    typer.Option("--sts-approx", help="Write sts.json with the best STS approximation of a non-STS fit."),
+]
 GridBaselineFlag = Annotated[
-bool, typer.Option("--grid-baseline", help="Also score the 41-point grid STS baseline.")
-    ]
-ForceFlag = Annotated[
-bool, typer.Option("--force", help="Fit even below the minimum number of rounds.")
-    ]
+    bool, typer.Option("--grid-baseline", help="Also score the 41-point grid STS baseline.")
+]
+ForceFlag = Annotated[bool, typer.Option("--force", help="Fit even below the minimum number of rounds.")]
 FingerprintOption = Annotated[
-Path | None,
-typer.Option("--fingerprint", help="Fingerprint JSON of the deployment the traces came from."),
-    ]
+    Path | None,
+    typer.Option("--fingerprint", help="Fingerprint JSON of the deployment the traces came from."),
+]
 NoPlotsFlag = Annotated[bool, typer.Option("--no-plots", help="Skip the PNG plots.")]
 EvaluateOption = Annotated[
-Path | None,
-typer.Option(
-    "--evaluate", help="Re-score this calibration.parquet or sts.json on --traces (drift check)."
-),
-    ]
+    Path | None,
+    typer.Option(
+        "--evaluate", help="Re-score this calibration.parquet or sts.json on --traces (drift check)."
+    ),
+]
 EceToleranceOption = Annotated[
-float, typer.Option("--ece-tolerance", help="Drift: allowed ECE increase per position.")
-    ]
+    float, typer.Option("--ece-tolerance", help="Drift: allowed ECE increase per position.")
+]
 NllToleranceOption = Annotated[
-float, typer.Option("--nll-tolerance", help="Drift: allowed NLL regret vs a refit (nats/round).")
-    ]
+    float, typer.Option("--nll-tolerance", help="Drift: allowed NLL regret vs a refit (nats/round).")
+]
 StrictFlag = Annotated[bool, typer.Option("--strict", help="Drift: treat UNDECIDED as rejected.")]
 
 
@@ -284,7 +278,9 @@ def _evaluate(
     status = report.decision.status
     if status is Status.ACCEPT or (status is Status.UNDECIDED and not strict):
         if status is Status.UNDECIDED:
-            err_console.print(f"[yellow]warning[/] UNDECIDED: {report.decision.detail} (use --strict to fail)")
+            err_console.print(
+                f"[yellow]warning[/] UNDECIDED: {report.decision.detail} (use --strict to fail)"
+            )
         exit_with(EXIT_OK)
     fail(
         f"drift check failed: {report.decision.detail}",

@@ -312,7 +312,9 @@ def _backend_options(pairs: list[str], named: dict[str, Any]) -> dict[str, Any]:
 def _mixed_table(result: Any) -> Table:
     table = Table(title=f"mixed sweep: K={result.config.k}, {len(result.cells)} arms, {result.rounds} rounds")
     for name in ("step", "capacity", "median ms", "95% interval", "saving (95%)", "n", "rounds", "stop"):
-        table.add_column(name, justify="left" if name in ("stop", "95% interval", "saving (95%)") else "right")
+        table.add_column(
+            name, justify="left" if name in ("stop", "95% interval", "saving (95%)") else "right"
+        )
     for c in result.cells:
         s = c.summary
         arm = "native" if c.spec.key[1] == 0 else str(c.spec.key[1])
@@ -360,7 +362,10 @@ def _mixed_json(result: Any, output: Any) -> dict[str, Any]:
                 "saving_ci_low": c.summary.saving_ci_low if c.summary else None,
                 "saving_ci_high": c.summary.saving_ci_high if c.summary else None,
                 "accuracy": (
-                    {"rows": output.checks[c.spec.key].rows, "mismatches": output.checks[c.spec.key].mismatches}
+                    {
+                        "rows": output.checks[c.spec.key].rows,
+                        "mismatches": output.checks[c.spec.key].mismatches,
+                    }
                     if c.spec.key in output.checks
                     else None
                 ),
@@ -400,7 +405,9 @@ def _mixed_plan(opts: SweepOptions, route: Any) -> Any:
     if opts.mixed_grid is not None:
         return read_grid(opts.mixed_grid, route)
     assert opts.mixed_workload is not None
-    return plan_from_workload(read_workload(opts.mixed_workload, k=opts.k), route, max_cells=opts.mixed_max_cells)
+    return plan_from_workload(
+        read_workload(opts.mixed_workload, k=opts.k), route, max_cells=opts.mixed_max_cells
+    )
 
 
 def _measure_mixed(
@@ -451,7 +458,9 @@ def _report_mixed(result: Any, output: Any, *, as_json: bool, require_precision:
         out_console.print(f"wrote {output.output.summary_path} and {output.output.samples_path}")
     if not result.complete:
         missing = ", ".join(c.label() for c in result.unmeasured())
-        err_console.print(f"[bold red]incomplete:[/] no kept samples for {missing}; raise --budget and --resume")
+        err_console.print(
+            f"[bold red]incomplete:[/] no kept samples for {missing}; raise --budget and --resume"
+        )
         exit_with(EXIT_REJECTED)
     if require_precision and not result.all_precise:
         exit_with(EXIT_REJECTED)
@@ -485,7 +494,9 @@ def _sweep_mixed(
         fail(str(exc), code=exc.code, exit_code=EXIT_REJECTED, label="measurement failed")
     except DsparkError as exc:
         fail_error(exc)
-    _report_mixed(result, output, as_json=opts.as_json or json_mode(), require_precision=opts.require_precision)
+    _report_mixed(
+        result, output, as_json=opts.as_json or json_mode(), require_precision=opts.require_precision
+    )
 
 
 def _run(request: Any, *, as_json: bool, require_precision: bool) -> None:

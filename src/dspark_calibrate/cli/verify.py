@@ -292,12 +292,20 @@ def _offline_reports(
         if root_finding is not None:
             return [VerificationReport(path=Path(root_info["path"]), findings=(root_finding,))]
     reports: list[Any] = []
-    checked = verify_inputs(opts.artifacts, root, now=now, expected=expected, state=rollback, record=opts.record)
+    checked = verify_inputs(
+        opts.artifacts, root, now=now, expected=expected, state=rollback, record=opts.record
+    )
     for report in checked:
         reports.append(report)
         if not opts.no_mixed and isinstance(report, BundleReport) and report.ok:
             extra = verify_mixed(
-                report.path, root, now=now, decode=report, expected=expected, state=rollback, record=opts.record
+                report.path,
+                root,
+                now=now,
+                decode=report,
+                expected=expected,
+                state=rollback,
+                record=opts.record,
             )
             if extra.present:
                 reports.append(extra)

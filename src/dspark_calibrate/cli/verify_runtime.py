@@ -175,7 +175,11 @@ def _check_runtime_invocation(opts: VerifyOptions) -> None:
         fail_usage(
             f"the runtime form admits exactly one bundle, got {len(opts.artifacts)} paths; pass one bundle directory"
         )
-    if opts.emit_trtllm_options is not None and opts.selector_identity is None and not opts.fail_open_to_static:
+    if (
+        opts.emit_trtllm_options is not None
+        and opts.selector_identity is None
+        and not opts.fail_open_to_static
+    ):
         fail_usage(
             "--emit-trtllm-options needs --selector-identity HEX (no receipt is written without it); copy "
             "EXACT_SPS_SELECTOR_IDENTITY_SHA256 from tensorrt_llm/_torch/speculative/dspark_planner.py"
@@ -234,7 +238,11 @@ def _runtime_policy(opts: VerifyOptions, live_options: LiveOptions) -> tuple[Any
 
 
 def _admit_or_static(
-    opts: VerifyOptions, trust_root: TrustRoot, live_options: LiveOptions, out: Path | None, trtllm_dir: Path | None
+    opts: VerifyOptions,
+    trust_root: TrustRoot,
+    live_options: LiveOptions,
+    out: Path | None,
+    trtllm_dir: Path | None,
 ) -> tuple[AdmissionDecision | None, TrtllmOptions | None]:
     """``(decision, options)``: the admission decision and, when emitting, the engine options.
 
@@ -263,7 +271,9 @@ def _admit_or_static(
     return decision, options
 
 
-def _write_runtime_options(out: Path, options: TrtllmOptions, base: dict[str, Any], base_path: Path | None) -> None:
+def _write_runtime_options(
+    out: Path, options: TrtllmOptions, base: dict[str, Any], base_path: Path | None
+) -> None:
     """Write the engine options merged into the base options; exits 2 when that fails."""
     from dspark_calibrate.runtime_plugin.trtllm import write_options_yaml
 
@@ -289,7 +299,12 @@ def _runtime_exit_code(decision: AdmissionDecision | None, active: bool, fail_op
 
 
 def _runtime_json(
-    decision: AdmissionDecision | None, options: TrtllmOptions | None, out: Path | None, *, active: bool, code: int
+    decision: AdmissionDecision | None,
+    options: TrtllmOptions | None,
+    out: Path | None,
+    *,
+    active: bool,
+    code: int,
 ) -> dict[str, Any]:
     """The ``--json`` report of the runtime form; its error is the first reason static K was chosen."""
     reason, message = None, None

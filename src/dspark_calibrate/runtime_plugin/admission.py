@@ -808,7 +808,9 @@ def _decide(
         root = _check_root(trust_root, policy, state, now, run)
         ctx = _check_live(live, run)
         report = _check_bundle(bundle_path, root, ctx, policy, state, now, run)
-        cost_table, calibration, adm = (report.artifact(k) for k in ("cost-table", "calibration", "admission"))
+        cost_table, calibration, adm = (
+            report.artifact(k) for k in ("cost-table", "calibration", "admission")
+        )
         assert cost_table is not None and calibration is not None
         # (4) cross-member checks
         run.enter("members")

@@ -320,7 +320,13 @@ class _Found:
         for name, why in _MISSING_HINTS:
             if name not in self.values:
                 self.problems.setdefault(name, why)
-        for name in ("model_config_sha256", "checkpoint_sha256", "attention_backend", "moe_backend", "kv_dtype"):
+        for name in (
+            "model_config_sha256",
+            "checkpoint_sha256",
+            "attention_backend",
+            "moe_backend",
+            "kv_dtype",
+        ):
             if name not in self.values:
                 self.problems.setdefault(name, f"not given ({fingerprint_flag(name)})")
         for name in list(self.problems):
@@ -459,7 +465,9 @@ def collect_live(
         found.put("model_config_sha256", model_config_digest(model_config), f"file:{model_config}")
     rl, n = found.values.get("rank_local_graph_batch_sizes"), found.values.get("gpu_count")
     if rl is not None and n is not None:
-        found.put("global_graph_batch_sizes", tuple(int(g) * int(n) for g in rl), "rank-local sizes x gpu_count")
+        found.put(
+            "global_graph_batch_sizes", tuple(int(g) * int(n) for g in rl), "rank-local sizes x gpu_count"
+        )
     values, sources, problems = found.values, found.sources, found.missing()
     try:
         fp = Fingerprint.from_dict(values)

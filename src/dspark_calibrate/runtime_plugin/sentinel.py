@@ -309,7 +309,9 @@ def _report(
 
 
 def _setup_problem(
-    policy: SentinelPolicy, table_cells: Mapping[tuple[int, int], StoredCell], wanted: Sequence[tuple[int, int]]
+    policy: SentinelPolicy,
+    table_cells: Mapping[tuple[int, int], StoredCell],
+    wanted: Sequence[tuple[int, int]],
 ) -> Finding | None:
     """Why the sentinel cannot start: cells the table does not hold, or no backend loader."""
     unknown = [c for c in wanted if c not in table_cells]

@@ -281,7 +281,9 @@ def _export_package(
     return package, files, digests
 
 
-def _not_exportable(decision: AdmissionDecision, selector_identity: str | None, k: int | None) -> TrtllmOptions | None:
+def _not_exportable(
+    decision: AdmissionDecision, selector_identity: str | None, k: int | None
+) -> TrtllmOptions | None:
     """Static options when there is nothing to export (an inactive decision, no verified bundle
     report, a malformed selector identity), else None."""
     if not decision.active:
