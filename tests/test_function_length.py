@@ -22,7 +22,7 @@ LONG = 80
 #: The longest any function may be (lines), apart from the listed ones.
 TOO_LONG = 150
 #: Functions over :data:`LONG` lines in the package, at most.
-MAX_OVER_80 = 34
+MAX_OVER_80 = 24
 #: Functions over :data:`TOO_LONG` lines that predate this test: "path:qualname" -> lines, at most.
 OVER_150: dict[str, int] = {
     "calibrate/deployment/build.py:build_bundle": 276,
