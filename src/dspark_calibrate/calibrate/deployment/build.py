@@ -84,6 +84,7 @@ from dspark_calibrate.runtime_plugin.planner import (
     DEFAULT_MIN_VERIFY_LEN,
     DEFAULT_MINIMUM_PREDICTED_GAIN,
     Calibration,
+    DrainGuard,
 )
 from dspark_calibrate.schemas import (
     ADMISSION_SUMMARY_KEYS,
@@ -99,7 +100,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
     from securesystemslib.signer import Signer
 
-    from dspark_calibrate.artifacts import BundleReport, TrustRoot
+    from dspark_calibrate.artifacts import BundleReport, Expectation, TrustRoot, VerifiedArtifact
 
 __all__ = [
     "ADMISSION_SUMMARY_KEYS",
@@ -572,16 +573,37 @@ def build_bundle(
             existing output without ``force``, or a bundle that does not verify (nothing is left
             behind).
     """
-    from dspark_calibrate.artifacts import (
-        Expectation,
-        require_valid,
-        sign_artifact,
-        verify_bundle,
-        verify_path,
-        write_bundle,
-    )
-
     out_dir = Path(out_dir)
+    _refuse_request(inputs, out_dir, signers, options)
+    stage = on_stage if on_stage is not None else _no_stage
+    stage("select")
+    # (2) candidates, drain guard, selection
+    grid = CellGrid.from_rows(inputs.k, inputs.sweep_rows)
+    calibration = Calibration.from_rows(inputs.calibration_table.to_pylist(), use=options.calibration_use)
+    chosen = _select(inputs, grid, calibration, options)
+    stage("replay")
+    # (3) replay the deployed table
+    final = grid.restrict(chosen.cells)
+    replayed = _replay_deployed(inputs, final, calibration, chosen, options)
+    report = replayed.report
+    summary = admission_summary(report, inputs.workload)
+    notes = _build_notes(inputs, grid, final, replayed)
+    prov = _provenance(inputs, options, chosen, final, report, notes)
+    tables = _member_tables(inputs, final, report, chosen.cells, summary, options)
+    written = _write_bundle_dir(
+        out_dir, tables, inputs, replayed, prov, signers, trust_root, options, notes, stage
+    )
+    return _finish(out_dir, inputs, chosen, report, summary, notes, written, trust_root, options)
+
+
+def _no_stage(name: str) -> None:
+    """The progress callback when the caller gives none."""
+
+
+def _refuse_request(
+    inputs: BuildInputs, out_dir: Path, signers: Sequence[Signer], options: BuildOptions
+) -> None:
+    """Refuse a build that cannot or must not start (before any work is done)."""
     if inputs.synthetic and not options.allow_synthetic:
         raise ConfigError(
             f"synthetic inputs: {', '.join(inputs.synthetic_inputs)}; use recorded ones (fit on "
@@ -591,12 +613,20 @@ def build_bundle(
         raise ConfigError(f"{out_dir} exists; choose another --out or pass --force to replace it")
     if not signers:
         raise ConfigError("no signing key given: pass --key")
-    fp, k = inputs.fingerprint, inputs.k
-    if on_stage is not None:
-        on_stage("select")
-    # (2) candidates, drain guard, selection
-    grid = CellGrid.from_rows(k, inputs.sweep_rows)
-    calibration = Calibration.from_rows(inputs.calibration_table.to_pylist(), use=options.calibration_use)
+
+
+@dataclass(frozen=True, eq=False)
+class _Chosen:
+    """The selection stage's result: the drain guard, how it was estimated, and the chosen cells."""
+
+    guard: DrainGuard
+    estimate: Mapping[str, Any]
+    selection: CellSelection
+    cells: tuple[tuple[int, int], ...]
+
+
+def _select(inputs: BuildInputs, grid: CellGrid, calibration: Calibration, options: BuildOptions) -> _Chosen:
+    """Evaluate every candidate cell over the workload, estimate the drain guard, choose the cells."""
     evidence = prepare_evidence(inputs.workload, grid, calibration, min_verify_len=options.min_verify_len)
     guard, estimate = estimate_drain_guard(
         evidence,
@@ -607,12 +637,23 @@ def build_bundle(
     selection = select_cells(
         evidence, minimum_predicted_gain=options.minimum_predicted_gain, drain_guard=guard
     )
-    cells = require_cells(selection)
-    del evidence
-    if on_stage is not None:
-        on_stage("replay")
-    # (3) replay the deployed table
-    final = grid.restrict(cells)
+    return _Chosen(guard, estimate, selection, require_cells(selection))
+
+
+@dataclass(frozen=True, eq=False)
+class _Replayed:
+    """The replay of the deployed table, and the mixed cells it priced (None without a mixed sweep)."""
+
+    report: ReplayReport
+    mixed_grid: MixedGrid | None
+    mixed_evidence: MixedEvidence | None
+    mixed_left: tuple[tuple[str, str], ...]
+
+
+def _replay_deployed(
+    inputs: BuildInputs, final: CellGrid, calibration: Calibration, chosen: _Chosen, options: BuildOptions
+) -> _Replayed:
+    """Replay static K and dynamic verification with the deployed cells (and mixed cells, if any)."""
     evidence = prepare_evidence(
         inputs.workload, final, calibration, min_verify_len=options.min_verify_len, per_row=True
     )
@@ -635,8 +676,8 @@ def build_bundle(
     report = replay(
         evidence,
         minimum_predicted_gain=options.minimum_predicted_gain,
-        drain_guard=guard,
-        drain_guard_estimate=estimate,
+        drain_guard=chosen.guard,
+        drain_guard_estimate=chosen.estimate,
         overhead_ms=options.overhead_ms,
         overhead_source=options.overhead_source,
         safety_margin_ms=options.safety_margin_ms,
@@ -649,11 +690,15 @@ def build_bundle(
             "workload_identity_sha256": inputs.workload.identity_sha256,
         },
     )
-    del evidence
-    summary = admission_summary(report, inputs.workload)
+    return _Replayed(report, mixed_grid, mixed_evidence, mixed_left)
+
+
+def _build_notes(inputs: BuildInputs, grid: CellGrid, final: CellGrid, replayed: _Replayed) -> list[str]:
+    """What a reviewer should know about this build, beyond the inputs' own notes."""
+    report = replayed.report
     notes = list(inputs.notes)
-    if mixed_evidence is not None:
-        notes += _mixed_notes(report, mixed_evidence.deployed, mixed_left)
+    if replayed.mixed_evidence is not None:
+        notes += _mixed_notes(report, replayed.mixed_evidence.deployed, replayed.mixed_left)
     if grid.dropped:
         notes.append(
             f"never deployed (V=G cannot carry a real row; V=G*(K+1) is the control): {list(grid.dropped)}"
@@ -665,7 +710,19 @@ def build_bundle(
             "real; re-run the sweep with this version"
         )
     notes.append(f"fixed confidence-path overhead: {report.economics.overhead_source}")
-    prov = Provenance(
+    return notes
+
+
+def _provenance(
+    inputs: BuildInputs,
+    options: BuildOptions,
+    chosen: _Chosen,
+    final: CellGrid,
+    report: ReplayReport,
+    notes: Sequence[str],
+) -> Provenance:
+    """The provenance every decode member carries: the inputs, options and how the evidence was priced."""
+    return Provenance(
         tool_version=__version__,
         command=tuple(options.command),
         backend=inputs.sweep_provenance.backend,
@@ -687,8 +744,8 @@ def build_bundle(
                         "synthetic": inputs.workload.synthetic,
                     },
                 },
-                "selection": selection.to_dict(),
-                "drain_guard_estimate": dict(estimate),
+                "selection": chosen.selection.to_dict(),
+                "drain_guard_estimate": dict(chosen.estimate),
                 "economics_sources": {
                     "overhead": report.economics.overhead_source,
                     "safety_margin": report.economics.safety_margin_source,
@@ -706,11 +763,23 @@ def build_bundle(
                 ],
                 "reasons": dict(report.reasons),
                 "bootstrap": dict(report.bootstrap),
-                "notes": notes,
+                "notes": list(notes),
             }
         ),
     )
-    tables: dict[str, tuple[pa.Table, Mapping[str, Any]]] = {
+
+
+def _member_tables(
+    inputs: BuildInputs,
+    final: CellGrid,
+    report: ReplayReport,
+    cells: Sequence[tuple[int, int]],
+    summary: Mapping[str, Any],
+    options: BuildOptions,
+) -> dict[str, tuple[pa.Table, Mapping[str, Any]]]:
+    """Each decode member's table and signed summary, by kind."""
+    k = inputs.k
+    return {
         "cost-table": (
             _cost_table(inputs, final),
             {"cells": len(cells) + len(final.ladder), "k": k, "candidates": _undeployed(inputs, cells)},
@@ -721,37 +790,100 @@ def build_bundle(
         ),
         "admission": (_admission_table(report, cells), summary),
     }
+
+
+def _sign_member(
+    path: Path,
+    table: pa.Table,
+    *,
+    kind: str,
+    fingerprint: Fingerprint,
+    provenance: Provenance,
+    summary: Mapping[str, Any],
+    signers: Sequence[Signer],
+    trust_root: TrustRoot,
+    options: BuildOptions,
+    expected: Expectation,
+    refusal: str,
+) -> VerifiedArtifact:
+    """Write one member, sign it and verify it with the one verification pipeline.
+
+    Raises:
+        ConfigError: the signed member does not verify (``refusal`` names it and the fix).
+    """
+    from dspark_calibrate.artifacts import require_valid, sign_artifact, verify_path
+
+    write_unsigned_artifact(
+        path, table, kind=kind, fingerprint=fingerprint, provenance=provenance, summary=summary
+    )
+    sign_artifact(
+        read_artifact(path),
+        list(signers),
+        version=options.version,
+        issued_at=options.issued_at,
+        expires_at=options.expires_at,
+    )
+    checked = verify_path(path, trust_root, now=options.issued_at, expected=replace(expected, kind=kind))
+    try:
+        return require_valid(checked)
+    except ArtifactRejected as exc:
+        raise ConfigError(refusal.format(exc=exc)) from exc
+
+
+@dataclass(frozen=True, eq=False)
+class _Written:
+    """What the published directory holds beyond the decode members."""
+
+    plot_paths: tuple[Path, ...]
+    mixed_summary: Mapping[str, Any] | None
+
+
+def _write_bundle_dir(
+    out_dir: Path,
+    tables: Mapping[str, tuple[pa.Table, Mapping[str, Any]]],
+    inputs: BuildInputs,
+    replayed: _Replayed,
+    prov: Provenance,
+    signers: Sequence[Signer],
+    trust_root: TrustRoot,
+    options: BuildOptions,
+    notes: list[str],
+    stage: Callable[[str], None],
+) -> _Written:
+    """Write, sign and verify every member into a temporary directory, then publish it as ``out_dir``.
+
+    Nothing is left behind on failure. Notes of the mixed members and the plots are appended to
+    ``notes``.
+
+    Raises:
+        ConfigError: a member or the bundle does not verify, or the directory cannot be written.
+    """
+    from dspark_calibrate.artifacts import Expectation, verify_bundle, write_bundle
+
+    fp = inputs.fingerprint
     tmp = out_dir.parent / f".{out_dir.name}.build-{secrets.token_hex(6)}"
     published = False
     try:
         tmp.mkdir(parents=True)
-        if on_stage is not None:
-            on_stage("sign")
+        stage("sign")
         # (4) write, sign and verify each member, then the manifest
-        members = {}
-        expected_kw = {"fingerprint": fp, "allow_synthetic": options.allow_synthetic}
-        for kind, (table, member_summary) in tables.items():
-            path = tmp / BUNDLE_FILES[kind]
-            write_unsigned_artifact(
-                path, table, kind=kind, fingerprint=fp, provenance=prov, summary=member_summary
+        expected = Expectation(fingerprint=fp, allow_synthetic=options.allow_synthetic)
+        members = {
+            kind: _sign_member(
+                tmp / BUNDLE_FILES[kind],
+                table,
+                kind=kind,
+                fingerprint=fp,
+                provenance=prov,
+                summary=member_summary,
+                signers=signers,
+                trust_root=trust_root,
+                options=options,
+                expected=expected,
+                refusal=f"self-check failed for {BUNDLE_FILES[kind]}: {{exc}}; is the signing key in the trust root?",
             )
-            sign_artifact(
-                read_artifact(path),
-                list(signers),
-                version=options.version,
-                issued_at=options.issued_at,
-                expires_at=options.expires_at,
-            )
-            report_v = verify_path(
-                path, trust_root, now=options.issued_at, expected=Expectation(kind=kind, **expected_kw)
-            )
-            try:
-                members[kind] = require_valid(report_v)
-            except ArtifactRejected as exc:
-                raise ConfigError(
-                    f"self-check failed for {BUNDLE_FILES[kind]}: {exc}; "
-                    "is the signing key in the trust root?"
-                ) from exc
+            for kind, (table, member_summary) in tables.items()
+        }
         write_bundle(
             tmp,
             members,
@@ -760,38 +892,19 @@ def build_bundle(
             issued_at=options.issued_at,
             expires_at=options.expires_at,
         )
-        check = verify_bundle(tmp, trust_root, now=options.issued_at, expected=Expectation(**expected_kw))
+        check = verify_bundle(tmp, trust_root, now=options.issued_at, expected=expected)
         if not check.ok:
             raise ConfigError(f"self-check of the bundle failed: {check.code}: {check.message}")
-        mixed_summary: Mapping[str, Any] | None = None
-        if (
-            inputs.mixed is not None
-            and mixed_evidence is not None
-            and mixed_grid is not None
-            and mixed_evidence.deployed
-        ):
-            outputs = mixed_outputs(
-                inputs.mixed,
-                mixed_grid,
-                mixed_evidence,
-                report,
-                workload=inputs.workload,
-                fingerprint=fp,
-                decode_members={k2: a.logical_sha256 for k2, a in members.items()},
-                minimum_predicted_gain=options.mixed_gain,
-                allow_synthetic=options.allow_synthetic,
-            )
-            _write_mixed(tmp, outputs, inputs, prov, signers, options, check, trust_root)
-            mixed_summary = outputs.admission_summary
-            notes.extend(outputs.notes)
+        mixed_summary = _mixed_members(
+            tmp, members, check, inputs, replayed, prov, signers, trust_root, options, notes
+        )
         report_dir = tmp / "report"
         report_dir.mkdir()
         plot_paths: list[Path] = []
         if options.plots:
-            plot_paths, plot_notes = _plots(report_dir, report)
+            plot_paths, plot_notes = _plots(report_dir, replayed.report)
             notes.extend(plot_notes)
-        if on_stage is not None:
-            on_stage("publish")
+        stage("publish")
         # (5) publish
         publish_directory(tmp, out_dir)
         published = True
@@ -800,13 +913,64 @@ def build_bundle(
     finally:
         if not published:
             shutil.rmtree(tmp, ignore_errors=True)
+    return _Written(tuple(plot_paths), mixed_summary)
+
+
+def _mixed_members(
+    tmp: Path,
+    members: Mapping[str, VerifiedArtifact],
+    check: BundleReport,
+    inputs: BuildInputs,
+    replayed: _Replayed,
+    prov: Provenance,
+    signers: Sequence[Signer],
+    trust_root: TrustRoot,
+    options: BuildOptions,
+    notes: list[str],
+) -> Mapping[str, Any] | None:
+    """Write the mixed evidence beside the verified decode members (None: no mixed cell deployed).
+
+    Its notes are appended to ``notes``.
+    """
+    mx = replayed.mixed_evidence
+    if inputs.mixed is None or mx is None or replayed.mixed_grid is None or not mx.deployed:
+        return None
+    outputs = mixed_outputs(
+        inputs.mixed,
+        replayed.mixed_grid,
+        mx,
+        replayed.report,
+        workload=inputs.workload,
+        fingerprint=inputs.fingerprint,
+        decode_members={k2: a.logical_sha256 for k2, a in members.items()},
+        minimum_predicted_gain=options.mixed_gain,
+        allow_synthetic=options.allow_synthetic,
+    )
+    _write_mixed(tmp, outputs, inputs, prov, signers, options, check, trust_root)
+    notes.extend(outputs.notes)
+    return outputs.admission_summary
+
+
+def _finish(
+    out_dir: Path,
+    inputs: BuildInputs,
+    chosen: _Chosen,
+    report: ReplayReport,
+    summary: Mapping[str, Any],
+    notes: Sequence[str],
+    written: _Written,
+    trust_root: TrustRoot,
+    options: BuildOptions,
+) -> BuildResult:
+    """Verify the published bundle (and its mixed evidence) again and write ``report/build.json``."""
+    from dspark_calibrate.artifacts import Expectation, verify_bundle, verify_mixed
+
+    expected_kw = {"fingerprint": inputs.fingerprint, "allow_synthetic": options.allow_synthetic}
     final_check = verify_bundle(
         out_dir, trust_root, now=options.issued_at, expected=Expectation(**expected_kw)
     )
     mixed_valid = None
-    if mixed_summary is not None:
-        from dspark_calibrate.artifacts import verify_mixed
-
+    if written.mixed_summary is not None:
         mixed_valid = verify_mixed(
             out_dir,
             trust_root,
@@ -816,15 +980,15 @@ def build_bundle(
         ).ok
     result = BuildResult(
         out_dir=out_dir,
-        fingerprint=fp,
-        selection=selection,
+        fingerprint=inputs.fingerprint,
+        selection=chosen.selection,
         report=report,
         summary=summary,
         files=tuple(out_dir / f for f in (*BUNDLE_FILES.values(), "bundle.dsse.json")),
-        plots=tuple(out_dir / "report" / p.name for p in plot_paths),
+        plots=tuple(out_dir / "report" / p.name for p in written.plot_paths),
         bundle=final_check,
         notes=tuple(notes),
-        mixed_summary=mixed_summary,
+        mixed_summary=written.mixed_summary,
         mixed_valid=mixed_valid,
     )
     atomic_write_bytes(out_dir / "report" / "build.json", canonical_json(result.to_dict()))
@@ -877,10 +1041,7 @@ def _write_mixed(
         MIXED_FILES,
         MIXED_LAYOUT,
         Expectation,
-        require_valid,
-        sign_artifact,
         verify_mixed,
-        verify_path,
         write_bundle,
     )
 
@@ -909,24 +1070,22 @@ def _write_mixed(
         "mixed-admission": (outputs.admission_table, outputs.admission_summary),
     }
     expected = Expectation(fingerprint=inputs.fingerprint, allow_synthetic=options.allow_synthetic)
-    members = {}
-    for kind, (table, summary) in tables.items():
-        path = mdir / MIXED_FILES[kind]
-        write_unsigned_artifact(
-            path, table, kind=kind, fingerprint=inputs.fingerprint, provenance=mixed_prov, summary=summary
+    members = {
+        kind: _sign_member(
+            mdir / MIXED_FILES[kind],
+            table,
+            kind=kind,
+            fingerprint=inputs.fingerprint,
+            provenance=mixed_prov,
+            summary=summary,
+            signers=signers,
+            trust_root=trust_root,
+            options=options,
+            expected=expected,
+            refusal=f"self-check failed for mixed/{MIXED_FILES[kind]}: {{exc}}",
         )
-        sign_artifact(
-            read_artifact(path),
-            list(signers),
-            version=options.version,
-            issued_at=options.issued_at,
-            expires_at=options.expires_at,
-        )
-        checked = verify_path(path, trust_root, now=options.issued_at, expected=replace(expected, kind=kind))
-        try:
-            members[kind] = require_valid(checked)
-        except ArtifactRejected as exc:
-            raise ConfigError(f"self-check failed for mixed/{MIXED_FILES[kind]}: {exc}") from exc
+        for kind, (table, summary) in tables.items()
+    }
     write_bundle(
         mdir,
         members,
