@@ -38,8 +38,14 @@ from dspark_calibrate.artifacts import (
     read_artifact,
     sha256_hex,
 )
-from dspark_calibrate.calibrate.deployment.mixed import MixedCellTime, MixedEvidence, MixedGrid, prepare_mixed
-from dspark_calibrate.calibrate.deployment.replay import ReplayReport
+from dspark_calibrate.calibrate.deployment.mixed import (
+    MixedArm,
+    MixedCellTime,
+    MixedEvidence,
+    MixedGrid,
+    prepare_mixed,
+)
+from dspark_calibrate.calibrate.deployment.replay import MixedReplay, ReplayReport
 from dspark_calibrate.calibrate.deployment.workload import Workload
 from dspark_calibrate.errors import ConfigError
 from dspark_calibrate.runtime_plugin.planner import Calibration
@@ -247,8 +253,6 @@ def mixed_outputs(
     Raises:
         ConfigError: nothing is deployed (no mixed member can be written).
     """
-    from dspark_calibrate.artifacts import measurement_result, measurement_results_bytes
-
     mixed = report.mixed
     deployed = evidence.deployed
     if mixed is None or not deployed:
@@ -256,51 +260,63 @@ def mixed_outputs(
     route = grid.route
     order = sorted(range(len(deployed)), key=lambda j: deployed[j].sha256)  # the table's key order
     cells = [deployed[j] for j in order]
-    rows = []
-    for c in cells:
-        arm = grid.groups[c.group]
-        rows.append(
-            {
-                "geometry_sha256": c.sha256,
-                "mixed_group": arm.mixed_group,
-                "group_sha256": arm.group_sha256,
-                "capacity": c.geometry.capacity,
-                "rank_features": list(c.geometry.flat_features()),
-                "actual_rank_rows": list(c.geometry.actual_rank_rows),
-                "native_rank_rows": list(c.geometry.native_rank_rows),
-                "native_capacity": arm.native_capacity,
-                "native_lower_ms": c.native_lower_ms,
-                "candidate_upper_ms": c.candidate_upper_ms,
-                "measurement_result_sha256": c.measurement_result_sha256,
-                "native_ms": arm.time.step_time_ms,
-                "native_ci_low_ms": arm.time.ci_low_ms,
-                "native_ci_high_ms": arm.time.ci_high_ms,
-                "candidate_ms": c.time.step_time_ms,
-                "candidate_ci_low_ms": c.time.ci_low_ms,
-                "candidate_ci_high_ms": c.time.ci_high_ms,
-                "saving": c.time.saving,
-                "saving_ci_low": c.time.saving_ci_low,
-                "saving_ci_high": c.time.saving_ci_high,
-                "paired_rounds": c.time.paired_rounds,
-                "common_mode_rel": max(c.time.common_mode_rel, arm.time.common_mode_rel),
-                "native_level_rel": arm.time.level_rel,
-                "samples": c.samples,
-                "native_samples": _samples_of(inputs.rows, arm.mixed_group),
-                "stop_reason": c.stop_reason,
-                "accuracy_rows": c.accuracy_rows,
-                "accuracy_mismatches": c.accuracy_mismatches,
-            }
-        )
-    cost_table = pa.Table.from_pylist(rows, schema=arrow_schema("mixed-cost-table"))
+    cost_table = pa.Table.from_pylist(
+        [_cost_row(c, grid.groups[c.group], inputs.rows) for c in cells],
+        schema=arrow_schema("mixed-cost-table"),
+    )
     cost_summary = {
-        "cells": len(rows),
+        "cells": len(cells),
         "route": route.to_dict(),
         "minimum_predicted_gain": minimum_predicted_gain,
         "protocol_sha256": inputs.protocol_sha256,
     }
     assert tuple(cost_summary) == MIXED_COST_SUMMARY_KEYS
+    # --- the evidence behind each gate -------------------------------------------------------
+    hashes = [c.measurement_result_sha256 for c in cells]
+    source = _source_gate(inputs, grid, cells, hashes, fingerprint)
+    accuracy = _accuracy_gate(inputs, grid, cells)
+    runtime = _runtime_gate(route, cells, fingerprint, minimum_predicted_gain)
+    matched = _matched_gate(workload, route, mixed, cells)
+    results = _result_files(accuracy, runtime, matched, source, mixed.replay_bytes, hashes)
+    gates = _gates(
+        accuracy,
+        runtime,
+        matched,
+        source,
+        admitted=mixed.economics.admitted,
+        synthetic_ok=allow_synthetic or not inputs.synthetic,
+    )
+    summary = _mixed_admission_summary(
+        mixed,
+        inputs,
+        route,
+        gates=gates,
+        results=results,
+        minimum_predicted_gain=minimum_predicted_gain,
+        decode_members=decode_members,
+        workload=workload,
+    )
+    failed = [g for g, ok in gates.items() if not ok]
+    notes = (
+        [f"mixed receipt gates not passed: {failed}; export will not write a mixed receipt"] if failed else []
+    )
+    return MixedOutputs(
+        cost_table=cost_table,
+        cost_summary=cost_summary,
+        samples=inputs.samples,
+        samples_summary={"route": route.to_dict(), "source_logical_sha256": inputs.samples_logical_sha256},
+        admission_table=_mixed_admission_table(mixed, cells),
+        admission_summary=summary,
+        results=results,
+        gates=gates,
+        notes=tuple(notes),
+    )
+
+
+def _mixed_admission_table(mixed: MixedReplay, cells: Sequence[MixedCellTime]) -> pa.Table:
+    """Per deployed cell, the replay's chosen steps and value (in the cost table's key order)."""
     per_cell = {c["geometry_sha256"]: c for c in mixed.per_cell}
-    admission_table = pa.Table.from_pylist(
+    return pa.Table.from_pylist(
         [
             {
                 k: per_cell[c.sha256][k]
@@ -310,14 +326,66 @@ def mixed_outputs(
         ],
         schema=arrow_schema("mixed-admission"),
     )
-    # --- the evidence behind each gate -------------------------------------------------------
-    hashes = [c.measurement_result_sha256 for c in cells]
+
+
+def _cost_row(c: MixedCellTime, arm: MixedArm, sweep_rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One row of the mixed cost table: the cell as measured, beside its native arm."""
+    return {
+        "geometry_sha256": c.sha256,
+        "mixed_group": arm.mixed_group,
+        "group_sha256": arm.group_sha256,
+        "capacity": c.geometry.capacity,
+        "rank_features": list(c.geometry.flat_features()),
+        "actual_rank_rows": list(c.geometry.actual_rank_rows),
+        "native_rank_rows": list(c.geometry.native_rank_rows),
+        "native_capacity": arm.native_capacity,
+        "native_lower_ms": c.native_lower_ms,
+        "candidate_upper_ms": c.candidate_upper_ms,
+        "measurement_result_sha256": c.measurement_result_sha256,
+        "native_ms": arm.time.step_time_ms,
+        "native_ci_low_ms": arm.time.ci_low_ms,
+        "native_ci_high_ms": arm.time.ci_high_ms,
+        "candidate_ms": c.time.step_time_ms,
+        "candidate_ci_low_ms": c.time.ci_low_ms,
+        "candidate_ci_high_ms": c.time.ci_high_ms,
+        "saving": c.time.saving,
+        "saving_ci_low": c.time.saving_ci_low,
+        "saving_ci_high": c.time.saving_ci_high,
+        "paired_rounds": c.time.paired_rounds,
+        "common_mode_rel": max(c.time.common_mode_rel, arm.time.common_mode_rel),
+        "native_level_rel": arm.time.level_rel,
+        "samples": c.samples,
+        "native_samples": _samples_of(sweep_rows, arm.mixed_group),
+        "stop_reason": c.stop_reason,
+        "accuracy_rows": c.accuracy_rows,
+        "accuracy_mismatches": c.accuracy_mismatches,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class _Gate:
+    """A gate's result file (before serialisation) and whether its check passed."""
+
+    record: dict[str, Any]
+    ok: bool
+
+
+def _source_gate(
+    inputs: MixedInputs,
+    grid: MixedGrid,
+    cells: Sequence[MixedCellTime],
+    hashes: Sequence[str],
+    fingerprint: Fingerprint,
+) -> _Gate:
+    """Every cell's measurement-result hash, recomputed from the signed samples."""
+    from dspark_calibrate.artifacts import measurement_result
+
     recomputed = [
         measurement_result(inputs.samples, grid.groups[c.group].mixed_group, c.geometry.capacity)
         for c in cells
     ]
-    measured_ok = recomputed == hashes
-    source = {
+    measured_ok = recomputed == list(hashes)
+    record = {
         "format": "dspark-calibrate/mixed-source-and-measurements/v1",
         "mixed_sweep": str(inputs.path.name),
         "mixed_sweep_logical_sha256": inputs.sweep_logical_sha256,
@@ -333,9 +401,14 @@ def mixed_outputs(
         ],
         "pass": measured_ok,
     }
+    return _Gate(record, measured_ok)
+
+
+def _accuracy_gate(inputs: MixedInputs, grid: MixedGrid, cells: Sequence[MixedCellTime]) -> _Gate:
+    """Every cell verified rows, and none of its greedy tokens differed from its native arm's."""
     accuracy_ok = all(c.accuracy_rows > 0 and c.accuracy_mismatches == 0 for c in cells)
     checks = inputs.provenance.extra.get("output_checks") or {}
-    accuracy = {
+    record = {
         "format": "dspark-calibrate/mixed-accuracy/v1",
         "method": "greedy tokens of every row a cell verifies, against its native arm's forward (sweep output check)",
         "backend": inputs.provenance.backend,
@@ -350,6 +423,13 @@ def mixed_outputs(
         ],
         "pass": accuracy_ok,
     }
+    return _Gate(record, accuracy_ok)
+
+
+def _runtime_gate(
+    route: MixedRoute, cells: Sequence[MixedCellTime], fingerprint: Fingerprint, minimum_predicted_gain: float
+) -> _Gate:
+    """The runtime's geometry rules hold for every cell, and the set fits the route and the deployment."""
     invariants = []
     for c in cells:
         found = geometry_violations(
@@ -369,7 +449,7 @@ def mixed_outputs(
         and route.world_size == fingerprint.gpu_count
         and minimum_predicted_gain >= MIXED_MINIMUM_GAIN
     )
-    runtime = {
+    record = {
         "format": "dspark-calibrate/mixed-runtime-invariants/v1",
         "rules": list(GEOMETRY_RULES),
         "route": route.to_dict(),
@@ -377,6 +457,13 @@ def mixed_outputs(
         "cells": invariants,
         "pass": invariants_ok,
     }
+    return _Gate(record, invariants_ok)
+
+
+def _matched_gate(
+    workload: Workload, route: MixedRoute, mixed: MixedReplay, cells: Sequence[MixedCellTime]
+) -> _Gate:
+    """The workload is exact, of this route, and every deployed cell wins some of its steps."""
     chosen = {c["geometry_sha256"]: c["chosen_steps"] for c in mixed.per_cell}
     matched_ok = (
         workload.k == route.physical_k
@@ -385,7 +472,7 @@ def mixed_outputs(
         and mixed.economics.compact_choices > 0
         and all(chosen.get(c.sha256, 0) > 0 for c in cells)
     )
-    matched = {
+    record = {
         "format": "dspark-calibrate/mixed-matched-workload/v1",
         "workload_identity_sha256": workload.identity_sha256,
         "k": workload.k,
@@ -400,24 +487,55 @@ def mixed_outputs(
         "reasons": dict(mixed.reasons),
         "pass": matched_ok,
     }
+    return _Gate(record, matched_ok)
+
+
+def _result_files(
+    accuracy: _Gate, runtime: _Gate, matched: _Gate, source: _Gate, replay_bytes: bytes, hashes: Sequence[str]
+) -> dict[str, bytes]:
+    """The bytes of every file in :data:`MIXED_RESULT_FILES`, by name."""
+    from dspark_calibrate.artifacts import measurement_results_bytes
+
     results = {
-        "accuracy": _json(accuracy),
-        "runtime_invariants": _json(runtime),
-        "matched_workload": _json(matched),
-        "selector_replay": mixed.replay_bytes,
-        "measurement_results": measurement_results_bytes(hashes),
-        "source_and_measurements": _json(source),
+        "accuracy": _json(accuracy.record),
+        "runtime_invariants": _json(runtime.record),
+        "matched_workload": _json(matched.record),
+        "selector_replay": replay_bytes,
+        "measurement_results": measurement_results_bytes(list(hashes)),
+        "source_and_measurements": _json(source.record),
     }
     assert set(results) == set(MIXED_RESULT_FILES)
-    synthetic_ok = allow_synthetic or not inputs.synthetic
+    return results
+
+
+def _gates(
+    accuracy: _Gate, runtime: _Gate, matched: _Gate, source: _Gate, *, admitted: bool, synthetic_ok: bool
+) -> dict[str, bool]:
+    """The mixed receipt's gates, in :data:`MIXED_GATES` order: production admission needs every
+    other gate, an admitted economics and (unless allowed) no synthetic measurement."""
     gates = {
-        "accuracy_pass": accuracy_ok,
-        "runtime_invariants_pass": invariants_ok,
-        "matched_workload_pass": matched_ok,
-        "source_and_measurements_verified": measured_ok,
+        "accuracy_pass": accuracy.ok,
+        "runtime_invariants_pass": runtime.ok,
+        "matched_workload_pass": matched.ok,
+        "source_and_measurements_verified": source.ok,
     }
-    gates["production_admission"] = all(gates.values()) and mixed.economics.admitted and synthetic_ok
+    gates["production_admission"] = all(gates.values()) and admitted and synthetic_ok
     assert tuple(gates) == tuple(sorted(gates, key=MIXED_GATES.index))
+    return gates
+
+
+def _mixed_admission_summary(
+    mixed: MixedReplay,
+    inputs: MixedInputs,
+    route: MixedRoute,
+    *,
+    gates: Mapping[str, bool],
+    results: Mapping[str, bytes],
+    minimum_predicted_gain: float,
+    decode_members: Mapping[str, str],
+    workload: Workload,
+) -> dict[str, Any]:
+    """The signed summary of the mixed admission artifact (exactly :data:`MIXED_ADMISSION_SUMMARY_KEYS`)."""
     e = mixed.economics
     summary = {
         "route": route.to_dict(),
@@ -430,7 +548,7 @@ def mixed_outputs(
         "safety_margin_ms": e.safety_margin_ms,
         "net_value_ms": e.net_value_ms,
         "admitted": e.admitted,
-        "gates": gates,
+        "gates": dict(gates),
         "results": {name: sha256_hex(data) for name, data in results.items()},
         "predicted_gain": mixed.predicted_gain,
         "predicted_gain_ci_low": mixed.predicted_gain_ci_low,
@@ -446,21 +564,7 @@ def mixed_outputs(
         "workload_identity_sha256": workload.identity_sha256,
     }
     assert tuple(summary) == MIXED_ADMISSION_SUMMARY_KEYS
-    notes = []
-    failed = [g for g, ok in gates.items() if not ok]
-    if failed:
-        notes.append(f"mixed receipt gates not passed: {failed}; export will not write a mixed receipt")
-    return MixedOutputs(
-        cost_table=cost_table,
-        cost_summary=cost_summary,
-        samples=inputs.samples,
-        samples_summary={"route": route.to_dict(), "source_logical_sha256": inputs.samples_logical_sha256},
-        admission_table=admission_table,
-        admission_summary=summary,
-        results=results,
-        gates=gates,
-        notes=tuple(notes),
-    )
+    return summary
 
 
 def _samples_of(rows: Sequence[Mapping[str, Any]], mixed_group: int) -> int:
