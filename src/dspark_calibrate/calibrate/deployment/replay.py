@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,7 @@ from dspark_calibrate.calibrate.deployment.cells import CellGrid, CellTime
 from dspark_calibrate.calibrate.deployment.mixed import MixedEvidence
 from dspark_calibrate.calibrate.deployment.uncertainty import (
     LEGACY,
+    CostDraws,
     MixedCosts,
     OverheadModel,
     constant_overhead,
@@ -215,8 +216,82 @@ def prepare_evidence(
     floor = int(min_verify_len)
     if not 1 <= floor <= k:
         raise ConfigError(f"min_verify_len must be in [1, K={k}], got {floor}")
-    cols = k - floor
     a = _decode_rows(workload)
+    groups = _group_rows(a, grid)
+    budgets = {int(g): [c.verifier_budget for c in grid.compact(int(g))] for g in grid.ladder}
+    yields = _group_yields(
+        a, groups, calibration, budgets, floor=floor, k=k, per_row=per_row, chunk_rows=chunk_rows
+    )
+    cells = _step_cells(groups, yields, budgets, num_ranks=workload.num_ranks, floor=floor, k=k)
+    keep = ~groups.above
+    row_step = row_request = row_static = None
+    if per_row:
+        step_of_row = np.repeat(groups.step_of_group, groups.count)
+        policy_index = np.cumsum(keep) - 1
+        row_step = np.where(keep[step_of_row], policy_index[step_of_row], -1)
+        row_request = a.request
+        row_static = a.accepted + 1
+    return StepEvidence(
+        grid=grid,
+        min_verify_len=floor,
+        num_ranks=workload.num_ranks,
+        step_id=groups.step[groups.first][keep],
+        graph_batch_size=groups.graph[keep],
+        rows=np.add.reduceat(groups.count, groups.first)[keep],
+        static_tokens=np.add.reduceat(yields.static, groups.first)[keep],
+        native_yield=_sequential_sum(yields.full, groups)[keep],
+        columns=cells.columns[keep],
+        compact_yield=cells.compact_yield[keep],
+        max_loss=cells.max_loss[keep],
+        feasible=cells.feasible[keep],
+        tokens=cells.tokens[keep],
+        skipped_steps=int(groups.above.sum()),
+        finished_graph_batch_size=_finished_graph_batch_sizes(a, groups),
+        row_step=row_step,
+        row_request=row_request,
+        row_static_tokens=row_static,
+        row_tokens=yields.row_tokens,
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class _Groups:
+    """The workload's rows grouped by (step, rank), and the steps the groups form.
+
+    Attributes:
+        start, count, step: per group (rank of a step), its first row, rows and step id.
+        first: per step, its first group; ranks: per step, its groups.
+        step_of_group: per group, its step's index.
+        graph: per step, the G its largest group runs at (0 above the ladder); above: per step,
+            it exceeds the largest G.
+        group_graph: per group, its step's G.
+    """
+
+    start: np.ndarray
+    count: np.ndarray
+    step: np.ndarray
+    first: np.ndarray
+    ranks: np.ndarray
+    step_of_group: np.ndarray
+    graph: np.ndarray
+    above: np.ndarray
+    group_graph: np.ndarray
+
+    @property
+    def n_groups(self) -> int:
+        return int(self.start.shape[0])
+
+    @property
+    def n_steps(self) -> int:
+        return int(self.first.shape[0])
+
+
+def _group_rows(a: WorkloadArrays, grid: CellGrid) -> _Groups:
+    """Group the rows by (step, rank) and give each step the smallest G that carries its largest rank.
+
+    Raises:
+        ConfigError: no step fits the ladder.
+    """
     n = a.step.shape[0]
     new_group = np.r_[True, (a.step[1:] != a.step[:-1]) | (a.rank[1:] != a.rank[:-1])]
     g_start = np.flatnonzero(new_group)
@@ -238,140 +313,223 @@ def prepare_evidence(
             f"{int(s_max.max())} rows on a "
             "rank); record the workload on this deployment"
         )
-    g_g = s_g[step_of_group]
-    budgets = {int(g): [c.verifier_budget for c in grid.compact(int(g))] for g in ladder}
+    return _Groups(g_start, g_count, g_step, s_first, s_groups, step_of_group, s_g, over, s_g[step_of_group])
+
+
+@dataclass(frozen=True, eq=False)
+class _GroupYields:
+    """Per group (filled chunk by chunk): expected yield and tokens under native and each column.
+
+    Attributes:
+        full: (N,) expected yield with every position verified (native).
+        static: (N,) tokens static K emits.
+        compact, tokens, feasible: (N, J) expected yield, realized tokens, and whether the
+            group's rows fit the column's cell.
+        row_tokens: (rows, J) realized tokens per row (only with ``per_row``).
+    """
+
+    full: np.ndarray
+    static: np.ndarray
+    compact: np.ndarray
+    tokens: np.ndarray
+    feasible: np.ndarray
+    row_tokens: np.ndarray | None
+
+
+def _group_yields(
+    a: WorkloadArrays,
+    groups: _Groups,
+    calibration: Calibration,
+    budgets: Mapping[int, Sequence[int]],
+    *,
+    floor: int,
+    k: int,
+    per_row: bool,
+    chunk_rows: int,
+) -> _GroupYields:
+    """Every group of a step under the ladder, evaluated in chunks of groups with equal row counts."""
+    n_groups = groups.n_groups
     j_max = max((len(v) for v in budgets.values()), default=0)
-    g_base = np.zeros(n_groups)
-    g_full = np.zeros(n_groups)
-    g_base_tokens = np.zeros(n_groups, dtype=np.int64)
-    g_static = np.zeros(n_groups, dtype=np.int64)
-    g_yield = np.zeros((n_groups, j_max))
-    g_tokens = np.zeros((n_groups, j_max), dtype=np.int64)
-    g_feas = np.zeros((n_groups, j_max), dtype=bool)
-    row_tokens = np.zeros((n, j_max), dtype=np.int16) if per_row else None
-    positions = np.arange(floor + 1, k + 1)
-    for c in np.unique(g_count):
+    out = _GroupYields(
+        full=np.zeros(n_groups),
+        static=np.zeros(n_groups, dtype=np.int64),
+        compact=np.zeros((n_groups, j_max)),
+        tokens=np.zeros((n_groups, j_max), dtype=np.int64),
+        feasible=np.zeros((n_groups, j_max), dtype=bool),
+        row_tokens=np.zeros((a.step.shape[0], j_max), dtype=np.int16) if per_row else None,
+    )
+    for c in np.unique(groups.count):
         c = int(c)
-        members = np.flatnonzero((g_count == c) & (g_g > 0))
+        members = np.flatnonzero((groups.count == c) & (groups.group_graph > 0))
         for chunk in _chunks(members, max(1, chunk_rows // c)):
-            m = chunk.shape[0]
-            idx = g_start[chunk][:, None] + np.arange(c)[None, :]  # (m, c) rows, canonical order
-            lg = a.logits[idx.reshape(-1)]  # (m*c, K)
-            surv = calibration.survival_t(np.ascontiguousarray(lg.T, dtype=np.float64)).reshape(k, m, c)
-            cand = np.ascontiguousarray(surv[floor:].transpose(1, 0, 2)).reshape(m, cols * c)
-            base_terms = np.ascontiguousarray(surv[:floor].transpose(1, 0, 2)).reshape(m, floor * c)
-            base = c + np.cumsum(base_terms, axis=1)[:, -1]
-            order = np.argsort(-cand, axis=1, kind="stable")
-            ranked = np.take_along_axis(cand, order, axis=1)
-            prefix = np.zeros((m, cols * c + 1))
-            np.cumsum(ranked, axis=1, out=prefix[:, 1:])
-            acc = a.accepted[idx]  # (m, c)
-            ind = (acc[:, None, :] >= positions[None, :, None]).reshape(m, cols * c)
-            aprefix = np.zeros((m, cols * c + 1), dtype=np.int64)
-            np.cumsum(np.take_along_axis(ind, order, axis=1), axis=1, out=aprefix[:, 1:])
-            base_tok = c + np.minimum(acc, floor).sum(axis=1)
-            g_base[chunk] = base
-            g_full[chunk] = base + prefix[:, cols * c]
-            g_base_tokens[chunk] = base_tok
-            g_static[chunk] = c + acc.sum(axis=1)
-            gg = g_g[chunk]
-            for g in np.unique(gg):
-                sel = np.flatnonzero(gg == g)
-                for j, v in enumerate(budgets[int(g)]):
-                    geo = cell_geometry(c, int(g), v, min_verify_len=floor, max_draft_len=k)
-                    if geo is None:
-                        continue
-                    e = geo.extra
-                    rows_sel = chunk[sel]
-                    g_yield[rows_sel, j] = base[sel] + prefix[sel, e]
-                    g_tokens[rows_sel, j] = base_tok[sel] + aprefix[sel, e]
-                    g_feas[rows_sel, j] = True
-                    if row_tokens is not None:
-                        granted = np.zeros((sel.shape[0], c), dtype=np.int64)
-                        if e > 0:
-                            picked = order[sel, :e] % c
-                            flat = (np.arange(sel.shape[0])[:, None] * c + picked).reshape(-1)
-                            granted = np.bincount(flat, minlength=sel.shape[0] * c).reshape(sel.shape[0], c)
-                        w = floor + granted
-                        row_tokens[idx[sel].reshape(-1), j] = (1 + np.minimum(acc[sel], w)).reshape(-1)
-    # Aggregate groups (ranks) into steps, summing sequentially in rank order like the runtime.
-    n_steps_all = s_first.shape[0]
-    r_max = int(s_groups.max())
-    local = np.arange(n_groups) - s_first[step_of_group]
+            ranked = _rank_chunk(a, groups.start[chunk], c, calibration, floor=floor, k=k)
+            out.full[chunk] = ranked.base + ranked.prefix[:, (k - floor) * c]
+            out.static[chunk] = c + ranked.accepted.sum(axis=1)
+            _fill_cells(out, ranked, chunk, groups.group_graph[chunk], budgets, floor=floor, k=k)
+    return out
 
-    def seq_sum(values: np.ndarray) -> np.ndarray:
-        if r_max == 1:
-            return values.copy()
-        mat = np.zeros((n_steps_all, r_max, *values.shape[1:]))
-        mat[step_of_group, local] = values
-        out: np.ndarray = np.cumsum(mat, axis=1)[:, -1]
-        return out
 
-    native_yield = seq_sum(g_full)
-    compact_yield = seq_sum(g_yield)
+@dataclass(frozen=True, eq=False)
+class _Ranked:
+    """A chunk of ``m`` groups of ``c`` rows each, with their candidate positions ranked.
+
+    Attributes:
+        rows: (m, c) row indices, in canonical order.
+        accepted: (m, c) accepted draft tokens of each row.
+        base, base_tokens: (m,) expected yield and realized tokens of the verify floor alone.
+        order: (m, (K - floor) * c) candidate positions, best survival first (stable).
+        prefix, accepted_prefix: (m, (K - floor) * c + 1) the expected yield and the realized
+            tokens of the first ``e`` ranked positions.
+    """
+
+    rows: np.ndarray
+    accepted: np.ndarray
+    base: np.ndarray
+    base_tokens: np.ndarray
+    order: np.ndarray
+    prefix: np.ndarray
+    accepted_prefix: np.ndarray
+
+
+def _rank_chunk(
+    a: WorkloadArrays, start: np.ndarray, c: int, calibration: Calibration, *, floor: int, k: int
+) -> _Ranked:
+    """Survivals of a chunk's rows, and the ranking the runtime grants extra positions in."""
+    m = start.shape[0]
+    cols = k - floor
+    idx = start[:, None] + np.arange(c)[None, :]  # (m, c) rows, canonical order
+    lg = a.logits[idx.reshape(-1)]  # (m*c, K)
+    surv = calibration.survival_t(np.ascontiguousarray(lg.T, dtype=np.float64)).reshape(k, m, c)
+    cand = np.ascontiguousarray(surv[floor:].transpose(1, 0, 2)).reshape(m, cols * c)
+    base_terms = np.ascontiguousarray(surv[:floor].transpose(1, 0, 2)).reshape(m, floor * c)
+    base = c + np.cumsum(base_terms, axis=1)[:, -1]
+    order = np.argsort(-cand, axis=1, kind="stable")
+    ranked = np.take_along_axis(cand, order, axis=1)
+    prefix = np.zeros((m, cols * c + 1))
+    np.cumsum(ranked, axis=1, out=prefix[:, 1:])
+    acc = a.accepted[idx]  # (m, c)
+    positions = np.arange(floor + 1, k + 1)
+    ind = (acc[:, None, :] >= positions[None, :, None]).reshape(m, cols * c)
+    aprefix = np.zeros((m, cols * c + 1), dtype=np.int64)
+    np.cumsum(np.take_along_axis(ind, order, axis=1), axis=1, out=aprefix[:, 1:])
+    base_tok = c + np.minimum(acc, floor).sum(axis=1)
+    return _Ranked(idx, acc, base, base_tok, order, prefix, aprefix)
+
+
+def _fill_cells(
+    out: _GroupYields,
+    ranked: _Ranked,
+    chunk: np.ndarray,
+    graph: np.ndarray,
+    budgets: Mapping[int, Sequence[int]],
+    *,
+    floor: int,
+    k: int,
+) -> None:
+    """Write each chunk group's yield and tokens under every cell of its G that can carry it."""
+    c = ranked.rows.shape[1]
+    for g in np.unique(graph):
+        sel = np.flatnonzero(graph == g)
+        for j, v in enumerate(budgets[int(g)]):
+            geo = cell_geometry(c, int(g), v, min_verify_len=floor, max_draft_len=k)
+            if geo is None:
+                continue
+            e = geo.extra
+            rows_sel = chunk[sel]
+            out.compact[rows_sel, j] = ranked.base[sel] + ranked.prefix[sel, e]
+            out.tokens[rows_sel, j] = ranked.base_tokens[sel] + ranked.accepted_prefix[sel, e]
+            out.feasible[rows_sel, j] = True
+            if out.row_tokens is not None:
+                granted = np.zeros((sel.shape[0], c), dtype=np.int64)
+                if e > 0:
+                    picked = ranked.order[sel, :e] % c
+                    flat = (np.arange(sel.shape[0])[:, None] * c + picked).reshape(-1)
+                    granted = np.bincount(flat, minlength=sel.shape[0] * c).reshape(sel.shape[0], c)
+                w = floor + granted
+                out.row_tokens[ranked.rows[sel].reshape(-1), j] = (
+                    1 + np.minimum(ranked.accepted[sel], w)
+                ).reshape(-1)
+
+
+def _sequential_sum(values: np.ndarray, groups: _Groups) -> np.ndarray:
+    """Per step, the sum of its groups' ``values`` added sequentially in rank order (like the runtime)."""
+    r_max = int(groups.ranks.max())
+    if r_max == 1:
+        return values.copy()
+    local = np.arange(groups.n_groups) - groups.first[groups.step_of_group]
+    mat = np.zeros((groups.n_steps, r_max, *values.shape[1:]))
+    mat[groups.step_of_group, local] = values
+    out: np.ndarray = np.cumsum(mat, axis=1)[:, -1]
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class _StepCells:
+    """Per step and column (all steps, above the ladder included): see :class:`StepEvidence`."""
+
+    columns: np.ndarray
+    compact_yield: np.ndarray
+    max_loss: np.ndarray
+    feasible: np.ndarray
+    tokens: np.ndarray
+
+
+def _step_cells(
+    groups: _Groups,
+    yields: _GroupYields,
+    budgets: Mapping[int, Sequence[int]],
+    *,
+    num_ranks: int,
+    floor: int,
+    k: int,
+) -> _StepCells:
+    """Aggregate the groups (ranks) into steps: a column is feasible when every rank, idle ones
+    included, can carry its cell."""
+    n_steps = groups.n_steps
+    first = groups.first
+    j_max = yields.compact.shape[1]
+    compact_yield = _sequential_sum(yields.compact, groups)
     if j_max:
-        feasible = np.logical_and.reduceat(g_feas, s_first, axis=0)
+        feasible = np.logical_and.reduceat(yields.feasible, first, axis=0)
         with np.errstate(invalid="ignore"):
-            loss = (g_full[:, None] - g_yield) / g_count[:, None]
-        max_loss = np.maximum.reduceat(loss, s_first, axis=0)
-        tokens = np.add.reduceat(g_tokens, s_first, axis=0)
+            loss = (yields.full[:, None] - yields.compact) / groups.count[:, None]
+        max_loss = np.maximum.reduceat(loss, first, axis=0)
+        tokens = np.add.reduceat(yields.tokens, first, axis=0)
     else:
-        feasible = np.zeros((n_steps_all, 0), dtype=bool)
-        max_loss = np.zeros((n_steps_all, 0))
-        tokens = np.zeros((n_steps_all, 0), dtype=np.int64)
-    static_tokens = np.add.reduceat(g_static, s_first)
-    rows = np.add.reduceat(g_count, s_first)
-    columns = np.full((n_steps_all, j_max), -1, dtype=np.int64)
-    idle = s_groups < workload.num_ranks
+        feasible = np.zeros((n_steps, 0), dtype=bool)
+        max_loss = np.zeros((n_steps, 0))
+        tokens = np.zeros((n_steps, 0), dtype=np.int64)
+    columns = np.full((n_steps, j_max), -1, dtype=np.int64)
+    idle = groups.ranks < num_ranks
     for g, vs in budgets.items():
-        in_g = s_g == g
+        in_g = groups.graph == g
         for j, v in enumerate(vs):
             columns[in_g, j] = v
             idle_ok = cell_geometry(0, g, v, min_verify_len=floor, max_draft_len=k) is not None
             if not idle_ok:
                 feasible[in_g & idle, j] = False
     feasible &= columns >= 0
-    max_loss = np.where(feasible, max_loss, 0.0)
-    compact_yield = np.where(feasible, compact_yield, 0.0)
-    # Drain tail: final-step G of requests that finished before the trace ended.
+    return _StepCells(
+        columns=columns,
+        compact_yield=np.where(feasible, compact_yield, 0.0),
+        max_loss=np.where(feasible, max_loss, 0.0),
+        feasible=feasible,
+        tokens=tokens,
+    )
+
+
+def _finished_graph_batch_sizes(a: WorkloadArrays, groups: _Groups) -> np.ndarray:
+    """The drain tail: the final step's G of every request that finished before the trace ended."""
     last_step = int(a.step.max())
     order_r = np.lexsort((a.step, a.request))
     req_sorted = a.request[order_r]
     is_last = np.r_[req_sorted[1:] != req_sorted[:-1], True]
     last_rows = order_r[is_last]
     finished = a.step[last_rows] < last_step
-    step_index = np.searchsorted(g_step[s_first], a.step[last_rows[finished]])
-    finished_g = s_g[step_index]
-    finished_g = finished_g[finished_g > 0]
-    keep = ~over
-    row_step = row_request = row_static = None
-    if per_row:
-        step_of_row = np.repeat(step_of_group, g_count)
-        policy_index = np.cumsum(keep) - 1
-        row_step = np.where(keep[step_of_row], policy_index[step_of_row], -1)
-        row_request = a.request
-        row_static = a.accepted + 1
-    return StepEvidence(
-        grid=grid,
-        min_verify_len=floor,
-        num_ranks=workload.num_ranks,
-        step_id=g_step[s_first][keep],
-        graph_batch_size=s_g[keep],
-        rows=rows[keep],
-        static_tokens=static_tokens[keep],
-        native_yield=native_yield[keep],
-        columns=columns[keep],
-        compact_yield=compact_yield[keep],
-        max_loss=max_loss[keep],
-        feasible=feasible[keep],
-        tokens=tokens[keep],
-        skipped_steps=int(over.sum()),
-        finished_graph_batch_size=finished_g,
-        row_step=row_step,
-        row_request=row_request,
-        row_static_tokens=row_static,
-        row_tokens=row_tokens,
-    )
+    step_index = np.searchsorted(groups.step[groups.first], a.step[last_rows[finished]])
+    finished_g = groups.graph[step_index]
+    out: np.ndarray = finished_g[finished_g > 0]
+    return out
 
 
 def choose_steps(
@@ -779,71 +937,27 @@ def _mixed_report(
     totals: np.ndarray,
     *,
     alpha: float,
-    policy_steps: int,
-    overhead_ub: float,
-    margin: float,
-    overhead_source: str,
-    margin_source: str,
+    decode: Economics,
     header: Mapping[str, Any] | None,
 ) -> MixedReplay:
-    """The mixed half of a replay (see :class:`MixedReplay`)."""
-
-    def interval(name: str) -> tuple[float, float]:
-        lo = min(_quantile(r[name], alpha) for r in results.values())
-        hi = max(_quantile(r[name], 1 - alpha) for r in results.values())
-        return lo, hi
-
-    lo, hi = interval("gain")
-    d_lo, d_hi = interval("gain_decode")
-    m_lo, m_hi = interval("gain_mixed")
+    """The mixed half of a replay (see :class:`MixedReplay`); ``decode`` is the decode policy's
+    receipt, whose policy steps, overhead bound and safety margin the mixed receipt shares."""
+    lo, hi = _interval(results, "gain", alpha)
+    d_lo, d_hi = _interval(results, "gain_decode", alpha)
+    m_lo, m_hi = _interval(results, "gain_mixed", alpha)
     priced = mx.priced
     choices = int((mx.cell[priced] >= 0).sum())
-    gross_lb = max(0.0, min(_quantile(r["gross_mixed"], alpha) for r in results.values()))
-    admitted, net = admission_rule(
-        policy_steps=policy_steps,
+    economics = _receipt(
+        policy_steps=decode.policy_steps,
         compact_choices=choices,
-        gross_compact_value_ms_lower_bound=gross_lb,
-        fixed_confidence_path_overhead_ms_upper_bound=overhead_ub,
-        safety_margin_ms=margin,
+        gross_ms=float(point["gross_mixed"]),
+        gross_lb=max(0.0, min(_quantile(r["gross_mixed"], alpha) for r in results.values())),
+        overhead_ub=decode.fixed_confidence_path_overhead_ms_upper_bound,
+        overhead_source=decode.overhead_source,
+        margin=decode.safety_margin_ms,
+        margin_source=decode.safety_margin_source,
     )
-    economics = Economics(
-        policy_steps=policy_steps,
-        compact_choices=choices,
-        gross_compact_value_ms=float(point["gross_mixed"]),
-        gross_compact_value_ms_lower_bound=gross_lb,
-        fixed_confidence_path_overhead_ms_upper_bound=overhead_ub,
-        overhead_source=overhead_source,
-        safety_margin_ms=margin,
-        safety_margin_source=margin_source,
-        net_value_ms=net,
-        admitted=admitted,
-    )
-    blocks = results["blocks of steps"]
-    per_cell = []
-    for j, c in enumerate(mx.deployed):
-        col = lay.n_dc + j
-        chosen = int(totals[4 * lay.n_g + col])
-        per_cell.append(
-            {
-                "geometry_sha256": c.sha256,
-                "chosen_steps": chosen,
-                "value_ms": float(point["value_c"][col]),
-                "value_ms_lower_bound": _quantile(blocks["value_c"][:, col], alpha) if chosen else 0.0,
-            }
-        )
-    capacity = np.array(
-        [mx.deployed[c].geometry.capacity if c >= 0 else 0 for c in mx.cell.tolist()], dtype=np.int64
-    )
-    record = mixed_selector_replay(
-        step_id=mx.step_id,
-        capacity=capacity,
-        header={
-            "route": mx.grid.route.to_dict(),
-            "protocol_sha256": mx.grid.protocol_sha256,
-            "cells": [[c.sha256, c.native_lower_ms, c.candidate_upper_ms] for c in mx.deployed],
-            **dict(header or {}),
-        },
-    )
+    record = _mixed_record(mx, header)
     reasons: dict[str, int] = {}
     for r in mx.reason:
         reasons[r] = reasons.get(r, 0) + 1
@@ -871,12 +985,53 @@ def _mixed_report(
         mixed_steps=mx.steps,
         unpriced_steps=int((~priced).sum()),
         economics=economics,
-        per_cell=tuple(per_cell),
+        per_cell=_mixed_per_cell(mx, lay, point, results["blocks of steps"], totals, alpha),
         reasons=reasons,
         replay_bytes=record,
         selector_replay_sha256=hashlib.sha256(record).hexdigest(),
         static_goodput_tok_per_ms=float(point["static_tok"] / point["static_ms"]),
         dynamic_goodput_tok_per_ms=float(point["dyn_tok"] / point["dyn_ms"]),
+    )
+
+
+def _mixed_per_cell(
+    mx: MixedEvidence,
+    lay: _Layout,
+    point: Mapping[str, np.ndarray],
+    blocks: Mapping[str, np.ndarray],
+    totals: np.ndarray,
+    alpha: float,
+) -> tuple[dict[str, Any], ...]:
+    """Per deployed mixed cell: the steps that chose it, its value and the value's lower bound."""
+    per_cell = []
+    for j, c in enumerate(mx.deployed):
+        col = lay.n_dc + j
+        chosen = int(totals[4 * lay.n_g + col])
+        per_cell.append(
+            {
+                "geometry_sha256": c.sha256,
+                "chosen_steps": chosen,
+                "value_ms": float(point["value_c"][col]),
+                "value_ms_lower_bound": _quantile(blocks["value_c"][:, col], alpha) if chosen else 0.0,
+            }
+        )
+    return tuple(per_cell)
+
+
+def _mixed_record(mx: MixedEvidence, header: Mapping[str, Any] | None) -> bytes:
+    """The mixed selector-replay record: every mixed step's chosen capacity (0: native)."""
+    capacity = np.array(
+        [mx.deployed[c].geometry.capacity if c >= 0 else 0 for c in mx.cell.tolist()], dtype=np.int64
+    )
+    return mixed_selector_replay(
+        step_id=mx.step_id,
+        capacity=capacity,
+        header={
+            "route": mx.grid.route.to_dict(),
+            "protocol_sha256": mx.grid.protocol_sha256,
+            "cells": [[c.sha256, c.native_lower_ms, c.candidate_upper_ms] for c in mx.deployed],
+            **dict(header or {}),
+        },
     )
 
 
@@ -1111,30 +1266,14 @@ def replay(
         mixed_header: extra fields of the mixed selector-replay header.
     """
     ev = evidence
-    s_count = ev.steps
     choice = choose_steps(
         ev, minimum_predicted_gain=minimum_predicted_gain, drain_guard=drain_guard, allowed=allowed
     )
     ch = _choose(ev, choice)
-    ladder = ev.grid.ladder
-    mx = mixed
-    n_h = len(mx.grid.groups) if mx is not None else 0
-    n_m = len(mx.deployed) if mx is not None else 0
-    cell_g = [ladder.index(g) for g, _ in ch.cells]
-    if mx is not None:
-        cell_g += [len(ladder) + c.group for c in mx.deployed]
-    lay = _Layout(
-        len(ladder) + n_h, len(ch.cells) + n_m, np.array(cell_g, dtype=np.int64), len(ladder), len(ch.cells)
-    )
+    lay = _layout(ev, ch, mixed)
     overhead = _overhead_model(ev, overhead_ms, overhead_source)
+    # One generator, drawn in a fixed order: the cost table first, then each workload scheme.
     rng = np.random.default_rng(bootstrap.seed)
-    mixed_costs = None
-    if mx is not None:
-        mixed_costs = MixedCosts(
-            tuple(g.time for g in mx.grid.groups),
-            tuple(c.time for c in mx.deployed),
-            tuple(c.group for c in mx.deployed),
-        )
     costs = draw_costs(
         ev.grid,
         ch.cells,
@@ -1142,16 +1281,145 @@ def replay(
         draws=bootstrap.resamples,
         rng=rng,
         confidence=bootstrap.confidence,
-        mixed=mixed_costs,
+        mixed=_mixed_costs(mixed),
     )
-    steps = _PolicySteps.of(ev, ch, mx, lay)
+    steps = _PolicySteps.of(ev, ch, mixed, lay)
+    priced = _price(lay, steps, costs, rng, bootstrap, with_mixed=mixed is not None)
+    alpha = (1.0 - bootstrap.confidence) / 2.0
+    ci_low, ci_high = _interval(priced.results, "gain", alpha)
+    compact_choices = int(ch.compact.sum())
+    # Every step the engine runs with confidence scheduling on pays the overhead, mixed steps
+    # included (priced or not: their time is unknown, the overhead is not).
+    policy_steps = max(1, steps.count + steps.unpriced)
+    economics = _decode_economics(
+        lay,
+        priced,
+        costs,
+        overhead,
+        alpha=alpha,
+        policy_steps=policy_steps,
+        compact_choices=compact_choices,
+        safety_margin_ms=safety_margin_ms,
+    )
+    point = priced.point
+    gain = float(point["gain"])
+    return ReplayReport(
+        policy_steps=policy_steps,
+        skipped_steps=ev.skipped_steps,
+        static_goodput_tok_per_ms=float(point["static_tok"] / point["static_ms"]),
+        dynamic_goodput_tok_per_ms=float(point["dyn_tok"] / point["dyn_ms"]),
+        predicted_gain=gain,
+        predicted_gain_ci_low=ci_low,
+        predicted_gain_ci_high=ci_high,
+        pessimistic_gain=_pessimistic_gain(
+            lay, priced.totals, ev.grid, ch.cells, costs.overhead_point, mixed
+        ),
+        compact_step_share=compact_choices / ev.steps if ev.steps else 0.0,
+        economics=economics,
+        drain_guard=drain_guard,
+        drain_guard_estimate=dict(drain_guard_estimate or {}),
+        minimum_predicted_gain=float(minimum_predicted_gain),
+        per_bucket=_per_bucket(ev.grid.ladder, lay, priced, alpha),
+        per_cell=_per_cell(ev.grid.ladder, lay, ch.cells, priced, alpha),
+        reasons=_reason_counts(choice.reason),
+        selector_replay_sha256=selector_replay_sha256(
+            step_id=ev.step_id,
+            graph_batch_size=ev.graph_batch_size,
+            verifier_budget=ch.verifier_budget,
+            header={
+                "k": ev.grid.k,
+                "min_verify_len": ev.min_verify_len,
+                "minimum_predicted_gain": minimum_predicted_gain,
+                "drain_guard": drain_guard.to_dict(),
+                **dict(header or {}),
+            },
+        ),
+        bootstrap={
+            **bootstrap.to_dict(),
+            "block_steps": priced.block,
+            "methods": list(priced.results),
+            "uncertainty_model": costs.model,
+        },
+        decision=gain_decision(gain, ci_low, ci_high, admitted=economics.admitted),
+        step_id=ev.step_id,
+        graph_batch_size=ev.graph_batch_size,
+        verifier_budget=ch.verifier_budget,
+        uncertainty_model=costs.model,
+        mixed=None
+        if mixed is None
+        else _mixed_report(
+            mixed,
+            lay,
+            steps,
+            priced.point_full,
+            priced.results_full,
+            priced.totals_full,
+            alpha=alpha,
+            decode=economics,
+            header=mixed_header,
+        ),
+    )
+
+
+def _layout(ev: StepEvidence, ch: _Choice, mx: MixedEvidence | None) -> _Layout:
+    """The feature layout: the ladder's G then the mixed groups; the decode cells then the mixed ones."""
+    ladder = ev.grid.ladder
+    n_h = len(mx.grid.groups) if mx is not None else 0
+    n_m = len(mx.deployed) if mx is not None else 0
+    cell_g = [ladder.index(g) for g, _ in ch.cells]
+    if mx is not None:
+        cell_g += [len(ladder) + c.group for c in mx.deployed]
+    return _Layout(
+        len(ladder) + n_h, len(ch.cells) + n_m, np.array(cell_g, dtype=np.int64), len(ladder), len(ch.cells)
+    )
+
+
+def _mixed_costs(mx: MixedEvidence | None) -> MixedCosts | None:
+    """The mixed part of the cost table the draws cover (None without mixed evidence)."""
+    if mx is None:
+        return None
+    return MixedCosts(
+        tuple(g.time for g in mx.grid.groups),
+        tuple(c.time for c in mx.deployed),
+        tuple(c.group for c in mx.deployed),
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class _Priced:
+    """Both policies priced at the point costs and in every workload scheme's replicates.
+
+    ``*_full`` are the decode + mixed policy's (the same as the decode policy's without mixed
+    evidence); ``results`` is keyed by resampling scheme, in the order the draws were taken.
+    """
+
+    block: int
+    totals: np.ndarray
+    totals_full: np.ndarray
+    point: dict[str, np.ndarray]
+    point_full: dict[str, np.ndarray]
+    results: dict[str, dict[str, np.ndarray]]
+    results_full: dict[str, dict[str, np.ndarray]]
+
+
+def _price(
+    lay: _Layout,
+    steps: _PolicySteps,
+    costs: CostDraws,
+    rng: np.random.Generator,
+    bootstrap: BootstrapSettings,
+    *,
+    with_mixed: bool,
+) -> _Priced:
+    """Aggregate the workload features, price them at the point costs, then resample and price
+    every scheme (blocks of steps; whole requests when the evidence has rows) with the draws."""
     n_priced = steps.count
     block = bootstrap.block_steps or max(1, round(n_priced ** (1.0 / 3.0)))
     n_blocks = -(-n_priced // block) if n_priced else 0
     unit = steps.position // block
     # One resampling prices both policies: decode only (mixed steps native) and decode + mixed.
     x_decode = steps.features(lay, unit, n_blocks, mixed_cells=False)
-    x_full = steps.features(lay, unit, n_blocks, mixed_cells=True) if mx is not None else x_decode
+    x_full = steps.features(lay, unit, n_blocks, mixed_cells=True) if with_mixed else x_decode
     width = lay.width
     totals = x_decode.sum(axis=0)
     totals_full = x_full.sum(axis=0)
@@ -1164,8 +1432,7 @@ def replay(
     )
     point = _evaluate(lay, totals, *point_args)
     point_full = _evaluate(lay, totals_full, *point_args)
-    alpha = (1.0 - bootstrap.confidence) / 2.0
-    schemes = {"blocks of steps": np.hstack([x_decode, x_full]) if mx is not None else x_decode}
+    schemes = {"blocks of steps": np.hstack([x_decode, x_full]) if with_mixed else x_decode}
     rows = steps.row_features(lay)
     if rows is not None:
         schemes["requests"] = rows
@@ -1174,15 +1441,39 @@ def replay(
     for name, x in schemes.items():
         agg = _resample_sums(rng, x, bootstrap)
         results[name] = _evaluate(lay, agg[:, :width], *draw_args)
-        results_full[name] = _evaluate(lay, agg[:, width:], *draw_args) if mx is not None else results[name]
-    ci_low = min(_quantile(r["gain"], alpha) for r in results.values())
-    ci_high = max(_quantile(r["gain"], 1 - alpha) for r in results.values())
+        results_full[name] = _evaluate(lay, agg[:, width:], *draw_args) if with_mixed else results[name]
+    return _Priced(block, totals, totals_full, point, point_full, results, results_full)
+
+
+def _interval(
+    results: Mapping[str, Mapping[str, np.ndarray]], name: str, alpha: float
+) -> tuple[float, float]:
+    """The widest (low, high) quantile interval of ``name`` over the resampling schemes."""
+    lo = min(_quantile(r[name], alpha) for r in results.values())
+    hi = max(_quantile(r[name], 1 - alpha) for r in results.values())
+    return lo, hi
+
+
+def _decode_economics(
+    lay: _Layout,
+    priced: _Priced,
+    costs: CostDraws,
+    overhead: OverheadModel,
+    *,
+    alpha: float,
+    policy_steps: int,
+    compact_choices: int,
+    safety_margin_ms: float | None,
+) -> Economics:
+    """The decode policy's receipt: the gross value's lower bound, the overhead's upper bound and
+    the safety margin, through the runtime's admission rule."""
+    results, point = priced.results, priced.point
     gross_low = min(_quantile(r["gross"], alpha) for r in results.values())
     if costs.model == LEGACY:
         # The pre-pairing bound: also no higher than the pessimistic point value.
         pess = _evaluate(
             lay,
-            totals,
+            priced.totals,
             costs.native_point,
             costs.compact_point,
             costs.overhead_point,
@@ -1190,7 +1481,6 @@ def replay(
             costs.gross_compact[0],
         )
         gross_low = min(gross_low, float(pess["gross"]))
-    gross_lb = max(0.0, gross_low)
     if overhead.measured:
         overhead_ub = max(_quantile(r["overhead"], 1 - alpha) for r in results.values())
         overhead_src = (
@@ -1198,18 +1488,37 @@ def replay(
         )
     else:
         overhead_ub, overhead_src = float(point["overhead"]), overhead.source
-    compact_choices = int(ch.compact.sum())
-    static_ms = float(point["static_ms"])
     if safety_margin_ms is None:
         margin, margin_src = (
-            DEFAULT_SAFETY_MARGIN_FRACTION * static_ms,
+            DEFAULT_SAFETY_MARGIN_FRACTION * float(point["static_ms"]),
             f"default: {DEFAULT_SAFETY_MARGIN_FRACTION:.1%} of the static wall time",
         )
     else:
         margin, margin_src = float(safety_margin_ms), "user-supplied"
-    # Every step the engine runs with confidence scheduling on pays the overhead, mixed steps
-    # included (priced or not: their time is unknown, the overhead is not).
-    policy_steps = max(1, n_priced + steps.unpriced)
+    return _receipt(
+        policy_steps=policy_steps,
+        compact_choices=compact_choices,
+        gross_ms=float(point["gross"]),
+        gross_lb=max(0.0, gross_low),
+        overhead_ub=overhead_ub,
+        overhead_source=overhead_src,
+        margin=margin,
+        margin_source=margin_src,
+    )
+
+
+def _receipt(
+    *,
+    policy_steps: int,
+    compact_choices: int,
+    gross_ms: float,
+    gross_lb: float,
+    overhead_ub: float,
+    overhead_source: str,
+    margin: float,
+    margin_source: str,
+) -> Economics:
+    """The economics of one policy, admitted or not by :func:`admission_rule`."""
     admitted, net = admission_rule(
         policy_steps=policy_steps,
         compact_choices=compact_choices,
@@ -1217,19 +1526,25 @@ def replay(
         fixed_confidence_path_overhead_ms_upper_bound=overhead_ub,
         safety_margin_ms=margin,
     )
-    economics = Economics(
+    return Economics(
         policy_steps=policy_steps,
         compact_choices=compact_choices,
-        gross_compact_value_ms=float(point["gross"]),
+        gross_compact_value_ms=gross_ms,
         gross_compact_value_ms_lower_bound=gross_lb,
         fixed_confidence_path_overhead_ms_upper_bound=overhead_ub,
-        overhead_source=overhead_src,
+        overhead_source=overhead_source,
         safety_margin_ms=margin,
-        safety_margin_source=margin_src,
+        safety_margin_source=margin_source,
         net_value_ms=net,
         admitted=admitted,
     )
-    blocks = results["blocks of steps"]
+
+
+def _per_bucket(
+    ladder: Sequence[int], lay: _Layout, priced: _Priced, alpha: float
+) -> tuple[dict[str, Any], ...]:
+    """Per G with policy steps: its steps, gain with the block bootstrap's interval, compact share."""
+    totals, point, blocks = priced.totals, priced.point, priced.results["blocks of steps"]
     per_bucket = []
     for i, g in enumerate(ladder):
         n_steps = int(totals[i])
@@ -1245,6 +1560,14 @@ def replay(
                 "compact_share": float(1.0 - totals[lay.n_g + i] / totals[i]),
             }
         )
+    return tuple(per_bucket)
+
+
+def _per_cell(
+    ladder: Sequence[int], lay: _Layout, cells: Sequence[tuple[int, int]], priced: _Priced, alpha: float
+) -> tuple[dict[str, Any], ...]:
+    """Per deployed cell (each G's native first): steps that chose it, value and its lower bound."""
+    totals, point, blocks = priced.totals, priced.point, priced.results["blocks of steps"]
     per_cell = []
     for g in ladder:
         i = ladder.index(g)
@@ -1257,7 +1580,7 @@ def replay(
                 "value_ms_lower_bound": 0.0,
             }
         )
-        for j, cell in enumerate(ch.cells):
+        for j, cell in enumerate(cells):
             if cell[0] != g:
                 continue
             chosen = int(totals[4 * lay.n_g + j])
@@ -1270,72 +1593,12 @@ def replay(
                     "value_ms_lower_bound": _quantile(blocks["value_c"][:, j], alpha) if chosen else 0.0,
                 }
             )
-    reasons = {
-        r.value: int(np.sum(choice.reason == i))
-        for i, r in enumerate(REASON_CODES)
-        if np.any(choice.reason == i)
-    }
-    digest = selector_replay_sha256(
-        step_id=ev.step_id,
-        graph_batch_size=ev.graph_batch_size,
-        verifier_budget=ch.verifier_budget,
-        header={
-            "k": ev.grid.k,
-            "min_verify_len": ev.min_verify_len,
-            "minimum_predicted_gain": minimum_predicted_gain,
-            "drain_guard": drain_guard.to_dict(),
-            **dict(header or {}),
-        },
-    )
-    gain = float(point["gain"])
-    mixed_report = None
-    if mx is not None:
-        mixed_report = _mixed_report(
-            mx,
-            lay,
-            steps,
-            point_full,
-            results_full,
-            totals_full,
-            alpha=alpha,
-            policy_steps=policy_steps,
-            overhead_ub=overhead_ub,
-            margin=margin,
-            overhead_source=overhead_src,
-            margin_source=margin_src,
-            header=mixed_header,
-        )
-    return ReplayReport(
-        policy_steps=policy_steps,
-        skipped_steps=ev.skipped_steps,
-        static_goodput_tok_per_ms=float(point["static_tok"] / point["static_ms"]),
-        dynamic_goodput_tok_per_ms=float(point["dyn_tok"] / point["dyn_ms"]),
-        predicted_gain=gain,
-        predicted_gain_ci_low=ci_low,
-        predicted_gain_ci_high=ci_high,
-        pessimistic_gain=_pessimistic_gain(lay, totals, ev.grid, ch.cells, costs.overhead_point, mx),
-        compact_step_share=compact_choices / s_count if s_count else 0.0,
-        economics=economics,
-        drain_guard=drain_guard,
-        drain_guard_estimate=dict(drain_guard_estimate or {}),
-        minimum_predicted_gain=float(minimum_predicted_gain),
-        per_bucket=tuple(per_bucket),
-        per_cell=tuple(per_cell),
-        reasons=reasons,
-        selector_replay_sha256=digest,
-        bootstrap={
-            **bootstrap.to_dict(),
-            "block_steps": block,
-            "methods": list(schemes),
-            "uncertainty_model": costs.model,
-        },
-        decision=gain_decision(gain, ci_low, ci_high, admitted=admitted),
-        step_id=ev.step_id,
-        graph_batch_size=ev.graph_batch_size,
-        verifier_budget=ch.verifier_budget,
-        uncertainty_model=costs.model,
-        mixed=mixed_report,
-    )
+    return tuple(per_cell)
+
+
+def _reason_counts(reason: np.ndarray) -> dict[str, int]:
+    """How many steps each selector reason code decided (codes that occur only)."""
+    return {r.value: int(np.sum(reason == i)) for i, r in enumerate(REASON_CODES) if np.any(reason == i)}
 
 
 @dataclass(frozen=True, eq=False)
