@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dspark_calibrate import __version__
 from dspark_calibrate.artifacts import (
@@ -33,14 +34,19 @@ from dspark_calibrate.artifacts import (
 from dspark_calibrate.calibrate.confidence.fit import FitOptions, run_fit
 from dspark_calibrate.calibrate.confidence.synth_traces import SynthSpec, write_synth_traces
 from dspark_calibrate.calibrate.deployment.build import BuildOptions, build_bundle, load_build_inputs
-from dspark_calibrate.calibrate.deployment.workload import synthesize_mixed_workload, write_workload
+from dspark_calibrate.calibrate.deployment.workload import Workload, synthesize_mixed_workload, write_workload
 from dspark_calibrate.calibrate.measurement.mixed import plan_from_workload
 from dspark_calibrate.calibrate.measurement.mixed_sweep import MixedSweepRequest, execute_mixed
 from dspark_calibrate.calibrate.measurement.stats import Thresholds
 from dspark_calibrate.calibrate.measurement.sweep import SweepRequest, execute
 from dspark_calibrate.calibrate.report import write_report
 from dspark_calibrate.errors import ConfigError
-from dspark_calibrate.runtime_plugin import AdmissionPolicy, admit
+from dspark_calibrate.runtime_plugin import AdmissionDecision, AdmissionPolicy, admit
+
+if TYPE_CHECKING:
+    from securesystemslib.signer import Signer
+
+    from dspark_calibrate.artifacts import Expectation, TrustRoot
 
 __all__ = ["DEMO_MARKER", "DEMO_SELECTOR_IDENTITY", "DemoResult", "demo_fingerprint", "run_demo"]
 
@@ -122,6 +128,28 @@ def _prepare(out: Path, force: bool) -> None:
     (out / DEMO_MARKER).write_text("output of `dspark-calibrate demo`; safe to delete\n", encoding="utf-8")
 
 
+class _StageClock:
+    """Times each stage from its start to the next one's, and reports each start to ``on_stage``."""
+
+    def __init__(self, on_stage: Callable[[str], None] | None) -> None:
+        self.stages: list[tuple[str, float]] = []
+        self._current: tuple[str, float] | None = None  # the stage under way and its start time
+        self._on_stage = on_stage
+
+    def __call__(self, name: str) -> None:
+        t = time.perf_counter()
+        if self._current is not None:
+            self.stages.append((self._current[0], t - self._current[1]))
+            self._current = None
+        if name != "done":
+            self._current = (name, t)
+        if self._on_stage is not None:
+            self._on_stage(name)
+
+
+_COMMAND = ("dspark-calibrate", "demo")
+
+
 def run_demo(
     out: Path,
     *,
@@ -135,42 +163,82 @@ def run_demo(
     Raises:
         ConfigError: ``out`` holds something that is not demo output, or a stage refused its input.
     """
-    import time
-
-    from dspark_calibrate.artifacts import (
-        Expectation,
-        export_trtllm,
-        generate_keypair,
-        init_root,
-        load_signer,
-        public_key_of,
-        verify_bundle,
-        verify_mixed,
-    )
-
     now = now or datetime.now(UTC)
     out = Path(out)
     _prepare(out, force)
-    stages: list[tuple[str, float]] = []
-    current: list[tuple[str, float]] = []  # the stage under way and its start time
-
-    def stage(name: str) -> None:
-        t = time.perf_counter()
-        if current:
-            stages.append((current[0][0], t - current[0][1]))
-            current.clear()
-        if name != "done":
-            current.append((name, t))
-        if on_stage is not None:
-            on_stage(name)
-
+    stage = _StageClock(on_stage)
     inputs = out / "inputs"
     inputs.mkdir()
     fp = demo_fingerprint()
-    command = ("dspark-calibrate", "demo")
-
-    # Ephemeral signing key and trust root: the demo's only trust anchor.
     stage("keys")
+    signer, root = _demo_keys(out, now)
+    stage("sweep")
+    sweep_summary = _demo_sweep(inputs, fp, seed)
+    stage("traces")
+    traces = inputs / "traces.parquet"
+    write_synth_traces(traces, SynthSpec(rounds=60_000, k=_K, seed=seed, censor_fraction=0.1))
+    stage("fit")
+    calibration = _demo_fit(traces, out, fp, seed)
+    stage("workload")
+    workload, traffic = _demo_workload(inputs, fp, seed)
+    stage("mixed sweep")
+    mixed_summary = _demo_mixed_sweep(inputs, fp, traffic, seed)
+    stage("build")
+    bundle = out / "bundle"
+    result = build_bundle(
+        load_build_inputs([sweep_summary], calibration, workload, mixed_sweep=mixed_summary),
+        bundle,
+        signers=[signer],
+        trust_root=root,
+        options=BuildOptions(
+            version=1,
+            issued_at=now,
+            expires_at=now + timedelta(days=7),
+            allow_synthetic=True,
+            command=_COMMAND,
+        ),
+    )
+    cost_table = _copy_cost_table(bundle, out)
+    stage("export")
+    _demo_export(bundle, root, out, now)
+    stage("admit")
+    decision = _demo_admit(bundle, root, fp, out, now)
+    stage("report")
+    html = out / "report.html"
+    write_report([bundle], root, html, now=now, expected=_expected())
+    stage("done")
+    summary = result.summary
+    mixed_decision = decision.mixed
+    return DemoResult(
+        out=out,
+        trust_root=out / "trust-root.json",
+        cost_table=cost_table,
+        bundle=bundle,
+        trtllm=out / "trtllm",
+        report=html,
+        predicted_gain=float(summary["predicted_gain"]),
+        predicted_gain_ci=(float(summary["predicted_gain_ci_low"]), float(summary["predicted_gain_ci_high"])),
+        admission_active=decision.active,
+        admission_reason=decision.reason_code,
+        stages=tuple(stage.stages),
+        mixed_active=mixed_decision is not None and mixed_decision.active,
+        mixed_reason=mixed_decision.reason_code if mixed_decision is not None else "",
+        mixed_predicted_gain=float(result.mixed_summary["predicted_gain"]) if result.mixed_summary else None,
+    )
+
+
+def _expected() -> Expectation:
+    """What the demo's verifications expect: synthetic evidence is allowed."""
+    from dspark_calibrate.artifacts import Expectation
+
+    return Expectation(allow_synthetic=True)
+
+
+def _demo_keys(out: Path, now: datetime) -> tuple[Signer, TrustRoot]:
+    """Ephemeral signing key and trust root (written to ``out/trust-root.json``): the demo's only
+    trust anchor."""
+    from dspark_calibrate.artifacts import generate_keypair, init_root, load_signer, public_key_of
+
     pair = generate_keypair(out / "keys", name="demo-signing-key")
     signer = load_signer(pair.private_path)
     key = public_key_of(signer)
@@ -182,10 +250,12 @@ def run_demo(
         artifact_threshold=1,
         expires=now + timedelta(days=30),
     )
-    trust_root = out / "trust-root.json"
-    trust_root.write_bytes(root.to_bytes())
+    (out / "trust-root.json").write_bytes(root.to_bytes())
+    return signer, root
 
-    stage("sweep")
+
+def _demo_sweep(inputs: Path, fp: Fingerprint, seed: int) -> Path:
+    """The synthetic decode sweep; returns its summary's path."""
     _, sweep_out = execute(
         SweepRequest(
             backend="synthetic",
@@ -199,16 +269,15 @@ def run_demo(
             fingerprint=fp,
             clock_policy="synthetic",
             plot=True,
-            command=command,
+            command=_COMMAND,
         )
     )
     assert sweep_out is not None
+    return sweep_out.summary_path
 
-    stage("traces")
-    traces = inputs / "traces.parquet"
-    write_synth_traces(traces, SynthSpec(rounds=60_000, k=_K, seed=seed, censor_fraction=0.1))
 
-    stage("fit")
+def _demo_fit(traces: Path, out: Path, fp: Fingerprint, seed: int) -> Path:
+    """Fit STS temperatures on the synthetic traces into ``out/fit``; returns the calibration's path."""
     _, fit_out, _ = run_fit(
         [traces],
         out / "fit",
@@ -216,20 +285,28 @@ def run_demo(
         k=_K,
         fingerprint=fp,
         tool_version=__version__,
-        command=command,
+        command=_COMMAND,
     )
+    return fit_out.calibration
 
-    stage("workload")
+
+def _demo_workload(inputs: Path, fp: Fingerprint, seed: int) -> tuple[Path, Workload]:
+    """Synthetic traffic with prefill (mixed) steps, written as the workload; returns both."""
     workload = inputs / "workload.parquet"
     traffic = synthesize_mixed_workload(k=_K, steps=2000, ranks=_RANKS, seed=seed)
     write_workload(
         workload,
         traffic,
         fingerprint=fp,
-        provenance=Provenance(tool_version=__version__, command=command, backend="synthetic", synthetic=True),
+        provenance=Provenance(
+            tool_version=__version__, command=_COMMAND, backend="synthetic", synthetic=True
+        ),
     )
+    return workload, traffic
 
-    stage("mixed sweep")
+
+def _demo_mixed_sweep(inputs: Path, fp: Fingerprint, traffic: Workload, seed: int) -> Path:
+    """The synthetic mixed sweep of the workload's mixed steps; returns its summary's path."""
     route = MixedRoute(_K, _RANKS, TRTLLM_BODY_BUCKETS, MIXED_EXECUTION_MODE)
     _, mixed_out = execute_mixed(
         MixedSweepRequest(
@@ -241,35 +318,26 @@ def run_demo(
             seed=seed,
             fingerprint=fp,
             clock_policy="synthetic",
-            command=command,
+            command=_COMMAND,
         )
     )
     assert mixed_out is not None
+    return mixed_out.output.summary_path
 
-    stage("build")
-    bundle = out / "bundle"
-    result = build_bundle(
-        load_build_inputs(
-            [sweep_out.summary_path], fit_out.calibration, workload, mixed_sweep=mixed_out.output.summary_path
-        ),
-        bundle,
-        signers=[signer],
-        trust_root=root,
-        options=BuildOptions(
-            version=1,
-            issued_at=now,
-            expires_at=now + timedelta(days=7),
-            allow_synthetic=True,
-            command=command,
-        ),
-    )
-    # A top-level copy of the signed cost table, for a quick `dspark-verify DIR/cost-table.parquet`.
+
+def _copy_cost_table(bundle: Path, out: Path) -> Path:
+    """A top-level copy of the signed cost table, for a quick `dspark-verify DIR/cost-table.parquet`."""
     cost_table = out / "cost-table.parquet"
     shutil.copyfile(bundle / "cost-table.parquet", cost_table)
     shutil.copyfile(detached_envelope_path(bundle / "cost-table.parquet"), detached_envelope_path(cost_table))
+    return cost_table
 
-    stage("export")
-    expected = Expectation(allow_synthetic=True)
+
+def _demo_export(bundle: Path, root: TrustRoot, out: Path, now: datetime) -> None:
+    """Verify the bundle and its mixed evidence, and export the TensorRT-LLM package to ``out/trtllm``."""
+    from dspark_calibrate.artifacts import export_trtllm, verify_bundle, verify_mixed
+
+    expected = _expected()
     report = verify_bundle(bundle, root, now=now, expected=expected)
     if not report.ok:  # pragma: no cover - build verified it a moment ago
         raise ConfigError(f"demo bundle does not verify: {report.code}: {report.message}")
@@ -282,7 +350,11 @@ def run_demo(
         allow_synthetic=True,
     )
 
-    stage("admit")
+
+def _demo_admit(
+    bundle: Path, root: TrustRoot, fp: Fingerprint, out: Path, now: datetime
+) -> AdmissionDecision:
+    """The runtime hook's decision on the bundle, written to ``out/admission.json``."""
     decision = admit(
         bundle,
         root,
@@ -305,26 +377,4 @@ def run_demo(
             }
         )
     )
-
-    stage("report")
-    html = out / "report.html"
-    write_report([bundle], root, html, now=now, expected=expected)
-    stage("done")
-
-    summary = result.summary
-    return DemoResult(
-        out=out,
-        trust_root=trust_root,
-        cost_table=cost_table,
-        bundle=bundle,
-        trtllm=out / "trtllm",
-        report=html,
-        predicted_gain=float(summary["predicted_gain"]),
-        predicted_gain_ci=(float(summary["predicted_gain_ci_low"]), float(summary["predicted_gain_ci_high"])),
-        admission_active=decision.active,
-        admission_reason=decision.reason_code,
-        stages=tuple(stages),
-        mixed_active=mixed_decision is not None and mixed_decision.active,
-        mixed_reason=mixed_decision.reason_code if mixed_decision is not None else "",
-        mixed_predicted_gain=float(result.mixed_summary["predicted_gain"]) if result.mixed_summary else None,
-    )
+    return decision
