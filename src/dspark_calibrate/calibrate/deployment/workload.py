@@ -666,87 +666,136 @@ def workload_from_recorder_payloads(
             f"recorder shards disagree on max_draft_len (found {sorted(ks)}); one deployment at a time"
         )
     k = ks.pop()
-    notes: list[str] = []
-    approximate = False
-    cols: dict[str, list[np.ndarray]] = {
-        "step": [],
-        "rank": [],
-        "req": [],
-        "logits": [],
-        "acc": [],
-        "out": [],
-        "history": [],
-        "eligible": [],
-        "bootstrap": [],
-    }
-    context: list[dict[str, Any]] = []
     have_ids = all("request_id" in p for p in payloads)
-    for p, where in zip(payloads, wheres, strict=True):
-        missing = [f for f in ("logits", "prefix_mask", "graph_batch_size", "rank") if f not in p]
-        if missing:
-            raise ConfigError(
-                f"{where}: recorder shard lacks {missing}; is it a TensorRT-LLM confidence trace (.pt)? "
-                "(fit's recorder shards are read by `fit --traces`)"
-            )
-        rank = _int(p, "rank", where)
-        logits = _np(p["logits"], where, "logits")
-        mask = _np(p["prefix_mask"], where, "prefix_mask")
-        if logits.ndim != 2 or logits.shape[1] != k or mask.shape != logits.shape:
-            raise ConfigError(
-                f"{where}: logits and prefix_mask must both be (N, {k}), got {list(logits.shape)} and "
-                f"{list(mask.shape)}"
-            )
-        if np.abs(logits).max(initial=0.0) > np.finfo(np.float32).max:
-            raise ConfigError(
-                f"{where}: 'logits' holds values beyond float32's range; save finite float32 logits"
-            )
-        logits = logits.astype(np.float32)
-        n = logits.shape[0]
-        keep = np.ones(n, dtype=bool)
-        if "real_mask" in p:
-            keep &= _np(p["real_mask"], where, "real_mask", length=n).astype(bool)
-        if "step_id" in p:
-            step = _np(p["step_id"], where, "step_id", length=n).astype(np.int64)
-        else:
-            step = _group_by_graph_size(
-                _np(p["graph_batch_size"], where, "graph_batch_size", length=n).astype(np.int64)
-            )
-            approximate = True
-        if have_ids:
-            req = _np(p["request_id"], where, "request_id", length=n).astype(np.int64)
-            keep &= req >= 0
-            req_s = req.astype(str)
-        else:
-            req_s = np.char.add(f"r{rank}-", np.arange(n).astype(str))
-        acc = np.clip(np.rint(mask.astype(np.float64).sum(axis=1)), 0, k).astype(np.int64)
-        out = (
-            _np(p["generation_progress"], where, "generation_progress", length=n).astype(np.int64)
-            if "generation_progress" in p
-            else None
+    shards = [_shard_rows(p, where, k, have_ids) for p, where in zip(payloads, wheres, strict=True)]
+    approximate = any(s.approximate for s in shards)
+    notes = _recorder_notes(approximate=approximate, have_ids=have_ids)
+    rows = _merge_shards(shards, notes)
+    mixed = None
+    context = [s.chunks for s in shards if s.chunks is not None]
+    if context:
+        mixed = _recorded_mixed(
+            context, rows.step, rows.rank, rows.req, rows.history, rows.eligible, rows.bootstrap
         )
-        cols["step"].append(step[keep])
-        cols["rank"].append(np.full(int(keep.sum()), rank, dtype=np.int64))
-        cols["req"].append(req_s[keep])
-        cols["logits"].append(logits[keep])
-        cols["acc"].append(acc[keep])
-        cols["out"].append(np.maximum(out[keep], 0) if out is not None else np.full(int(keep.sum()), -1))
-        chunks = _recorded_chunks(p, rank, n)
-        if chunks is not None:
-            context.append(chunks)
-        hist = _np(p["history"]).astype(np.int64) if "history" in p else np.full(n, -1, dtype=np.int64)
-        elig = _np(p["eligible_mask"]).astype(bool) if "eligible_mask" in p else np.ones(n, dtype=bool)
-        boot = _np(p["bootstrap_mask"]).astype(bool) if "bootstrap_mask" in p else np.zeros(n, dtype=bool)
-        cols["history"].append(hist[keep])
-        cols["eligible"].append(elig[keep] & ~boot[keep])
-        cols["bootstrap"].append(boot[keep])
-    step = np.concatenate(cols["step"])
-    if step.size == 0:
-        raise ConfigError("recorder shards hold no valid rows")
-    rank_a = np.concatenate(cols["rank"])
-    req = np.concatenate(cols["req"])
-    logits = np.concatenate(cols["logits"])
-    acc = np.concatenate(cols["acc"])
-    out = np.concatenate(cols["out"])
+        notes.append(
+            f"context chunks recorded: {int(np.unique(mixed.column('step').to_numpy()).size)} mixed steps"
+        )
+    out = rows.out
+    if np.any(out < 0):
+        out = _output_so_far(rows.step, rows.req, rows.acc) if have_ids else np.zeros_like(rows.acc)
+        notes.append(
+            "output_len estimated from the recorded accepted lengths"
+            if have_ids
+            else "output_len unknown (0)"
+        )
+    return workload_from_arrays(
+        step=rows.step,
+        rank=rows.rank,
+        request_id=rows.req,
+        logits=rows.logits,
+        accepted=rows.acc,
+        output_len=out,
+        num_ranks=max(_int(p, "rank", w) for p, w in zip(payloads, wheres, strict=True)) + 1,
+        approximate=approximate,
+        synthetic=False,
+        notes=notes,
+        source=source or "tensorrt-llm confidence trace",
+        mixed=mixed,
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class _ShardRows:
+    """One shard's (or, merged, every shard's) kept generation rows, column by column.
+
+    ``out`` is -1 where the shard records no generation progress; ``approximate``: steps were
+    reconstructed from the recording order; ``chunks``: the shard's context chunks, if any.
+    """
+
+    step: np.ndarray
+    rank: np.ndarray
+    req: np.ndarray
+    logits: np.ndarray
+    acc: np.ndarray
+    out: np.ndarray
+    history: np.ndarray
+    eligible: np.ndarray
+    bootstrap: np.ndarray
+    approximate: bool = False
+    chunks: dict[str, Any] | None = None
+
+
+def _shard_rows(p: Mapping[str, Any], where: str, k: int, have_ids: bool) -> _ShardRows:
+    """Check one payload's fields (in a fixed order, so the first defect is the one reported) and
+    keep its real rows.
+
+    Raises:
+        ConfigError: a field is missing, of the wrong type or shape; the message names ``where``.
+    """
+    missing = [f for f in ("logits", "prefix_mask", "graph_batch_size", "rank") if f not in p]
+    if missing:
+        raise ConfigError(
+            f"{where}: recorder shard lacks {missing}; is it a TensorRT-LLM confidence trace (.pt)? "
+            "(fit's recorder shards are read by `fit --traces`)"
+        )
+    rank = _int(p, "rank", where)
+    logits = _np(p["logits"], where, "logits")
+    mask = _np(p["prefix_mask"], where, "prefix_mask")
+    if logits.ndim != 2 or logits.shape[1] != k or mask.shape != logits.shape:
+        raise ConfigError(
+            f"{where}: logits and prefix_mask must both be (N, {k}), got {list(logits.shape)} and "
+            f"{list(mask.shape)}"
+        )
+    if np.abs(logits).max(initial=0.0) > np.finfo(np.float32).max:
+        raise ConfigError(
+            f"{where}: 'logits' holds values beyond float32's range; save finite float32 logits"
+        )
+    logits = logits.astype(np.float32)
+    n = logits.shape[0]
+    keep = np.ones(n, dtype=bool)
+    if "real_mask" in p:
+        keep &= _np(p["real_mask"], where, "real_mask", length=n).astype(bool)
+    approximate = "step_id" not in p
+    if not approximate:
+        step = _np(p["step_id"], where, "step_id", length=n).astype(np.int64)
+    else:
+        step = _group_by_graph_size(
+            _np(p["graph_batch_size"], where, "graph_batch_size", length=n).astype(np.int64)
+        )
+    if have_ids:
+        req = _np(p["request_id"], where, "request_id", length=n).astype(np.int64)
+        keep &= req >= 0
+        req_s = req.astype(str)
+    else:
+        req_s = np.char.add(f"r{rank}-", np.arange(n).astype(str))
+    acc = np.clip(np.rint(mask.astype(np.float64).sum(axis=1)), 0, k).astype(np.int64)
+    out = (
+        _np(p["generation_progress"], where, "generation_progress", length=n).astype(np.int64)
+        if "generation_progress" in p
+        else None
+    )
+    chunks = _recorded_chunks(p, rank, n)
+    hist = _np(p["history"]).astype(np.int64) if "history" in p else np.full(n, -1, dtype=np.int64)
+    elig = _np(p["eligible_mask"]).astype(bool) if "eligible_mask" in p else np.ones(n, dtype=bool)
+    boot = _np(p["bootstrap_mask"]).astype(bool) if "bootstrap_mask" in p else np.zeros(n, dtype=bool)
+    return _ShardRows(
+        step=step[keep],
+        rank=np.full(int(keep.sum()), rank, dtype=np.int64),
+        req=req_s[keep],
+        logits=logits[keep],
+        acc=acc[keep],
+        out=np.maximum(out[keep], 0) if out is not None else np.full(int(keep.sum()), -1),
+        history=hist[keep],
+        eligible=elig[keep] & ~boot[keep],
+        bootstrap=boot[keep],
+        approximate=approximate,
+        chunks=chunks,
+    )
+
+
+def _recorder_notes(*, approximate: bool, have_ids: bool) -> list[str]:
+    """How the steps and the requests were identified."""
+    notes = []
     if approximate:
         notes.append(
             "steps reconstructed from recording order: each step takes the next G rows (G = the recorded "
@@ -759,45 +808,43 @@ def workload_from_recorder_payloads(
         notes.append(
             "request ids absent: every row is its own request (the request bootstrap becomes a row bootstrap)"
         )
+    return notes
+
+
+def _merge_shards(shards: Sequence[_ShardRows], notes: list[str]) -> _ShardRows:
+    """Every shard's rows in (step, rank, request) order, without duplicates (noted in ``notes``).
+
+    Raises:
+        ConfigError: no shard holds a valid row.
+    """
+    step = np.concatenate([s.step for s in shards])
+    if step.size == 0:
+        raise ConfigError("recorder shards hold no valid rows")
+    rank = np.concatenate([s.rank for s in shards])
+    req = np.concatenate([s.req for s in shards])
     # Duplicate (step, rank, request) can only come from approximate grouping: keep the first.
-    order = np.lexsort((req, rank_a, step))
-    s2, r2, q2 = step[order], rank_a[order], req[order]
+    order = np.lexsort((req, rank, step))
+    s2, r2, q2 = step[order], rank[order], req[order]
     dup = np.zeros(order.shape[0], dtype=bool)
     dup[1:] = (s2[1:] == s2[:-1]) & (r2[1:] == r2[:-1]) & (q2[1:] == q2[:-1])
     if dup.any():
         notes.append(f"{int(dup.sum())} duplicate request rows inside reconstructed steps dropped")
         order = order[~dup]
-    step, rank_a, req, acc, out = (a[order] for a in (step, rank_a, req, acc, out))
-    history, eligible, bootstrap = (
-        np.concatenate(cols[c])[order] for c in ("history", "eligible", "bootstrap")
-    )
-    logits = logits[order]
-    mixed = None
-    if context:
-        mixed = _recorded_mixed(context, step, rank_a, req, history, eligible, bootstrap)
-        notes.append(
-            f"context chunks recorded: {int(np.unique(mixed.column('step').to_numpy()).size)} mixed steps"
-        )
-    if np.any(out < 0):
-        out = _output_so_far(step, req, acc) if have_ids else np.zeros_like(acc)
-        notes.append(
-            "output_len estimated from the recorded accepted lengths"
-            if have_ids
-            else "output_len unknown (0)"
-        )
-    return workload_from_arrays(
-        step=step,
-        rank=rank_a,
-        request_id=req,
-        logits=logits,
-        accepted=acc,
-        output_len=out,
-        num_ranks=max(_int(p, "rank", w) for p, w in zip(payloads, wheres, strict=True)) + 1,
-        approximate=approximate,
-        synthetic=False,
-        notes=notes,
-        source=source or "tensorrt-llm confidence trace",
-        mixed=mixed,
+
+    def merged(column: str) -> np.ndarray:
+        out: np.ndarray = np.concatenate([getattr(s, column) for s in shards])[order]
+        return out
+
+    return _ShardRows(
+        step=step[order],
+        rank=rank[order],
+        req=req[order],
+        logits=merged("logits"),
+        acc=merged("acc"),
+        out=merged("out"),
+        history=merged("history"),
+        eligible=merged("eligible"),
+        bootstrap=merged("bootstrap"),
     )
 
 
@@ -1029,6 +1076,43 @@ def synthesize_workload(
     )
 
 
+def _synthetic_mixed_table(
+    r: Mapping[str, np.ndarray],
+    request_ids: pa.Array,
+    mixed_step: np.ndarray,
+    ctx_rank: np.ndarray,
+    ctx_size: np.ndarray,
+    ctx_pos: np.ndarray,
+    *,
+    history: int,
+) -> pa.Table:
+    """The ``workload-mixed`` table of the synthetic context chunks and their steps' generation rows."""
+    gen_rows = np.isin(r["step"], mixed_step)
+    n_ctx, n_gen = int(mixed_step.size), int(gen_rows.sum())
+    return pa.table(
+        {
+            "step": pa.array(np.r_[mixed_step, r["step"][gen_rows]], pa.int64()),
+            "rank": pa.array(np.r_[ctx_rank, r["rank"][gen_rows]], pa.int64()),
+            "request_id": pa.concat_arrays(
+                [
+                    pa.array([f"prefill-{s}" for s in mixed_step.tolist()], pa.string()),
+                    request_ids.filter(pa.array(gen_rows)),
+                ]
+            ),
+            "role": pa.array(["context"] * n_ctx + ["generation"] * n_gen, pa.string()),
+            "chunk_size": pa.array(np.r_[ctx_size, np.zeros(n_gen, np.int64)], pa.int64()),
+            "chunk_position": pa.array(np.r_[ctx_pos, np.zeros(n_gen, np.int64)], pa.int64()),
+            "compressed_tokens": pa.array(np.zeros(n_ctx + n_gen, np.int64), pa.int64()),
+            "real": pa.array([True] * n_ctx + [False] * n_gen, pa.bool_()),
+            "history": pa.array(
+                np.r_[np.zeros(n_ctx, np.int64), np.full(n_gen, history, np.int64)], pa.int64()
+            ),
+            "eligible": pa.array([False] * n_ctx + [True] * n_gen, pa.bool_()),
+            "bootstrap": pa.array([False] * (n_ctx + n_gen), pa.bool_()),
+        }
+    )
+
+
 def synthesize_mixed_workload(
     *,
     k: int = 3,
@@ -1081,31 +1165,9 @@ def synthesize_mixed_workload(
         rng.integers(0, len(chunk_sizes), size=mixed_step.size)
     ]
     ctx_pos = np.asarray(positions, dtype=np.int64)[rng.integers(0, len(positions), size=mixed_step.size)]
-    gen_rows = np.isin(r["step"], mixed_step)
     request_ids = pa.array(r["code"]).cast(pa.string())
-    n_ctx, n_gen = int(mixed_step.size), int(gen_rows.sum())
-    mixed = pa.table(
-        {
-            "step": pa.array(np.r_[mixed_step, r["step"][gen_rows]], pa.int64()),
-            "rank": pa.array(np.r_[ctx_rank, r["rank"][gen_rows]], pa.int64()),
-            "request_id": pa.concat_arrays(
-                [
-                    pa.array([f"prefill-{s}" for s in mixed_step.tolist()], pa.string()),
-                    request_ids.filter(pa.array(gen_rows)),
-                ]
-            ),
-            "role": pa.array(["context"] * n_ctx + ["generation"] * n_gen, pa.string()),
-            "chunk_size": pa.array(np.r_[ctx_size, np.zeros(n_gen, np.int64)], pa.int64()),
-            "chunk_position": pa.array(np.r_[ctx_pos, np.zeros(n_gen, np.int64)], pa.int64()),
-            "compressed_tokens": pa.array(np.zeros(n_ctx + n_gen, np.int64), pa.int64()),
-            "real": pa.array([True] * n_ctx + [False] * n_gen, pa.bool_()),
-            "history": pa.array(
-                np.r_[np.zeros(n_ctx, np.int64), np.full(n_gen, history, np.int64)], pa.int64()
-            ),
-            "eligible": pa.array([False] * n_ctx + [True] * n_gen, pa.bool_()),
-            "bootstrap": pa.array([False] * (n_ctx + n_gen), pa.bool_()),
-        }
-    )
+    mixed = _synthetic_mixed_table(r, request_ids, mixed_step, ctx_rank, ctx_size, ctx_pos, history=history)
+    n_ctx = int(mixed_step.size)
     notes = (
         f"synthetic mixed workload: {steps} steps ({n_ctx} mixed), {ranks} rank(s), rows per rank {list(levels)}, "
         f"chunks {list(chunk_sizes)} at positions {list(positions)}, history {history}, seed {seed}",
