@@ -28,7 +28,7 @@ costs at most about 27.6 nats instead of infinity.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -466,59 +466,17 @@ def evaluate_predictions(
             f"outcomes describe {obs.rounds} rounds of K={obs.k}, predictions are {p.shape}"
         )
     s = np.cumprod(p, axis=1)
-    rr, r = obs.request_index, obs.requests
+    r = obs.requests
     terms = _log_likelihood_terms(p, obs)
     ll = np.sum(terms, axis=0) if n else np.zeros(0)
     brier_r = np.zeros(n)
     ea_pred = np.zeros(n)
     columns: list[np.ndarray] = []  # per-request features for the bootstrap
     do_boot = bool(bootstrap) and r > 1
-
-    position_parts: list[dict[str, Any]] = []
-    for j in range(1, k + 1):
-        lab = obs.labelled[j - 1]
-        y = obs.label[j - 1]
-        risk = obs.risk[j - 1]
-        sj = np.ascontiguousarray(s[:, j - 1])
-        err = (sj - y) ** 2
-        if lab is None:
-            brier_r += err
-            ea_pred += sj
-            s_lab, y_lab, rr_lab, err_lab = sj, y, rr, err
-        else:
-            brier_r += np.where(lab, err, 0.0)
-            ea_pred += np.where(lab, sj, 0.0)
-            s_lab, y_lab, rr_lab, err_lab = sj[lab], y[lab], rr[lab], err[lab]
-        n_risk = int(np.count_nonzero(risk))
-        part: dict[str, Any] = {
-            "position": j,
-            "risk_set_size": n_risk,
-            "labelled": int(s_lab.shape[0]),
-            "nll": float(-terms[j - 1].sum() / n_risk) if n_risk else None,
-            "brier": _mean_or_none(err_lab),
-            "mean_survival": _mean_or_none(s_lab),
-            "observed_survival": _mean_or_none(y_lab),
-            "cols": {},
-        }
-        for binning in ("equal_width", "equal_mass"):
-            if binning == "equal_width":
-                edges = np.linspace(0.0, 1.0, n_bins + 1)
-                b = _width_bins(s_lab, n_bins)
-            else:
-                edges, b = equal_mass_bins(s_lab, n_bins)
-            counts = np.bincount(b, minlength=n_bins).astype(np.float64)
-            s_conf = np.bincount(b, weights=s_lab, minlength=n_bins)
-            s_label = np.bincount(b, weights=y_lab, minlength=n_bins)
-            part[binning] = _reliability(binning, edges, counts, s_conf, s_label)
-            if do_boot:
-                idx = rr_lab * n_bins + b
-                start = len(columns)
-                for w in (None, s_lab, y_lab):
-                    grid = np.bincount(idx, weights=w, minlength=r * n_bins).reshape(r, n_bins)
-                    columns.extend(grid.T.astype(np.float64, copy=False))
-                part["cols"][binning] = start
-        position_parts.append(part)
-
+    position_parts = [
+        _position_part(j, obs, s, terms, n_bins, brier_r, ea_pred, columns if do_boot else None)
+        for j in range(1, k + 1)
+    ]
     a = obs.accepted
     nll_value = float(-ll.mean()) if n else None
     brier_value = float(brier_r.mean()) if n else None
@@ -530,55 +488,14 @@ def evaluate_predictions(
     ece_intervals: dict[tuple[int, str], tuple[float | None, float | None]] = {}
     used_bootstrap = bootstrap if do_boot else 0
     if used_bootstrap:
-        base = [None, -ll, brier_r, ea_pred - a]
-        head = len(base)
-        features = np.empty((r, head + len(columns)))
-        for i, values in enumerate(base):
-            features[:, i] = np.bincount(rr, weights=values, minlength=r)
-        for i, col in enumerate(columns):
-            features[:, head + i] = col
-        draws: dict[str, list[np.ndarray]] = {"nll": [], "brier": [], "ea_error": []}
-        ece_draws: dict[tuple[int, str], list[np.ndarray]] = {}
-        for totals in _bootstrap_totals(features, used_bootstrap, seed):
-            count = totals[:, 0]
-            draws["nll"].append(_safe_div(totals[:, 1], count))
-            draws["brier"].append(_safe_div(totals[:, 2], count))
-            draws["ea_error"].append(_safe_div(totals[:, 3], count))
-            for part in position_parts:
-                for binning, start in part["cols"].items():
-                    c0 = head + start
-                    cnt = totals[:, c0 : c0 + n_bins]
-                    sc = totals[:, c0 + n_bins : c0 + 2 * n_bins]
-                    sl = totals[:, c0 + 2 * n_bins : c0 + 3 * n_bins]
-                    ece_b = _safe_div(np.abs(sc - sl).sum(axis=1), cnt.sum(axis=1))
-                    ece_draws.setdefault((part["position"], binning), []).append(ece_b)
-        intervals = {name: _interval(np.concatenate(d)) for name, d in draws.items()}
-        ece_intervals = {key: _interval(np.concatenate(d)) for key, d in ece_draws.items()}
+        intervals, ece_intervals = _bootstrap_intervals(
+            [-ll, brier_r, ea_pred - a], columns, position_parts, obs, n_bins, used_bootstrap, seed
+        )
 
     def est(value: float | None, key: str) -> Estimate:
         lo, hi = intervals.get(key, (None, None))
         return Estimate(value, lo, hi)
 
-    positions = []
-    for part in position_parts:
-        j = part["position"]
-        width: Reliability = part["equal_width"]
-        mass: Reliability = part["equal_mass"]
-        positions.append(
-            PositionMetrics(
-                position=j,
-                risk_set_size=part["risk_set_size"],
-                labelled=part["labelled"],
-                nll=part["nll"],
-                brier=part["brier"],
-                ece=Estimate(width.ece, *ece_intervals.get((j, "equal_width"), (None, None))),
-                ece_mass=Estimate(mass.ece, *ece_intervals.get((j, "equal_mass"), (None, None))),
-                mean_survival=part["mean_survival"],
-                observed_survival=part["observed_survival"],
-                width=width,
-                mass=mass,
-            )
-        )
     return MetricsReport(
         k=k,
         rounds=n,
@@ -588,9 +505,133 @@ def evaluate_predictions(
         ea_predicted=ea_p,
         ea_measured=ea_m,
         ea_error=est(ea_err, "ea_error"),
-        positions=tuple(positions),
+        positions=tuple(_position_metrics(part, ece_intervals) for part in position_parts),
         bootstrap=used_bootstrap,
         n_bins=n_bins,
+    )
+
+
+def _position_part(
+    j: int,
+    obs: Outcomes,
+    s: np.ndarray,
+    terms: Sequence[np.ndarray],
+    n_bins: int,
+    brier_r: np.ndarray,
+    ea_pred: np.ndarray,
+    columns: list[np.ndarray] | None,
+) -> dict[str, Any]:
+    """Position ``j``'s point metrics and both reliability diagrams.
+
+    Adds the position's squared error and survival to the per-round ``brier_r`` and ``ea_pred``
+    (in place, position by position), and with ``columns`` appends its per-request bootstrap
+    features (bin counts, confidence and label sums), recording where they start in ``cols``.
+    """
+    lab = obs.labelled[j - 1]
+    y = obs.label[j - 1]
+    risk = obs.risk[j - 1]
+    rr, r = obs.request_index, obs.requests
+    sj = np.ascontiguousarray(s[:, j - 1])
+    err = (sj - y) ** 2
+    if lab is None:
+        brier_r += err
+        ea_pred += sj
+        s_lab, y_lab, rr_lab, err_lab = sj, y, rr, err
+    else:
+        brier_r += np.where(lab, err, 0.0)
+        ea_pred += np.where(lab, sj, 0.0)
+        s_lab, y_lab, rr_lab, err_lab = sj[lab], y[lab], rr[lab], err[lab]
+    n_risk = int(np.count_nonzero(risk))
+    part: dict[str, Any] = {
+        "position": j,
+        "risk_set_size": n_risk,
+        "labelled": int(s_lab.shape[0]),
+        "nll": float(-terms[j - 1].sum() / n_risk) if n_risk else None,
+        "brier": _mean_or_none(err_lab),
+        "mean_survival": _mean_or_none(s_lab),
+        "observed_survival": _mean_or_none(y_lab),
+        "cols": {},
+    }
+    for binning in ("equal_width", "equal_mass"):
+        if binning == "equal_width":
+            edges = np.linspace(0.0, 1.0, n_bins + 1)
+            b = _width_bins(s_lab, n_bins)
+        else:
+            edges, b = equal_mass_bins(s_lab, n_bins)
+        counts = np.bincount(b, minlength=n_bins).astype(np.float64)
+        s_conf = np.bincount(b, weights=s_lab, minlength=n_bins)
+        s_label = np.bincount(b, weights=y_lab, minlength=n_bins)
+        part[binning] = _reliability(binning, edges, counts, s_conf, s_label)
+        if columns is not None:
+            idx = rr_lab * n_bins + b
+            start = len(columns)
+            for w in (None, s_lab, y_lab):
+                grid = np.bincount(idx, weights=w, minlength=r * n_bins).reshape(r, n_bins)
+                columns.extend(grid.T.astype(np.float64, copy=False))
+            part["cols"][binning] = start
+    return part
+
+
+def _bootstrap_intervals(
+    per_round: Sequence[np.ndarray],
+    columns: Sequence[np.ndarray],
+    position_parts: Sequence[Mapping[str, Any]],
+    obs: Outcomes,
+    n_bins: int,
+    replicates: int,
+    seed: int,
+) -> tuple[
+    dict[str, tuple[float | None, float | None]], dict[tuple[int, str], tuple[float | None, float | None]]
+]:
+    """Request-bootstrap intervals of NLL, Brier and E[A] error (``per_round``: their per-round
+    terms, in that order) and of every position's ECE under both binnings."""
+    rr, r = obs.request_index, obs.requests
+    base = [None, *per_round]
+    head = len(base)
+    features = np.empty((r, head + len(columns)))
+    for i, values in enumerate(base):
+        features[:, i] = np.bincount(rr, weights=values, minlength=r)
+    for i, col in enumerate(columns):
+        features[:, head + i] = col
+    draws: dict[str, list[np.ndarray]] = {"nll": [], "brier": [], "ea_error": []}
+    ece_draws: dict[tuple[int, str], list[np.ndarray]] = {}
+    for totals in _bootstrap_totals(features, replicates, seed):
+        count = totals[:, 0]
+        draws["nll"].append(_safe_div(totals[:, 1], count))
+        draws["brier"].append(_safe_div(totals[:, 2], count))
+        draws["ea_error"].append(_safe_div(totals[:, 3], count))
+        for part in position_parts:
+            for binning, start in part["cols"].items():
+                c0 = head + start
+                cnt = totals[:, c0 : c0 + n_bins]
+                sc = totals[:, c0 + n_bins : c0 + 2 * n_bins]
+                sl = totals[:, c0 + 2 * n_bins : c0 + 3 * n_bins]
+                ece_b = _safe_div(np.abs(sc - sl).sum(axis=1), cnt.sum(axis=1))
+                ece_draws.setdefault((part["position"], binning), []).append(ece_b)
+    intervals = {name: _interval(np.concatenate(d)) for name, d in draws.items()}
+    ece_intervals = {key: _interval(np.concatenate(d)) for key, d in ece_draws.items()}
+    return intervals, ece_intervals
+
+
+def _position_metrics(
+    part: Mapping[str, Any], ece_intervals: Mapping[tuple[int, str], tuple[float | None, float | None]]
+) -> PositionMetrics:
+    """One position's metrics, with its ECE intervals where the bootstrap ran."""
+    j = part["position"]
+    width: Reliability = part["equal_width"]
+    mass: Reliability = part["equal_mass"]
+    return PositionMetrics(
+        position=j,
+        risk_set_size=part["risk_set_size"],
+        labelled=part["labelled"],
+        nll=part["nll"],
+        brier=part["brier"],
+        ece=Estimate(width.ece, *ece_intervals.get((j, "equal_width"), (None, None))),
+        ece_mass=Estimate(mass.ece, *ece_intervals.get((j, "equal_mass"), (None, None))),
+        mean_survival=part["mean_survival"],
+        observed_survival=part["observed_survival"],
+        width=width,
+        mass=mass,
     )
 
 
