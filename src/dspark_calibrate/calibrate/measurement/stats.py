@@ -51,7 +51,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -748,6 +748,30 @@ def _pooled_between_variance(series: Sequence[Mapping[int, float]]) -> tuple[flo
     return _robust_variance(residuals, dof), dof
 
 
+def _paired_variance(
+    multi: Sequence[Cell],
+    logs: Mapping[Cell, Mapping[int, float]],
+    epoch_of: Mapping[Cell, Mapping[int, int]],
+) -> tuple[float, int, int]:
+    """σ_d² (floored at 0), its degrees of freedom and the cells it pools: the between-epoch
+    variance of each non-native cell's mean round log-ratio to its native cell, less the paired
+    rounds' sampling variance."""
+    paired_series, paired_noise = [], []
+    for c in multi:
+        if c.kind is CellKind.NATIVE or c.native not in logs:
+            continue
+        nat = logs[c.native]
+        ratio = {r: v - nat[r] for r, v in logs[c].items() if r in nat}
+        ratio_means, noise = _epoch_means_and_noise(ratio, epoch_of[c])
+        if len(ratio_means) >= 2:
+            paired_series.append(ratio_means)
+            paired_noise.append(noise)
+    paired_var, paired_dof = _pooled_between_variance(paired_series)
+    if paired_dof:
+        paired_var = max(paired_var - float(np.median(paired_noise)), 0.0)
+    return paired_var, paired_dof, len(paired_series)
+
+
 def estimate_between_run(cells: Mapping[Cell, CellSamples]) -> BetweenRun:
     """Estimate the between-epoch variance components of a sweep from all its cells.
 
@@ -806,19 +830,7 @@ def estimate_between_run(cells: Mapping[Cell, CellSamples]) -> BetweenRun:
         float(np.sum(np.square(list(effect.values())))) / (len(epochs) - 1) - shared_noise - fit_noise,
         0.0,
     )
-    paired_series, paired_noise = [], []
-    for c in multi:
-        if c.kind is CellKind.NATIVE or c.native not in logs:
-            continue
-        nat = logs[c.native]
-        ratio = {r: v - nat[r] for r, v in logs[c].items() if r in nat}
-        ratio_means, noise = _epoch_means_and_noise(ratio, epoch_of[c])
-        if len(ratio_means) >= 2:
-            paired_series.append(ratio_means)
-            paired_noise.append(noise)
-    paired_var, paired_dof = _pooled_between_variance(paired_series)
-    if paired_dof:
-        paired_var = max(paired_var - float(np.median(paired_noise)), 0.0)
+    paired_var, paired_dof, paired_cells = _paired_variance(multi, logs, epoch_of)
     return BetweenRun(
         epochs=len(epochs),
         cells=len(multi),
@@ -826,7 +838,7 @@ def estimate_between_run(cells: Mapping[Cell, CellSamples]) -> BetweenRun:
         common_mode_df=len(epochs) - 1,
         level_rel=math.sqrt(level_var),
         paired_rel=math.sqrt(paired_var),
-        paired_cells=len(paired_series),
+        paired_cells=paired_cells,
         level_df=_mad_dof(dof),
         paired_df=_mad_dof(paired_dof),
     )
@@ -876,88 +888,34 @@ def summarize(
         fallback = FALLBACK_BETWEEN_RUN_REL
         if reproduction:
             warnings.append("no_between_run_estimate")
-    z = _z(confidence)
-    if len(groups) >= 2:
-        epochs_of = samples.round_epochs()
-        interval = median_interval(
-            list(groups.values()),
-            epochs=[epochs_of[r] for r in groups],
-            confidence=confidence,
-            n_boot=n_boot,
-            seed=boot_seed,
-            reproduction=reproduction,
-            between=between if estimated else None,
-            between_run_rel=between_run_rel if estimated else fallback,
-        )
-        condition = median_interval(
-            list(groups.values()),
-            epochs=[epochs_of[r] for r in groups],
-            confidence=confidence,
-            n_boot=n_boot,
-            seed=boot_seed,
-            reproduction=False,
-        )
-        own = math.log(condition.high / condition.median) / z
-        if len(groups) < 3:
-            warnings.append("few_rounds")
-        round_meds = np.array([np.median(g) for g in groups.values()])
-        if (round_meds.max() - round_meds.min()) / interval.median > 0.05:
-            warnings.append("round_spread")
-    else:
-        interval = sample_interval(values, confidence=confidence, n_boot=n_boot, seed=boot_seed)
-        own = math.log(interval.high / interval.median) / z if interval.high > interval.median else 0.0
-        warnings.append("single_round")
-    p10, p25, p75, p90 = np.quantile(values, [0.10, 0.25, 0.75, 0.90])
+    resampling = _Resampling(confidence, n_boot, boot_seed, reproduction)
+    interval, own = _cell_interval(
+        samples,
+        values,
+        groups,
+        resampling,
+        between if estimated else None,
+        between_run_rel if estimated else fallback,
+        warnings,
+    )
     med = interval.median
-    if (p75 - p25) / med > 0.05:
-        warnings.append("wide_iqr")
-    if values.max() > 1.5 * med:
-        warnings.append("outliers")
-    n_epochs = samples.epochs
-    if estimated:
-        assert between is not None
-        # A serving process differs from this sweep by its own shift and by this sweep's.
-        serve = math.sqrt(2.0 + 1.0 / n_epochs)
-        common = between.common_mode_scale(confidence) * between.common_mode_rel * serve
-        level = math.sqrt(own**2 + (between.level_scale(confidence) * between.level_rel * serve) ** 2)
-    else:
-        # Nothing between epochs is known: the fallback's process share is taken as common mode.
-        common = float(fallback or 0.0) / math.sqrt(2.0)
-        level = own
+    p10, p90, iqr = _spread(values, med, warnings)
+    common, level = _level_model(
+        between if estimated else None, own, fallback, epochs=samples.epochs, confidence=confidence
+    )
     saving = SavingInterval(0.0, 0.0, 0.0, samples.rounds, 0.0, "native")
     if reference is not None and samples.spec.kind is not CellKind.NATIVE:
-        paired = paired_saving_interval(
-            samples, reference, confidence=confidence, between=between if estimated else None
+        saving = _saving(
+            samples, reference, interval, replace(resampling, seed=seed), between, between_run_rel, warnings
         )
-        if paired is None:
-            warnings.append("unpaired")
-            ref = summarize(
-                reference,
-                confidence=confidence,
-                n_boot=n_boot,
-                seed=seed,
-                reproduction=reproduction,
-                between=between,
-                between_run_rel=between_run_rel,
-            )
-            saving = SavingInterval(
-                1.0 - med / ref.median_ms,
-                1.0 - interval.high / ref.ci_low_ms,
-                1.0 - interval.low / ref.ci_high_ms,
-                0,
-                math.inf,
-                "unpaired_intervals",
-            )
-        else:
-            saving = paired
     return CellSummary(
         spec=samples.spec,
         median_ms=med,
         ci_low_ms=interval.low,
         ci_high_ms=interval.high,
-        p10_ms=float(p10),
-        p90_ms=float(p90),
-        iqr_ms=float(p75 - p25),
+        p10_ms=p10,
+        p90_ms=p90,
+        iqr_ms=iqr,
         samples=int(values.size),
         rounds=len(groups),
         ci_method=interval.method,
@@ -966,10 +924,161 @@ def summarize(
         saving_ci_low=saving.low,
         saving_ci_high=saving.high,
         paired_rounds=saving.pairs,
-        epochs=n_epochs,
+        epochs=samples.epochs,
         common_mode_rel=common,
         level_rel=level,
     )
+
+
+def _spread(values: np.ndarray, median: float, warnings: list[str]) -> tuple[float, float, float]:
+    """(p10, p90, IQR) of the samples; appends ``wide_iqr`` and ``outliers`` where they apply."""
+    p10, p25, p75, p90 = np.quantile(values, [0.10, 0.25, 0.75, 0.90])
+    if (p75 - p25) / median > 0.05:
+        warnings.append("wide_iqr")
+    if values.max() > 1.5 * median:
+        warnings.append("outliers")
+    return float(p10), float(p90), float(p75 - p25)
+
+
+def _saving(
+    samples: CellSamples,
+    reference: CellSamples,
+    interval: Interval,
+    resampling: _Resampling,
+    between: BetweenRun | None,
+    between_run_rel: float | None,
+    warnings: list[str],
+) -> SavingInterval:
+    """The compact cell's saving against its native ``reference``: paired when two or more rounds
+    pair, else (``unpaired``, appended to ``warnings``) from the two absolute intervals (the
+    reference summarized with ``resampling``, whose seed is the caller's, not the cell's)."""
+    confidence = resampling.confidence
+    estimated = between is not None and between.estimated
+    paired = paired_saving_interval(
+        samples, reference, confidence=confidence, between=between if estimated else None
+    )
+    if paired is not None:
+        return paired
+    warnings.append("unpaired")
+    ref = summarize(
+        reference,
+        confidence=confidence,
+        n_boot=resampling.n_boot,
+        seed=resampling.seed,
+        reproduction=resampling.reproduction,
+        between=between,
+        between_run_rel=between_run_rel,
+    )
+    return SavingInterval(
+        1.0 - interval.median / ref.median_ms,
+        1.0 - interval.high / ref.ci_low_ms,
+        1.0 - interval.low / ref.ci_high_ms,
+        0,
+        math.inf,
+        "unpaired_intervals",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Resampling:
+    """How a summary resamples: the interval's confidence, bootstrap draws and seed, and whether
+    the interval is a reproduction interval (another process) or this condition's only."""
+
+    confidence: float
+    n_boot: int
+    seed: int
+    reproduction: bool
+
+
+def _cell_interval(
+    samples: CellSamples,
+    values: np.ndarray,
+    groups: Mapping[int, np.ndarray],
+    resampling: _Resampling,
+    between: BetweenRun | None,
+    between_run_rel: float | None,
+    warnings: list[str],
+) -> tuple[Interval, float]:
+    """The median's interval and the cell's own spread (log units): over rounds when there are
+    two or more, else over the samples of the single round (``single_round``)."""
+    confidence = resampling.confidence
+    if len(groups) >= 2:
+        return _round_interval(
+            samples,
+            groups,
+            confidence=confidence,
+            n_boot=resampling.n_boot,
+            seed=resampling.seed,
+            reproduction=resampling.reproduction,
+            between=between,
+            between_run_rel=between_run_rel,
+            warnings=warnings,
+        )
+    interval = sample_interval(values, confidence=confidence, n_boot=resampling.n_boot, seed=resampling.seed)
+    own = (
+        math.log(interval.high / interval.median) / _z(confidence) if interval.high > interval.median else 0.0
+    )
+    warnings.append("single_round")
+    return interval, own
+
+
+def _round_interval(
+    samples: CellSamples,
+    groups: Mapping[int, np.ndarray],
+    *,
+    confidence: float,
+    n_boot: int,
+    seed: int,
+    reproduction: bool,
+    between: BetweenRun | None,
+    between_run_rel: float | None,
+    warnings: list[str],
+) -> tuple[Interval, float]:
+    """The median's interval over two or more rounds, and the cell's own (condition) spread in
+    log units; appends ``few_rounds`` and ``round_spread`` to ``warnings`` where they apply."""
+    epochs_of = samples.round_epochs()
+    interval = median_interval(
+        list(groups.values()),
+        epochs=[epochs_of[r] for r in groups],
+        confidence=confidence,
+        n_boot=n_boot,
+        seed=seed,
+        reproduction=reproduction,
+        between=between,
+        between_run_rel=between_run_rel,
+    )
+    condition = median_interval(
+        list(groups.values()),
+        epochs=[epochs_of[r] for r in groups],
+        confidence=confidence,
+        n_boot=n_boot,
+        seed=seed,
+        reproduction=False,
+    )
+    own = math.log(condition.high / condition.median) / _z(confidence)
+    if len(groups) < 3:
+        warnings.append("few_rounds")
+    round_meds = np.array([np.median(g) for g in groups.values()])
+    if (round_meds.max() - round_meds.min()) / interval.median > 0.05:
+        warnings.append("round_spread")
+    return interval, own
+
+
+def _level_model(
+    between: BetweenRun | None, own: float, fallback: float | None, *, epochs: int, confidence: float
+) -> tuple[float, float]:
+    """(common-mode, level) relative terms of the cell's time in a serving process.
+
+    ``between``: the sweep's estimated between-run model, or None when nothing between epochs is
+    known (the fallback's process share is then taken as common mode).
+    """
+    if between is not None:
+        # A serving process differs from this sweep by its own shift and by this sweep's.
+        serve = math.sqrt(2.0 + 1.0 / epochs)
+        common = between.common_mode_scale(confidence) * between.common_mode_rel * serve
+        level = math.sqrt(own**2 + (between.level_scale(confidence) * between.level_rel * serve) ** 2)
+        return common, level
+    return float(fallback or 0.0) / math.sqrt(2.0), own
 
 
 #: Share trimmed from each end of the per-round values (Yuen's 20% trimmed mean): a round hit by
