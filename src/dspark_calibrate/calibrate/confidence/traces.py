@@ -689,17 +689,7 @@ def parse_trace_record(obj: Any, *, where: str = "<record>") -> TraceRecord:
     Raises:
         ConfigError: the record is not a valid round.
     """
-    if not isinstance(obj, dict):
-        raise ConfigError(f"{where}: expected a JSON object per line, found {type(obj).__name__}")
-    unknown = sorted(set(obj) - _JSONL_FIELDS)
-    if unknown:
-        raise ConfigError(
-            f"{where}: unknown field(s) {unknown}; allowed: {sorted(_JSONL_FIELDS)} (check the spelling)"
-        )
-    missing = [f for f in _REQUIRED_COLUMNS if f not in obj]
-    if missing:
-        hint = " (use verified=K for a fully verified block)" if "verified" in missing else ""
-        raise ConfigError(f"{where}: missing field(s) {missing}{hint}")
+    _check_record_fields(obj, where)
     rid = obj["request_id"]
     if isinstance(rid, bool) or not isinstance(rid, str | int) or (isinstance(rid, str) and not rid):
         raise ConfigError(
@@ -713,14 +703,7 @@ def parse_trace_record(obj: Any, *, where: str = "<record>") -> TraceRecord:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where}: field {name!r} must be an integer, got {value!r}")
         ints[name] = value
-    logits = obj["logits"]
-    if not isinstance(logits, list) or not logits:
-        raise ConfigError(f"{where}: field 'logits' must be a non-empty list of numbers, got {logits!r}")
-    values: list[float] = []
-    for i, v in enumerate(logits, start=1):
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            raise ConfigError(f"{where}: logits[{i}] must be a number, got {_short(v)}")
-        values.append(_logit(where, f"logits[{i}]", v))
+    values = _record_logits(obj["logits"], where)
     k = len(values)
     if k > MAX_K:
         raise ConfigError(f"{where}: {k} logits; K must be in 1..{MAX_K}")
@@ -738,20 +721,6 @@ def parse_trace_record(obj: Any, *, where: str = "<record>") -> TraceRecord:
         raise ConfigError(f"{where}: field 'sampling' must be a string or null, got {_short(sampling)}")
     if sampling is not None:
         _check_text(where, "sampling", sampling)
-    temperature = obj.get("temperature")
-    if temperature is not None:
-        if isinstance(temperature, bool) or not isinstance(temperature, int | float):
-            raise ConfigError(
-                f"{where}: field 'temperature' must be a number or null, got {_short(temperature)}"
-            )
-        try:
-            temperature = float(temperature)
-        except OverflowError:
-            temperature = math.inf  # an integer too large for a float: refused just below
-        if not math.isfinite(temperature) or temperature < 0:
-            raise ConfigError(
-                f"{where}: temperature={_short(obj['temperature'])} must be a finite number >= 0"
-            )
     return TraceRecord(
         request_id=str(rid),
         round=ints["round"],
@@ -759,8 +728,62 @@ def parse_trace_record(obj: Any, *, where: str = "<record>") -> TraceRecord:
         accepted=ints["accepted"],
         verified=ints["verified"],
         sampling=sampling,
-        temperature=temperature,
+        temperature=_record_temperature(obj.get("temperature"), where),
     )
+
+
+def _check_record_fields(obj: Any, where: str) -> None:
+    """A JSONL record is an object with every required field and no unknown one.
+
+    Raises:
+        ConfigError: another value, an unknown field (a misspelling), or a missing one.
+    """
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{where}: expected a JSON object per line, found {type(obj).__name__}")
+    unknown = sorted(set(obj) - _JSONL_FIELDS)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown field(s) {unknown}; allowed: {sorted(_JSONL_FIELDS)} (check the spelling)"
+        )
+    missing = [f for f in _REQUIRED_COLUMNS if f not in obj]
+    if missing:
+        hint = " (use verified=K for a fully verified block)" if "verified" in missing else ""
+        raise ConfigError(f"{where}: missing field(s) {missing}{hint}")
+
+
+def _record_logits(logits: Any, where: str) -> list[float]:
+    """A record's ``logits``: a non-empty list of finite numbers.
+
+    Raises:
+        ConfigError: anything else, naming the first bad entry.
+    """
+    if not isinstance(logits, list) or not logits:
+        raise ConfigError(f"{where}: field 'logits' must be a non-empty list of numbers, got {logits!r}")
+    values: list[float] = []
+    for i, v in enumerate(logits, start=1):
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise ConfigError(f"{where}: logits[{i}] must be a number, got {_short(v)}")
+        values.append(_logit(where, f"logits[{i}]", v))
+    return values
+
+
+def _record_temperature(given: Any, where: str) -> float | None:
+    """A record's optional ``temperature``: None, or a finite number >= 0.
+
+    Raises:
+        ConfigError: anything else.
+    """
+    if given is None:
+        return None
+    if isinstance(given, bool) or not isinstance(given, int | float):
+        raise ConfigError(f"{where}: field 'temperature' must be a number or null, got {_short(given)}")
+    try:
+        temperature = float(given)
+    except OverflowError:
+        temperature = math.inf  # an integer too large for a float: refused just below
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ConfigError(f"{where}: temperature={_short(given)} must be a finite number >= 0")
+    return temperature
 
 
 def _records_to_batch(records: list[TraceRecord], where: str, row_offset: int, k: int | None) -> TraceBatch:
@@ -1189,6 +1212,43 @@ def read_recorder_shard(
     path = Path(path)
     where = str(path)
     obj = load_shard(path)
+    meta = _shard_meta(obj, where)
+    logits, mask, block = _shard_matrices(obj, meta, where, k)
+    accepted = prefix_lengths(mask, where=where)
+    n = logits.shape[0]
+    if "verified" in obj:
+        verified = _tensor_to_numpy(obj["verified"], where, "verified").reshape(-1)
+    else:
+        verified = np.full(n, block, dtype=np.int64)
+    raw_ids = obj.get("request_ids", meta.get("request_ids"))
+    ids, notices = _shard_ids(raw_ids, n, path)
+    if "rounds" in obj:
+        rounds = _tensor_to_numpy(obj["rounds"], where, "rounds").reshape(-1)
+    elif raw_ids is None or n == 0:
+        rounds = np.zeros(n, dtype=np.int64)
+    else:
+        rounds = _rounds_by_request(ids, first_round)
+    with np.errstate(over="ignore"):  # values beyond float32 become inf, refused by _make_batch
+        logits32 = logits.astype(np.float32, copy=False)
+    batch = _make_batch(
+        where=where,
+        row_offset=0,
+        request_id=ids,
+        round_=np.asarray(rounds),
+        logits=logits32,
+        accepted=accepted,
+        verified=np.asarray(verified),
+        k=block,
+    )
+    return batch, notices
+
+
+def _shard_meta(obj: Any, where: str) -> dict[str, Any]:
+    """The shard's ``meta``, once the shard is a dict with the required keys and the exact pairing.
+
+    Raises:
+        ConfigError: another object, a missing key, or another pairing.
+    """
     if not isinstance(obj, dict):
         raise ConfigError(f"{where}: a recorder shard is a dict, found {type(obj).__name__}")
     missing = [key for key in ("logits", "prefix_mask", "meta") if key not in obj]
@@ -1203,6 +1263,17 @@ def read_recorder_shard(
             f"{where}: meta.pairing is {pairing!r}, expected {RECORDER_PAIRING!r}; only logits paired "
             "to the exact verified draft pass can be calibrated. Re-record with the draft_seq_ring pairing"
         )
+    return meta
+
+
+def _shard_matrices(
+    obj: Mapping[str, Any], meta: Mapping[str, Any], where: str, k: int | None
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """(logits, prefix_mask, K) of a shard, checked against each other, ``meta`` and ``k``.
+
+    Raises:
+        ConfigError: shapes or the block size disagree (:class:`KMismatch` for another K).
+    """
     logits = _tensor_to_numpy(obj["logits"], where, "logits")
     mask = _tensor_to_numpy(obj["prefix_mask"], where, "prefix_mask")
     if logits.ndim != 2:
@@ -1226,61 +1297,43 @@ def read_recorder_shard(
         raise ConfigError(
             f"{where}: prefix_mask has shape {list(mask.shape)}, logits {list(logits.shape)}; they must match"
         )
-    accepted = prefix_lengths(mask, where=where)
-    n = logits.shape[0]
-    notices: list[Notice] = []
-    if "verified" in obj:
-        verified = _tensor_to_numpy(obj["verified"], where, "verified").reshape(-1)
-    else:
-        verified = np.full(n, block, dtype=np.int64)
-    raw_ids = obj.get("request_ids", meta.get("request_ids"))
+    return logits, mask, block
+
+
+def _shard_ids(raw_ids: Any, n: int, path: Path) -> tuple[pa.Array, tuple[Notice, ...]]:
+    """The shard's request id per round, and a notice when the shard is empty or records none."""
+    where = str(path)
     if n == 0:
-        notices.append(Notice("EMPTY_SHARD", f"{where}: the shard holds no rounds; nothing read from it"))
-        ids = pa.array([], pa.string())
-    elif raw_ids is None:
+        return pa.array([], pa.string()), (
+            Notice("EMPTY_SHARD", f"{where}: the shard holds no rounds; nothing read from it"),
+        )
+    if raw_ids is None:
         # The path as given, not the bare file name: shards of one name in two folders stay apart.
         ids = pa.array([f"{path}#{i}" for i in range(n)], pa.string())
-        notices.append(
+        return ids, (
             Notice(
                 "NO_REQUEST_IDS",
                 f"{where}: no request_ids; each round is treated as its own request, so the holdout "
                 "and bootstrap are by round, not by request (record request ids to fix)",
-            )
+            ),
         )
-    else:
-        ids = _shard_request_ids(raw_ids, where)
-    if "rounds" in obj:
-        rounds = _tensor_to_numpy(obj["rounds"], where, "rounds").reshape(-1)
-    elif raw_ids is None or n == 0:
-        rounds = np.zeros(n, dtype=np.int64)
-    else:
-        # Rounds in shard order within each request, continuing from earlier shards.
-        encoded = pc.dictionary_encode(ids)
-        codes = encoded.indices.to_numpy(zero_copy_only=False)
-        rounds = np.zeros(len(codes), dtype=np.int64)
-        order = np.argsort(codes, kind="stable")
-        sorted_codes = codes[order]
-        starts = np.r_[0, np.flatnonzero(np.diff(sorted_codes)) + 1]
-        first = np.repeat(starts, np.diff(np.r_[starts, len(codes)]))
-        rounds[order] = np.arange(len(codes)) - first
-        if first_round:
-            offsets = np.array(
-                [first_round.get(name, 0) for name in encoded.dictionary.to_pylist()], np.int64
-            )
-            rounds += offsets[codes]
-    with np.errstate(over="ignore"):  # values beyond float32 become inf, refused by _make_batch
-        logits32 = logits.astype(np.float32, copy=False)
-    batch = _make_batch(
-        where=where,
-        row_offset=0,
-        request_id=ids,
-        round_=np.asarray(rounds),
-        logits=logits32,
-        accepted=accepted,
-        verified=np.asarray(verified),
-        k=block,
-    )
-    return batch, tuple(notices)
+    return _shard_request_ids(raw_ids, where), ()
+
+
+def _rounds_by_request(ids: pa.Array, first_round: Mapping[str, int] | None) -> np.ndarray:
+    """Rounds in shard order within each request, continuing from earlier shards (``first_round``)."""
+    encoded = pc.dictionary_encode(ids)
+    codes = encoded.indices.to_numpy(zero_copy_only=False)
+    rounds = np.zeros(len(codes), dtype=np.int64)
+    order = np.argsort(codes, kind="stable")
+    sorted_codes = codes[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(sorted_codes)) + 1]
+    first = np.repeat(starts, np.diff(np.r_[starts, len(codes)]))
+    rounds[order] = np.arange(len(codes)) - first
+    if first_round:
+        offsets = np.array([first_round.get(name, 0) for name in encoded.dictionary.to_pylist()], np.int64)
+        rounds += offsets[codes]
+    return rounds
 
 
 # --------------------------------------------------------------------------------------------
@@ -1457,6 +1510,34 @@ def _duplicate_cause(
     )
 
 
+def _refuse_repeat(path: Path, digest: str, seen: Mapping[str, Path]) -> None:
+    """Refuse a file whose bytes were already given (caught before reading: a recorder shard given
+    twice would otherwise look like a request continuing into the next shard).
+
+    Raises:
+        ConfigError: the same path twice, or another path with identical bytes.
+    """
+    if digest in seen:
+        same = seen[digest].resolve() == path.resolve()
+        raise ConfigError(
+            f"{path}: {'given twice' if same else f'the same file as {seen[digest]} (identical bytes)'}; "
+            "give each trace file once"
+        )
+
+
+def _file_batches(
+    path: Path, fmt: str, k: int | None, batch_rows: int, next_round: dict[str, int], notices: list[Notice]
+) -> Iterable[TraceBatch]:
+    """The batches of one trace file; a recorder shard is read whole, continuing each request's
+    rounds from ``next_round`` (advanced here) and adding its notices to ``notices``."""
+    if fmt != "recorder":
+        return iter_trace_batches(path, k=k, batch_rows=batch_rows)
+    batch, shard_notices = read_recorder_shard(path, k=k, first_round=next_round)
+    notices.extend(shard_notices)
+    _advance_rounds(next_round, batch)
+    return [batch]
+
+
 def read_traces(
     paths: Sequence[Path | str],
     *,
@@ -1494,24 +1575,10 @@ def read_traces(
         fmt = _format_of(path)
         file_rows = 0
         digest = _sha256_file(path)
-        if digest in seen:
-            # Caught before reading: a recorder shard given twice would otherwise look like a
-            # request continuing into the next shard.
-            same = seen[digest].resolve() == path.resolve()
-            raise ConfigError(
-                f"{path}: {'given twice' if same else f'the same file as {seen[digest]} (identical bytes)'}; "
-                "give each trace file once"
-            )
+        _refuse_repeat(path, digest, seen)
         seen[digest] = path
         try:
-            if fmt == "recorder":
-                batch, shard_notices = read_recorder_shard(path, k=k, first_round=next_round)
-                file_batches: Iterable[TraceBatch] = [batch]
-                notices.extend(shard_notices)
-                _advance_rounds(next_round, batch)
-            else:
-                file_batches = iter_trace_batches(path, k=k, batch_rows=batch_rows)
-            for batch in file_batches:
+            for batch in _file_batches(path, fmt, k, batch_rows, next_round, notices):
                 if k is None and batch.rows:
                     k = batch.k
                     first_file = path
