@@ -342,7 +342,9 @@ def execute_mixed(
             ladder=request.ladder,
             world_size=plan.route.world_size,
             backend_fields=fields,
-            base=deployment_base(given=request.fingerprint, live_arguments=request.live, backend_fields=fields),
+            base=deployment_base(
+                given=request.fingerprint, live_arguments=request.live, backend_fields=fields
+            ),
             clock_policy=request.clock_policy,
             context_len=context_len,
         )
@@ -367,41 +369,54 @@ def execute_mixed(
             comm=comm,
             on_event=on_event,
         )
-        checks: dict[tuple[int, int], OutputCheck] = {}
-        for cell in config.cells:
-            if isinstance(cell, MixedCellSpec) and cell.capacity != MIXED_NATIVE:
-                try:
-                    checks[cell.key] = adapter.check(cell)
-                except (RuntimeError, ValueError, ArithmeticError) as exc:
-                    raise MeasurementError(f"output check of {cell.label()} failed: {exc!r}") from exc
+        checks = _output_checks(adapter, config)
         if comm.rank != 0:
             return result, None
-        provenance = Provenance(
-            tool_version=__version__,
-            command=tuple(
-                request.command if request.command is not None else [shlex.quote(a) for a in sys.argv]
-            ),
-            backend=backend.name,
-            synthetic=bool(backend.synthetic),
-            clock_policy=request.clock_policy,
-            stopping_rule={"protocol": config.protocol, **config.thresholds.to_dict()},
-            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-            extra={
-                "backend": dict(config.backend),
-                "telemetry": adapter.telemetry().describe(),
-                "world_size": plan.route.world_size,
-                "processes": comm.world_size,
-                "pricing": "slowest rank of each sample"
-                if comm.world_size > 1
-                else "rank 0's share of the step",
-            },
-        )
+        provenance = _mixed_provenance(request, backend, adapter, config, comm.world_size)
         output = write_mixed_sweep(
             result, plan, out, fingerprint=fingerprint, provenance=provenance, checks=checks
         )
         return result, MixedSweepOutput(output, config.digest(), checks)
     finally:
         backend.close()
+
+
+def _output_checks(adapter: _MixedAdapter, config: SweepConfig) -> dict[tuple[int, int], OutputCheck]:
+    """Every measured mixed cell's output check against its native arm.
+
+    Raises:
+        MeasurementError: a check could not run.
+    """
+    checks: dict[tuple[int, int], OutputCheck] = {}
+    for cell in config.cells:
+        if isinstance(cell, MixedCellSpec) and cell.capacity != MIXED_NATIVE:
+            try:
+                checks[cell.key] = adapter.check(cell)
+            except (RuntimeError, ValueError, ArithmeticError) as exc:
+                raise MeasurementError(f"output check of {cell.label()} failed: {exc!r}") from exc
+    return checks
+
+
+def _mixed_provenance(
+    request: MixedSweepRequest, backend: Backend, adapter: _MixedAdapter, config: SweepConfig, processes: int
+) -> Provenance:
+    """The mixed sweep's provenance (``processes``: the processes that measured it)."""
+    return Provenance(
+        tool_version=__version__,
+        command=tuple(request.command if request.command is not None else [shlex.quote(a) for a in sys.argv]),
+        backend=backend.name,
+        synthetic=bool(backend.synthetic),
+        clock_policy=request.clock_policy,
+        stopping_rule={"protocol": config.protocol, **config.thresholds.to_dict()},
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        extra={
+            "backend": dict(config.backend),
+            "telemetry": adapter.telemetry().describe(),
+            "world_size": request.plan.route.world_size,
+            "processes": processes,
+            "pricing": "slowest rank of each sample" if processes > 1 else "rank 0's share of the step",
+        },
+    )
 
 
 def import_mixed(
