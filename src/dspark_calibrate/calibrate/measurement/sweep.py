@@ -670,6 +670,49 @@ class _Harness:
         else:
             # Never take more than the per-cell cap, so a capped cell holds exactly the cap.
             n_samples = max(1, min(th.samples_per_visit, th.max_samples_per_cell - len(st.rows)))
+        self.comm.barrier()
+        t0 = self.timer.now()
+        times, readings, failure = self._measure(cell, epoch, first=first, warm=warm, n_samples=n_samples)
+        seconds = self.timer.now() - t0
+        local = np.full((n_samples, len(VISIT_FIELDS)), np.nan)
+        if failure is None:
+            local[:, 0] = times
+            local[:, 1:5] = np.array(readings, dtype=np.float64).reshape(n_samples, 4)
+        local[:, 5] = seconds
+        gathered = self.comm.gather_visit(local)  # (world, samples, fields)
+        self._refuse_bad_ranks(cell, gathered[:, :, 0], failure)
+        rows = self._sample_rows(gathered, len(times), first_index=len(st.rows), epoch=epoch)
+        visit_seconds = float(np.max(gathered[:, 0, 5]))
+        self._write(
+            [
+                {
+                    "type": "visit",
+                    "g": cell.key[0],
+                    "v": cell.key[1],
+                    "round": self.round,
+                    "warmup": warm,
+                    "seconds": visit_seconds,
+                    "samples": [r.to_json() for r in rows],
+                }
+            ],
+            sync=False,
+        )
+        st.rows.extend(rows)
+        st.visits += 1
+        st.seconds += visit_seconds
+        self.seconds_total += visit_seconds
+        st.warmup_steps += warm
+        st.visited_rounds.add(self.round)
+
+    def _measure(
+        self, cell: Cell, epoch: int, *, first: bool, warm: int, n_samples: int
+    ) -> tuple[list[float], list[tuple[float, float, float, float]], BaseException | None]:
+        """Time ``n_samples`` samples of the cell on this rank, with a telemetry reading per sample.
+
+        A backend or timer failure is returned, not raised: the other ranks wait in the gather
+        that follows, and a failed rank contributes NaN so that every rank raises together.
+        """
+        th = self.config.thresholds
         readings: list[tuple[float, float, float, float]] = []
 
         def as_float(x: float | int | None) -> float:
@@ -686,9 +729,6 @@ class _Harness:
                 )
             )
 
-        self.comm.barrier()
-        t0 = self.timer.now()
-        failure: BaseException | None = None
         times: list[float] = []
         try:
             if first:
@@ -712,48 +752,51 @@ class _Harness:
                     f"{n_samples} requested"
                 )
         except (*_BACKEND_ERRORS, MeasurementError) as exc:
-            # Do not raise yet: the other ranks wait in the gather below. A failed rank contributes
-            # NaN, so every rank sees the failure and raises together.
-            failure = exc
-        seconds = self.timer.now() - t0
-        local = np.full((n_samples, len(VISIT_FIELDS)), np.nan)
-        if failure is None:
-            local[:, 0] = times
-            local[:, 1:5] = np.array(readings, dtype=np.float64).reshape(n_samples, 4)
-        local[:, 5] = seconds
-        gathered = self.comm.gather_visit(local)  # (world, samples, fields)
-        ms_all = gathered[:, :, 0]
+            return times, readings, exc
+        return times, readings, None
+
+    def _refuse_bad_ranks(self, cell: Cell, ms_all: np.ndarray, failure: BaseException | None) -> None:
+        """Raise on every rank when any rank failed or timed a non-finite or non-positive sample.
+
+        Raises:
+            MeasurementError: naming the ranks, the cell and the round (the journal keeps the
+                samples measured before).
+        """
         bad_ranks = sorted({int(r) for r in np.nonzero(~np.isfinite(ms_all) | (ms_all <= 0))[0]})
-        if bad_ranks:
-            taken = sum(len(s.rows) for s in self.states.values())
-            where = (
-                f"rank(s) {bad_ranks} of {self.comm.world_size}"
-                if self.comm.world_size > 1
-                else "the backend"
-            )
-            if failure is not None:
-                what = f"failed here ({failure!r})"
-            elif self.comm.rank in bad_ranks:
-                what = f"returned non-finite or non-positive times {ms_all[self.comm.rank].tolist()!r}"
-            else:
-                what = "failed or returned unusable times (that rank reports why)"
-            raise MeasurementError(
-                f"{where} on backend {self.backend.name!r}, cell {cell.label()}, round {self.round}: {what}; "
-                f"the journal keeps the {taken} samples measured before"
-            ) from failure
+        if not bad_ranks:
+            return
+        taken = sum(len(s.rows) for s in self.states.values())
+        where = (
+            f"rank(s) {bad_ranks} of {self.comm.world_size}" if self.comm.world_size > 1 else "the backend"
+        )
+        if failure is not None:
+            what = f"failed here ({failure!r})"
+        elif self.comm.rank in bad_ranks:
+            what = f"returned non-finite or non-positive times {ms_all[self.comm.rank].tolist()!r}"
+        else:
+            what = "failed or returned unusable times (that rank reports why)"
+        raise MeasurementError(
+            f"{where} on backend {self.backend.name!r}, cell {cell.label()}, round {self.round}: {what}; "
+            f"the journal keeps the {taken} samples measured before"
+        ) from failure
+
+    def _sample_rows(self, gathered: np.ndarray, n: int, *, first_index: int, epoch: int) -> list[SampleRow]:
+        """One row per sample: the slowest rank's time and telemetry; throttle reasons OR-ed over
+        ranks, and the sample dropped when any rank reported a reason the throttle policy drops."""
+        th = self.config.thresholds
+        ms_all = gathered[:, :, 0]
         slowest = np.argmax(ms_all, axis=0)
         thr_all = np.nan_to_num(gathered[:, :, 4], nan=0.0).astype(np.int64)
-        # A sample is dropped when any rank reported a reason the throttle policy drops.
         throttled = np.any(thr_all & self.mask, axis=0)
         rows = []
-        for i in range(len(times)):
+        for i in range(n):
             rk = int(slowest[i])
             tel = gathered[rk, i, 1:5]
             rows.append(
                 SampleRow(
                     round=self.round,
                     rank=rk,
-                    sample_index=len(st.rows) + i,
+                    sample_index=first_index + i,
                     ms=float(ms_all[rk, i]),
                     replays=th.replays_per_sample,
                     sm_clock_mhz=None if math.isnan(tel[0]) else float(tel[0]),
@@ -764,27 +807,7 @@ class _Harness:
                     epoch=epoch,
                 )
             )
-        visit_seconds = float(np.max(gathered[:, 0, 5]))
-        self._write(
-            [
-                {
-                    "type": "visit",
-                    "g": cell.key[0],
-                    "v": cell.key[1],
-                    "round": self.round,
-                    "warmup": warm,
-                    "seconds": visit_seconds,
-                    "samples": [r.to_json() for r in rows],
-                }
-            ],
-            sync=False,
-        )
-        st.rows.extend(rows)
-        st.visits += 1
-        st.seconds += visit_seconds
-        self.seconds_total += visit_seconds
-        st.warmup_steps += warm
-        st.visited_rounds.add(self.round)
+        return rows
 
     def _check_kept_share(self) -> None:
         """Stop at once when the throttle policy drops most samples: the budget would buy nothing.
@@ -923,6 +946,30 @@ class _Harness:
             self.finished = True
 
 
+def _open_journal(
+    config: SweepConfig, journal_path: Path | None, *, resume: bool
+) -> tuple[Journal | None, list[Mapping[str, Any]], str | None]:
+    """Rank 0's journal (None: none kept), the records it already holds, and the error that stops
+    every rank (returned, not raised, so that rank 0 can broadcast it)."""
+    if journal_path is None:
+        return None, [], None
+    try:
+        if resume:
+            journal, contents = Journal.resume(journal_path, config.digest(), config.to_dict())
+            return journal, list(contents.records), None
+        journal = Journal.create(
+            journal_path,
+            {
+                "config_digest": config.digest(),
+                "config": config.to_dict(),
+                "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            },
+        )
+    except ConfigError as exc:
+        return None, [], str(exc)
+    return journal, [], None
+
+
 def run_sweep(
     config: SweepConfig,
     backend: Backend,
@@ -976,25 +1023,9 @@ def run_sweep(
         stopping_rule or config.stopping_rule(),
         on_event,
     )
-    records: list[Mapping[str, Any]] = []
-    journal: Journal | None = None
-    error: str | None = None
-    if comm.rank == 0 and journal_path is not None:
-        try:
-            if resume:
-                journal, contents = Journal.resume(journal_path, config.digest(), config.to_dict())
-                records = list(contents.records)
-            else:
-                journal = Journal.create(
-                    journal_path,
-                    {
-                        "config_digest": config.digest(),
-                        "config": config.to_dict(),
-                        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-                    },
-                )
-        except ConfigError as exc:
-            error = str(exc)
+    journal, records, error = (
+        _open_journal(config, journal_path, resume=resume) if comm.rank == 0 else (None, [], None)
+    )
     # Every rank learns rank 0's journal error or records, so no rank measures alone.
     shared = comm.broadcast({"error": error, "records": records})
     if shared["error"] is not None:
@@ -1011,10 +1042,14 @@ def run_sweep(
     finally:
         if journal is not None:
             journal.close()
+    return _finish_sweep(config, harness, resumed=resumed)
+
+
+def _finish_sweep(config: SweepConfig, harness: _Harness, *, resumed: bool) -> SweepResult:
+    """Summarize every cell, tell the progress display the sweep ended, and state the result."""
     results, between = finish_cells(config, harness.states)
     table = _samples_table((harness.states[c] for c in config.cells), config.key_columns)
     harness._emit(SweepEvent("end", harness.round, harness._done(), len(harness.states)))
-    paused = not harness.finished
     return SweepResult(
         config,
         results,
@@ -1023,7 +1058,7 @@ def run_sweep(
         harness.sweep_seconds(),
         resumed,
         between=between,
-        paused=paused,
+        paused=not harness.finished,
     )
 
 
@@ -1459,54 +1494,10 @@ def execute(
         ConfigError: bad request (ladder, budgets, backend, fingerprint, journal).
         MeasurementError: the measurement failed.
     """
-
-    def cells_for(forced_k: bool) -> tuple[CellSpec, ...]:
-        return plan_cells(
-            k=request.k,
-            ladder=request.ladder,
-            budgets=request.budgets,
-            max_per_g=request.max_candidates,
-            include_control=request.include_control,
-            include_forced_k=forced_k,
-        )
-
-    cells = cells_for(False)  # validates the ladder and budgets before any backend is loaded
+    cells = _plan(request, forced_k=False)  # validates the ladder and budgets before any backend is loaded
     thresholds = request.thresholds
     if request.backend == IMPORT_BACKEND:
-        if request.input is None:
-            raise ConfigError("--backend import-samples needs --input PROFILE.jsonl")
-        imported = read_profiler_jsonl(request.input, k=request.k, ladder=request.ladder)
-        found = tuple(sorted({s.cell for s in imported.samples}))
-        fingerprint = build_fingerprint(
-            k=request.k,
-            ladder=request.ladder,
-            world_size=deployment_ranks(request.world_size, 1),
-            backend_fields={},
-            base=deployment_base(given=request.fingerprint, live_arguments=request.live, backend_fields={}),
-            clock_policy=request.clock_policy,
-        )
-        config = SweepConfig(
-            k=request.k,
-            ladder=request.ladder,
-            cells=found,
-            protocol="fixed",
-            thresholds=thresholds,
-            seed=request.seed,
-            backend={"name": IMPORT_BACKEND, "input": str(request.input)},
-            fingerprint=fingerprint.to_dict(),
-        )
-        result = result_from_imported(config, imported)
-        provenance = Provenance(
-            tool_version=__version__,
-            command=request.command or tuple(sys.argv),
-            backend=IMPORT_BACKEND,
-            clock_policy=request.clock_policy,
-            stopping_rule={"protocol": "imported"},
-            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-            extra={"input": str(request.input), "misaligned_skipped": imported.misaligned},
-        )
-        output = write_sweep(result, request.out, fingerprint=fingerprint, provenance=provenance)
-        return result, _maybe_plot(result, output, request.plot)
+        return _execute_import(request)
 
     if request.backend == "reference":
         check_reference_resources(request, cells, on_event)
@@ -1518,7 +1509,7 @@ def execute(
     backend = load_backend(request.backend, options)
     try:
         if request.forced_k and getattr(backend, "supports_forced_k", False):
-            cells = cells_for(True)
+            cells = _plan(request, forced_k=True)
         fields = backend.fingerprint_fields()
         context_len = fields.pop("context_len", None)
         fingerprint = build_fingerprint(
@@ -1560,6 +1551,60 @@ def execute(
         )
     finally:
         backend.close()
+
+
+def _plan(request: SweepRequest, *, forced_k: bool) -> tuple[CellSpec, ...]:
+    """The cells the request measures (with the forced-K arms when the backend supports them)."""
+    return plan_cells(
+        k=request.k,
+        ladder=request.ladder,
+        budgets=request.budgets,
+        max_per_g=request.max_candidates,
+        include_control=request.include_control,
+        include_forced_k=forced_k,
+    )
+
+
+def _execute_import(request: SweepRequest) -> tuple[SweepResult, SweepOutput | None]:
+    """``--backend import-samples``: a sweep result from a profiler's JSONL, written like a measured one.
+
+    Raises:
+        ConfigError: no ``--input``, or the profile is unusable.
+    """
+    if request.input is None:
+        raise ConfigError("--backend import-samples needs --input PROFILE.jsonl")
+    imported = read_profiler_jsonl(request.input, k=request.k, ladder=request.ladder)
+    found = tuple(sorted({s.cell for s in imported.samples}))
+    fingerprint = build_fingerprint(
+        k=request.k,
+        ladder=request.ladder,
+        world_size=deployment_ranks(request.world_size, 1),
+        backend_fields={},
+        base=deployment_base(given=request.fingerprint, live_arguments=request.live, backend_fields={}),
+        clock_policy=request.clock_policy,
+    )
+    config = SweepConfig(
+        k=request.k,
+        ladder=request.ladder,
+        cells=found,
+        protocol="fixed",
+        thresholds=request.thresholds,
+        seed=request.seed,
+        backend={"name": IMPORT_BACKEND, "input": str(request.input)},
+        fingerprint=fingerprint.to_dict(),
+    )
+    result = result_from_imported(config, imported)
+    provenance = Provenance(
+        tool_version=__version__,
+        command=request.command or tuple(sys.argv),
+        backend=IMPORT_BACKEND,
+        clock_policy=request.clock_policy,
+        stopping_rule={"protocol": "imported"},
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        extra={"input": str(request.input), "misaligned_skipped": imported.misaligned},
+    )
+    output = write_sweep(result, request.out, fingerprint=fingerprint, provenance=provenance)
+    return result, _maybe_plot(result, output, request.plot)
 
 
 def _maybe_plot(result: SweepResult, output: SweepOutput, plot: bool) -> SweepOutput:
