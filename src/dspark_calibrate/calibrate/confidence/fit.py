@@ -56,6 +56,7 @@ from dspark_calibrate.calibrate.confidence.metrics import (
     ECE_BINS,
     Estimate,
     MetricsReport,
+    Outcomes,
     evaluate_predictions,
     observe,
     paired_nll_difference,
@@ -473,6 +474,56 @@ def _identity(k: int) -> FittedCalibration:
     )
 
 
+def _position_notices(calibration: FittedCalibration) -> list[Notice]:
+    """Positions fitted by a fallback, left at identity, or fitted on a small risk set."""
+    notices = []
+    for pm in calibration.positions:
+        if pm.note:
+            code = "EMPTY_RISK_SET" if pm.method is Method.IDENTITY else "FALLBACK"
+            notices.append(Notice(code, f"position {pm.position}: {pm.note}"))
+        elif 0 < pm.risk_set_size < MIN_ROUNDS_FLOOR:
+            notices.append(
+                Notice(
+                    "SMALL_RISK_SET",
+                    f"position {pm.position}: only {pm.risk_set_size} rounds in its risk set",
+                )
+            )
+    return notices
+
+
+def _holdout_notices(after: MetricsReport) -> list[Notice]:
+    """Positions no held-out round verified (they get no ECE)."""
+    return [
+        Notice("EMPTY_HOLDOUT_POSITION", f"position {pos.position}: no held-out round verified it; no ECE")
+        for pos in after.positions
+        if pos.labelled == 0
+    ]
+
+
+@dataclass(frozen=True, eq=False)
+class _Holdout:
+    """The held-out rounds, and how a calibration is scored on them."""
+
+    logits: np.ndarray
+    accepted: np.ndarray
+    verified: np.ndarray
+    request: np.ndarray
+    outcomes: Outcomes
+    options: FitOptions
+
+    @classmethod
+    def of(cls, traces: TraceSet, hold: np.ndarray, options: FitOptions) -> _Holdout:
+        acc, ver, req = traces.accepted[hold], traces.verified[hold], traces.request[hold]
+        return cls(traces.logits[hold], acc, ver, req, observe(acc, ver, req, traces.k), options)
+
+    def score(self, cal: FittedCalibration) -> MetricsReport:
+        opts = self.options
+        return evaluate_predictions(
+            cal.conditional(self.logits), self.accepted, self.verified, self.request,
+            n_bins=opts.n_bins, bootstrap=opts.bootstrap, seed=opts.seed, outcomes=self.outcomes,
+        )  # fmt: skip
+
+
 def fit_traces(traces: TraceSet, options: FitOptions | None = None) -> FitResult:
     """Fit a calibration to traces and score it on held-out requests.
 
@@ -520,48 +571,21 @@ def fit_traces(traces: TraceSet, options: FitOptions | None = None) -> FitResult
     t0 = time.perf_counter()
     calibration = fit_calibration(risk_sets, method, shared_slope=opts.shared_slope)
     timings["fit"] = time.perf_counter() - t0
-    for pm in calibration.positions:
-        if pm.note:
-            code = "EMPTY_RISK_SET" if pm.method is Method.IDENTITY else "FALLBACK"
-            notices.append(Notice(code, f"position {pm.position}: {pm.note}"))
-        elif 0 < pm.risk_set_size < MIN_ROUNDS_FLOOR:
-            notices.append(
-                Notice(
-                    "SMALL_RISK_SET",
-                    f"position {pm.position}: only {pm.risk_set_size} rounds in its risk set",
-                )
-            )
+    notices += _position_notices(calibration)
 
     t0 = time.perf_counter()
-    logits_h = traces.logits[hold]
-    acc_h, ver_h, req_h = traces.accepted[hold], traces.verified[hold], traces.request[hold]
-    obs = observe(acc_h, ver_h, req_h, traces.k)
-
-    def score(cal: FittedCalibration) -> MetricsReport:
-        return evaluate_predictions(
-            cal.conditional(logits_h), acc_h, ver_h, req_h,
-            n_bins=opts.n_bins, bootstrap=opts.bootstrap, seed=opts.seed, outcomes=obs,
-        )  # fmt: skip
-
-    before = score(_identity(traces.k))
-    after = score(calibration)
+    held = _Holdout.of(traces, hold, opts)
+    before = held.score(_identity(traces.k))
+    after = held.score(calibration)
     timings["metrics"] = time.perf_counter() - t0
-    for pos in after.positions:
-        if pos.labelled == 0:
-            notices.append(
-                Notice(
-                    "EMPTY_HOLDOUT_POSITION",
-                    f"position {pos.position}: no held-out round verified it; no ECE",
-                )
-            )
+    notices += _holdout_notices(after)
 
     grid = None
     if opts.grid_baseline:
         t0 = time.perf_counter()
         grid_cal = fit_sts_grid(logits_f, acc_f, ver_f, n_bins=opts.n_bins)
         grid_seconds = time.perf_counter() - t0
-        grid_metrics = score(grid_cal)
-        grid = BaselineResult(grid_cal, grid_metrics, grid_seconds)
+        grid = BaselineResult(grid_cal, held.score(grid_cal), grid_seconds)
 
     return FitResult(
         calibration=calibration,
