@@ -303,57 +303,11 @@ def load_build_inputs(
         ConfigError: unreadable files, another kind, fingerprints or K that disagree, a G without
             a native cell, a calibration for another deployment, a workload from another K.
     """
-    if not sweeps:
-        raise ConfigError("give at least one sweep summary (--sweep)")
-    loaded = [_read(Path(p), "sweep", "--sweep") for p in sweeps]
-    fps = [x.fingerprint_untrusted() for x in loaded]
-    fp = fps[0]
-    for x, other in zip(loaded[1:], fps[1:], strict=True):
-        diff = fp.diff(other)
-        if diff:
-            names = ", ".join(f"{n}: {a!r} vs {b!r}" for n, a, b in diff)
-            raise ConfigError(f"{x.path}: sweep of another deployment than {loaded[0].path} ({names})")
-    missing = fp.missing(TRTLLM_FINGERPRINT_FIELDS)
-    if missing:
-        flags = " ".join(sorted({fingerprint_flag(n) for n in missing}))
-        raise ConfigError(
-            f"{loaded[0].path}: fingerprint lacks {', '.join(missing)}; TensorRT-LLM binds all ten engine "
-            f"fields; re-run the sweep with {flags} (or --fingerprint FILE; docs/fingerprint.md)"
-        )
+    loaded, fp = _read_sweeps(sweeps)
     k = fp.max_draft_len
-    assert k is not None and fp.rank_local_graph_batch_sizes is not None
-    rows: list[Mapping[str, Any]] = []
-    for x in loaded:
-        try:
-            rows.extend(conform_table("sweep", x.table, version=x.schema_version).to_pylist())
-        except SchemaMismatch as exc:
-            raise ConfigError(f"{x.path}: {exc}") from exc
-    ladder = set(fp.rank_local_graph_batch_sizes)
-    have_native = {int(r["graph_batch_size"]) for r in rows if int(r["verifier_budget"]) == 0}
-    outside = sorted({int(r["graph_batch_size"]) for r in rows} - ladder)
-    if outside:
-        raise ConfigError(f"sweep cells use G {outside} outside the fingerprint ladder {sorted(ladder)}")
-    no_native = sorted(ladder - have_native)
-    if no_native:
-        raise ConfigError(f"G {no_native} has no measured native cell (V=0); re-run the sweep for those G")
-    cal = _read(Path(calibration), "calibration", "--calibration")
-    try:
-        cal_table = conform_table("calibration", cal.table)
-    except SchemaMismatch as exc:
-        raise ConfigError(f"{cal.path}: {exc}") from exc
-    positions = sorted(int(p) for p in cal_table.column("position").to_pylist())
-    if positions != list(range(1, k + 1)):
-        raise ConfigError(
-            f"{cal.path}: calibration covers positions {positions}, the deployment has K={k}; "
-            "fit it for this drafter"
-        )
-    cal_fp = cal.fingerprint_untrusted()
-    clash = [(n, a, b) for n, a, b in fp.diff(cal_fp) if a is not None and b is not None]
-    if clash:
-        names = ", ".join(f"{n}: {b!r} (deployment {a!r})" for n, a, b in clash)
-        raise ConfigError(
-            f"{cal.path}: calibration was fitted for another deployment ({names}); fit it for this one"
-        )
+    assert k is not None
+    rows = _sweep_rows(loaded, fp)
+    cal, cal_table = _read_calibration(Path(calibration), fp, k)
     wl = read_workload(workload, k=k)
     synthetic_inputs = [
         f"sweep {x.path.name} (backend {x.provenance_untrusted().backend})"
@@ -367,20 +321,6 @@ def load_build_inputs(
     mixed = load_mixed_inputs(Path(mixed_sweep), fp) if mixed_sweep is not None else None
     if mixed is not None and mixed.synthetic:
         synthetic_inputs.append(f"mixed sweep {mixed.path.name} (backend {mixed.provenance.backend})")
-    notes = list(wl.notes)
-    n_mixed = len(wl.mixed_step_rows())
-    if n_mixed and mixed is None:
-        notes.append(
-            f"{n_mixed} of the workload's steps are mixed (prefill + decode) and no mixed sweep was given: they "
-            "have no measured cost, the prediction leaves them out (it is blind to them) and every one is charged "
-            "the overhead; measure them with `sweep --mixed` and pass --mixed-sweep"
-        )
-    methods = sorted(set(cal_table.column("method").to_pylist()) - {"sts"})
-    if methods:
-        notes.append(
-            f"calibration methods {methods}: TensorRT-LLM applies STS, so the replay and the export use each "
-            "position's best STS approximation (the temperature column)"
-        )
     return BuildInputs(
         fingerprint=fp,
         sweep_rows=tuple(rows),
@@ -399,9 +339,105 @@ def load_build_inputs(
         workload=wl,
         synthetic=bool(synthetic_inputs),
         synthetic_inputs=tuple(synthetic_inputs),
-        notes=tuple(notes),
+        notes=tuple(_input_notes(wl, mixed, cal_table)),
         mixed=mixed,
     )
+
+
+def _read_sweeps(sweeps: Sequence[Path]) -> tuple[list[LoadedArtifact], Fingerprint]:
+    """The sweep summaries and their one fingerprint, which must establish every engine field.
+
+    Raises:
+        ConfigError: no sweep, an unreadable one, or sweeps of different deployments.
+    """
+    if not sweeps:
+        raise ConfigError("give at least one sweep summary (--sweep)")
+    loaded = [_read(Path(p), "sweep", "--sweep") for p in sweeps]
+    fps = [x.fingerprint_untrusted() for x in loaded]
+    fp = fps[0]
+    for x, other in zip(loaded[1:], fps[1:], strict=True):
+        diff = fp.diff(other)
+        if diff:
+            names = ", ".join(f"{n}: {a!r} vs {b!r}" for n, a, b in diff)
+            raise ConfigError(f"{x.path}: sweep of another deployment than {loaded[0].path} ({names})")
+    missing = fp.missing(TRTLLM_FINGERPRINT_FIELDS)
+    if missing:
+        flags = " ".join(sorted({fingerprint_flag(n) for n in missing}))
+        raise ConfigError(
+            f"{loaded[0].path}: fingerprint lacks {', '.join(missing)}; TensorRT-LLM binds all ten engine "
+            f"fields; re-run the sweep with {flags} (or --fingerprint FILE; docs/fingerprint.md)"
+        )
+    return loaded, fp
+
+
+def _sweep_rows(loaded: Sequence[LoadedArtifact], fp: Fingerprint) -> list[Mapping[str, Any]]:
+    """Every sweep's cells, on the fingerprint's ladder, with a native cell for every G.
+
+    Raises:
+        ConfigError: a table that does not conform, a G off the ladder, or a G without a native cell.
+    """
+    assert fp.rank_local_graph_batch_sizes is not None
+    rows: list[Mapping[str, Any]] = []
+    for x in loaded:
+        try:
+            rows.extend(conform_table("sweep", x.table, version=x.schema_version).to_pylist())
+        except SchemaMismatch as exc:
+            raise ConfigError(f"{x.path}: {exc}") from exc
+    ladder = set(fp.rank_local_graph_batch_sizes)
+    have_native = {int(r["graph_batch_size"]) for r in rows if int(r["verifier_budget"]) == 0}
+    outside = sorted({int(r["graph_batch_size"]) for r in rows} - ladder)
+    if outside:
+        raise ConfigError(f"sweep cells use G {outside} outside the fingerprint ladder {sorted(ladder)}")
+    no_native = sorted(ladder - have_native)
+    if no_native:
+        raise ConfigError(f"G {no_native} has no measured native cell (V=0); re-run the sweep for those G")
+    return rows
+
+
+def _read_calibration(path: Path, fp: Fingerprint, k: int) -> tuple[LoadedArtifact, pa.Table]:
+    """The calibration and its conformed table, fitted for positions 1..K of this deployment.
+
+    Raises:
+        ConfigError: unreadable, another K, or fitted for another deployment.
+    """
+    cal = _read(path, "calibration", "--calibration")
+    try:
+        cal_table = conform_table("calibration", cal.table)
+    except SchemaMismatch as exc:
+        raise ConfigError(f"{cal.path}: {exc}") from exc
+    positions = sorted(int(p) for p in cal_table.column("position").to_pylist())
+    if positions != list(range(1, k + 1)):
+        raise ConfigError(
+            f"{cal.path}: calibration covers positions {positions}, the deployment has K={k}; "
+            "fit it for this drafter"
+        )
+    clash = [(n, a, b) for n, a, b in fp.diff(cal.fingerprint_untrusted()) if a is not None and b is not None]
+    if clash:
+        names = ", ".join(f"{n}: {b!r} (deployment {a!r})" for n, a, b in clash)
+        raise ConfigError(
+            f"{cal.path}: calibration was fitted for another deployment ({names}); fit it for this one"
+        )
+    return cal, cal_table
+
+
+def _input_notes(wl: Workload, mixed: MixedInputs | None, cal_table: pa.Table) -> list[str]:
+    """What a reviewer should know about the inputs: the workload's notes, unpriced mixed steps,
+    and calibration methods the replay approximates by STS."""
+    notes = list(wl.notes)
+    n_mixed = len(wl.mixed_step_rows())
+    if n_mixed and mixed is None:
+        notes.append(
+            f"{n_mixed} of the workload's steps are mixed (prefill + decode) and no mixed sweep was given: they "
+            "have no measured cost, the prediction leaves them out (it is blind to them) and every one is charged "
+            "the overhead; measure them with `sweep --mixed` and pass --mixed-sweep"
+        )
+    methods = sorted(set(cal_table.column("method").to_pylist()) - {"sts"})
+    if methods:
+        notes.append(
+            f"calibration methods {methods}: TensorRT-LLM applies STS, so the replay and the export use each "
+            "position's best STS approximation (the temperature column)"
+        )
+    return notes
 
 
 def admission_summary(report: ReplayReport, workload: Workload) -> dict[str, Any]:
