@@ -29,7 +29,7 @@ anything but ACCEPT into a ``ConfigError`` that gives the numbers. Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,7 @@ from dspark_calibrate.errors import ConfigError
 from dspark_calibrate.runtime_plugin.planner import (
     MAX_COMPACT_CELLS_PER_G,
     MAX_COMPACT_CELLS_TOTAL,
+    CellChoice,
     DrainGuard,
 )
 
@@ -188,20 +189,17 @@ def select_cells(
             (), Decision(Status.UNKNOWN, "no_steps", "no policy step to replay"), 0.0, (), flat_rows, limits
         )
     choice = choose_steps(evidence, minimum_predicted_gain=minimum_predicted_gain, drain_guard=drain_guard)
-    native_ms, compact_ms = evidence.times("median")
-    ms_per_token = float(native_ms.sum()) / float(evidence.static_tokens.sum())
-    value = (native_ms[:, None] - compact_ms) - (
-        evidence.static_tokens[:, None] - evidence.tokens
-    ) * ms_per_token
+    value = _step_value(evidence)
     ok = choice.passes_guard
-    gv = np.where(ok, choice.group_value_ms, -np.inf)
-    score = choice.score
-    budgets = evidence.columns
-    cur_gv = np.full(s_count, -np.inf)
-    cur_sc = np.full(s_count, -np.inf)
-    cur_v = np.full(s_count, -1, dtype=np.int64)
-    cur_val = np.zeros(s_count)
-    cur_cell = np.full(s_count, -1, dtype=np.int64)  # index into candidates
+    race = _Race(
+        ok,
+        np.where(ok, choice.group_value_ms, -np.inf),
+        choice.score,
+        evidence.columns,
+        value,
+        {g: np.flatnonzero(evidence.graph_batch_size == g) for g in ladder},
+    )
+    cur = _Standing.native(s_count)
     # Only cells that save for sure: their saving interval lies above 0.
     candidates = [
         (g, j, c.verifier_budget)
@@ -209,34 +207,16 @@ def select_cells(
         for j, c in enumerate(grid.compact(g))
         if c.saving_ci_low > 0
     ]
-    steps_of_g = {g: np.flatnonzero(evidence.graph_batch_size == g) for g in ladder}
     chosen: list[int] = []
     per_g = dict.fromkeys(ladder, 0)
     rounds = []
     while len(chosen) < total_cap:
-        best, best_delta, best_wins = -1, MIN_VALUE_GAIN_MS, None
-        for i, (g, j, _v) in enumerate(candidates):
-            if i in chosen or per_g[g] >= max_per_g:
-                continue
-            idx = steps_of_g[g]
-            if idx.size == 0:
-                continue
-            wins = ok[idx, j] & _later(
-                gv[idx, j], score[idx, j], budgets[idx, j], cur_gv[idx], cur_sc[idx], cur_v[idx]
-            )
-            if not wins.any():
-                continue
-            delta = float((value[idx[wins], j] - cur_val[idx[wins]]).sum())
-            if delta > best_delta:
-                best, best_delta, best_wins = i, delta, idx[wins]
+        open_ = [i for i, (g, _, _) in enumerate(candidates) if i not in chosen and per_g[g] < max_per_g]
+        best, best_delta, best_wins = race.best(candidates, open_, cur)
         if best < 0 or best_wins is None:
             break
         g, j, v = candidates[best]
-        cur_gv[best_wins] = gv[best_wins, j]
-        cur_sc[best_wins] = score[best_wins, j]
-        cur_v[best_wins] = budgets[best_wins, j]
-        cur_val[best_wins] = value[best_wins, j]
-        cur_cell[best_wins] = best
+        cur.take(race, best_wins, j, best)
         chosen.append(best)
         per_g[g] += 1
         rounds.append(
@@ -244,34 +224,114 @@ def select_cells(
                 "graph_batch_size": g,
                 "verifier_budget": v,
                 "added_value_ms": best_delta,
-                "total_value_ms": float(cur_val.sum()),
+                "total_value_ms": float(cur.value.sum()),
             }
         )
-    used = sorted({candidates[i][0::2] for i in set(cur_cell.tolist()) if i >= 0})
+    used = sorted({candidates[i][0::2] for i in set(cur.cell.tolist()) if i >= 0})
     cells = tuple((int(g), int(v)) for g, v in used)
-    total = float(cur_val.sum())
+    total = float(cur.value.sum())
     if not cells:
-        margin = int(choice.passes_margin.any(axis=1).sum())
-        guard = int(ok.any(axis=1).sum())
-        positive = int((ok & (value > 0)).any(axis=1).sum())
-        detail = (
-            f"over {s_count} policy steps, {margin} have a cell beating native by the "
-            f"{minimum_predicted_gain:.2%} "
-            f"margin, {guard} of those pass the drain guard, {positive} would gain value; no cell changes a "
-            "decision profitably on this workload"
-        )
-        return CellSelection(
-            (),
-            Decision(Status.REJECT, "never_changes_decision", detail),
-            0.0,
-            tuple(rounds),
-            flat_rows,
-            limits,
-        )
+        refused = _never_changes(choice, ok, value, s_count, minimum_predicted_gain)
+        return CellSelection((), refused, 0.0, tuple(rounds), flat_rows, limits)
     detail = f"{len(cells)} compact cell(s) chosen, replayed value {total:.4g} ms over {s_count} steps"
     return CellSelection(
         cells, Decision(Status.ACCEPT, "cells_selected", detail), total, tuple(rounds), flat_rows, limits
     )
+
+
+def _step_value(evidence: StepEvidence) -> np.ndarray:
+    """(S, J) value of each column on each step at the median times: the time it saves minus the
+    time static K needs for the tokens it does not emit."""
+    native_ms, compact_ms = evidence.times("median")
+    ms_per_token = float(native_ms.sum()) / float(evidence.static_tokens.sum())
+    value: np.ndarray = (native_ms[:, None] - compact_ms) - (
+        evidence.static_tokens[:, None] - evidence.tokens
+    ) * ms_per_token
+    return value
+
+
+@dataclass(frozen=True, eq=False)
+class _Race:
+    """What every candidate column offers every step: whether it passes the drain guard, its
+    selector keys (group value, score, V) and its value; and the steps of each G."""
+
+    ok: np.ndarray
+    group_value: np.ndarray
+    score: np.ndarray
+    budget: np.ndarray
+    value: np.ndarray
+    steps_of_g: Mapping[int, np.ndarray]
+
+    def best(
+        self, candidates: Sequence[tuple[int, int, int]], open_: Sequence[int], cur: _Standing
+    ) -> tuple[int, float, np.ndarray | None]:
+        """The open candidate that adds the most value over the current table (by more than
+        :data:`MIN_VALUE_GAIN_MS`), with its gain and the steps it wins; -1 when none does."""
+        best, best_delta, best_wins = -1, MIN_VALUE_GAIN_MS, None
+        for i in open_:
+            g, j, _v = candidates[i]
+            idx = self.steps_of_g[g]
+            if idx.size == 0:
+                continue
+            wins = self.ok[idx, j] & _later(
+                self.group_value[idx, j],
+                self.score[idx, j],
+                self.budget[idx, j],
+                cur.group_value[idx],
+                cur.score[idx],
+                cur.budget[idx],
+            )
+            if not wins.any():
+                continue
+            delta = float((self.value[idx[wins], j] - cur.value[idx[wins]]).sum())
+            if delta > best_delta:
+                best, best_delta, best_wins = i, delta, idx[wins]
+        return best, best_delta, best_wins
+
+
+@dataclass(frozen=True, eq=False)
+class _Standing:
+    """Per step, what the table chosen so far makes the selector pick (updated in place)."""
+
+    group_value: np.ndarray
+    score: np.ndarray
+    budget: np.ndarray
+    value: np.ndarray
+    cell: np.ndarray  # index into the candidates, -1 native
+
+    @classmethod
+    def native(cls, steps: int) -> _Standing:
+        return cls(
+            np.full(steps, -np.inf),
+            np.full(steps, -np.inf),
+            np.full(steps, -1, dtype=np.int64),
+            np.zeros(steps),
+            np.full(steps, -1, dtype=np.int64),
+        )
+
+    def take(self, race: _Race, wins: np.ndarray, j: int, candidate: int) -> None:
+        """The steps in ``wins`` now pick column ``j`` (candidate ``candidate``)."""
+        self.group_value[wins] = race.group_value[wins, j]
+        self.score[wins] = race.score[wins, j]
+        self.budget[wins] = race.budget[wins, j]
+        self.value[wins] = race.value[wins, j]
+        self.cell[wins] = candidate
+
+
+def _never_changes(
+    choice: CellChoice, ok: np.ndarray, value: np.ndarray, s_count: int, minimum_predicted_gain: float
+) -> Decision:
+    """The refusal when no cell changes a decision profitably, with the funnel that says why."""
+    margin = int(choice.passes_margin.any(axis=1).sum())
+    guard = int(ok.any(axis=1).sum())
+    positive = int((ok & (value > 0)).any(axis=1).sum())
+    detail = (
+        f"over {s_count} policy steps, {margin} have a cell beating native by the "
+        f"{minimum_predicted_gain:.2%} "
+        f"margin, {guard} of those pass the drain guard, {positive} would gain value; no cell changes a "
+        "decision profitably on this workload"
+    )
+    return Decision(Status.REJECT, "never_changes_decision", detail)
 
 
 def require_cells(selection: CellSelection) -> tuple[tuple[int, int], ...]:
