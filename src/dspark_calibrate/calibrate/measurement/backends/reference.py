@@ -202,64 +202,81 @@ class _Model:
         gen = torch.Generator(device="cpu").manual_seed(seed + 7919 * tp_rank)
         self._gen_seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
         s = shape
-
-        def shard(n: int, what: str) -> int:
-            if n % tp_size:
-                raise ConfigError(f"{what}={n} is not divisible by the tensor-parallel size {tp_size}")
-            return n // tp_size
-
         self.ep = ep
         if s.experts and (ep < 1 or s.experts % ep):
             raise ConfigError(f"ep={ep} must be >= 1 and divide n_routed_experts={s.experts}")
         self.local_experts = s.experts // ep if s.experts else 0
-        self.h_local = shard(s.heads, "num_attention_heads")
+        self.h_local = self._shard(s.heads, "num_attention_heads")
         self.kvh_local = max(1, s.kv_heads // tp_size) if not s.mla else 1
-        L = context_len + max_row_len
+        cache_rows = max_rows * (context_len + max_row_len)
+        # Every weight draws from its own generator, seeded by its place in this order.
+        self._weights_drawn = 0
         self.layers: list[dict[str, Any]] = []
-        counter = [0]
-
-        def w(*dims: int) -> Any:
-            counter[0] += 1
-            g = torch.Generator(device=device).manual_seed(self._gen_seed + counter[0])
-            return (torch.randn(*dims, generator=g, device=device, dtype=dtype) * 0.02).contiguous()
-
         for i in range(s.layers):
             p: dict[str, Any] = {
                 "norm1": torch.ones(s.hidden, device=device, dtype=dtype),
                 "norm2": torch.ones(s.hidden, device=device, dtype=dtype),
             }
-            if s.mla:
-                assert s.q_lora_rank and s.kv_lora_rank and s.qk_nope and s.qk_rope and s.v_head
-                p["wq_a"] = w(s.hidden, s.q_lora_rank)
-                p["wq_b"] = w(s.q_lora_rank, self.h_local * (s.qk_nope + s.qk_rope))
-                p["w_uk"] = w(self.h_local, s.qk_nope, s.kv_lora_rank)
-                p["w_uv"] = w(self.h_local, s.kv_lora_rank, s.v_head)
-                p["wkv_a"] = w(s.hidden, s.kv_lora_rank + s.qk_rope)
-                p["wo"] = w(self.h_local * s.v_head, s.hidden)
-                p["cache"] = torch.zeros(max_rows * L, s.kv_lora_rank + s.qk_rope, device=device, dtype=dtype)
-            else:
-                d = s.head_dim
-                p["wq"] = w(s.hidden, self.h_local * d)
-                p["wkv"] = w(s.hidden, 2 * self.kvh_local * d)
-                p["wo"] = w(self.h_local * d, s.hidden)
-                p["kcache"] = torch.zeros(max_rows * L, self.kvh_local, d, device=device, dtype=dtype)
-                p["vcache"] = torch.zeros(max_rows * L, self.kvh_local, d, device=device, dtype=dtype)
-            if i < s.dense_layers or not s.experts:
-                inter = shard(s.intermediate, "intermediate_size")
-                p["wg"], p["wu"], p["wd"] = w(s.hidden, inter), w(s.hidden, inter), w(inter, s.hidden)
-            else:
-                inter = shard(s.moe_intermediate, "moe_intermediate_size")
-                e_local = self.local_experts
-                p["router"] = w(s.hidden, s.experts)
-                p["eg"], p["eu"] = w(e_local, s.hidden, inter), w(e_local, s.hidden, inter)
-                p["ed"] = w(e_local, inter, s.hidden)
-                if s.shared_experts:
-                    sh = inter * s.shared_experts
-                    p["sg"], p["su"], p["sd"] = w(s.hidden, sh), w(s.hidden, sh), w(sh, s.hidden)
+            self._attention_weights(p, cache_rows)
+            self._mlp_weights(p, dense=i < s.dense_layers or not s.experts)
             self.layers.append(p)
         self.final_norm = torch.ones(s.hidden, device=device, dtype=dtype)
         self.prefix_span = 0  # the shared prefix buffers of mixed steps, allocated on first use
-        self.head = w(s.hidden, shard(s.vocab, "vocab_size")) if lm_head else None
+        self.head = self._w(s.hidden, self._shard(s.vocab, "vocab_size")) if lm_head else None
+
+    def _shard(self, n: int, what: str) -> int:
+        """This rank's share of ``n`` under tensor parallelism.
+
+        Raises:
+            ConfigError: ``n`` does not divide evenly.
+        """
+        if n % self.tp:
+            raise ConfigError(f"{what}={n} is not divisible by the tensor-parallel size {self.tp}")
+        return n // self.tp
+
+    def _w(self, *dims: int) -> Any:
+        """The next random weight (scaled by 0.02) in the fixed drawing order."""
+        torch = self.t
+        self._weights_drawn += 1
+        g = torch.Generator(device=self.device).manual_seed(self._gen_seed + self._weights_drawn)
+        return (torch.randn(*dims, generator=g, device=self.device, dtype=self.dtype) * 0.02).contiguous()
+
+    def _attention_weights(self, p: dict[str, Any], cache_rows: int) -> None:
+        """One layer's attention weights and KV cache (MLA's latent cache, or K and V caches)."""
+        torch, s, w = self.t, self.s, self._w
+        device, dtype = self.device, self.dtype
+        if s.mla:
+            assert s.q_lora_rank and s.kv_lora_rank and s.qk_nope and s.qk_rope and s.v_head
+            p["wq_a"] = w(s.hidden, s.q_lora_rank)
+            p["wq_b"] = w(s.q_lora_rank, self.h_local * (s.qk_nope + s.qk_rope))
+            p["w_uk"] = w(self.h_local, s.qk_nope, s.kv_lora_rank)
+            p["w_uv"] = w(self.h_local, s.kv_lora_rank, s.v_head)
+            p["wkv_a"] = w(s.hidden, s.kv_lora_rank + s.qk_rope)
+            p["wo"] = w(self.h_local * s.v_head, s.hidden)
+            p["cache"] = torch.zeros(cache_rows, s.kv_lora_rank + s.qk_rope, device=device, dtype=dtype)
+        else:
+            d = s.head_dim
+            p["wq"] = w(s.hidden, self.h_local * d)
+            p["wkv"] = w(s.hidden, 2 * self.kvh_local * d)
+            p["wo"] = w(self.h_local * d, s.hidden)
+            p["kcache"] = torch.zeros(cache_rows, self.kvh_local, d, device=device, dtype=dtype)
+            p["vcache"] = torch.zeros(cache_rows, self.kvh_local, d, device=device, dtype=dtype)
+
+    def _mlp_weights(self, p: dict[str, Any], *, dense: bool) -> None:
+        """One layer's MLP: dense, or the router, this rank's experts and the shared experts."""
+        s, w = self.s, self._w
+        if dense:
+            inter = self._shard(s.intermediate, "intermediate_size")
+            p["wg"], p["wu"], p["wd"] = w(s.hidden, inter), w(s.hidden, inter), w(inter, s.hidden)
+            return
+        inter = self._shard(s.moe_intermediate, "moe_intermediate_size")
+        e_local = self.local_experts
+        p["router"] = w(s.hidden, s.experts)
+        p["eg"], p["eu"] = w(e_local, s.hidden, inter), w(e_local, s.hidden, inter)
+        p["ed"] = w(e_local, inter, s.hidden)
+        if s.shared_experts:
+            sh = inter * s.shared_experts
+            p["sg"], p["su"], p["sd"] = w(s.hidden, sh), w(s.hidden, sh), w(sh, s.hidden)
 
     def cell_buffers(self, cell: CellSpec) -> dict[str, Any]:
         """Static inputs and index tensors of one cell (captured by its graph)."""
@@ -571,6 +588,34 @@ class _Model:
         return res
 
 
+def _resolve_device(torch: Any, device: str | None) -> Any:
+    """The torch device to build on: CUDA when available unless told; a bare "cuda" is pinned
+    to the current index.
+
+    Raises:
+        ConfigError: CUDA asked for, but torch sees none.
+    """
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda asked for, but torch sees no CUDA device")
+    if dev.type == "cuda" and ":" not in str(device or "cuda"):  # pin "cuda" to the current index
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def _tensor_parallel() -> tuple[int, int, Callable[[Any], None] | None]:
+    """(rank, size, all-reduce) of tensor parallelism: the initialised process group's, else one rank."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+
+        def all_reduce(x: Any) -> None:
+            dist.all_reduce(x)
+
+        return dist.get_rank(), dist.get_world_size(), all_reduce
+    return 0, 1, None
+
+
 class ReferenceBackend(BackendBase):
     """Torch reference verifier; see the module docstring.
 
@@ -619,26 +664,13 @@ class ReferenceBackend(BackendBase):
         self.shape = ModelShape.from_config(self._cfg, layers=layers)
         if context_len < 1 or max_rows < 1 or max_row_len < 1:
             raise ConfigError("context_len, max_rows and max_row_len must be >= 1")
-        dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("--device cuda asked for, but torch sees no CUDA device")
-        if dev.type == "cuda" and ":" not in str(device or "cuda"):  # pin "cuda" to the current index
-            dev = torch.device("cuda", torch.cuda.current_device())
-        self._device = dev
+        self._device = dev = _resolve_device(torch, device)
         dtype = dtype or ("bfloat16" if dev.type == "cuda" else "float32")
         if dtype not in ("bfloat16", "float16", "float32"):
             raise ConfigError(f"--backend-opt dtype={dtype!r} is unknown; use bfloat16, float16 or float32")
         self._dtype_name = dtype
         self._graphs = graphs and dev.type == "cuda"
-        tp_rank, tp_size, all_reduce = 0, 1, None
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            tp_rank, tp_size = dist.get_rank(), dist.get_world_size()
-
-            def all_reduce(x: Any) -> None:
-                dist.all_reduce(x)
-
+        tp_rank, tp_size, all_reduce = _tensor_parallel()
         self._tp_size = tp_size
         self.context_len = context_len
         self._max_rows = max_rows
