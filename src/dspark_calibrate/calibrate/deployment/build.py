@@ -100,7 +100,13 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
     from securesystemslib.signer import Signer
 
-    from dspark_calibrate.artifacts import BundleReport, Expectation, TrustRoot, VerifiedArtifact
+    from dspark_calibrate.artifacts import (
+        BundleLayout,
+        BundleReport,
+        Expectation,
+        TrustRoot,
+        VerifiedArtifact,
+    )
 
 __all__ = [
     "ADMISSION_SUMMARY_KEYS",
@@ -828,42 +834,56 @@ def _member_tables(
     }
 
 
-def _sign_member(
-    path: Path,
-    table: pa.Table,
+def _sign_members(
+    directory: Path,
+    tables: Mapping[str, tuple[pa.Table, Mapping[str, Any]]],
+    files: Mapping[str, str],
     *,
-    kind: str,
     fingerprint: Fingerprint,
     provenance: Provenance,
-    summary: Mapping[str, Any],
     signers: Sequence[Signer],
     trust_root: TrustRoot,
     options: BuildOptions,
     expected: Expectation,
     refusal: str,
-) -> VerifiedArtifact:
-    """Write one member, sign it and verify it with the one verification pipeline.
+    layout: BundleLayout,
+) -> dict[str, VerifiedArtifact]:
+    """Write each member (``tables``: kind -> table and summary) into ``directory``, sign it and
+    verify it with the one verification pipeline, then write and sign the manifest of ``layout``.
 
     Raises:
-        ConfigError: the signed member does not verify (``refusal`` names it and the fix).
+        ConfigError: a signed member does not verify (``refusal`` names it: ``{file}``, ``{exc}``).
     """
-    from dspark_calibrate.artifacts import require_valid, sign_artifact, verify_path
+    from dspark_calibrate.artifacts import require_valid, sign_artifact, verify_path, write_bundle
 
-    write_unsigned_artifact(
-        path, table, kind=kind, fingerprint=fingerprint, provenance=provenance, summary=summary
-    )
-    sign_artifact(
-        read_artifact(path),
+    members = {}
+    for kind, (table, summary) in tables.items():
+        path = directory / files[kind]
+        write_unsigned_artifact(
+            path, table, kind=kind, fingerprint=fingerprint, provenance=provenance, summary=summary
+        )
+        sign_artifact(
+            read_artifact(path),
+            list(signers),
+            version=options.version,
+            issued_at=options.issued_at,
+            expires_at=options.expires_at,
+        )
+        checked = verify_path(path, trust_root, now=options.issued_at, expected=replace(expected, kind=kind))
+        try:
+            members[kind] = require_valid(checked)
+        except ArtifactRejected as exc:
+            raise ConfigError(refusal.format(file=files[kind], exc=exc)) from exc
+    write_bundle(
+        directory,
+        members,
         list(signers),
         version=options.version,
         issued_at=options.issued_at,
         expires_at=options.expires_at,
+        layout=layout,
     )
-    checked = verify_path(path, trust_root, now=options.issued_at, expected=replace(expected, kind=kind))
-    try:
-        return require_valid(checked)
-    except ArtifactRejected as exc:
-        raise ConfigError(refusal.format(exc=exc)) from exc
+    return members
 
 
 @dataclass(frozen=True, eq=False)
@@ -894,7 +914,7 @@ def _write_bundle_dir(
     Raises:
         ConfigError: a member or the bundle does not verify, or the directory cannot be written.
     """
-    from dspark_calibrate.artifacts import Expectation, verify_bundle, write_bundle
+    from dspark_calibrate.artifacts import DECODE_LAYOUT, Expectation, verify_bundle
 
     fp = inputs.fingerprint
     tmp = out_dir.parent / f".{out_dir.name}.build-{secrets.token_hex(6)}"
@@ -904,29 +924,18 @@ def _write_bundle_dir(
         stage("sign")
         # (4) write, sign and verify each member, then the manifest
         expected = Expectation(fingerprint=fp, allow_synthetic=options.allow_synthetic)
-        members = {
-            kind: _sign_member(
-                tmp / BUNDLE_FILES[kind],
-                table,
-                kind=kind,
-                fingerprint=fp,
-                provenance=prov,
-                summary=member_summary,
-                signers=signers,
-                trust_root=trust_root,
-                options=options,
-                expected=expected,
-                refusal=f"self-check failed for {BUNDLE_FILES[kind]}: {{exc}}; is the signing key in the trust root?",
-            )
-            for kind, (table, member_summary) in tables.items()
-        }
-        write_bundle(
+        members = _sign_members(
             tmp,
-            members,
-            list(signers),
-            version=options.version,
-            issued_at=options.issued_at,
-            expires_at=options.expires_at,
+            tables,
+            BUNDLE_FILES,
+            fingerprint=fp,
+            provenance=prov,
+            signers=signers,
+            trust_root=trust_root,
+            options=options,
+            expected=expected,
+            refusal="self-check failed for {file}: {exc}; is the signing key in the trust root?",
+            layout=DECODE_LAYOUT,
         )
         check = verify_bundle(tmp, trust_root, now=options.issued_at, expected=expected)
         if not check.ok:
@@ -1078,7 +1087,6 @@ def _write_mixed(
         MIXED_LAYOUT,
         Expectation,
         verify_mixed,
-        write_bundle,
     )
 
     assert inputs.mixed is not None
@@ -1106,29 +1114,17 @@ def _write_mixed(
         "mixed-admission": (outputs.admission_table, outputs.admission_summary),
     }
     expected = Expectation(fingerprint=inputs.fingerprint, allow_synthetic=options.allow_synthetic)
-    members = {
-        kind: _sign_member(
-            mdir / MIXED_FILES[kind],
-            table,
-            kind=kind,
-            fingerprint=inputs.fingerprint,
-            provenance=mixed_prov,
-            summary=summary,
-            signers=signers,
-            trust_root=trust_root,
-            options=options,
-            expected=expected,
-            refusal=f"self-check failed for mixed/{MIXED_FILES[kind]}: {{exc}}",
-        )
-        for kind, (table, summary) in tables.items()
-    }
-    write_bundle(
+    _sign_members(
         mdir,
-        members,
-        list(signers),
-        version=options.version,
-        issued_at=options.issued_at,
-        expires_at=options.expires_at,
+        tables,
+        MIXED_FILES,
+        fingerprint=inputs.fingerprint,
+        provenance=mixed_prov,
+        signers=signers,
+        trust_root=trust_root,
+        options=options,
+        expected=expected,
+        refusal="self-check failed for mixed/{file}: {exc}",
         layout=MIXED_LAYOUT,
     )
     report = verify_mixed(tmp, trust_root, now=options.issued_at, decode=decode, expected=expected)
