@@ -1003,17 +1003,7 @@ def _cell_interval(
     two or more, else over the samples of the single round (``single_round``)."""
     confidence = resampling.confidence
     if len(groups) >= 2:
-        return _round_interval(
-            samples,
-            groups,
-            confidence=confidence,
-            n_boot=resampling.n_boot,
-            seed=resampling.seed,
-            reproduction=resampling.reproduction,
-            between=between,
-            between_run_rel=between_run_rel,
-            warnings=warnings,
-        )
+        return _round_interval(samples, groups, resampling, between, between_run_rel, warnings)
     interval = sample_interval(values, confidence=confidence, n_boot=resampling.n_boot, seed=resampling.seed)
     own = (
         math.log(interval.high / interval.median) / _z(confidence) if interval.high > interval.median else 0.0
@@ -1025,17 +1015,14 @@ def _cell_interval(
 def _round_interval(
     samples: CellSamples,
     groups: Mapping[int, np.ndarray],
-    *,
-    confidence: float,
-    n_boot: int,
-    seed: int,
-    reproduction: bool,
+    resampling: _Resampling,
     between: BetweenRun | None,
     between_run_rel: float | None,
     warnings: list[str],
 ) -> tuple[Interval, float]:
     """The median's interval over two or more rounds, and the cell's own (condition) spread in
     log units; appends ``few_rounds`` and ``round_spread`` to ``warnings`` where they apply."""
+    confidence, n_boot, seed = resampling.confidence, resampling.n_boot, resampling.seed
     epochs_of = samples.round_epochs()
     interval = median_interval(
         list(groups.values()),
@@ -1043,7 +1030,7 @@ def _round_interval(
         confidence=confidence,
         n_boot=n_boot,
         seed=seed,
-        reproduction=reproduction,
+        reproduction=resampling.reproduction,
         between=between,
         between_run_rel=between_run_rel,
     )
