@@ -164,13 +164,6 @@ def test_sweep_progress_tells_the_truth_without_a_terminal(tmp_path: Path) -> No
     assert time.perf_counter() - started > last_elapsed
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="on the synthetic backend the sweep's ETA is in the backend's simulated clock "
-    "(calibrate/measurement/sweep.py _Harness._eta sums the timer's visit seconds), while the "
-    "line's elapsed time is wall time (cli/sweep.py _SweepProgress): a 0.4 s sweep says "
-    "'>= 0:07 left' after its first round",
-)
 def test_synthetic_sweep_eta_is_wall_time(tmp_path: Path) -> None:
     r = run(
         "dspark-calibrate", "sweep", "--backend", "synthetic", "--preset", "quick", "--k", "3", "--ladder", "8,16",

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import shlex
 import sys
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -593,6 +594,11 @@ class _Harness:
         self.seconds_total = 0.0  # kept equal to the sum of every cell's seconds
         self.pass_epoch: int | None = None  # set when this process is one pass of several
         self.eta: float | None = None  # estimated once per round
+        # Wall time of this process's visits and the sweep seconds they added: the ETA is wall time
+        # (a synthetic backend's sweep seconds are simulated; a GPU's exclude host work).
+        self.wall_visits = 0
+        self.wall_s = 0.0
+        self.wall_sweep_s = 0.0
         self.round = 0
         self.journal: Journal | None = None
         self.finished = False
@@ -914,13 +920,16 @@ class _Harness:
         return sum(1 for st in self.states.values() if st.decision is not None)
 
     def _eta(self) -> float | None:
-        visits = sum(st.visits for st in self.states.values())
-        if not visits:
+        """A lower bound on the wall seconds left, from this process's measured visits."""
+        if not self.wall_visits:
             return None
-        per_visit = self.sweep_seconds() / visits
         th = self.config.thresholds
         need = sum(max(th.min_rounds - self.states[c].visits, 1) for c in self.open_cells())
-        return min(per_visit * need, max(th.budget_s - self.sweep_seconds(), 0.0))
+        by_visits = self.wall_s / self.wall_visits * need
+        if self.wall_sweep_s <= 0.0:
+            return by_visits
+        budget_left = max(th.budget_s - self.sweep_seconds(), 0.0) * (self.wall_s / self.wall_sweep_s)
+        return min(by_visits, budget_left)
 
     def run(self, until_round: int | None = None) -> None:
         th = self.config.thresholds
@@ -934,7 +943,11 @@ class _Harness:
                     continue  # visited before a crash in this round
                 if self.sweep_seconds() >= th.budget_s:
                     break
+                started, before = time.perf_counter(), self.sweep_seconds()
                 self._visit(cell)
+                self.wall_s += time.perf_counter() - started
+                self.wall_sweep_s += self.sweep_seconds() - before
+                self.wall_visits += 1
                 hw = self.half_width.get(cell)
                 self._emit(
                     SweepEvent("visit", self.round, self._done(), len(self.states), cell, hw, self.eta)
