@@ -56,6 +56,7 @@ from dspark_calibrate.artifacts._trtllm_mixed import (
     TRTLLM_MIXED_FILES,
     MixedExportInputs,
     MixedRefused,
+    _has_null,
     cells_of,
     config_block,
     observed_identity,
@@ -630,16 +631,6 @@ def _is_num(x: Any, *, positive: bool = False, nonneg: bool = False) -> bool:
     return (x > 0 if positive else True) and (x >= 0 if nonneg else True)
 
 
-def _nulls(obj: Any) -> bool:
-    if obj is None:
-        return True
-    if isinstance(obj, dict):
-        return any(_nulls(v) for v in obj.values())
-    if isinstance(obj, list):
-        return any(_nulls(v) for v in obj)
-    return False
-
-
 def _parse(c: _Check, files: Mapping[str, bytes], name: str) -> Any:
     data = files.get(name)
     if data is None:
@@ -740,7 +731,7 @@ def _check_sps_header(c: _Check, sps: dict[str, Any]) -> bool:
     missing = sorted(_SPS_REQUIRED - set(sps))
     if extra or missing:
         c.fail(f, "keys", f"top-level keys: unknown {extra}, missing {missing}")
-    if _nulls(sps):
+    if _has_null(sps):
         c.fail(f, "nulls", "no value may be null")
     if sps.get("schema_version") != 2 or not _is_int(sps.get("schema_version")):
         c.fail(f, "schema_version", "schema_version must be the JSON integer 2", 2, sps.get("schema_version"))

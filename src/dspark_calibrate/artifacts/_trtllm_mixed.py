@@ -313,6 +313,7 @@ def _num(x: Any) -> bool:
 
 
 def _has_null(obj: Any) -> bool:
+    """Whether a parsed JSON value holds a null anywhere (both TensorRT-LLM validators refuse one)."""
     if obj is None:
         return True
     if isinstance(obj, dict):
