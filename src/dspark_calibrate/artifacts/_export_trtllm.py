@@ -51,12 +51,13 @@ from dspark_calibrate.artifacts._models import (
     ModelError,
     is_sha256_hex,
 )
-from dspark_calibrate.artifacts._reasons import Finding, Reason
+from dspark_calibrate.artifacts._reasons import Finding
 from dspark_calibrate.artifacts._trtllm_mixed import (
     TRTLLM_MIXED_FILES,
     MixedExportInputs,
     MixedRefused,
     _has_null,
+    _Rules,
     cells_of,
     config_block,
     observed_identity,
@@ -605,22 +606,6 @@ def _render_mixed_files(
 # ---------------------------------------------------------------------------------------------
 
 
-class _Check:
-    def __init__(self) -> None:
-        self.findings: list[Finding] = []
-
-    def fail(self, file: str, rule: str, message: str, expected: Any = None, actual: Any = None) -> None:
-        self.findings.append(
-            Finding(
-                Reason.CONTENT_INVALID,
-                f"{file}: {message}",
-                field=f"{file}:{rule}",
-                expected=expected,
-                actual=actual,
-            )
-        )
-
-
 def _is_int(x: Any, minimum: int | None = None) -> bool:
     return type(x) is int and (minimum is None or x >= minimum)
 
@@ -631,7 +616,7 @@ def _is_num(x: Any, *, positive: bool = False, nonneg: bool = False) -> bool:
     return (x > 0 if positive else True) and (x >= 0 if nonneg else True)
 
 
-def _parse(c: _Check, files: Mapping[str, bytes], name: str) -> Any:
+def _parse(c: _Rules, files: Mapping[str, bytes], name: str) -> Any:
     data = files.get(name)
     if data is None:
         c.fail(name, "missing", "file is missing from the package")
@@ -659,7 +644,7 @@ def _parse(c: _Check, files: Mapping[str, bytes], name: str) -> Any:
     return obj
 
 
-def _check_fingerprint(c: _Check, file: str, fp: Any, rule: str) -> bool:
+def _check_fingerprint(c: _Rules, file: str, fp: Any, rule: str) -> bool:
     if not isinstance(fp, dict) or set(fp) != set(TRTLLM_FINGERPRINT_FIELDS):
         have = sorted(fp) if isinstance(fp, dict) else type(fp).__name__
         c.fail(file, rule, f"engine fingerprint must have exactly the ten fields, got {have}")
@@ -697,7 +682,7 @@ def _check_fingerprint(c: _Check, file: str, fp: Any, rule: str) -> bool:
     return ok
 
 
-def _check_sps(c: _Check, sps: Any) -> tuple[int | None, dict[int, list[int]], dict[str, Any] | None]:
+def _check_sps(c: _Rules, sps: Any) -> tuple[int | None, dict[int, list[int]], dict[str, Any] | None]:
     f = SPS_FILE
     if not isinstance(sps, dict):
         c.fail(f, "keys", "must be a JSON object")
@@ -723,7 +708,7 @@ def _check_sps(c: _Check, sps: Any) -> tuple[int | None, dict[int, list[int]], d
     return k, cells, (fp if fp_ok else None)
 
 
-def _check_sps_header(c: _Check, sps: dict[str, Any]) -> bool:
+def _check_sps_header(c: _Rules, sps: dict[str, Any]) -> bool:
     """The keys, nulls, schema version, fingerprint (and its digest) and margin of
     ``sps_table.json``; True when the fingerprint is well-formed."""
     f = SPS_FILE
@@ -749,7 +734,7 @@ def _check_sps_header(c: _Check, sps: dict[str, Any]) -> bool:
 
 
 def _check_cost_tables(
-    c: _Check, tables: Any, k: int | None
+    c: _Rules, tables: Any, k: int | None
 ) -> tuple[dict[int, list[int]], dict[tuple[int, int], Any]]:
     """``(budgets per G, step time per (G, V))`` of the well-formed ``cost_tables`` entries."""
     cells: dict[int, list[int]] = {}
@@ -769,7 +754,7 @@ def _check_cost_tables(
     return cells, times
 
 
-def _check_cost_table(c: _Check, key: str, entry: Any) -> tuple[int, list[int], list[Any]] | None:
+def _check_cost_table(c: _Rules, key: str, entry: Any) -> tuple[int, list[int], list[Any]] | None:
     """``(G, budgets, step times)`` of one ``cost_tables`` entry; None when its shape is wrong."""
     f = SPS_FILE
     if not (key.isascii() and key.isdecimal() and not key.startswith("0")):
@@ -799,7 +784,7 @@ def _check_cost_table(c: _Check, key: str, entry: Any) -> tuple[int, list[int], 
     return int(key), vs, ts
 
 
-def _check_budgets(c: _Check, g: int, vs: list[int], k: int) -> None:
+def _check_budgets(c: _Rules, g: int, vs: list[int], k: int) -> None:
     """One G's budgets: inside G <= V <= G*(K+1), never V=G, at most the engine's compact cells."""
     f = SPS_FILE
     bad = [v for v in vs[1:] if not g <= v <= g * (k + 1)]
@@ -816,7 +801,7 @@ def _check_budgets(c: _Check, g: int, vs: list[int], k: int) -> None:
         )
 
 
-def _check_measurements(c: _Check, ms: Any, times: Mapping[tuple[int, int], Any]) -> None:
+def _check_measurements(c: _Rules, ms: Any, times: Mapping[tuple[int, int], Any]) -> None:
     """``measurements``: well-formed, no cell twice, and exactly the cost tables' cells and times."""
     f = SPS_FILE
     if not isinstance(ms, list) or not ms:
@@ -852,7 +837,7 @@ def _check_measurements(c: _Check, ms: Any, times: Mapping[tuple[int, int], Any]
         )
 
 
-def _check_drain_guard(c: _Check, guard: Any, cells: Mapping[int, list[int]]) -> None:
+def _check_drain_guard(c: _Rules, guard: Any, cells: Mapping[int, list[int]]) -> None:
     """``iteration_drain_guard`` when present: its exact fields, valid, on a measured native table."""
     f = SPS_FILE
     if guard is None:
@@ -879,7 +864,7 @@ def _check_drain_guard(c: _Check, guard: Any, cells: Mapping[int, list[int]]) ->
         )
 
 
-def _check_sts(c: _Check, sts: Any, k: int | None) -> None:
+def _check_sts(c: _Rules, sts: Any, k: int | None) -> None:
     f = STS_FILE
     if not isinstance(sts, dict):
         c.fail(f, "keys", "must be a JSON object")
@@ -917,7 +902,7 @@ def _check_sts(c: _Check, sts: Any, k: int | None) -> None:
 
 
 def _check_receipt(
-    c: _Check,
+    c: _Rules,
     receipt: Any,
     files: Mapping[str, bytes],
     fp: dict[str, Any] | None,
@@ -976,7 +961,7 @@ def _check_receipt(
 
 
 def _check_receipt_economics(
-    c: _Check, body: dict[str, Any], cells: Mapping[int, list[int]], has_guard: bool, k: int | None
+    c: _Rules, body: dict[str, Any], cells: Mapping[int, list[int]], has_guard: bool, k: int | None
 ) -> None:
     """The receipt's counts and amounts, its admitted flag against them, and the guard compact
     choices need."""
@@ -1015,7 +1000,7 @@ def _check_receipt_economics(
 
 
 def _check_yaml(
-    c: _Check, data: bytes | None, files: Mapping[str, bytes], k: int | None, *, mixed: bool = False
+    c: _Rules, data: bytes | None, files: Mapping[str, bytes], k: int | None, *, mixed: bool = False
 ) -> None:
     f = YAML_FILE
     if data is None:
@@ -1062,7 +1047,7 @@ def validate_trtllm(
     Each violation is a ``CONTENT_INVALID`` finding whose field is ``<file>:<rule>``, e.g.
     ``sps_table.json:token_counts`` or ``admission_receipt.json:pins``.
     """
-    c = _Check()
+    c = _Rules()
     mixed = any(name in files for name in TRTLLM_MIXED_FILES)
     unknown = sorted(set(files) - set(TRTLLM_FILES) - set(TRTLLM_MIXED_FILES))
     if unknown:

@@ -289,6 +289,8 @@ def config_block(files: Mapping[str, bytes], protocol_sha256: str, base: str) ->
 
 
 class _Rules:
+    """Findings of one validator run (the decode and the mixed TensorRT-LLM files), one per violation."""
+
     def __init__(self) -> None:
         self.findings: list[Finding] = []
 

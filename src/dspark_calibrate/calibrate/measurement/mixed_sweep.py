@@ -59,6 +59,7 @@ from dspark_calibrate.calibrate.measurement.sweep import (
     deployment_base,
     deployment_ranks,
     result_from_rounds,
+    run_record,
     run_sweep,
     samples_path,
 )
@@ -243,24 +244,13 @@ def write_mixed_sweep(
     samples_sha = write_unsigned_artifact(
         spath, result.samples, kind="mixed-sweep-samples", fingerprint=fingerprint, provenance=provenance
     )
-    extra = dict(provenance.extra)
-    extra.update(
-        {
-            "samples_file": spath.name,
-            "samples_logical_sha256": samples_sha,
-            "config_digest": result.config.digest(),
-            "seed": result.config.seed,
-            "protocol": result.config.protocol,
-            "rounds": result.rounds,
-            "sweep_seconds": result.seconds,
-            "unmeasured_cells": [list(c.key) for c in result.unmeasured()],
-            "between_run": result.between.to_dict(),
-            "throttle": result.throttle_summary(),
-            "output_checks": {f"{g}/{c}": v.detail for (g, c), v in sorted(checks.items())},
-            "plan_source": plan.source,
-            "workload_mixed_steps": plan.workload_mixed_steps,
-        }
-    )
+    extra = {
+        **provenance.extra,
+        **run_record(result, spath, samples_sha),
+        "output_checks": {f"{g}/{c}": v.detail for (g, c), v in sorted(checks.items())},
+        "plan_source": plan.source,
+        "workload_mixed_steps": plan.workload_mixed_steps,
+    }
     summary = {
         "cells": sum(1 for r in table.column("capacity").to_pylist() if r != MIXED_NATIVE),
         "groups": len(plan.groups),

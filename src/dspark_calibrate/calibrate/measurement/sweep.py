@@ -91,6 +91,7 @@ __all__ = [
     "result_from_imported",
     "result_from_rounds",
     "round_order",
+    "run_record",
     "run_sweep",
     "samples_path",
     "sweep",
@@ -1209,6 +1210,22 @@ class SweepOutput:
     plot_path: Path | None = None
 
 
+def run_record(result: SweepResult, samples: Path, samples_sha: str) -> dict[str, Any]:
+    """The provenance fields every sweep summary (decode or mixed) records about its run."""
+    return {
+        "samples_file": samples.name,
+        "samples_logical_sha256": samples_sha,
+        "config_digest": result.config.digest(),
+        "seed": result.config.seed,
+        "protocol": result.config.protocol,
+        "rounds": result.rounds,
+        "sweep_seconds": result.seconds,
+        "unmeasured_cells": [list(c.key) for c in result.unmeasured()],
+        "between_run": result.between.to_dict(),
+        "throttle": result.throttle_summary(),
+    }
+
+
 def write_sweep(
     result: SweepResult,
     out: Path,
@@ -1231,27 +1248,16 @@ def write_sweep(
     samples_sha = write_unsigned_artifact(
         spath, result.samples, kind="sweep-samples", fingerprint=fingerprint, provenance=provenance
     )
-    extra = dict(provenance.extra)
-    extra.update(
-        {
-            "samples_file": spath.name,
-            "samples_logical_sha256": samples_sha,
-            "config_digest": result.config.digest(),
-            "seed": result.config.seed,
-            "protocol": result.config.protocol,
-            "rounds": result.rounds,
-            "sweep_seconds": result.seconds,
-            "unmeasured_cells": [list(c.key) for c in result.unmeasured()],
-            "ci_method": sorted({c.summary.ci_method for c in result.cells if c.summary is not None}),
-            "warnings": {
-                c.spec.label(): list(c.summary.warnings)
-                for c in result.cells
-                if c.summary and c.summary.warnings
-            },
-            "between_run": result.between.to_dict(),
-            "throttle": result.throttle_summary(),
-        }
-    )
+    extra = {
+        **provenance.extra,
+        **run_record(result, spath, samples_sha),
+        "ci_method": sorted({c.summary.ci_method for c in result.cells if c.summary is not None}),
+        "warnings": {
+            c.spec.label(): list(c.summary.warnings)
+            for c in result.cells
+            if c.summary and c.summary.warnings
+        },
+    }
     summary_prov = replace(provenance, extra=extra)
     summary_sha = write_unsigned_artifact(
         out,
