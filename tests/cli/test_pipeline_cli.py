@@ -193,6 +193,9 @@ def test_ctrl_c_exits_130_and_resume_completes(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # A runner started in the background inherits SIGINT ignored, and Python then keeps it
+        # ignored: give the sweep the default disposition a terminal's Ctrl-C meets.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     seen: list[str] = []
     try:
