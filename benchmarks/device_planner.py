@@ -5,17 +5,20 @@ whole confidence path (logits staged, selector, allocator, snapshot, bookkeeping
 of a real serving run of the end-to-end testbed's engine, every step verifies the full block, and
 static K runs interleaved with it step by step (:mod:`benchmarks.e2e.bracket`). Per concurrency,
 the forced-K step time minus static K's, with a Student-t 95% interval over runs, for the device
-planner (lagged decision, and sync) and the host reference planner, side by side in one run.
+planner in each ``--modes`` mode (default: fused into the engine's cell graphs with compiled
+ranking, the same with eager kernels, and the lagged planner with graphs of its own) and the host
+reference planner, side by side in one run.
 
-One H200, one command (about 1.5 minutes: a short training, six native graphs, eight bracket
-runs per level)::
+One H200, one command (about 2.5 minutes: a short training, the native graphs of every arm, the
+compilation, eight bracket runs per level)::
 
     PYTHONPATH=src:/tmp/site python3 benchmarks/device_planner.py --out $OUT
 
 writes ``$OUT/device_planner.json``: ``gpu``, ``commit``, ``command``, and per concurrency
 ``{"256": {"device_overhead_ms": ..., "host_overhead_ms": ..., "ci": {"device": [lo, hi],
-"host": [lo, hi]}, ...}}``, plus the planner graph's own GPU time per G, the host time of a
-launch, a check that a lagged launch never synchronises with the device, and the device's
+"host": [lo, hi]}, ...}}``, plus the planner graph's own GPU time per G (eager and compiled
+ranking and allocation, the selection), the host time of a lagged launch and of the fused
+planner's commit, a check that a lagged launch never synchronises with the device, and the device's
 decisions against the reference planner's. ``--checkpoint FILE`` loads the weights an e2e run
 saved instead of training. ``--from-e2e E2E_JSON`` writes the same file from the bracket an
 e2e run already measured (no device time). ``--tiny`` runs the same code on the CPU in seconds.
@@ -46,6 +49,7 @@ from benchmarks.e2e import data, pipeline, run, serving  # noqa: E402
 
 from dspark_calibrate.runtime_plugin.device_planner import DevicePlanner, ServingPlanner  # noqa: E402
 from dspark_calibrate.runtime_plugin.engine import DynamicVerifier  # noqa: E402
+from dspark_calibrate.runtime_plugin.fused_planner import FusedServingPlanner  # noqa: E402
 from dspark_calibrate.runtime_plugin.planner import Calibration, CostTable, DrainGuard, StepRows, plan  # noqa: E402
 
 #: The issue's target for the device planner's overhead at the highest concurrency.
@@ -58,7 +62,9 @@ def _parser() -> Any:
     ap = run.build_parser(__doc__.split("\n\n")[0])
     ap.add_argument("--from-e2e", type=Path, default=None, help="write the result from an e2e run's e2e.json")
     ap.add_argument(
-        "--modes", default="lagged,sync", help="device planner decision modes to measure (comma-separated)"
+        "--modes",
+        default="fused+compile,fused,lagged",
+        help="device planner serving modes to measure, the first one reported as the device's (comma-separated)",
     )
     ap.set_defaults(bracket_runs=8)  # 2 x 4 arms: every arm at every place of a cycle twice
     return ap
@@ -168,6 +174,38 @@ def _gpu_ms(fn: Any, reps: int) -> float:
     return float(start.elapsed_time(end)) / reps
 
 
+def _fused_host_ms(
+    verifier: DynamicVerifier, device: torch.device, g: int, k: int, rng: np.random.Generator, reps: int
+) -> float:
+    """Host time of the fused planner's part of a step: commit, the logits into the (pinned)
+    input buffer, and observing the decision that came back (no device work: the engine's
+    graph does that)."""
+    fused = FusedServingPlanner(DevicePlanner(verifier.cost_table, verifier.calibration, device=device))
+    pin = device.type == "cuda"
+    ints_host = torch.zeros(3, dtype=torch.int64, pin_memory=pin)
+    size = fused.decision_size(g)
+    fused.bind(
+        g,
+        logits=torch.zeros(1, g, k, device=device),
+        ints=torch.zeros(3, dtype=torch.int64, device=device),
+        ints_host=ints_host.numpy(),
+        windows=torch.zeros(g, dtype=torch.int64, device=device),
+        decision=torch.zeros(size, device=device),
+    )
+    host_logits = torch.zeros(g, k, pin_memory=pin).numpy()
+    logits = rng.normal(1.0, 2.0, (g, k)).astype(np.float32)
+    decision = np.zeros(size, dtype=np.float32)
+    decision[0] = 0.0  # the first compact cell: the lag rule then re-validates it every step
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fused.commit((g,))
+        host_logits[:g] = logits
+        fused.observe(decision)
+        times.append(time.perf_counter() - t)
+    return 1000.0 * float(np.median(times))
+
+
 def micro(verifier: DynamicVerifier, device: torch.device, s: run.Settings, seed: int) -> dict[str, Any]:
     """The planner alone: GPU time per G of the part before the engine's step (rank, allocate)
     and of the selection beside it, host time of a lagged launch, no-sync check, agreement."""
@@ -175,16 +213,22 @@ def micro(verifier: DynamicVerifier, device: torch.device, s: run.Settings, seed
     out: dict[str, Any] = {"per_g": {}}
     dp = DevicePlanner(verifier.cost_table, verifier.calibration, device=device)
     cuda = device.type == "cuda"
+    compiled = DevicePlanner(verifier.cost_table, verifier.calibration, device=device, compile=cuda)
     for g in s.ladder:
         step = dp.step(g)
-        step.logits.copy_(torch.from_numpy(rng.normal(1.0, 2.0, (1, g, s.k)).astype(np.float32)))
-        step.ints[0], step.ints[1], step.ints[2] = g, -1, 0
-        step.capture()
+        x = torch.from_numpy(rng.normal(1.0, 2.0, (1, g, s.k)).astype(np.float32))
         reps = 200 if cuda else 20
         row: dict[str, Any] = {}
+        for name, st in (("critical", step), ("critical_compiled", compiled.step(g))):
+            st.logits.copy_(x)
+            st.ints[0], st.ints[1], st.ints[2] = g, len(st.budgets) - 1, 0
+            st.capture()
+            if cuda:
+                row[f"{name}_gpu_ms"] = _gpu_ms(st.run_critical, reps)
         if cuda:
-            row["critical_gpu_ms"] = _gpu_ms(step.run_critical, reps)
             row["select_gpu_ms"] = _gpu_ms(step.run_select, reps)
+            row["critical_compiled_equal"] = bool(torch.equal(step.windows, compiled.step(g).windows))
+        row["fused_host_ms_median"] = _fused_host_ms(verifier, device, g, s.k, rng, reps)
         sp = ServingPlanner(dp, mode="lagged")
         logits = rng.normal(1.0, 2.0, (g, s.k)).astype(np.float32)
         times = []

@@ -55,7 +55,9 @@ from .serving import Engine, Plan, StepRecord
 
 __all__ = [
     "ENGINE_SOURCE_FILES",
+    "PLANNER_MODES",
     "DevicePlannerPolicy",
+    "FusedPlannerPolicy",
     "PlannerPolicy",
     "PlannerSettings",
     "SweepSettings",
@@ -440,6 +442,70 @@ class DevicePlannerPolicy:
         return stats
 
 
+class FusedPlannerPolicy:
+    """The dynamic policy with the device planner inside the engine's cell graphs
+    (``fused_planner.FusedServingPlanner``): per step the host commits the cell and writes the
+    rows' logits into the engine's input buffer; ranking, allocation and the selection for the
+    next step run in the cell's own graph, and the decision comes back with the step's output.
+
+    Args:
+        fused: the fused planner (``force_native`` for the bracket's forced-K arm).
+        engine: the engine whose buffers it binds and whose cells it captures.
+        name: the policy's name in results.
+        log: where the engine reports the capture.
+    """
+
+    def __init__(
+        self, fused: Any, engine: Engine, name: str = "dynamic-device-fused", log: Any = None
+    ) -> None:
+        self.fused = fused
+        self.engine = engine
+        self.name = name
+        self.token = id(fused)
+        table = fused.planner.table
+        self._conf: dict[int, np.ndarray] = {}
+        cells: list[tuple[int, int]] = []
+        for g in table.graph_batch_sizes:
+            bufs = engine.planner_buffers(g)
+            fused.bind(
+                g,
+                logits=bufs["logits"],
+                ints=bufs["ints"],
+                ints_host=bufs["ints_host"],
+                windows=bufs["windows"],
+                decision=bufs["decision"][: fused.decision_size(g)],
+            )
+            self._conf[g] = bufs["logits_host"]
+            cells.append((g, 0))
+            if not fused.force_native:
+                cells += [(g, v) for v in table.compact_budgets(g)]
+        engine.prepare_fused(self.token, cells, fused.hooks, log=log)
+
+    def plan(self, confidence: np.ndarray) -> Plan:
+        """Commit this step's cell and hand the rows' logits to the engine's input buffer."""
+        n = confidence.shape[0]
+        g, v = self.fused.commit((n,))
+        if g == 0:
+            return Plan(0, 0, None)
+        self._conf[g][:n] = confidence
+        return Plan(g, v, None, fused=self.token)
+
+    def observe(self, out: serving.StepOutput) -> None:
+        """The decision that came back with the step's output."""
+        if out.decision is not None:
+            self.fused.observe(out.decision)
+
+    def finish(self) -> dict[str, Any]:
+        """The run's planner counters (lag, non-finite steps, verified tokens)."""
+        stats: dict[str, Any] = self.fused.finish()
+        return stats
+
+
+#: Device planner decision modes of the testbed: the two of ``ServingPlanner``, and ``fused``
+#: (``FusedServingPlanner``); a ``+compile`` suffix fuses the ranking and allocation kernels.
+PLANNER_MODES: tuple[str, ...] = ("lagged", "sync", "fused", "fused+compile")
+
+
 @dataclass(frozen=True, slots=True)
 class PlannerSettings:
     """Which planner the dynamic arm runs.
@@ -448,13 +514,13 @@ class PlannerSettings:
         prefer: ``device`` (default) or ``host``.
         device: torch device of the device planner (None: the current CUDA device, falling back
             to the host planner without one; ``cpu`` runs the device code on the CPU).
-        mode: the device planner's decision mode, ``lagged`` or ``sync``.
+        mode: the device planner's decision mode (:data:`PLANNER_MODES`).
         dtype: the device planner's float type.
     """
 
     prefer: str = "device"
     device: str | None = None
-    mode: str = "lagged"
+    mode: str = "fused+compile"
     dtype: str = "float64"
 
     def to_dict(self) -> dict[str, Any]:
@@ -476,13 +542,27 @@ def planner_policy(
         The policy and a JSON-ready record of the choice (kind, fallback reason code, message).
     """
     from dspark_calibrate.runtime_plugin.device_planner import ServingPlanner
+    from dspark_calibrate.runtime_plugin.fused_planner import FusedServingPlanner
 
-    choice = choose_planner(verifier, prefer=settings.prefer, device=settings.device, dtype=settings.dtype)
+    if settings.mode not in PLANNER_MODES:
+        raise ValueError(f"planner mode must be one of {PLANNER_MODES}, got {settings.mode!r}")
+    mode, _, option = settings.mode.partition("+")
+    choice = choose_planner(
+        verifier,
+        prefer=settings.prefer,
+        device=settings.device,
+        dtype=settings.dtype,
+        compile=option == "compile",
+    )
     record = {"kind": choice.kind, "reason_code": choice.reason_code, "message": choice.message}
     if choice.kind == "device":
-        sp = ServingPlanner(choice.planner, mode=settings.mode, force_native=force_native)
         record["mode"] = settings.mode
-        return DevicePlannerPolicy(sp, engine, name=f"{name}-device-{settings.mode}"), record
+        policy_name = f"{name}-device-{settings.mode}"
+        if mode == "fused":
+            fused = FusedServingPlanner(choice.planner, force_native=force_native)
+            return FusedPlannerPolicy(fused, engine, name=policy_name), record
+        sp = ServingPlanner(choice.planner, mode=mode, force_native=force_native)
+        return DevicePlannerPolicy(sp, engine, name=policy_name), record
     return PlannerPolicy(verifier, name=f"{name}-host", force_native=force_native), record
 
 

@@ -956,9 +956,11 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--device-decision",
-        choices=("lagged", "sync"),
-        default="lagged",
-        help="the device planner's cell: the previous step's decision (no host sync) or this step's (one sync)",
+        choices=pipeline.PLANNER_MODES,
+        default="fused+compile",
+        help="the device planner's serving mode: inside the engine's cell graphs with compiled ranking "
+        "(fused+compile, the default) or eager kernels (fused); beside them as its own graphs with the "
+        "previous step's decision (lagged) or this step's (sync, one host sync per step)",
     )
     ap.add_argument("--planner-dtype", choices=("float64", "float32"), default="float64")
     ap.add_argument(

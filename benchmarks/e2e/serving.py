@@ -163,12 +163,20 @@ def grouped_attention(
     return o.reshape(rows * width, m.d_model)
 
 
+#: Floats a G's output buffer keeps for a fused planner's decision vector: the head and up to 16
+#: compact cells of the G (``fused_planner.decision_size``).
+DECISION_CAPACITY = 5 + 7 * 16
+
+
 @dataclass(frozen=True, slots=True)
 class _Layout:
     """Offsets of one G's input buffer (int64) and output buffer (fp32).
 
     Input: the real rows ``n``, then per slot its cache length, anchor token and K drafts (pad
-    slots zero). The windows live in a buffer of their own (:meth:`Engine.window_buffer`).
+    slots zero), then the fused device planner's inputs: its three ints (rows, committed column,
+    use_selected) and the rows' confidence logits as float32 pairs. The windows live in a buffer
+    of their own (:meth:`Engine.window_buffer`). Output: accepted, bonus, drafts, confidence, then
+    room for a fused planner's decision vector (:data:`DECISION_CAPACITY`).
     """
 
     g: int
@@ -192,12 +200,30 @@ class _Layout:
         return slice(1 + 2 * self.g, 1 + (2 + self.k) * self.g)
 
     @property
+    def plan(self) -> slice:
+        base = 1 + (2 + self.k) * self.g
+        return slice(base, base + 3)
+
+    @property
+    def conf(self) -> slice:
+        base = 4 + (2 + self.k) * self.g
+        return slice(base, base + -(-self.g * self.k // 2))
+
+    @property
     def in_size(self) -> int:
-        return 1 + (2 + self.k) * self.g
+        return 4 + (2 + self.k) * self.g + -(-self.g * self.k // 2)
+
+    @property
+    def conf_out(self) -> slice:
+        return slice((2 + self.k) * self.g, (2 + 2 * self.k) * self.g)
+
+    @property
+    def decision(self) -> slice:
+        return slice((2 + 2 * self.k) * self.g, (2 + 2 * self.k) * self.g + DECISION_CAPACITY)
 
     @property
     def out_size(self) -> int:
-        return (2 + 2 * self.k) * self.g
+        return (2 + 2 * self.k) * self.g + DECISION_CAPACITY
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +234,7 @@ class StepOutput:
     bonus: np.ndarray  # [n] int64
     drafts: np.ndarray  # [n, K] int64
     confidence: np.ndarray  # [n, K] float32
+    decision: np.ndarray | None = None  # a fused planner's decision vector of this step (host copy)
 
 
 class Engine:
@@ -247,6 +274,7 @@ class Engine:
         self._out_dev: dict[int, torch.Tensor] = {}
         self._out_host: dict[int, torch.Tensor] = {}
         self._cells: dict[tuple[int, int], Callable[[], None]] = {}
+        self._fused: dict[tuple[int, int, int], Callable[[], None]] = {}  # (owner, G, V) -> step
         self._graphs: list[Any] = []
         self._pool: Any = None
         self.debug_logits: dict[int, torch.Tensor] = {}
@@ -362,7 +390,7 @@ class Engine:
         out[:g].copy_(accepted)
         out[g : 2 * g].copy_(bonus)
         out[2 * g : (2 + cfg.k) * g].copy_(drafts.reshape(-1))
-        out[(2 + cfg.k) * g :].copy_(conf.reshape(-1))
+        out[lay.conf_out].copy_(conf.reshape(-1))
 
     def prepare_cells(
         self, cells: Sequence[tuple[int, int]], *, log: Callable[[str], None] | None = None
@@ -386,28 +414,99 @@ class Engine:
                 f"(graphs={self.cfg.use_graphs})"
             )
 
-    def _eager(self, g: int, v: int) -> Callable[[], None]:
+    def _runner(self, g: int, v: int, hooks: Any) -> Callable[[], None]:
+        if hooks is None:
+            return lambda: self._body(g, v)
+        return lambda: self._fused_body(g, v, hooks)
+
+    def _eager(self, g: int, v: int, hooks: Any = None) -> Callable[[], None]:
+        body = self._runner(g, v, hooks)
+
         def run() -> None:
             with torch.no_grad(), sdpa_kernel([self.backend]):
-                self._body(g, v)
+                body()
 
         return run
 
-    def _capture(self, g: int, v: int) -> Callable[[], None]:
+    def _capture(self, g: int, v: int, hooks: Any = None) -> Callable[[], None]:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
+        body = self._runner(g, v, hooks)
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.no_grad(), sdpa_kernel([self.backend]):
             with torch.cuda.stream(stream):
-                for _ in range(2):
-                    self._body(g, v)
+                for _ in range(2):  # warm-up (and, for a compiled planner, its compilation)
+                    body()
             torch.cuda.current_stream(self.device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool):
-                self._body(g, v)
+                body()
         self._graphs.append(graph)
         return graph.replay
+
+    # -- the fused device planner ---------------------------------------------------------------
+    def planner_buffers(self, g: int) -> dict[str, Any]:
+        """G's buffers a fused planner binds (``FusedServingPlanner.bind``'s arguments) and the
+        host view of the logits it reads: ``logits`` ``(1, G, K)`` float32 and ``ints`` ``(3,)``
+        int64 device views of the input buffer, ``ints_host``/``logits_host`` the pinned host
+        arrays behind them, ``windows`` the window buffer, ``decision`` the output region."""
+        lay, k = self._layouts[g], self.cfg.k
+        dev_conf = self._in_dev[g][lay.conf].view(torch.float32)[: g * k].view(1, g, k)
+        host_conf = self._in_host[g].numpy()[lay.conf].view(np.float32)[: g * k].reshape(g, k)
+        return {
+            "logits": dev_conf,
+            "ints": self._in_dev[g][lay.plan],
+            "ints_host": self._in_host[g].numpy()[lay.plan],
+            "logits_host": host_conf,
+            "windows": self._win_dev[g],
+            "decision": self._out_dev[g][lay.decision],
+        }
+
+    def prepare_fused(
+        self,
+        owner: int,
+        cells: Sequence[tuple[int, int]],
+        hooks: Callable[[int], tuple[Callable[[], None], Callable[[], None]]],
+        *,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        """Build each cell's step with a fused planner: its ``critical`` hook (rank, allocate),
+        then the step, with its ``beside`` hook (the selection) on a forked stream next to the
+        step, joined before the end; one CUDA graph per cell on CUDA (``owner``: the planner's
+        token for :meth:`step`)."""
+        t0 = time.perf_counter()
+        todo = sorted({c for c in cells if (owner, *c) not in self._fused}, key=lambda c: -self._tokens(*c))
+        for g, v in todo:
+            self._fill_synthetic(g, v, context=min(self.cfg.max_len // 2, self.cfg.max_len - self.cfg.width))
+            critical, beside = hooks(g)
+            self._fused[(owner, g, v)] = (
+                self._capture(g, v, (critical, beside))
+                if self.cfg.use_graphs
+                else self._eager(g, v, (critical, beside))
+            )
+        if log is not None and todo:
+            log(f"prepared {len(todo)} fused cell(s) in {time.perf_counter() - t0:.1f}s")
+
+    def _fused_body(self, g: int, v: int, hooks: tuple[Callable[[], None], Callable[[], None]]) -> None:
+        critical, beside = hooks
+        critical()
+        if self.device.type != "cuda":
+            beside()
+            self._body(g, v)
+            return
+        main = torch.cuda.current_stream(self.device)
+        side = self._side_stream()
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            beside()
+        self._body(g, v)
+        main.wait_stream(side)
+
+    def _side_stream(self) -> Any:
+        if getattr(self, "_side", None) is None:
+            self._side = torch.cuda.Stream(self.device)
+        return self._side
 
     @property
     def cells(self) -> tuple[tuple[int, int], ...]:
@@ -467,6 +566,7 @@ class Engine:
         lengths: np.ndarray,
         anchors: np.ndarray,
         drafts: np.ndarray,
+        fused: int | None = None,
     ) -> StepOutput:
         """Run one decode step of cell (G, V) over the first ``n`` slots.
 
@@ -479,28 +579,37 @@ class Engine:
             lengths: cache length per slot before the step.
             anchors: anchor token per slot.
             drafts: ``[slots, K]`` drafts per slot.
+            fused: run the cell's graph with the fused planner of this owner token
+                (:meth:`prepare_fused`); the step output then carries its decision.
 
         Returns:
             Accepted lengths, bonus tokens, next drafts and confidence logits of the real rows.
         """
         cell = (g, v)
-        if cell not in self._cells:
-            raise KeyError(f"cell G={g} V={v} was not prepared; prepared cells: {list(self._cells)}")
+        run = self._cells.get(cell) if fused is None else self._fused.get((fused, g, v))
+        if run is None:
+            raise KeyError(
+                f"cell G={g} V={v} was not prepared{'' if fused is None else ' for this fused planner'}; "
+                f"prepared cells: {list(self._cells)}"
+            )
         if self._pack(g, v, n, windows, lengths, anchors, drafts):
             self._win_dev[g].copy_(self._win_host[g], non_blocking=True)
         self._in_dev[g].copy_(self._in_host[g], non_blocking=True)
-        self._cells[cell]()
+        run()
         out = self._out_host[g]
         out.copy_(self._out_dev[g], non_blocking=True)
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
-        arr = out.numpy()
-        k = self.cfg.k
+        return self._output(g, n, out.numpy(), decision=fused is not None)
+
+    def _output(self, g: int, n: int, arr: np.ndarray, *, decision: bool = False) -> StepOutput:
+        k, lay = self.cfg.k, self._layouts[g]
         return StepOutput(
             accepted=arr[:n].astype(np.int64),
             bonus=arr[g : g + n].astype(np.int64),
             drafts=arr[2 * g : (2 + k) * g].reshape(g, k)[:n].astype(np.int64),
-            confidence=arr[(2 + k) * g :].reshape(g, k)[:n].copy(),
+            confidence=arr[lay.conf_out].reshape(g, k)[:n].copy(),
+            decision=arr[lay.decision].copy() if decision else None,
         )
 
     def verify_logits(
@@ -519,14 +628,7 @@ class Engine:
         self._in_dev[g].copy_(self._in_host[g])
         with torch.no_grad(), sdpa_kernel([self.backend]):
             self._body(g, v, keep_logits=True)
-        arr = self._out_dev[g].cpu().numpy()
-        k = self.cfg.k
-        out = StepOutput(
-            accepted=arr[:n].astype(np.int64),
-            bonus=arr[g : g + n].astype(np.int64),
-            drafts=arr[2 * g : (2 + k) * g].reshape(g, k)[:n].astype(np.int64),
-            confidence=arr[(2 + k) * g :].reshape(g, k)[:n].copy(),
-        )
+        out = self._output(g, n, self._out_dev[g].cpu().numpy())
         return out, self.debug_logits.pop(g)
 
     def _fill_synthetic(self, g: int, v: int, context: int) -> None:
@@ -633,14 +735,15 @@ class Plan:
     g: int
     v: int
     windows: np.ndarray | None
+    fused: int | None = None  # the fused planner's owner token (Engine.prepare_fused), else None
 
 
 class Policy(Protocol):
     """Chooses the cell and windows of every step from the rows' confidence logits.
 
     A policy may also have ``finish() -> dict`` (called once when a run ends: its statistics, with
-    ``verified_tokens`` when its plans carry no windows) and ``arm`` (which arm of a
-    :class:`CyclePolicy` planned the last step).
+    ``verified_tokens`` when its plans carry no windows), ``observe(StepOutput)`` (called after
+    every step it planned) and ``arm`` (which arm of a :class:`CyclePolicy` planned the last step).
     """
 
     name: str
@@ -690,6 +793,12 @@ class CyclePolicy:
         self.arm = self.order[self._i % len(self.arms)]
         self._i += 1
         return self.arms[self.arm].plan(confidence)
+
+    def observe(self, out: StepOutput) -> None:
+        """Hand the step's output to the arm that planned it (when it observes)."""
+        observe = getattr(self.arms[self.arm], "observe", None)
+        if observe is not None:
+            observe(out)
 
     def finish(self) -> dict[str, Any]:
         """Every arm's statistics (by name) and their verified tokens together; resets the cycle."""
@@ -895,6 +1004,7 @@ def serve(
         rounds[where] = 0
         outputs[ids, 0] = first.bonus
 
+    observe = getattr(policy, "observe", None)
     t_run = time.perf_counter()
     admit(list(range(min(concurrency, total))))
     state["n"] = int((req >= 0).sum())
@@ -908,7 +1018,9 @@ def serve(
             raise ValueError(
                 f"policy {policy.name!r} keeps its windows on the device; record needs host windows"
             )
-        out = engine.step(plan.g, plan.v, n, plan.windows, length, anchor, drafts)
+        out = engine.step(plan.g, plan.v, n, plan.windows, length, anchor, drafts, fused=plan.fused)
+        if observe is not None:
+            observe(out)
         acc = out.accepted
         if record:
             windows = plan.windows

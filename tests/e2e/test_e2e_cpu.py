@@ -169,18 +169,25 @@ def _sloped_table() -> tuple[CostTable, Calibration]:
     return table, Calibration.sts([1.0] * K)
 
 
-@pytest.mark.parametrize("mode", ["lagged", "sync"])
+@pytest.mark.parametrize("mode", ["lagged", "sync", "fused"])
 def test_device_planner_drives_the_engine_and_keeps_greedy_output(pair: Pair, mode: str) -> None:
     from dspark_calibrate.runtime_plugin.device_planner import DevicePlanner, ServingPlanner
+    from dspark_calibrate.runtime_plugin.fused_planner import FusedServingPlanner
 
     engine = _engine(pair)
     table, calibration = _sloped_table()
     static = serving.serve(
         engine, pair.prompts, concurrency=8, max_new=MAX_NEW, policy=serving.StaticPolicy(LADDER, K)
     )
-    policy = pipeline.DevicePlannerPolicy(
-        ServingPlanner(DevicePlanner(table, calibration), mode=mode), engine
-    )
+    policy: serving.Policy
+    if mode == "fused":
+        policy = pipeline.FusedPlannerPolicy(FusedServingPlanner(DevicePlanner(table, calibration)), engine)
+        lagged = pipeline.DevicePlannerPolicy(ServingPlanner(DevicePlanner(table, calibration)), engine)
+        same = serving.serve(engine, pair.prompts, concurrency=8, max_new=MAX_NEW, policy=lagged)
+    else:
+        policy = pipeline.DevicePlannerPolicy(
+            ServingPlanner(DevicePlanner(table, calibration), mode=mode), engine
+        )
     dynamic = serving.serve(engine, pair.prompts, concurrency=8, max_new=MAX_NEW, policy=policy)
     host = serving.serve(engine, pair.prompts, concurrency=8, max_new=MAX_NEW, policy=_sloped_planner())
     compact = sum(c for (_, v), c in dynamic.cells.items() if v != 0)
@@ -193,10 +200,14 @@ def test_device_planner_drives_the_engine_and_keeps_greedy_output(pair: Pair, mo
         assert dynamic.cells == host.cells and dynamic.verified_tokens == host.verified_tokens
     else:
         assert stats["committed_compact_steps"] == compact
+    if mode == "fused":  # in the engine's own cell steps: exactly the lagged planner's steps
+        assert dynamic.cells == same.cells and dynamic.verified_tokens == same.verified_tokens
+        assert stats["lag_disagreements"] == same.planner_stats["lag_disagreements"]
 
 
 def test_cycle_policy_and_forced_arms_verify_every_draft(pair: Pair) -> None:
     from dspark_calibrate.runtime_plugin.device_planner import DevicePlanner, ServingPlanner
+    from dspark_calibrate.runtime_plugin.fused_planner import FusedServingPlanner
 
     engine = _engine(pair)
     table, calibration = _sloped_table()
@@ -205,16 +216,22 @@ def test_cycle_policy_and_forced_arms_verify_every_draft(pair: Pair) -> None:
     device = pipeline.DevicePlannerPolicy(
         ServingPlanner(DevicePlanner(table, calibration), force_native=True), engine, name="forced-device"
     )
+    fused = pipeline.FusedPlannerPolicy(
+        FusedServingPlanner(DevicePlanner(table, calibration), force_native=True), engine, name="forced-fused"
+    )
     ref = serving.serve(engine, pair.prompts, concurrency=8, max_new=MAX_NEW, policy=static)
-    cycle = serving.CyclePolicy([static, host, device], order=(2, 0, 1))
+    cycle = serving.CyclePolicy([static, host, device, fused], order=(2, 0, 3, 1))
     run_ = serving.serve(engine, pair.prompts, concurrency=8, max_new=MAX_NEW, policy=cycle, log_steps=True)
     np.testing.assert_array_equal(run_.outputs, ref.outputs)
     assert run_.steps == ref.steps and all(v == 0 for (_, v) in run_.cells)
-    assert [arm for *_, arm in run_.step_log[:6]] == [2, 0, 1, 2, 0, 1]
+    assert [arm for *_, arm in run_.step_log[:8]] == [2, 0, 3, 1, 2, 0, 3, 1]
     assert run_.verified_tokens == ref.verified_tokens
-    assert run_.planner_stats["arms"]["forced-device"]["selected_compact_steps"] > 0
-    est = bracket.run_estimate(run_.step_log, ["static", "forced-host", "forced-device"])
-    assert est["forced-host"]["cycles"] == est["forced-device"]["cycles"] > 0
+    arms = run_.planner_stats["arms"]
+    assert arms["forced-device"]["selected_compact_steps"] > 0
+    # Each fused arm sees its own step's decision, whichever arm ran between.
+    assert arms["forced-fused"]["selected_compact_steps"] > 0 and arms["forced-fused"]["snapshot_late"] == 0
+    est = bracket.run_estimate(run_.step_log, ["static", "forced-host", "forced-device", "forced-fused"])
+    assert est["forced-host"]["cycles"] == est["forced-device"]["cycles"] == est["forced-fused"]["cycles"] > 0
     with pytest.raises(ValueError, match="permutation"):
         serving.CyclePolicy([static, host], order=(0, 0))
 
@@ -263,9 +280,9 @@ def test_tiny_pipeline_end_to_end(tmp_path: Path) -> None:
     # The overhead bracket ran both planners (the device one on the CPU here) before build, and
     # build was handed the device arm's upper bound with its source.
     for c, lv in result["stages"]["bracket"]["levels"].items():
-        assert set(lv["arms"]) == {"forced-host", "forced-device-lagged"}, c
-        assert lv["dynamic_arm"] == "forced-device-lagged"
-        arm = lv["arms"]["forced-device-lagged"]
+        assert set(lv["arms"]) == {"forced-host", "forced-device-fused+compile"}, c
+        assert lv["dynamic_arm"] == "forced-device-fused+compile"
+        arm = lv["arms"]["forced-device-fused+compile"]
         assert arm["runs"] >= 2 and arm["cycles"] > 0
         charged = result["stages"]["build"]["overhead"][c]
         assert charged["overhead_ms"] == pytest.approx(max(0.0, arm["ci"][1]))

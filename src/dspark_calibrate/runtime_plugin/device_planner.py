@@ -64,8 +64,8 @@ Example:
 
 from __future__ import annotations
 
-import functools
 import math
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -98,6 +98,8 @@ __all__ = [
     "DevicePlanner",
     "DeviceStep",
     "ServingPlanner",
+    "compiled_critical",
+    "lag_score_loss",
     "lagged_cell",
 ]
 
@@ -167,6 +169,26 @@ class DeviceDecision:
         )
 
 
+def _checked_inputs(
+    inputs: tuple[torch.Tensor, torch.Tensor], shape: tuple[int, int, int], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A caller's (logits, ints) device tensors for a step to read in place, checked."""
+    logits, ints = inputs
+    r_count = shape[0]
+    if tuple(logits.shape) != shape or not logits.is_floating_point():
+        raise ConfigError(
+            f"step logits must be a floating tensor of shape {shape}, got {tuple(logits.shape)} {logits.dtype}"
+        )
+    if tuple(ints.shape) != (r_count + 2,) or ints.dtype != torch.int64:
+        raise ConfigError(
+            f"step ints must be int64 of shape ({r_count + 2},), got {tuple(ints.shape)} {ints.dtype}"
+        )
+    for name, t in (("logits", logits), ("ints", ints)):
+        if t.device != device:
+            raise ConfigError(f"step {name} are on {t.device}, the planner on {device}")
+    return logits, ints
+
+
 class DeviceStep:
     """One graph batch size's selector and allocator on fixed-address buffers.
 
@@ -180,7 +202,14 @@ class DeviceStep:
     Built by :meth:`DevicePlanner.step`; not thread-safe (one step's buffers).
     """
 
-    def __init__(self, planner: DevicePlanner, width: int, g_index: int | None, input_dtype: torch.dtype):
+    def __init__(
+        self,
+        planner: DevicePlanner,
+        width: int,
+        g_index: int | None,
+        input_dtype: torch.dtype,
+        inputs: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ):
         self.planner = planner
         self.width = width
         self.g_index = g_index
@@ -201,12 +230,19 @@ class DeviceStep:
             self.native_ms = table.time(g, NATIVE_BUDGET)
         c = len(self.budgets)
         cdt = planner.dtype
-        self.logits = torch.zeros(r_count, width, k, dtype=input_dtype, device=dev)
-        self.ints = torch.zeros(r_count + 2, dtype=torch.int64, device=dev)
-        self.ints[r_count] = -1
+        if inputs is None:
+            self.logits = torch.zeros(r_count, width, k, dtype=input_dtype, device=dev)
+            self.ints = torch.zeros(r_count + 2, dtype=torch.int64, device=dev)
+            self.ints[r_count] = -1
+        else:
+            self.logits, self.ints = _checked_inputs(inputs, (r_count, width, k), dev)
         self.decision = torch.zeros(len(DECISION_FIELDS) + len(PER_CELL_FIELDS) * c, dtype=cdt, device=dev)
         self.windows = torch.zeros(r_count, width, dtype=torch.int64, device=dev)
         self._targets: list[torch.Tensor] = []
+        self._decision_targets: list[torch.Tensor] = []
+        self._critical_fn: Any = None  # the compiled rank + allocate (DevicePlanner(compile=True))
+        #: Why the compiled ranking and allocation could not run (they then run eagerly), else None.
+        self.compile_error: str | None = None
         self._graph: dict[str, Any] | None = None
         # Constants of the step (device tensors built once: a captured graph reads them in place).
         floor = planner.min_verify_len
@@ -250,6 +286,40 @@ class DeviceStep:
             raise ConfigError(f"window target is on {tensor.device}, the planner on {self.windows.device}")
         self._targets.append(tensor)
 
+    def add_decision_target(self, tensor: torch.Tensor) -> None:
+        """Also write the decision vector into ``tensor`` (as many floating elements, any float
+        dtype, e.g. a region of an engine's output buffer that one copy brings to the host).
+
+        Register targets before :meth:`capture` or before capturing the step into a caller's graph.
+        """
+        n = self.decision.numel()
+        if tensor.numel() != n or not tensor.is_floating_point():
+            raise ConfigError(
+                f"decision target needs {n} floating elements, got {tensor.numel()} {tensor.dtype}"
+            )
+        if tensor.device != self.decision.device:
+            raise ConfigError(f"decision target is on {tensor.device}, the planner on {self.decision.device}")
+        self._decision_targets.append(tensor)
+
+    def enqueue_critical(self) -> None:
+        """Queue the ranking and the allocation of the column in ``ints`` on the current stream:
+        the ops themselves, never a replay, so a caller can capture them into its own graph
+        (before the engine's step that reads the windows)."""
+        if self._critical_fn is not None:
+            try:
+                self._critical_fn()
+                return
+            except Exception as exc:  # a compiler that fails on this host: the same ops, eagerly
+                self._critical_fn = None
+                self.compile_error = f"{type(exc).__name__}: {exc}"[:500]
+        self._rank()
+        self._allocate(requested=True)
+
+    def enqueue_select(self) -> None:
+        """Queue the selection over the survivals :meth:`enqueue_critical` ranked (the decision
+        vector and its targets) on the current stream; for a caller's graph, beside its step."""
+        self._select()
+
     def capture(self) -> None:
         """Capture the step in CUDA graphs (CUDA only; a no-op elsewhere).
 
@@ -263,14 +333,14 @@ class DeviceStep:
         stream = torch.cuda.Stream(dev)  # type: ignore[no-untyped-call]  # torch leaves it untyped
         stream.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up: allocator growth and lazy kernel initialisation
-                self._rank()
+            for _ in range(2):  # warm-up: allocator growth, lazy kernel initialisation, compilation
+                self.enqueue_critical()
                 self._select()
                 self._allocate()
         torch.cuda.current_stream(dev).wait_stream(stream)
         graphs: dict[str, Any] = {}
         for name, parts in (
-            ("critical", (self._rank, functools.partial(self._allocate, requested=True))),
+            ("critical", (self.enqueue_critical,)),
             ("select", (self._select,)),
             ("full", (self._rank, self._select, self._allocate)),
         ):
@@ -295,8 +365,7 @@ class DeviceStep:
         if self._graph is not None:
             self._graph["critical"].replay()
         else:
-            self._rank()
-            self._allocate(requested=True)
+            self.enqueue_critical()
 
     def run_select(self) -> None:
         """The selection over the survivals :meth:`run_critical` ranked (the decision vector)."""
@@ -352,6 +421,7 @@ class DeviceStep:
             parts = [column.to(cdt), reason.to(cdt), non_finite.to(cdt), native_yield, native_score]
             torch.stack(parts, out=self.decision)
             self._selected.copy_(column)
+            self._write_decision_targets()
             return
         extra = self._extra[:, counts]  # (C, R)
         feasible = (extra >= 0).all(dim=1)
@@ -371,6 +441,11 @@ class DeviceStep:
         head = torch.stack([column.to(cdt), reason, non_finite.to(cdt), native_yield, native_score])
         torch.cat([head, cells.reshape(-1)], out=self.decision)
         self._selected.copy_(column)
+        self._write_decision_targets()
+
+    def _write_decision_targets(self) -> None:
+        for t in self._decision_targets:
+            t.copy_(self.decision.view(t.shape))
 
     def _allocate(self, *, requested: bool = False) -> None:
         """The windows of the column in ``ints`` (``requested``), else of ``use_selected``'s choice."""
@@ -484,6 +559,11 @@ class DevicePlanner:
         device: where to compute (``cuda`` in serving; ``cpu`` runs the same code, for tests).
         dtype: ``float64`` (bit-identical sums and scores, the default) or ``float32``.
         num_ranks: ranks per step (their rows are laid out as an (R, W, K) grid).
+        compile: on CUDA, compile each step's ranking and allocation with ``torch.compile``
+            (:func:`compiled_critical`: fused kernels, a few launches instead of about twenty on
+            the critical path of a step). The same operations; the generated kernels may round a
+            survival an ulp or two differently, which the float64 agreement allows (module
+            docstring). Ignored on the CPU.
 
     Raises:
         ConfigError: K differs between table and calibration, or an argument is out of range.
@@ -498,6 +578,7 @@ class DevicePlanner:
         device: str | torch.device = "cpu",
         dtype: str | torch.dtype = "float64",
         num_ranks: int = 1,
+        compile: bool = False,
     ) -> None:
         k = table.max_draft_len
         if calibration.k != k:
@@ -521,6 +602,7 @@ class DevicePlanner:
         self._t = None if temps is None else torch.tensor(temps, dtype=self.dtype, device=self.device)
         self._maps = [self._map_constants(m) for m in calibration.maps]
         self._steps: dict[tuple[int, int | None, torch.dtype], DeviceStep] = {}
+        self.compile = bool(compile)
 
     def _map_constants(self, m: PositionMap) -> tuple[str, tuple[float, ...], tuple[torch.Tensor, ...]]:
         if m.method != "isotonic":
@@ -575,12 +657,34 @@ class DevicePlanner:
             raise ConfigError(f"G={g} is not on the ladder {list(self.table.graph_batch_sizes)}")
         return self._step(g, self.table.graph_batch_sizes.index(g), input_dtype)
 
+    def bound_step(self, graph_batch_size: int, logits: torch.Tensor, ints: torch.Tensor) -> DeviceStep:
+        """A step of one G that reads a caller's device tensors in place (not shared).
+
+        ``logits`` (R, G, K) floating and ``ints`` (R + 2,) int64 on the planner's device are the
+        step's inputs (:class:`DeviceStep`): typically views of an engine's input buffer, which
+        one host copy per step fills, so the planner adds no copy of its own.
+
+        Raises:
+            ConfigError: G is not on the ladder, or a tensor's shape, dtype or device is wrong.
+        """
+        g = int(graph_batch_size)
+        if g not in self.table.graph_batch_sizes:
+            raise ConfigError(f"G={g} is not on the ladder {list(self.table.graph_batch_sizes)}")
+        step = DeviceStep(self, g, self.table.graph_batch_sizes.index(g), logits.dtype, inputs=(logits, ints))
+        self._compile(step)
+        return step
+
     def _step(self, width: int, g_index: int | None, input_dtype: torch.dtype) -> DeviceStep:
         key = (width, g_index, input_dtype)
         hit = self._steps.get(key)
         if hit is None:
             hit = self._steps[key] = DeviceStep(self, width, g_index, input_dtype)
+            self._compile(hit)
         return hit
+
+    def _compile(self, step: DeviceStep) -> None:
+        if self.compile and self.device.type == "cuda":
+            step._critical_fn = compiled_critical(step)
 
     # -- host-side convenience (synchronising; tests, replay and tools, not the serving path) ---------
     def _run(
@@ -924,13 +1028,7 @@ class ServingPlanner:
         if rule[1] != selected:
             st["lag_disagreements"] += 1
             if not non_finite:
-                n_head, n_cell = len(DECISION_FIELDS), len(PER_CELL_FIELDS)
-                scores = {NATIVE_BUDGET: float(d[4])}
-                for i, v in enumerate(step.budgets):
-                    scores[v] = float(d[n_head + n_cell * i + 2])
-                best = scores[selected]
-                if best > 0 and math.isfinite(best):
-                    st["lag_score_loss"] += (best - scores.get(rule[1], -math.inf)) / best
+                st["lag_score_loss"] += lag_score_loss(d, step.budgets, selected, rule[1])
         if committed[1] == NATIVE_BUDGET:
             st["verified_tokens"] += sum(counts) * (self.planner.max_draft_len + 1)
         else:
@@ -972,6 +1070,36 @@ class ServingPlanner:
             "no_graph_steps": 0,
             "verified_tokens": 0,
         }
+
+
+def compiled_critical(step: DeviceStep) -> Any:
+    """``torch.compile`` of the step's ranking and allocation (what ``DevicePlanner(compile=True)``
+    runs on CUDA; on the CPU only for tests: compiling there buys nothing). One graph, no breaks:
+    it reads and writes the step's fixed buffers, so a replay of a graph captured around it does
+    the same."""
+
+    def critical() -> None:
+        step._rank()
+        step._allocate(requested=True)
+
+    # One code object per step: the compiler keeps a bounded number of compiled versions per code
+    # object, and every step (each G, each planner) needs its own.
+    code = critical.__code__.replace(co_name=f"critical_g{step.width}_{id(step):x}")
+    own = types.FunctionType(code, critical.__globals__, code.co_name, None, critical.__closure__)
+    return torch.compile(own, dynamic=False)
+
+
+def lag_score_loss(decision: np.ndarray, budgets: Sequence[int], selected: int, committed: int) -> float:
+    """The relative score a lagged commit gave up: the committed V against the step's own choice,
+    both priced in the step's decision vector (0 when the choice's score is not positive)."""
+    n_head, n_cell = len(DECISION_FIELDS), len(PER_CELL_FIELDS)
+    scores = {NATIVE_BUDGET: float(decision[4])}
+    for i, v in enumerate(budgets):
+        scores[v] = float(decision[n_head + n_cell * i + 2])
+    best = scores[selected]
+    if best > 0 and math.isfinite(best):
+        return (best - scores.get(committed, -math.inf)) / best
+    return 0.0
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:

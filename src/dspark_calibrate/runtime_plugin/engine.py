@@ -235,6 +235,7 @@ def choose_planner(
     device: str | None = None,
     dtype: str = "float64",
     num_ranks: int = 1,
+    compile: bool = False,
 ) -> PlannerChoice:
     """The device planner for ``verifier``'s deployment, or the host planner with a reason.
 
@@ -245,6 +246,7 @@ def choose_planner(
             planner without one. ``cpu`` runs the device code on the CPU (tests, tools).
         dtype: the device planner's float type (``float64`` or ``float32``).
         num_ranks: ranks per step.
+        compile: fuse the device planner's ranking and allocation with ``torch.compile``.
 
     Returns:
         The choice; a fallback is logged once (WARNING, logger
@@ -276,6 +278,7 @@ def choose_planner(
             device=target,
             dtype=dtype,
             num_ranks=num_ranks,
+            compile=compile,
         )
     except (RuntimeError, OSError) as exc:  # CUDA initialisation, out of memory, driver errors
         return _fallback(verifier, "device_init", f"device planner on {target}: {exc!r}")
