@@ -207,8 +207,9 @@ def _fused_host_ms(
 
 
 def micro(verifier: DynamicVerifier, device: torch.device, s: run.Settings, seed: int) -> dict[str, Any]:
-    """The planner alone: GPU time per G of the part before the engine's step (rank, allocate)
-    and of the selection beside it, host time of a lagged launch, no-sync check, agreement."""
+    """The planner alone: GPU time per G of the part before the engine's step (survivals,
+    allocation) and of the selection beside it, eager and compiled, host time of a lagged launch
+    and of the fused commit, no-sync check, agreement (eager and compiled) with the reference."""
     rng = np.random.default_rng(seed)
     out: dict[str, Any] = {"per_g": {}}
     dp = DevicePlanner(verifier.cost_table, verifier.calibration, device=device)
@@ -227,6 +228,7 @@ def micro(verifier: DynamicVerifier, device: torch.device, s: run.Settings, seed
                 row[f"{name}_gpu_ms"] = _gpu_ms(st.run_critical, reps)
         if cuda:
             row["select_gpu_ms"] = _gpu_ms(step.run_select, reps)
+            row["select_compiled_gpu_ms"] = _gpu_ms(compiled.step(g).run_select, reps)
             row["critical_compiled_equal"] = bool(torch.equal(step.windows, compiled.step(g).windows))
         row["fused_host_ms_median"] = _fused_host_ms(verifier, device, g, s.k, rng, reps)
         sp = ServingPlanner(dp, mode="lagged")
@@ -268,7 +270,35 @@ def micro(verifier: DynamicVerifier, device: torch.device, s: run.Settings, seed
         total += 1
     sync.finish()
     out["decisions_equal_to_reference"] = {"equal": agree, "steps": total}
+    out["compiled_decisions_equal_to_reference"] = _compiled_agreement(verifier, compiled, s, rng)
+    out["compile_errors"] = sorted({st.compile_error for st in compiled._steps.values() if st.compile_error})
     return out
+
+
+def _compiled_agreement(
+    verifier: DynamicVerifier, compiled: DevicePlanner, s: run.Settings, rng: np.random.Generator
+) -> dict[str, int]:
+    """The compiled parts' decision (cell) and windows against the reference planner's."""
+    agree = windows_equal = total = 0
+    for _ in range(300 if compiled.device.type == "cuda" else 40):
+        n = int(rng.integers(1, max(s.ladder) + 1))
+        logits = rng.normal(rng.choice([-2.0, 0.5, 3.0]), 2.0, (n, s.k)).astype(np.float32)
+        ref = plan(verifier.cost_table, verifier.calibration, StepRows.single_rank(logits.astype(np.float64)))
+        g = ref.graph_batch_size
+        step = compiled.step(g)
+        grid = np.zeros((1, g, s.k), dtype=np.float32)
+        grid[0, :n] = logits
+        step.logits.copy_(torch.from_numpy(grid))
+        budgets = step.budgets
+        column = budgets.index(ref.verifier_budget) if ref.verifier_budget else -1
+        step.ints.copy_(torch.tensor([n, column, 0]))
+        step.enqueue_critical()
+        step.enqueue_select()
+        got = step.read()
+        agree += (got.graph_batch_size, got.verifier_budget) == (g, ref.verifier_budget)
+        windows_equal += step.windows[0, :n].cpu().numpy().tolist() == ref.windows.tolist()
+        total += 1
+    return {"equal": agree, "windows_equal": windows_equal, "steps": total}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,7 @@ from dspark_calibrate.errors import ConfigError
 from dspark_calibrate.runtime_plugin.device_planner import (
     DevicePlanner,
     ServingPlanner,
-    compiled_critical,
+    compiled_parts,
     lagged_cell,
 )
 from dspark_calibrate.runtime_plugin.fused_planner import FusedServingPlanner, decision_size
@@ -192,11 +192,11 @@ def test_decision_size_is_the_steps_decision_vector() -> None:
         assert decision_size(dp.step(g).columns) == dp.step(g).decision.numel()
 
 
-def test_compiled_ranking_and_allocation_equal_the_eager_ops() -> None:
+def test_compiled_parts_equal_the_eager_ops() -> None:
     table = staircase_table()
     g = table.graph_batch_sizes[1]
     eager, compiled = DevicePlanner(table, CAL).step(g), DevicePlanner(table, CAL).step(g)
-    fn = compiled_critical(compiled)
+    critical, select = compiled_parts(compiled)
     rng = np.random.default_rng(7)
     budgets = table.compact_budgets(g)
     for trial in range(6):
@@ -209,10 +209,37 @@ def test_compiled_ranking_and_allocation_equal_the_eager_ops() -> None:
             step.logits.copy_(torch.from_numpy(x))
             step.ints.copy_(torch.tensor([n, column, 0]))
         eager.enqueue_critical()
-        fn()
+        eager.enqueue_select()
+        critical()
+        select()
         assert torch.equal(eager.windows, compiled.windows), (trial, n, column)
         assert torch.equal(eager._order, compiled._order)
         torch.testing.assert_close(eager._ranked, compiled._ranked, rtol=0, atol=1e-15)
+        assert eager.read().column == compiled.read().column
+        torch.testing.assert_close(eager.decision, compiled.decision, rtol=1e-12, atol=1e-12, equal_nan=True)
+
+
+def test_the_counted_allocation_equals_the_sorted_order_on_ties() -> None:
+    table = staircase_table()
+    step = DevicePlanner(table, CAL).step(16)
+    budgets = table.compact_budgets(16)
+    rng = np.random.default_rng(11)
+    for _ in range(20):
+        n = int(rng.integers(1, 17))
+        # Few distinct values: many exact ties, broken by position, then row.
+        x = rng.choice([-1.0, 0.5, 3.0], size=(1, 16, K)).astype(np.float32)
+        step.logits.copy_(torch.from_numpy(x))
+        step.ints.copy_(torch.tensor([n, int(rng.integers(0, len(budgets))), 0]))
+        step.enqueue_critical()
+        step.enqueue_select()
+        per = int(step._extra[int(step.ints[1]), n])
+        if per < 0:
+            continue
+        grant = torch.zeros_like(step._cand, dtype=torch.bool)
+        grant[0, step._order[0, :per]] = True  # the first `per` of the stable sort
+        floor = step.planner.min_verify_len
+        want = floor + grant.view(1, K - floor, 16).sum(dim=1)
+        assert torch.equal(step.windows, want)
 
 
 def test_a_compiler_that_fails_falls_back_to_the_eager_ops() -> None:
@@ -223,9 +250,10 @@ def test_a_compiler_that_fails_falls_back_to_the_eager_ops() -> None:
     def broken() -> None:
         raise RuntimeError("no compiler here")
 
-    step._critical_fn = broken
+    step._critical_fn = step._select_fn = broken
     for _ in range(3):
         _step(fused, bufs, x)
-    assert step._critical_fn is None and step.compile_error == "RuntimeError: no compiler here"
+    assert step._critical_fn is None and step._select_fn is None
+    assert step.compile_error == "RuntimeError: no compiler here"
     assert bufs[8].windows[:6].tolist() != [0] * 6  # the eager ops wrote the windows
     assert fused.finish()["compile_errors"] == ["RuntimeError: no compiler here"]

@@ -98,7 +98,7 @@ __all__ = [
     "DevicePlanner",
     "DeviceStep",
     "ServingPlanner",
-    "compiled_critical",
+    "compiled_parts",
     "lag_score_loss",
     "lagged_cell",
 ]
@@ -240,18 +240,22 @@ class DeviceStep:
         self.windows = torch.zeros(r_count, width, dtype=torch.int64, device=dev)
         self._targets: list[torch.Tensor] = []
         self._decision_targets: list[torch.Tensor] = []
-        self._critical_fn: Any = None  # the compiled rank + allocate (DevicePlanner(compile=True))
-        #: Why the compiled ranking and allocation could not run (they then run eagerly), else None.
+        # The compiled critical part and selection (DevicePlanner(compile=True)), else None.
+        self._critical_fn: Any = None
+        self._select_fn: Any = None
+        #: Why a compiled part could not run (it then runs eagerly), else None.
         self.compile_error: str | None = None
         self._graph: dict[str, Any] | None = None
         # Constants of the step (device tensors built once: a captured graph reads them in place).
         floor = planner.min_verify_len
         cols = k - floor
         self._rows = torch.arange(width, device=dev)
-        self._positions = torch.arange(cols * width, device=dev)
+        places = torch.arange(cols * width, device=dev)
+        self._before = places[None, :] < places[:, None]  # [i, j]: candidate j comes before i on a tie
         # Outputs of the ranking and the selection, read by the later parts (fixed addresses).
         self._valid = torch.zeros(r_count, width, dtype=torch.bool, device=dev)
         self._surv = torch.zeros(r_count, width, k, dtype=cdt, device=dev)
+        self._cand = torch.zeros(r_count, cols * width, dtype=cdt, device=dev)
         self._ranked = torch.zeros(r_count, cols * width, dtype=cdt, device=dev)
         self._order = torch.zeros(r_count, cols * width, dtype=torch.int64, device=dev)
         self._selected = torch.full((), -1, dtype=torch.int64, device=dev)
@@ -302,23 +306,32 @@ class DeviceStep:
         self._decision_targets.append(tensor)
 
     def enqueue_critical(self) -> None:
-        """Queue the ranking and the allocation of the column in ``ints`` on the current stream:
+        """Queue the survivals and the allocation of the column in ``ints`` on the current stream:
         the ops themselves, never a replay, so a caller can capture them into its own graph
         (before the engine's step that reads the windows)."""
-        if self._critical_fn is not None:
-            try:
-                self._critical_fn()
-                return
-            except Exception as exc:  # a compiler that fails on this host: the same ops, eagerly
-                self._critical_fn = None
-                self.compile_error = f"{type(exc).__name__}: {exc}"[:500]
-        self._rank()
+        if self._critical_fn is not None and self._compiled("_critical_fn"):
+            return
+        self._survive()
         self._allocate(requested=True)
 
     def enqueue_select(self) -> None:
-        """Queue the selection over the survivals :meth:`enqueue_critical` ranked (the decision
-        vector and its targets) on the current stream; for a caller's graph, beside its step."""
+        """Queue the selection over the survivals :meth:`enqueue_critical` computed (the ranking,
+        the decision vector and its targets) on the current stream; for a caller's graph, beside
+        its step."""
+        if self._select_fn is not None and self._compiled("_select_fn"):
+            return
+        self._sort()
         self._select()
+
+    def _compiled(self, name: str) -> bool:
+        """Run a compiled part; False (and eager from now on) when its compiler fails here."""
+        try:
+            getattr(self, name)()
+            return True
+        except Exception as exc:  # a compiler that fails on this host: the same ops, eagerly
+            setattr(self, name, None)
+            self.compile_error = f"{type(exc).__name__}: {exc}"[:500]
+            return False
 
     def capture(self) -> None:
         """Capture the step in CUDA graphs (CUDA only; a no-op elsewhere).
@@ -335,14 +348,14 @@ class DeviceStep:
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up: allocator growth, lazy kernel initialisation, compilation
                 self.enqueue_critical()
-                self._select()
+                self.enqueue_select()
                 self._allocate()
         torch.cuda.current_stream(dev).wait_stream(stream)
         graphs: dict[str, Any] = {}
         for name, parts in (
             ("critical", (self.enqueue_critical,)),
-            ("select", (self._select,)),
-            ("full", (self._rank, self._select, self._allocate)),
+            ("select", (self.enqueue_select,)),
+            ("full", (self._survive, self._sort, self._select, self._allocate)),
         ):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
@@ -356,28 +369,29 @@ class DeviceStep:
         if self._graph is not None:
             self._graph["full"].replay()
         else:
-            self._rank()
+            self._survive()
+            self._sort()
             self._select()
             self._allocate()
 
     def run_critical(self) -> None:
-        """Rank and allocate the column in ``ints`` (``use_selected`` is not read)."""
+        """Survivals and the allocation of the column in ``ints`` (``use_selected`` is not read)."""
         if self._graph is not None:
             self._graph["critical"].replay()
         else:
             self.enqueue_critical()
 
     def run_select(self) -> None:
-        """The selection over the survivals :meth:`run_critical` ranked (the decision vector)."""
+        """The selection over the survivals :meth:`run_critical` computed (the decision vector)."""
         if self._graph is not None:
             self._graph["select"].replay()
         else:
-            self._select()
+            self.enqueue_select()
 
     # -- the computation -------------------------------------------------------------------------
-    def _rank(self) -> None:
+    def _survive(self) -> None:
         # Every output goes to a buffer allocated once, so the three graphs (and eager runs) share
-        # fixed addresses: the selection graph reads what the critical graph's ranking wrote.
+        # fixed addresses: the selection graph reads what the critical graph wrote.
         pl = self.planner
         r_count = pl.num_ranks
         floor = pl.min_verify_len
@@ -385,12 +399,15 @@ class DeviceStep:
         x = self.logits.to(pl.dtype)
         valid = torch.lt(self._rows[None, :], counts[:, None], out=self._valid)  # (R, W) rows in use
         surv = torch.cumprod(pl.probabilities(x), dim=2, out=self._surv)  # left to right, the engine's order
-        # Candidates above the floor, position-major (index = position * W + row: the stable sort
-        # keeps that order among equal survivals, which is the tie-break); absent rows rank last,
-        # NaN survivals just above them.
+        # Candidates above the floor, position-major (index = position * W + row: among equal
+        # survivals that order is the tie-break); absent rows rank last, NaN survivals just above.
         cand = torch.where(valid[:, None, :], surv[:, :, floor:].permute(0, 2, 1), _PAD)
-        cand = torch.nan_to_num_(cand.reshape(r_count, -1), nan=_NAN_RANK)
-        torch.sort(cand, dim=1, descending=True, stable=True, out=(self._ranked, self._order))
+        self._cand.copy_(torch.nan_to_num_(cand.reshape(r_count, -1), nan=_NAN_RANK))
+
+    def _sort(self) -> None:
+        # The candidates in the allocation's order (the stable sort keeps the index order among
+        # equal survivals): what the selection's prefix sums run over.
+        torch.sort(self._cand, dim=1, descending=True, stable=True, out=(self._ranked, self._order))
 
     def _select(self) -> None:
         pl = self.planner
@@ -466,9 +483,13 @@ class DeviceStep:
             # read on the host).
             per = self._extra[alloc.clamp(min=0, max=c - 1).reshape(1, 1), counts.reshape(1, -1)][0]
             per = torch.where(native, 0, per.clamp(min=0))
-            grant = self._positions[None, :] < per[:, None]  # (R, L): the `per` best of each rank
-            mask = torch.zeros_like(grant).scatter_(1, self._order, grant)
-            granted = mask.view(r_count, k - floor, width).sum(dim=1)
+            # A candidate's place in the stable descending order is the number of candidates
+            # before it: larger ones, and equal ones of a lower index. The `per` first of each rank
+            # are granted; no sort on this path, one fused comparison and count.
+            c = self._cand
+            ahead = (c[:, None, :] > c[:, :, None]) | ((c[:, None, :] == c[:, :, None]) & self._before)
+            grant = ahead.sum(dim=2) < per[:, None]  # (R, L)
+            granted = grant.view(r_count, k - floor, width).sum(dim=1)
             torch.add(granted, floor, out=self.windows)
             self.windows.masked_fill_(native, k)
         for t in self._targets:
@@ -559,11 +580,11 @@ class DevicePlanner:
         device: where to compute (``cuda`` in serving; ``cpu`` runs the same code, for tests).
         dtype: ``float64`` (bit-identical sums and scores, the default) or ``float32``.
         num_ranks: ranks per step (their rows are laid out as an (R, W, K) grid).
-        compile: on CUDA, compile each step's ranking and allocation with ``torch.compile``
-            (:func:`compiled_critical`: fused kernels, a few launches instead of about twenty on
-            the critical path of a step). The same operations; the generated kernels may round a
-            survival an ulp or two differently, which the float64 agreement allows (module
-            docstring). Ignored on the CPU.
+        compile: on CUDA, compile each step's critical part and selection with ``torch.compile``
+            (:func:`compiled_parts`: fused kernels, a few launches instead of dozens). The same
+            operations; the generated kernels may round a survival or a sum an ulp differently,
+            so a decision can differ from the reference only where float rounding decides it (a
+            threshold or a tie, as in float32). Ignored on the CPU.
 
     Raises:
         ConfigError: K differs between table and calibration, or an argument is out of range.
@@ -684,7 +705,7 @@ class DevicePlanner:
 
     def _compile(self, step: DeviceStep) -> None:
         if self.compile and self.device.type == "cuda":
-            step._critical_fn = compiled_critical(step)
+            step._critical_fn, step._select_fn = compiled_parts(step)
 
     # -- host-side convenience (synchronising; tests, replay and tools, not the serving path) ---------
     def _run(
@@ -1072,20 +1093,30 @@ class ServingPlanner:
         }
 
 
-def compiled_critical(step: DeviceStep) -> Any:
-    """``torch.compile`` of the step's ranking and allocation (what ``DevicePlanner(compile=True)``
-    runs on CUDA; on the CPU only for tests: compiling there buys nothing). One graph, no breaks:
-    it reads and writes the step's fixed buffers, so a replay of a graph captured around it does
-    the same."""
+def compiled_parts(step: DeviceStep) -> tuple[Any, Any]:
+    """``torch.compile`` of the step's critical part (survivals, allocation) and of its selection
+    (sort, decision): what ``DevicePlanner(compile=True)`` runs on CUDA, on the CPU only for
+    tests (compiling there buys nothing). Each is one graph without breaks that reads and writes
+    the step's fixed buffers, so a replay of a graph captured around it does the same."""
 
     def critical() -> None:
-        step._rank()
+        step._survive()
         step._allocate(requested=True)
 
-    # One code object per step: the compiler keeps a bounded number of compiled versions per code
-    # object, and every step (each G, each planner) needs its own.
-    code = critical.__code__.replace(co_name=f"critical_g{step.width}_{id(step):x}")
-    own = types.FunctionType(code, critical.__globals__, code.co_name, None, critical.__closure__)
+    def select() -> None:
+        step._sort()
+        step._select()
+
+    return _compiled_own(critical, f"critical_g{step.width}_{id(step):x}"), _compiled_own(
+        select, f"select_g{step.width}_{id(step):x}"
+    )
+
+
+def _compiled_own(fn: Any, name: str) -> Any:
+    # One code object per step and part: the compiler keeps a bounded number of compiled
+    # versions per code object, and every step (each G, each planner) needs its own.
+    code = fn.__code__.replace(co_name=name)
+    own = types.FunctionType(code, fn.__globals__, name, None, fn.__closure__)
     return torch.compile(own, dynamic=False)
 
 
