@@ -87,8 +87,9 @@ def level_rows(bracket_levels: dict[str, Any], modes: list[str]) -> dict[str, An
         }
         for m in modes[1:]:
             other = arms.get(f"forced-device-{m}", {})
-            row[f"device_{m}_overhead_ms"] = other.get("overhead_ms")
-            row["ci"][f"device_{m}"] = other.get("ci")
+            key = m.replace("+", "_")
+            row[f"device_{key}_overhead_ms"] = other.get("overhead_ms")
+            row["ci"][f"device_{key}"] = other.get("ci")
         if row["device_overhead_ms"] is not None and row["host_overhead_ms"]:
             row["device_over_host"] = row["device_overhead_ms"] / row["host_overhead_ms"]
         out[str(c)] = row

@@ -29,12 +29,14 @@ def test_tiny_run_writes_the_result(tmp_path: Path) -> None:
     assert "benchmarks/device_planner.py --tiny" in result["command"]
     assert set(result["levels"]) == {"2", "8"}
     for row in result["levels"].values():
-        for key in ("device_overhead_ms", "host_overhead_ms", "device_sync_overhead_ms", "static_step_ms"):
+        for key in ("device_overhead_ms", "host_overhead_ms", "device_fused_overhead_ms", "static_step_ms"):
             assert isinstance(row[key], float), key
         assert len(row["ci"]["device"]) == 2 and len(row["ci"]["host"]) == 2 and row["runs"] == 2
     micro = result["micro"]
     assert set(micro["per_g"]) == {"2", "4", "8"}
     assert micro["decisions_equal_to_reference"]["equal"] == micro["decisions_equal_to_reference"]["steps"]
+    compiled = micro["compiled_decisions_equal_to_reference"]
+    assert compiled["equal"] == compiled["windows_equal"] == compiled["steps"] > 0
 
 
 def test_from_e2e_converts_the_bracket(tmp_path: Path) -> None:

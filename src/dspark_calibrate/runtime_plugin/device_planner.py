@@ -486,8 +486,10 @@ class DeviceStep:
             # A candidate's place in the stable descending order is the number of candidates
             # before it: larger ones, and equal ones of a lower index. The `per` first of each rank
             # are granted; no sort on this path, one fused comparison and count.
-            c = self._cand
-            ahead = (c[:, None, :] > c[:, :, None]) | ((c[:, None, :] == c[:, :, None]) & self._before)
+            cand = self._cand
+            ahead = (cand[:, None, :] > cand[:, :, None]) | (
+                (cand[:, None, :] == cand[:, :, None]) & self._before
+            )
             grant = ahead.sum(dim=2) < per[:, None]  # (R, L)
             granted = grant.view(r_count, k - floor, width).sum(dim=1)
             torch.add(granted, floor, out=self.windows)
