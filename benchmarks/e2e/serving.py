@@ -478,6 +478,11 @@ class Engine:
         t0 = time.perf_counter()
         todo = sorted({c for c in cells if (owner, *c) not in self._fused}, key=lambda c: -self._tokens(*c))
         for g, v in todo:
+            # The warm-up and the capture really run: the planner's inputs must agree with the
+            # synthetic state (every row real, the native column: full windows, inside the cache).
+            lay = self._layouts[g]
+            self._in_host[g].numpy()[lay.plan] = (g, -1, 0)
+            self._in_host[g].numpy()[lay.conf] = 0
             self._fill_synthetic(g, v, context=min(self.cfg.max_len // 2, self.cfg.max_len - self.cfg.width))
             critical, beside = hooks(g)
             self._fused[(owner, g, v)] = (
