@@ -349,9 +349,7 @@ HOMES: dict[str, str] = {
     "Decision": "dspark_calibrate.decision",
 }
 #: Names that restate one of those facts under another name.
-ALIASES = re.compile(
-    r"^_?(MAX_(COMPACT|DEPLOYED|TRUST_ROOT|MIXED)\w*|TRTLLM_(BODY_BUCKETS|MIXED_K|MIXED_WORLD)\w*)$"
-)
+ALIASES = re.compile(r"^_?(MAX_(COMPACT|DEPLOYED|TRUST_ROOT|MIXED)\w*|TRTLLM_(BODY_BUCKETS|MIXED_K|MIXED_WORLD)\w*)$")
 
 
 def _definitions() -> dict[str, list[str]]:

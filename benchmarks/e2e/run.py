@@ -825,7 +825,9 @@ def stage_experiment(
         miss = first_mismatch(lv.reference, warm.outputs)
         if miss:
             lv.mismatches.append({"run": "dynamic warm-up", **miss})
-        if lv.verifier is not None and isinstance(lv.policy, pipeline.DevicePlannerPolicy):
+        if lv.verifier is not None and isinstance(
+            lv.policy, (pipeline.DevicePlannerPolicy, pipeline.FusedPlannerPolicy)
+        ):
             lv.host_policy = pipeline.PlannerPolicy(lv.verifier, name="dynamic-host")
     per_pair: list[float] = []
     for i in range(s.pairs):

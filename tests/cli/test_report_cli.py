@@ -195,9 +195,7 @@ def test_terminal_first_screen_is_the_verdict_and_its_blockers(
     result = invoke(app, b, "--trust-root", root, "--out", tmp_path / "r.html", "--no-plots", "--strict")
     assert result.exit_code == 1, result.output
     lines = result.stdout.splitlines()
-    assert lines[0].startswith(
-        "DO NOT DEPLOY — 3 blocker(s): GAIN_REJECT; NET_VALUE_MISMATCH; NO_DRAIN_GUARD"
-    )
+    assert lines[0].startswith("DO NOT DEPLOY — 3 blocker(s): GAIN_REJECT; NET_VALUE_MISMATCH; NO_DRAIN_GUARD")
     screen = "\n".join(lines[:40])
     assert "fail  the runtime's gain test and the receipt economics" in screen
     assert "blocker 1 (admission) the runtime's gain test says REJECT" in screen

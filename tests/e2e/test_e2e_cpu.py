@@ -293,3 +293,25 @@ def test_tiny_pipeline_end_to_end(tmp_path: Path) -> None:
     for name in ("sweep.parquet", "traces.parquet", "root.json", "fit/calibration.parquet"):
         assert (toolkit / name).exists(), name
     assert (tmp_path / "e2e.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_experiment_serves_the_host_planner_beside_a_fused_device_arm(pair: Pair, tmp_path: Path) -> None:
+    from dspark_calibrate.runtime_plugin.device_planner import DevicePlanner
+    from dspark_calibrate.runtime_plugin.fused_planner import FusedServingPlanner
+
+    engine = _engine(pair)
+    table, calibration = _sloped_table()
+    s = dataclasses.replace(
+        run.make_settings(run.build_parser("t").parse_args(["--tiny"])), max_new=MAX_NEW, pairs=3
+    )
+    fused = pipeline.FusedPlannerPolicy(FusedServingPlanner(DevicePlanner(table, calibration)), engine)
+    ref = serving.serve(
+        engine, pair.prompts, concurrency=8, max_new=MAX_NEW, policy=serving.StaticPolicy(LADDER, K)
+    )
+    lv = run.Level(
+        8, pair.prompts, reference=ref.outputs, policy=fused, verifier=pipeline._Direct(table, calibration)
+    )
+    run.stage_experiment(s, engine, [lv], run.Recorder(tmp_path), deadline=float("inf"))
+    assert len(lv.pairs) == len(lv.host_runs) == 3 and not lv.mismatches
+    assert all(h.policy == "dynamic-host" for h in lv.host_runs)
+    assert any(v for b in (p[1] for p in lv.pairs) for (_, v) in b.cells)  # the fused arm trimmed

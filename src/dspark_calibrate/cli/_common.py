@@ -466,17 +466,13 @@ LiveKvDtype = Annotated[
 LiveBodyBuckets = Annotated[
     str | None,
     _fp_option(
-        "--live-body-buckets",
-        "The engine's captured prefill body buckets (mixed evidence only).",
-        "B1,B2,...",
+        "--live-body-buckets", "The engine's captured prefill body buckets (mixed evidence only).", "B1,B2,..."
     ),
 ]
 LiveExecutionMode = Annotated[
     str | None,
     _fp_option(
-        "--live-execution-mode",
-        "The engine's prefill graph mode, e.g. BREAKABLE (mixed evidence only).",
-        "MODE",
+        "--live-execution-mode", "The engine's prefill graph mode, e.g. BREAKABLE (mixed evidence only).", "MODE"
     ),
 ]
 

@@ -97,7 +97,6 @@ def synth(
         temps = [float(t) for t in temperatures.split(",")] if temperatures else None
     except ValueError:
         fail_usage(f"--temperatures {temperatures!r} is not a list of numbers; give e.g. 1.3,1.4,1.5")
-
     def ints(text: str, option: str) -> list[int]:
         try:
             return [int(x) for x in text.split(",") if x.strip()]

@@ -12,14 +12,17 @@ cost table, the calibration, one step's rows per rank), without leaving the devi
 3. the margin test against native and the iteration drain guard, the winner by (group value,
    score, V), native on ties;
 4. the allocation of a cell: the candidates ranked by survival with the value-independent
-   tie-break (position, then request, i.e. the index order of the position-major layout kept by
-   the stable sort), each request granted a prefix, every rank's tokens exactly V.
+   tie-break (position, then request, i.e. the index order of the position-major layout), each
+   request granted a prefix, every rank's tokens exactly V. The rank of a candidate is counted
+   (larger candidates, and equal ones of a lower index, before it), so the allocation needs no
+   sort; the stable sort, which keeps that same order, serves the selection's prefix sums.
 
 **Fixed addresses, no host synchronisation.** A :class:`DeviceStep` holds one graph batch size's
 input and output buffers; :meth:`DeviceStep.run` reads and writes only those buffers, with static
 shapes and no ``.item()``, boolean indexing or other data-dependent shape, so on CUDA it is
 captured in CUDA graphs per G (the whole step; the part a lagged serving step needs before the
-engine's step, ranking and allocation; the selection) and replayed every step. The rows in use
+engine's step, survivals and allocation; the selection) and replayed every step, or captured into
+an engine's own cell graphs (:mod:`~dspark_calibrate.runtime_plugin.fused_planner`). The rows in use
 are a device input (``counts``), so one set of graphs serves every occupancy of its G.
 
 **The graph key.** The engine must know the cell (G, V) on the host before it replays that

@@ -204,8 +204,8 @@ def test_reference_backend_runs_and_checks_mixed_steps(tmp_path: Path) -> None:
             options={"config": config, "mixed_max_span": 64},
             plan=plan,
             thresholds=Thresholds.quick(
-                budget_s=30.0, min_time_s=0.0, max_samples_per_cell=12, min_samples=4, min_rounds=2
-            ),
+                    budget_s=30.0, min_time_s=0.0, max_samples_per_cell=12, min_samples=4, min_rounds=2
+                ),
             fingerprint=CPU_FP,
         )
         check = output.checks[(0, 24)]

@@ -1253,7 +1253,9 @@ def write_sweep(
         **run_record(result, spath, samples_sha),
         "ci_method": sorted({c.summary.ci_method for c in result.cells if c.summary is not None}),
         "warnings": {
-            c.spec.label(): list(c.summary.warnings) for c in result.cells if c.summary and c.summary.warnings
+            c.spec.label(): list(c.summary.warnings)
+            for c in result.cells
+            if c.summary and c.summary.warnings
         },
     }
     summary_prov = replace(provenance, extra=extra)
