@@ -1098,11 +1098,12 @@ class ServingPlanner:
         }
 
 
-def compiled_parts(step: DeviceStep) -> tuple[Any, Any]:
+def compiled_parts(step: DeviceStep, *, backend: str = "inductor") -> tuple[Any, Any]:
     """``torch.compile`` of the step's critical part (survivals, allocation) and of its selection
     (sort, decision): what ``DevicePlanner(compile=True)`` runs on CUDA, on the CPU only for
-    tests (compiling there buys nothing). Each is one graph without breaks that reads and writes
-    the step's fixed buffers, so a replay of a graph captured around it does the same."""
+    tests (compiling there buys nothing; ``backend="aot_eager"`` traces the same graphs without a
+    C++ compiler). Each is one graph without breaks that reads and writes the step's fixed
+    buffers, so a replay of a graph captured around it does the same."""
 
     def critical() -> None:
         step._survive()
@@ -1112,17 +1113,18 @@ def compiled_parts(step: DeviceStep) -> tuple[Any, Any]:
         step._sort()
         step._select()
 
-    return _compiled_own(critical, f"critical_g{step.width}_{id(step):x}"), _compiled_own(
-        select, f"select_g{step.width}_{id(step):x}"
+    return (
+        _compiled_own(critical, f"critical_g{step.width}_{id(step):x}", backend),
+        _compiled_own(select, f"select_g{step.width}_{id(step):x}", backend),
     )
 
 
-def _compiled_own(fn: Any, name: str) -> Any:
+def _compiled_own(fn: Any, name: str, backend: str) -> Any:
     # One code object per step and part: the compiler keeps a bounded number of compiled
     # versions per code object, and every step (each G, each planner) needs its own.
     code = fn.__code__.replace(co_name=name)
     own = types.FunctionType(code, fn.__globals__, name, None, fn.__closure__)
-    return torch.compile(own, dynamic=False)
+    return torch.compile(own, dynamic=False, backend=backend)
 
 
 def lag_score_loss(decision: np.ndarray, budgets: Sequence[int], selected: int, committed: int) -> float:
