@@ -104,6 +104,8 @@ __all__ = [
     "compiled_parts",
     "lag_score_loss",
     "lagged_cell",
+    "run_counters",
+    "zero_counters",
 ]
 
 #: Leading entries of a step's decision vector (then ``PER_CELL_FIELDS`` per compact cell).
@@ -1070,12 +1072,7 @@ class ServingPlanner:
                 if slot.event is not None:
                     slot.event.synchronize()
                 self._absorb(slot)
-        out = dict(self.stats)
-        steps = max(int(out["steps"]), 1)
-        out["lag_disagreement_rate"] = out["lag_disagreements"] / steps
-        out["mean_lag_score_loss"] = out["lag_score_loss"] / steps
-        out["mode"] = self.mode
-        out["force_native"] = self.force_native
+        out = run_counters(self.stats, mode=self.mode, force_native=self.force_native)
         out["graphs"] = self._graphs
         out["graph_error"] = self.graph_error
         self.reset_stats()
@@ -1084,18 +1081,34 @@ class ServingPlanner:
 
     def reset_stats(self) -> None:
         """Zero the counters (also done by :meth:`finish`)."""
-        self.stats: dict[str, Any] = {
-            "steps": 0,
-            "selected_compact_steps": 0,
-            "committed_compact_steps": 0,
-            "non_finite_steps": 0,
-            "lag_disagreements": 0,
-            "lag_score_loss": 0.0,
-            "snapshot_late": 0,
-            "snapshot_waits": 0,
-            "no_graph_steps": 0,
-            "verified_tokens": 0,
-        }
+        self.stats: dict[str, Any] = zero_counters()
+
+
+def zero_counters() -> dict[str, Any]:
+    """A serving planner's counters at the start of a run (this module's and the fused one's)."""
+    return {
+        "steps": 0,
+        "selected_compact_steps": 0,
+        "committed_compact_steps": 0,
+        "non_finite_steps": 0,
+        "lag_disagreements": 0,
+        "lag_score_loss": 0.0,
+        "snapshot_late": 0,
+        "snapshot_waits": 0,
+        "no_graph_steps": 0,
+        "verified_tokens": 0,
+    }
+
+
+def run_counters(stats: dict[str, Any], *, mode: str, force_native: bool) -> dict[str, Any]:
+    """A run's counters as ``finish`` returns them: the rates per step, the mode."""
+    out = dict(stats)
+    steps = max(int(out["steps"]), 1)
+    out["lag_disagreement_rate"] = out["lag_disagreements"] / steps
+    out["mean_lag_score_loss"] = out["lag_score_loss"] / steps
+    out["mode"] = mode
+    out["force_native"] = force_native
+    return out
 
 
 def compiled_parts(step: DeviceStep, *, backend: str = "inductor") -> tuple[Any, Any]:

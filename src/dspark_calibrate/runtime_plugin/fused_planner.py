@@ -47,6 +47,8 @@ from dspark_calibrate.runtime_plugin.device_planner import (
     DeviceStep,
     lag_score_loss,
     lagged_cell,
+    run_counters,
+    zero_counters,
 )
 from dspark_calibrate.runtime_plugin.planner import NATIVE_BUDGET, cell_geometry
 
@@ -204,12 +206,7 @@ class FusedServingPlanner:
 
     def finish(self) -> dict[str, Any]:
         """The run's counters (same keys as ``ServingPlanner.finish``); resets them and the lag."""
-        out = dict(self.stats)
-        steps = max(int(out["steps"]), 1)
-        out["lag_disagreement_rate"] = out["lag_disagreements"] / steps
-        out["mean_lag_score_loss"] = out["lag_score_loss"] / steps
-        out["mode"] = self.mode
-        out["force_native"] = self.force_native
+        out = run_counters(self.stats, mode=self.mode, force_native=self.force_native)
         out["graphs"] = self.planner.device.type == "cuda"
         out["graph_error"] = None
         out["compiled"] = self.planner.compile and self.planner.device.type == "cuda"
@@ -222,15 +219,4 @@ class FusedServingPlanner:
 
     def reset_stats(self) -> None:
         """Zero the counters (also done by :meth:`finish`)."""
-        self.stats: dict[str, Any] = {
-            "steps": 0,
-            "selected_compact_steps": 0,
-            "committed_compact_steps": 0,
-            "non_finite_steps": 0,
-            "lag_disagreements": 0,
-            "lag_score_loss": 0.0,
-            "snapshot_late": 0,
-            "snapshot_waits": 0,
-            "no_graph_steps": 0,
-            "verified_tokens": 0,
-        }
+        self.stats: dict[str, Any] = zero_counters()
