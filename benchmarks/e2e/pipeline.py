@@ -502,7 +502,7 @@ class FusedPlannerPolicy:
 
 
 #: Device planner decision modes of the testbed: the two of ``ServingPlanner``, and ``fused``
-#: (``FusedServingPlanner``); a ``+compile`` suffix fuses the ranking and allocation kernels.
+#: (``FusedServingPlanner``); a ``+compile`` suffix compiles its critical part and selection (CUDA).
 PLANNER_MODES: tuple[str, ...] = ("lagged", "sync", "fused", "fused+compile")
 
 

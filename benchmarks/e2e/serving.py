@@ -11,7 +11,8 @@ cell). The tokens are *packed*: the target's GEMMs run over exactly those tokens
 below), while attention scatters them into a ``[G, K+1]`` layout and reads each row's cache. The
 packing itself runs on the device, inside the cell's graph, from the rows' windows, cache
 lengths, anchors and drafts: the windows come from the host (static K, the host planner) or are
-written on the device by the device planner, so a dynamic step needs no host round trip. The
+written on the device by the device planner, so a dynamic step needs no host round trip; a fused
+planner is captured into the cell's graph itself (:meth:`Engine.prepare_fused`). The
 graph then computes, on the device, the accepted length of every row (leading drafts equal to the
 target's greedy token), the bonus token, and the drafter's next K drafts and confidence logits
 from the hidden state at the last accepted position. One host copy brings back
@@ -275,6 +276,7 @@ class Engine:
         self._out_host: dict[int, torch.Tensor] = {}
         self._cells: dict[tuple[int, int], Callable[[], None]] = {}
         self._fused: dict[tuple[int, int, int], Callable[[], None]] = {}  # (owner, G, V) -> step
+        self._side: Any = None  # the stream a fused planner's selection runs on, beside the step
         self._graphs: list[Any] = []
         self._pool: Any = None
         self.debug_logits: dict[int, torch.Tensor] = {}
@@ -471,10 +473,10 @@ class Engine:
         *,
         log: Callable[[str], None] | None = None,
     ) -> None:
-        """Build each cell's step with a fused planner: its ``critical`` hook (rank, allocate),
-        then the step, with its ``beside`` hook (the selection) on a forked stream next to the
-        step, joined before the end; one CUDA graph per cell on CUDA (``owner``: the planner's
-        token for :meth:`step`)."""
+        """Build each cell's step with a fused planner: its ``critical`` hook (survivals, the
+        allocation), then the step, with its ``beside`` hook (ranking, selection) on a forked
+        stream next to the step, joined before the end; one CUDA graph per cell on CUDA
+        (``owner``: the planner's token for :meth:`step`)."""
         t0 = time.perf_counter()
         todo = sorted({c for c in cells if (owner, *c) not in self._fused}, key=lambda c: -self._tokens(*c))
         for g, v in todo:
@@ -509,7 +511,7 @@ class Engine:
         main.wait_stream(side)
 
     def _side_stream(self) -> Any:
-        if getattr(self, "_side", None) is None:
+        if self._side is None:
             self._side = torch.cuda.Stream(self.device)
         return self._side
 
