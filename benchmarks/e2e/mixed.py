@@ -212,6 +212,7 @@ class Experiment:
     arms: list[MixedArm] = field(default_factory=list)
     runs: dict[str, list[MixedRun]] = field(default_factory=dict)
     mismatches: list[dict[str, Any]] = field(default_factory=list)
+    steps: Any = None  # mixed_graphs.MixedSteps: mixed steps at fixed shapes per bucket (None: eager)
 
     def serve(self, arm: MixedArm, *, prompts: np.ndarray | None = None, record: bool = False) -> MixedRun:
         """One run of ``arm`` (the experiment's prompts unless given), garbage collector off."""
@@ -234,6 +235,7 @@ class Experiment:
                 max_new=self.s.max_new,
                 arm=arm,
                 record=record,
+                steps=self.steps,
             )
         finally:
             gc.enable()
@@ -345,7 +347,7 @@ def stage_mixed_sweep(
     t = time.perf_counter()
     s, cuda = x.s, x.engine.device.type == "cuda"
     plan = plan_from_workload(workload, route(s), max_cells=s.mixed_max_cells, max_groups=s.mixed_max_cells)
-    mixed_serving.register_mixed_engine(x.engine, s.traffic)
+    mixed_serving.register_mixed_engine(x.engine, s.traffic, steps=x.steps)
     b = s.base
     budgets = pipeline.candidate_budgets(s.ladder, b.k, b.budget_multiples)
     settings = replace(run.sweep_settings(b, budgets), budget_s=s.mixed_budget_s)
@@ -831,6 +833,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--chunk", type=int, default=None, help="context tokens per chunk (prompts are three chunks)"
     )
     ap.add_argument(
+        "--eager-mixed",
+        action="store_true",
+        help="run mixed steps eagerly, packed per step (default: fixed shapes per body bucket, CUDA graphs on CUDA)",
+    )
+    ap.add_argument(
         "--burst", type=int, default=None, help="requests arriving together (default 8; 2 with --tiny)"
     )
     return ap
@@ -872,6 +879,16 @@ def main(argv: list[str] | None = None) -> int:
         rec.stage("engine", time.perf_counter() - t, cells=len(engine.cells), attention=attention)
         prompts = data.sample_prompts(corpus.heldout, s.requests, s.prompt_len, seed=s.base.seed + 2000)
         x = Experiment(s, engine, prompts, mixed_serving.burst_arrivals(s.requests, s.burst, s.period))
+        if not args.eager_mixed:
+            from .mixed_graphs import MixedSteps
+
+            t = time.perf_counter()
+            x.steps = MixedSteps(engine, s.traffic)
+            x.steps.prepare()
+            rec.log(
+                f"prepared {len(s.traffic.buckets)} fixed-shape mixed steps in {time.perf_counter() - t:.1f}s"
+            )
+        rec.result["mixed_steps"] = "eager" if x.steps is None else ("graphs" if x.steps.graphs else "fixed")
         predictions = stage_toolkit(x, trained, corpus, attention, out, rec)
         rec.result["predictions"] = predictions
         rec.write()
@@ -897,7 +914,8 @@ def build_engine(
         attention=attention,
     )
     engine = serving.Engine(trained.target, trained.drafter, cfg, device)
-    mixed_serving.enlarge_caches(engine, s.traffic.max_decoding + s.traffic.prefill_slots)
+    # Decoding slots, prefill slots, and the scratch slot of the fixed-shape mixed steps.
+    mixed_serving.enlarge_caches(engine, s.traffic.max_decoding + s.traffic.prefill_slots + 1)
     cells = [(g, 0) for g in s.ladder] + [
         (g, v)
         for g, vs in pipeline.candidate_budgets(s.ladder, s.base.k, s.base.budget_multiples).items()

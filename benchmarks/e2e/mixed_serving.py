@@ -24,11 +24,13 @@ score test) picks the capacity and ``mixed_windows`` the windows; a step whose g
 admitted cell runs native. Generation requests are all eligible and none is a bootstrap request:
 this engine's first drafts come with confidence from the prefill forward.
 
-Mixed steps are eager (host-packed) on every device; decode steps keep their graphs.
+Mixed steps are eager (host-packed) by default; ``mixed_graphs.MixedSteps`` runs them at fixed shapes,
+one CUDA graph per body bucket. Decode steps keep their graphs.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -414,11 +416,13 @@ def serve_mixed(
     max_new: int,
     arm: MixedArm,
     record: bool = False,
+    steps: Any = None,
 ) -> MixedRun:
     """Serve every prompt greedily, requests arriving at ``arrivals`` (step indices, non-decreasing).
 
     Decoding requests occupy slots ``0..n-1`` (``n ≤ traffic.max_decoding``); prefilling ones the
-    slots from ``traffic.max_decoding`` up. A step with a chunk is mixed (see the module doc).
+    slots from ``traffic.max_decoding`` up. A step with a chunk is mixed (see the module doc); with
+    ``steps`` (a ``mixed_graphs.MixedSteps``) it runs at the fixed shapes of its body bucket.
 
     Raises:
         ValueError: shapes that do not fit the engine or the route's buckets.
@@ -475,8 +479,8 @@ def serve_mixed(
                 if choice.cell is not None:
                     capacity, cell = int(choice.capacity), choice.cell
             t1 = time.perf_counter()
-            mixed_out = mixed_forward(
-                engine,
+            forward = steps.forward if steps is not None else functools.partial(mixed_forward, engine)
+            mixed_out = forward(
                 capacity=capacity,
                 n=n,
                 windows=windows,
@@ -572,10 +576,12 @@ def _compact_decoding(engine: Engine, st: Slots) -> int:
 _REGISTRY: dict[str, Any] = {}
 
 
-def register_mixed_engine(engine: Engine, traffic: MixedTraffic) -> None:
-    """Make ``engine`` the one :func:`mixed_factory` builds mixed steps from (same process only)."""
+def register_mixed_engine(engine: Engine, traffic: MixedTraffic, *, steps: Any = None) -> None:
+    """Make ``engine`` the one :func:`mixed_factory` builds mixed steps from (same process only);
+    with ``steps`` (``mixed_graphs.MixedSteps``) the sweep measures the fixed-shape steps serving runs."""
     _REGISTRY["engine"] = engine
     _REGISTRY["traffic"] = traffic
+    _REGISTRY["steps"] = steps
 
 
 def _shape_inputs(shape: Any, seed: int) -> dict[str, Any]:
@@ -628,12 +634,20 @@ def mixed_factory(shape: Any, **_: Any) -> Callable[[], None]:
     if not isinstance(_REGISTRY.get("engine"), Engine):
         raise RuntimeError("no engine registered; call mixed_serving.register_mixed_engine first")
     inputs = _shape_inputs(shape, _seed(shape))
-    engine: Engine = _REGISTRY["engine"]
+    forward = _forward()
 
     def run() -> None:
-        mixed_forward(engine, **inputs)
+        forward(**inputs)
 
     return run
+
+
+def _forward() -> Callable[..., MixedOut]:
+    """The registered engine's mixed forward: the fixed-shape steps when registered, else eager."""
+    steps = _REGISTRY.get("steps")
+    if steps is not None:
+        return steps.forward  # type: ignore[no-any-return]  # MixedSteps.forward, typed there
+    return functools.partial(mixed_forward, _REGISTRY["engine"])
 
 
 def mixed_check(native: Any, candidate: Any, **_: Any) -> tuple[int, int]:
@@ -642,10 +656,10 @@ def mixed_check(native: Any, candidate: Any, **_: Any) -> tuple[int, int]:
     Both shapes run over the same synthetic state (same drafts, histories and chunks); the cell's
     forward must give each generation row's verified positions the native forward's tokens.
     """
-    engine: Engine = _REGISTRY["engine"]
     seed = _seed(native)
-    a = mixed_forward(engine, **_shape_inputs(native, seed), keep_pred=True)
-    b = mixed_forward(engine, **_shape_inputs(candidate, seed), keep_pred=True)
+    forward = _forward()
+    a = forward(**_shape_inputs(native, seed), keep_pred=True)
+    b = forward(**_shape_inputs(candidate, seed), keep_pred=True)
     rows = mismatches = 0
     if a.pred is None or b.pred is None:
         return 0, 0

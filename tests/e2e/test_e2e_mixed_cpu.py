@@ -246,3 +246,89 @@ def test_admitted_mixed_bundle_drives_the_arms_and_predictions(
     )
     assert exported["status"] == "refused", exported
     assert "world size" in exported["reason"] or "K=" in exported["reason"], exported["reason"]
+
+
+def test_fixed_shape_mixed_steps_equal_the_eager_forward(pair: Pair) -> None:
+    from benchmarks.e2e.mixed_graphs import MixedSteps
+
+    cfg = serving.EngineConfig(k=K, ladder=LADDER, max_len=64, gemm_chunk=CHUNK, use_graphs=False)
+    engine = serving.Engine(pair.target, pair.drafter, cfg, torch.device("cpu"))
+    mixed_serving.enlarge_caches(engine, TRAFFIC.max_decoding + TRAFFIC.prefill_slots + 1)
+    steps = MixedSteps(engine, TRAFFIC)
+    rng = np.random.default_rng(5)
+    slots = engine.cache_k.shape[1]
+    cases = [(4, 2, (True, False)), (6, 1, (True,)), (0, 2, (False, True)), (3, 0, ()), (1, 1, (False,))]
+    for n, m, last in cases:
+        windows = rng.integers(0, K + 1, size=n).astype(np.int64)
+        lengths = np.zeros(slots, dtype=np.int64)
+        lengths[:n] = rng.integers(10, 40, size=n)
+        inputs = {
+            "n": n,
+            "windows": windows,
+            "lengths": lengths,
+            "anchors": rng.integers(32, 127, size=slots).astype(np.int64),
+            "drafts": rng.integers(32, 127, size=(slots, K)).astype(np.int64),
+            "chunk_slots": np.arange(TRAFFIC.max_decoding, TRAFFIC.max_decoding + m, dtype=np.int64),
+            "chunk_pos": rng.choice([0, SIZE], size=m).astype(np.int64),
+            "chunk_tokens": rng.integers(32, 127, size=(m, SIZE)).astype(np.int64),
+            "last": np.array(last, dtype=bool),
+            "keep_pred": True,
+        }
+        capacity = mixed_serving.paid_capacity(int(windows.sum()) + n + m * SIZE, TRAFFIC.buckets)
+        want = mixed_serving.mixed_forward(engine, capacity=capacity, **inputs)
+        got = steps.forward(capacity=capacity, **inputs)
+        for a, b in (
+            (want.gen.accepted, got.gen.accepted),
+            (want.gen.bonus, got.gen.bonus),
+            (want.first, got.first),
+        ):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(want.pred, got.pred)
+        np.testing.assert_array_equal(want.gen.drafts, got.gen.drafts)
+        np.testing.assert_array_equal(want.first_drafts, got.first_drafts)
+        np.testing.assert_allclose(want.gen.confidence, got.gen.confidence, atol=1e-5)
+        np.testing.assert_allclose(want.first_confidence, got.first_confidence, atol=1e-5)
+    with pytest.raises(ValueError, match="scratch slot"):
+        MixedSteps(_engine(pair), TRAFFIC)
+    with pytest.raises(KeyError, match="not a body bucket"):
+        steps.forward(capacity=5, **inputs)
+
+
+def test_serving_with_fixed_shape_mixed_steps_keeps_greedy_output(pair: Pair) -> None:
+    from benchmarks.e2e.mixed_graphs import MixedSteps
+
+    cfg = serving.EngineConfig(k=K, ladder=LADDER, max_len=64, gemm_chunk=CHUNK, use_graphs=False)
+    engine = serving.Engine(pair.target, pair.drafter, cfg, torch.device("cpu"))
+    mixed_serving.enlarge_caches(engine, TRAFFIC.max_decoding + TRAFFIC.prefill_slots + 1)
+    engine.prepare_cells([(g, 0) for g in LADDER])
+    eager = mixed_serving.serve_mixed(
+        engine, pair.prompts, _arrivals(pair), traffic=TRAFFIC, max_new=MAX_NEW, arm=_static()
+    )
+    fixed = mixed_serving.serve_mixed(
+        engine,
+        pair.prompts,
+        _arrivals(pair),
+        traffic=TRAFFIC,
+        max_new=MAX_NEW,
+        arm=_static(),
+        steps=MixedSteps(engine, TRAFFIC),
+    )
+    np.testing.assert_array_equal(eager.outputs, fixed.outputs)
+    assert fixed.mixed_steps == eager.mixed_steps > 0 and fixed.steps == eager.steps
+
+
+def test_fixed_shape_mixed_step_bodies_never_read_the_device_on_the_host(pair: Pair) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.e2e.mixed_graphs import MixedSteps
+
+    cfg = serving.EngineConfig(k=K, ladder=LADDER, max_len=64, gemm_chunk=CHUNK, use_graphs=False)
+    engine = serving.Engine(pair.target, pair.drafter, cfg, torch.device("cpu"))
+    mixed_serving.enlarge_caches(engine, TRAFFIC.max_decoding + TRAFFIC.prefill_slots + 1)
+    steps = MixedSteps(engine, TRAFFIC)
+    steps.prepare([TRAFFIC.buckets[0], TRAFFIC.buckets[-1]])
+    syncing = {"aten::item", "aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select"}
+    for bucket, step in steps._steps.items():
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            step["run"]()
+        assert not {e.name for e in prof.events()} & syncing, bucket
