@@ -318,9 +318,8 @@ def test_serving_with_fixed_shape_mixed_steps_keeps_greedy_output(pair: Pair) ->
 
 
 def test_fixed_shape_mixed_step_bodies_never_read_the_device_on_the_host(pair: Pair) -> None:
-    from torch.profiler import ProfilerActivity, profile
-
     from benchmarks.e2e.mixed_graphs import MixedSteps
+    from torch.profiler import ProfilerActivity, profile
 
     cfg = serving.EngineConfig(k=K, ladder=LADDER, max_len=64, gemm_chunk=CHUNK, use_graphs=False)
     engine = serving.Engine(pair.target, pair.drafter, cfg, torch.device("cpu"))

@@ -264,3 +264,22 @@ def test_a_compiler_that_fails_falls_back_to_the_eager_ops() -> None:
     assert step.compile_error == "RuntimeError: no compiler here"
     assert bufs[8].windows[:6].tolist() != [0] * 6  # the eager ops wrote the windows
     assert fused.finish()["compile_errors"] == ["RuntimeError: no compiler here"]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [lambda d: d[:2], lambda d: np.full_like(d, np.nan), lambda d: np.full_like(d, 99.0)],
+    ids=["short", "nan", "column"],
+)
+def test_a_damaged_decision_is_counted_and_the_next_step_runs_native(damage: Any) -> None:
+    fused, bufs = _fused()
+    good = np.full((6, K), 4.0, dtype=np.float32)
+    for _ in range(3):
+        _step(fused, bufs, good)
+    g, _ = fused.commit([6])
+    fused.hooks(g)[0]()
+    fused.hooks(g)[1]()
+    fused.observe(damage(bufs[g].decision.numpy().copy()))
+    assert _step(fused, bufs, good)[1] == 0
+    stats = fused.finish()
+    assert stats["bad_decisions"] == 1 and stats["snapshot_late"] == 1

@@ -1096,6 +1096,7 @@ def zero_counters() -> dict[str, Any]:
         "snapshot_late": 0,
         "snapshot_waits": 0,
         "no_graph_steps": 0,
+        "bad_decisions": 0,
         "verified_tokens": 0,
     }
 

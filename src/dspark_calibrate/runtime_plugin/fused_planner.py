@@ -10,9 +10,9 @@ there is between two steps. :class:`FusedServingPlanner` moves all of it into th
   ints (rows, committed column, ``use_selected``) from views of the engine's own input buffer
   (:meth:`DevicePlanner.bound_step`), which the engine copies to the device once per step anyway.
 - **Captured with the step.** The engine captures, per cell (G, V), one CUDA graph of: the
-  planner's ranking and allocation of the committed column (writing the windows the packing
-  reads), then the engine's step, with the selection for the next step on a forked stream beside
-  it, joined before the graph ends (:meth:`hooks`).
+  planner's survivals and allocation of the committed column (writing the windows the packing
+  reads), then the engine's step, with the ranking and selection for the next step on a forked
+  stream beside it, joined before the graph ends (:meth:`hooks`).
 - **Decision out with the step's output.** The selection writes its decision vector into a region
   of the engine's output buffer, which the engine's one output copy brings back; the host hands
   those values to :meth:`observe` after the step.
@@ -33,6 +33,7 @@ Performs no I/O.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -127,8 +128,8 @@ class FusedServingPlanner:
 
     def hooks(self, graph_batch_size: int) -> tuple[Callable[[], None], Callable[[], None]]:
         """``(critical, beside)`` for the engine's capture of a cell of G: ``critical`` before the
-        step (rank, allocate the committed column), ``beside`` on a forked stream next to it (the
-        selection and its decision target).
+        step (survivals, the allocation of the committed column), ``beside`` on a forked stream
+        next to it (ranking, selection and the decision target).
 
         Raises:
             KeyError: G was not bound.
@@ -181,9 +182,18 @@ class FusedServingPlanner:
         self._pending = None
         budgets = self._budgets[g]
         d = decision
+        st = self.stats
+        if (
+            d.shape[0] < self.decision_size(g)
+            or not math.isfinite(float(d[0]))
+            or not -1 <= d[0] < len(budgets)
+        ):
+            # Not a decision this planner wrote (a short or damaged region): the next step runs
+            # native, counted; serving goes on.
+            st["bad_decisions"] += 1
+            return
         column = int(d[0])
         selected = NATIVE_BUDGET if column < 0 else budgets[column]
-        st = self.stats
         st["steps"] += 1
         st["selected_compact_steps"] += selected != NATIVE_BUDGET
         st["committed_compact_steps"] += committed[1] != NATIVE_BUDGET
