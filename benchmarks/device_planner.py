@@ -9,7 +9,7 @@ planner in each ``--modes`` mode (default: fused into the engine's cell graphs w
 ranking, the same with eager kernels, and the lagged planner with graphs of its own) and the host
 reference planner, side by side in one run.
 
-One H200, one command (about 2.5 minutes: a short training, the native graphs of every arm, the
+One H200, one command (about 3 minutes: a short training, the native graphs of every arm, the
 compilation, eight bracket runs per level)::
 
     PYTHONPATH=src:/tmp/site python3 benchmarks/device_planner.py --out $OUT
