@@ -171,19 +171,11 @@ class MixedSteps:
         h[lay["cslot"]] = self.scratch
         h[lay["fidx"]] = reg.cap
 
-    def _pack(
-        self,
-        step: dict[str, Any],
-        n: int,
-        windows: np.ndarray,
-        lengths: np.ndarray,
-        anchors: np.ndarray,
-        drafts: np.ndarray,
-        chunk_slots: np.ndarray,
-        chunk_pos: np.ndarray,
-        chunk_tokens: np.ndarray,
-    ) -> None:
+    def _pack(self, step: dict[str, Any], a: dict[str, Any]) -> None:
+        """Write one step's indices (``a``: :meth:`forward`'s arguments) into its host buffer."""
         reg, lay = step["reg"], step["lay"]
+        n, windows, lengths, anchors, drafts = a["n"], a["windows"], a["lengths"], a["anchors"], a["drafts"]
+        chunk_slots, chunk_pos, chunk_tokens = a["chunk_slots"], a["chunk_pos"], a["chunk_tokens"]
         width, k = self.engine.cfg.width, self.engine.cfg.k
         m, size = int(chunk_slots.shape[0]), self._size
         w1 = windows[:n].astype(np.int64) + 1
@@ -302,7 +294,7 @@ class MixedSteps:
             raise KeyError(f"capacity {capacity} is not a body bucket {list(self.traffic.buckets)}")
         self.prepare([capacity])
         step = self._steps[capacity]
-        self._pack(step, n, windows, lengths, anchors, drafts, chunk_slots, chunk_pos, chunk_tokens)
+        self._pack(step, locals())
         step["dev"].copy_(step["host"], non_blocking=True)
         step["run"]()
         out = step["out_host"]
