@@ -883,7 +883,7 @@ def main(argv: list[str] | None = None) -> int:
             from .mixed_graphs import MixedSteps
 
             t = time.perf_counter()
-            x.steps = MixedSteps(engine, s.traffic)
+            x.steps = MixedSteps(engine, s.traffic, graphs=engine.cfg.use_graphs)
             x.steps.prepare()
             rec.log(
                 f"prepared {len(s.traffic.buckets)} fixed-shape mixed steps in {time.perf_counter() - t:.1f}s"
