@@ -95,3 +95,24 @@ def test_no_bare_value_or_key_error_outside_the_list() -> None:
     assert found <= set(BARE_VALUE_ERRORS), (
         f"raise ValueError/KeyError in {sorted(found - set(BARE_VALUE_ERRORS))}"
     )
+
+
+def _broad_handlers(tree: ast.AST) -> list[int]:
+    """Lines of ``except:``, ``except Exception`` and ``except BaseException`` handlers."""
+    broad = {"Exception", "BaseException"}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ExceptHandler):
+            names = node.type.elts if isinstance(node.type, ast.Tuple) else [node.type]
+            if node.type is None or any(isinstance(n, ast.Name) and n.id in broad for n in names):
+                out.append(node.lineno)
+    return out
+
+
+def test_the_package_fails_closed_at_exactly_one_boundary() -> None:
+    found = {
+        str(path.relative_to(SRC)): lines
+        for path in sorted(SRC.rglob("*.py"))
+        if (lines := _broad_handlers(ast.parse(path.read_text(encoding="utf-8"))))
+    }
+    assert list(found) == ["runtime_plugin/admission.py"] and len(found["runtime_plugin/admission.py"]) == 1, found

@@ -330,10 +330,12 @@ class DeviceStep:
 
     def _compiled(self, name: str) -> bool:
         """Run a compiled part; False (and eager from now on) when its compiler fails here."""
+        # torch.compile's failures are RuntimeErrors; a missing Triton or C++ toolchain can surface
+        # as an ImportError. Nothing broader: the one fail-closed boundary is admit() (STYLE 13).
         try:
             getattr(self, name)()
             return True
-        except Exception as exc:  # a compiler that fails on this host: the same ops, eagerly
+        except (RuntimeError, ImportError) as exc:
             setattr(self, name, None)
             self.compile_error = f"{type(exc).__name__}: {exc}"[:500]
             return False
