@@ -26,6 +26,7 @@ source (digest of ``model.py`` and ``serving.py``), the GPU, K and the graph lad
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -442,6 +443,9 @@ class DevicePlannerPolicy:
         return stats
 
 
+_FUSED_TOKENS = itertools.count(1)
+
+
 class FusedPlannerPolicy:
     """The dynamic policy with the device planner inside the engine's cell graphs
     (``fused_planner.FusedServingPlanner``): per step the host commits the cell and writes the
@@ -461,7 +465,9 @@ class FusedPlannerPolicy:
         self.fused = fused
         self.engine = engine
         self.name = name
-        self.token = id(fused)
+        # A token of its own, never reused (an id() may be, once an earlier planner is gone, and
+        # would replay graphs captured around that planner's buffers).
+        self.token = next(_FUSED_TOKENS)
         table = fused.planner.table
         self._conf: dict[int, np.ndarray] = {}
         cells: list[tuple[int, int]] = []

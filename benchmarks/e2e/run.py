@@ -825,9 +825,7 @@ def stage_experiment(
         miss = first_mismatch(lv.reference, warm.outputs)
         if miss:
             lv.mismatches.append({"run": "dynamic warm-up", **miss})
-        if lv.verifier is not None and isinstance(
-            lv.policy, (pipeline.DevicePlannerPolicy, pipeline.FusedPlannerPolicy)
-        ):
+        if lv.verifier is not None and not isinstance(lv.policy, pipeline.PlannerPolicy):
             lv.host_policy = pipeline.PlannerPolicy(lv.verifier, name="dynamic-host")
     per_pair: list[float] = []
     for i in range(s.pairs):

@@ -315,3 +315,22 @@ def test_experiment_serves_the_host_planner_beside_a_fused_device_arm(pair: Pair
     assert len(lv.pairs) == len(lv.host_runs) == 3 and not lv.mismatches
     assert all(h.policy == "dynamic-host" for h in lv.host_runs)
     assert any(v for b in (p[1] for p in lv.pairs) for (_, v) in b.cells)  # the fused arm trimmed
+
+
+def test_fused_policies_never_share_an_engine_token(pair: Pair) -> None:
+    import gc
+
+    from dspark_calibrate.runtime_plugin.device_planner import DevicePlanner
+    from dspark_calibrate.runtime_plugin.fused_planner import FusedServingPlanner
+
+    engine = _engine(pair)
+    table, calibration = _sloped_table()
+    seen = set()
+    for _ in range(3):  # each planner gone before the next: an id() would come back, a token must not
+        policy = pipeline.FusedPlannerPolicy(
+            FusedServingPlanner(DevicePlanner(table, calibration), force_native=True), engine
+        )
+        assert policy.token not in seen
+        seen.add(policy.token)
+        del policy
+        gc.collect()
