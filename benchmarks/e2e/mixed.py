@@ -880,7 +880,7 @@ def main(argv: list[str] | None = None) -> int:
         prompts = data.sample_prompts(corpus.heldout, s.requests, s.prompt_len, seed=s.base.seed + 2000)
         x = Experiment(s, engine, prompts, mixed_serving.burst_arrivals(s.requests, s.burst, s.period))
         if not args.eager_mixed:
-            from .mixed_graphs import MixedSteps
+            from benchmarks.e2e.mixed_graphs import MixedSteps
 
             t = time.perf_counter()
             x.steps = MixedSteps(engine, s.traffic, graphs=engine.cfg.use_graphs)
