@@ -213,6 +213,7 @@ class Experiment:
     runs: dict[str, list[MixedRun]] = field(default_factory=dict)
     mismatches: list[dict[str, Any]] = field(default_factory=list)
     steps: Any = None  # mixed_graphs.MixedSteps: mixed steps at fixed shapes per bucket (None: eager)
+    table_ms: dict[tuple[int, int], float] = field(default_factory=dict)  # the decode sweep's medians
 
     def serve(self, arm: MixedArm, *, prompts: np.ndarray | None = None, record: bool = False) -> MixedRun:
         """One run of ``arm`` (the experiment's prompts unless given), garbage collector off."""
@@ -521,11 +522,16 @@ def prediction_of(outcome: dict[str, Any], decision: Any, *, part: str) -> dict[
                 "source": "build: mixed admission summary (decode + mixed steps, one resampling)",
             }
     summary = outcome["summary"]
-    return {
+    out: dict[str, Any] = {
         "predicted_gain": float(summary["predicted_gain"]),
         "predicted_ci": [float(summary["predicted_gain_ci_low"]), float(summary["predicted_gain_ci_high"])],
         "source": "build: decode admission summary",
     }
+    replayed = (outcome.get("replay") or {}).get("mixed") or {}
+    for name in ("decode_part", "mixed_part"):
+        if replayed.get(name) is not None:
+            out[name] = replayed[name]
+    return out
 
 
 def stage_toolkit(
@@ -555,6 +561,7 @@ def stage_toolkit(
         (int(r["graph_batch_size"]), int(r["verifier_budget"])): float(r["step_time_ms"])
         for r in result.summary_table().to_pylist()
     }
+    x.table_ms = table_ms
     rec.stage("sweep", time.perf_counter() - t, cells=len(table_ms), rounds=result.rounds)
 
     static = MixedArm("static", serving.StaticPolicy(s.ladder, b.k))
@@ -732,6 +739,59 @@ def _agreement(realised: float, lo: float, hi: float, predicted: float) -> str:
     return "undecided"
 
 
+def part_gains(static: list[MixedRun], runs: list[MixedRun], prediction: dict[str, Any]) -> dict[str, Any]:
+    """Realised against predicted gain on each part of the workload: decode steps and mixed steps.
+
+    A part's realised gain in a round is the static run's wall time on that part over the arm's,
+    minus one (mixed steps include the few prefill-only ones, the same in every arm); the interval is
+    Student-t over rounds. The prediction is the replay's own split (``decode_part``, ``mixed_part``
+    of build's mixed summary, the mixed-aware one for the decode-only arm), where build priced mixed
+    steps. A part's gain is relative to its own
+    wall time; the whole run's gain is their mix weighted by each part's share of the arm's time.
+    """
+    # The decode-only arm's own prediction is blind to mixed steps: its split is the mixed-aware one.
+    split = prediction if "decode_part" in prediction else (prediction.get("mixed_aware") or {})
+    out: dict[str, Any] = {}
+    for part, seconds in (("decode", lambda r: r.decode_seconds), ("mixed", lambda r: r.mixed_seconds)):
+        gains = [seconds(b) / seconds(r) - 1 for b, r in zip(static, runs, strict=True) if seconds(r) > 0]
+        mean, lo, hi = analysis.t_interval(gains) if len(gains) > 1 else (math.nan, math.nan, math.nan)
+        entry: dict[str, Any] = {
+            "realised_gain": mean,
+            "realised_ci": [lo, hi],
+            "time_share": sum(seconds(r) for r in runs) / max(1e-12, sum(r.seconds for r in runs)),
+        }
+        predicted = split.get(f"{part}_part")
+        if predicted is not None:
+            entry["predicted_gain"] = float(predicted["predicted_gain"])
+            entry["predicted_ci"] = [float(predicted["ci_low"]), float(predicted["ci_high"])]
+            entry["error_pp"] = 100.0 * (mean - entry["predicted_gain"])
+        out[part] = entry
+    return out
+
+
+def decode_cells(runs: list[MixedRun], table_ms: dict[tuple[int, int], float]) -> dict[str, Any]:
+    """Decode steps per cell ``"G/V"``: how many ran, their mean wall time, and the sweep's median.
+
+    ``realised_over_table_time`` is the decode steps' summed wall time over their cells' summed
+    medians (steps of an unmeasured cell left out): how far serving ran from the table's prices.
+    """
+    times: dict[tuple[int, int], list[float]] = {}
+    for r in runs:
+        for _, kind, ms, g, v, _ in r.step_log:
+            if kind == "decode":
+                times.setdefault((g, v), []).append(ms)
+    cells = {
+        f"{g}/{v}": {"steps": len(ms), "realised_ms": float(np.mean(ms)), "table_ms": table_ms.get((g, v))}
+        for (g, v), ms in sorted(times.items())
+    }
+    priced = [(sum(ms), len(ms) * table_ms[c]) for c, ms in times.items() if c in table_ms]
+    table_total = sum(t for _, t in priced)
+    return {
+        "cells": cells,
+        "realised_over_table_time": sum(w for w, _ in priced) / table_total if table_total > 0 else None,
+    }
+
+
 def stage_analysis(x: Experiment, predictions: dict[str, Any], rec: run.Recorder) -> None:
     """Per arm: realised gain (CI over rounds) against its prediction, mixed share and cell use."""
     base = x.runs.get("static", [])
@@ -769,6 +829,9 @@ def stage_analysis(x: Experiment, predictions: dict[str, Any], rec: run.Recorder
                 / max(1, sum(r.mixed_steps + r.prefill_only_steps for r in runs)),
             },
         }
+        if arm.name != "static":
+            entry["parts"] = part_gains(base[:pairs], runs[:pairs], pred)
+        entry["decode_cells"] = decode_cells(runs, x.table_ms)
         # Mixed steps some of whose candidate geometries have an admitted cell (the replay's "covered").
         entry["mixed_covered_share"] = (
             sum(r.covered_steps for r in runs) / mixed_steps if mixed_steps else None
@@ -819,6 +882,11 @@ def stage_analysis(x: Experiment, predictions: dict[str, Any], rec: run.Recorder
             f"{name}: realised {e['realised_gain']:+.3f} CI {[round(v, 3) for v in e['realised_ci']]} vs predicted "
             f"{e['predicted_gain']:+.3f}; mixed share {e['mixed_share']:.0%}, compact mixed steps {e['mixed_compact_steps']}"
         )
+        for part, p in e.get("parts", {}).items():
+            predicted = f" vs predicted {p['predicted_gain']:+.3f}" if "predicted_gain" in p else ""
+            rec.log(
+                f"  {name} {part} steps ({p['time_share']:.0%} of its time): realised {p['realised_gain']:+.3f}{predicted}"
+            )
 
 
 def build_parser() -> argparse.ArgumentParser:

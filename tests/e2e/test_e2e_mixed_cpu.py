@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 from benchmarks.e2e import mixed, mixed_serving, serving
-from benchmarks.e2e.mixed_serving import MixedArm, MixedTraffic
+from benchmarks.e2e.mixed_serving import MixedArm, MixedRun, MixedTraffic
 
 from dspark_calibrate.artifacts import (
     MIXED_EXECUTION_MODE,
@@ -177,8 +178,11 @@ def test_tiny_mixed_proof_end_to_end(tmp_path: Path) -> None:
     for name, arm in result["arms"].items():
         assert len(arm["pair_gains"]) >= 3, name
         assert 0.3 <= arm["mixed_share"] <= 0.7, (name, arm["mixed_share"])
-        for key in ("realised_gain", "realised_ci", "predicted_gain", "predicted_ci"):
+        for key in ("realised_gain", "realised_ci", "predicted_gain", "predicted_ci", "decode_cells"):
             assert key in arm, (name, key)
+        if name != "static":
+            assert set(arm["parts"]) == {"decode", "mixed"}, name
+            assert 0 < arm["parts"]["decode"]["time_share"] < 1
     assert "mixed_aware" in result["predictions"]["decode_only"]
     for stage in (
         "train", "engine", "sweep", "traces", "workload", "fit", "overhead", "build_decode_only", "mixed_sweep",
@@ -331,3 +335,55 @@ def test_fixed_shape_mixed_step_bodies_never_read_the_device_on_the_host(pair: P
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             step["run"]()
         assert not {e.name for e in prof.events()} & syncing, bucket
+
+
+def _run(
+    decode_s: float, mixed_s: float, log: Sequence[tuple[int, str, float, int, int, str]] = ()
+) -> MixedRun:
+    return MixedRun(
+        "arm",
+        np.zeros((1, 1), dtype=np.int64),
+        seconds=decode_s + mixed_s,
+        decode_seconds=decode_s,
+        mixed_seconds=mixed_s,
+        step_log=list(log),
+    )
+
+
+def test_part_gains_split_the_realised_gain_and_judge_each_part() -> None:
+    """Known truth: the arm is 5% faster on decode steps and 3% slower on mixed ones, every round."""
+    static = [_run(1.0 + 0.01 * i, 2.0 + 0.02 * i) for i in range(4)]
+    arm = [_run(r.decode_seconds / 1.05, r.mixed_seconds / (1 - 0.03)) for r in static]
+    prediction = {
+        "predicted_gain": -0.02,
+        "mixed_aware": {
+            "decode_part": {"predicted_gain": 0.01, "ci_low": 0.0, "ci_high": 0.02},
+            "mixed_part": {"predicted_gain": -0.033, "ci_low": -0.034, "ci_high": -0.032},
+        },
+    }
+    parts = mixed.part_gains(static, arm, prediction)
+    assert parts["decode"]["realised_gain"] == pytest.approx(0.05)
+    assert parts["mixed"]["realised_gain"] == pytest.approx(-0.03)
+    assert parts["decode"]["error_pp"] == pytest.approx(4.0)
+    assert parts["mixed"]["predicted_ci"] == [-0.034, -0.032]
+    share = arm[0].decode_seconds / arm[0].seconds
+    assert parts["decode"]["time_share"] == pytest.approx(share, rel=0.01)
+    # Without a split in the prediction, the realised parts are still reported.
+    assert "predicted_gain" not in mixed.part_gains(static, arm, {"predicted_gain": 0.0})["decode"]
+
+
+def test_decode_cells_compare_serving_with_the_table() -> None:
+    log = [
+        (0, "decode", 4.0, 64, 0, ""),
+        (1, "mixed", 7.0, 768, 896, "native"),
+        (2, "decode", 3.0, 64, 256, ""),
+    ]
+    runs = [
+        _run(0.007, 0.007, log),
+        _run(0.007, 0.007, [(0, "decode", 2.0, 64, 256, ""), (1, "decode", 5.0, 8, 0, "")]),
+    ]
+    got = mixed.decode_cells(runs, {(64, 0): 3.6, (64, 256): 2.4})
+    assert got["cells"]["64/256"] == {"steps": 2, "realised_ms": 2.5, "table_ms": 2.4}
+    assert got["cells"]["8/0"]["table_ms"] is None  # served, not measured: left out of the ratio
+    assert got["realised_over_table_time"] == pytest.approx((4.0 + 5.0) / (3.6 + 4.8))
+    assert mixed.decode_cells([], {})["realised_over_table_time"] is None
