@@ -60,7 +60,7 @@ from dspark_calibrate.artifacts import (
     write_unsigned_artifact,
 )
 from dspark_calibrate.calibrate._png import new_figure, png_bytes
-from dspark_calibrate.calibrate.deployment.mixed import MixedEvidence, MixedGrid
+from dspark_calibrate.calibrate.deployment.mixed import MixedEvidence, MixedGrid, histories_follow_tokens
 from dspark_calibrate.calibrate.deployment.mixed_build import (
     MIXED_MINIMUM_GAIN,
     MixedInputs,
@@ -73,7 +73,9 @@ from dspark_calibrate.calibrate.deployment.replay import (
     BootstrapSettings,
     CellGrid,
     ReplayReport,
+    choose_steps,
     estimate_drain_guard,
+    first_losses,
     prepare_evidence,
     replay,
 )
@@ -712,8 +714,20 @@ def _replay_deployed(
     mixed_left: tuple[tuple[str, str], ...] = ()
     if inputs.mixed is not None:
         mixed_grid = MixedGrid.from_rows(inputs.mixed.rows, inputs.mixed.route, inputs.mixed.protocol_sha256)
+        # Where recorded histories follow emitted tokens, a mixed step whose request the decode
+        # policy cut short earlier has a geometry the runtime will not find (DESIGN §10).
+        diverged = None
+        if histories_follow_tokens(inputs.workload):
+            decode = choose_steps(
+                evidence, minimum_predicted_gain=options.minimum_predicted_gain, drain_guard=chosen.guard
+            )
+            diverged = first_losses(evidence, decode.column)
         _, mixed_left, mixed_evidence = deploy_mixed(
-            inputs.workload, mixed_grid, calibration, minimum_predicted_gain=options.mixed_gain
+            inputs.workload,
+            mixed_grid,
+            calibration,
+            minimum_predicted_gain=options.mixed_gain,
+            diverged=diverged,
         )
     report = replay(
         evidence,
@@ -1048,6 +1062,12 @@ def _mixed_notes(report: ReplayReport, deployed: Sequence[Any], left: Sequence[t
         f"{mixed.mixed_part['priced_steps']} priced by a measured native arm, {mixed.mixed_part['covered_steps']} "
         f"covered by a deployed cell, {mixed.economics.compact_choices} compact; {len(deployed)} mixed cells deployed"
     ]
+    diverged = int(mixed.reasons.get("diverged", 0))
+    if diverged:
+        notes.append(
+            f"{diverged} mixed steps hold a request the decode policy cut short earlier: their recorded geometry "
+            "(generation histories included) does not recur under the policy, so they are priced native"
+        )
     if mixed.unpriced_steps:
         notes.append(
             f"{mixed.unpriced_steps} mixed steps have no measured native arm: the gains leave them out; measure "

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow.compute as pc
 
 from dspark_calibrate.artifacts import MixedGeometry, MixedRoute, RankFeatures, dead_cell, geometry_violations
 from dspark_calibrate.calibrate.deployment.cells import CellTime
@@ -31,6 +32,7 @@ __all__ = [
     "MixedCellTime",
     "MixedEvidence",
     "MixedGrid",
+    "histories_follow_tokens",
     "prepare_mixed",
 ]
 
@@ -249,7 +251,10 @@ class MixedEvidence:
         cell: (M,) the chosen deployed cell, -1 when the step stays native.
         static_tokens, tokens: (M,) tokens emitted at full verification and under the choice.
         covered: (M,) some candidate geometry of the step has a deployed cell.
-        reason: (M,) the selector's reason (``compact``, ``native_score``, ``no_cell``, ...).
+        reason: (M,) the selector's reason (``compact``, ``native_score``, ``no_cell``, ...), or
+            ``diverged``: a generation row's KV history under the policy differs from the recorded
+            one, so the recorded geometry does not recur and the step runs native.
+        diverged: (M,) the steps whose reason is ``diverged``.
         row_step, row_request, row_static, row_tokens: per generation row of the mixed steps
             (``row_step`` indexes the steps) for the request bootstrap.
     """
@@ -263,6 +268,7 @@ class MixedEvidence:
     tokens: np.ndarray
     covered: np.ndarray
     reason: tuple[str, ...]
+    diverged: np.ndarray
     row_step: np.ndarray
     row_request: np.ndarray
     row_static: np.ndarray
@@ -280,20 +286,53 @@ class MixedEvidence:
         return out
 
 
-def prepare_mixed(
-    workload: Workload,
-    grid: MixedGrid,
-    calibration: Calibration,
-    deployed: Sequence[MixedCellTime],
-    *,
-    minimum_predicted_gain: float,
-) -> MixedEvidence:
-    """Replay every mixed step through the runtime's mixed selector with ``deployed`` cells.
+def histories_follow_tokens(workload: Workload) -> bool:
+    """Whether the workload's recorded generation histories follow the tokens each request has
+    emitted: some request's history differs between two of its mixed steps.
 
-    Raises:
-        ConfigError: K or world size of the workload differ from the grid's.
+    Then a decode policy that emits fewer tokens shifts later histories away from the recorded
+    ones (:func:`prepare_mixed`'s ``diverged``). A recording whose every request keeps one history
+    (an engine keying a fixed KV length; the synthetic workloads) has geometries that recur.
     """
-    route = grid.route
+    mixed = workload.mixed
+    if mixed is None:
+        return False
+    gens = mixed.filter(pc.equal(mixed.column("role"), "generation")).select(["request_id", "history"])
+    if gens.num_rows == 0:
+        return False
+    spread = gens.group_by("request_id").aggregate([("history", "min"), ("history", "max")])
+    lo = spread.column("history_min").to_numpy()
+    hi = spread.column("history_max").to_numpy()
+    return bool((hi > lo).any())
+
+
+@dataclass
+class _Histories:
+    """Which requests' KV histories under the policy still equal the recorded ones.
+
+    A mixed cell is keyed by its exact geometry, generation histories included. ``first`` maps a
+    request (its workload code) to the first step at which the policy emitted fewer tokens for it
+    than static K did (the decode policy's, :func:`~.replay.first_losses`, then each compact mixed
+    step's as the steps are replayed in order). A later step holding that request has a history the
+    recording does not have, so the runtime finds no cell for it (see
+    :func:`histories_follow_tokens` for when this applies).
+    """
+
+    first: dict[int, int]
+
+    def shifted(self, step: int, requests: Sequence[int]) -> bool:
+        """Some request of ``step`` was cut short before it."""
+        return any(self.first.get(r, step) < step for r in requests)
+
+    def cut(self, step: int, requests: Sequence[int]) -> None:
+        """``requests`` emitted fewer tokens than static K at ``step``."""
+        for r in requests:
+            if step < self.first.get(r, step + 1):
+                self.first[r] = step
+
+
+def _check_deployment(workload: Workload, calibration: Calibration, route: MixedRoute) -> None:
+    """Refuse a workload or calibration of another K or world size than the mixed cells'."""
     k = route.physical_k
     if workload.k != k or calibration.k != k:
         raise ConfigError(
@@ -304,17 +343,39 @@ def prepare_mixed(
             f"the workload has {workload.num_ranks} ranks, the mixed cells {route.world_size}; record the workload "
             "on this deployment"
         )
+
+
+def prepare_mixed(
+    workload: Workload,
+    grid: MixedGrid,
+    calibration: Calibration,
+    deployed: Sequence[MixedCellTime],
+    *,
+    minimum_predicted_gain: float,
+    diverged: Mapping[int, int] | None = None,
+) -> MixedEvidence:
+    """Replay every mixed step through the runtime's mixed selector with ``deployed`` cells.
+
+    ``diverged``: the decode policy's first token loss per request (:class:`_Histories`); a step
+    it makes unrecognisable runs native with reason ``diverged``. ``None``: every recorded
+    geometry recurs.
+
+    Raises:
+        ConfigError: K or world size of the workload differ from the grid's.
+    """
+    route = grid.route
+    k = route.physical_k
+    _check_deployment(workload, calibration, route)
     table = grid.table(deployed, minimum_predicted_gain) if deployed else None
     index = {c.geometry: i for i, c in enumerate(deployed)}
     a = workload.arrays()
     steps = workload.mixed_step_rows()
     m = len(steps)
     step_id = np.array([s.step for s in steps], dtype=np.int64)
-    group = np.full(m, -1, dtype=np.int64)
-    cell = np.full(m, -1, dtype=np.int64)
-    static = np.zeros(m, dtype=np.int64)
-    tokens = np.zeros(m, dtype=np.int64)
-    covered = np.zeros(m, dtype=bool)
+    group, cell = (np.full(m, -1, dtype=np.int64) for _ in range(2))
+    static, tokens = (np.zeros(m, dtype=np.int64) for _ in range(2))
+    covered, shifted = (np.zeros(m, dtype=bool) for _ in range(2))
+    histories = None if diverged is None else _Histories(dict(diverged))
     reasons: list[str] = []
     row_step, row_request, row_static, row_tokens = [], [], [], []
     for i, s in enumerate(steps):
@@ -325,13 +386,17 @@ def prepare_mixed(
         surv_all = calibration.survival(a.logits[rows]) if rows.size else np.zeros((0, k))
         ranks = a.rank[rows]
         survivals = [surv_all[ranks == r] for r in range(route.world_size)]
-        choice = choose_mixed(s.description, survivals, table, features=feats)
-        reasons.append(choice.reason)
+        requests = a.request[rows].tolist()
+        shifted[i] = histories is not None and histories.shifted(s.step, requests)
+        choice = choose_mixed(s.description, survivals, None if shifted[i] else table, features=feats)
+        reasons.append("diverged" if shifted[i] else choice.reason)
         covered[i] = choice.covered
         windows = mixed_windows(s.description, survivals, choice, k, route.min_verify_len, features=feats)
         w = np.concatenate(windows) if windows else np.zeros(0, dtype=np.int64)
         acc = a.accepted[rows]
         emitted = np.minimum(acc, w) + 1
+        if histories is not None:
+            histories.cut(s.step, np.asarray(requests)[emitted < acc + 1].tolist())
         static[i] = int((acc + 1).sum())
         tokens[i] = int(emitted.sum())
         if choice.cell is not None:
@@ -354,6 +419,7 @@ def prepare_mixed(
         tokens=tokens,
         covered=covered,
         reason=tuple(reasons),
+        diverged=shifted,
         row_step=cat(row_step),
         row_request=cat(row_request),
         row_static=cat(row_static),

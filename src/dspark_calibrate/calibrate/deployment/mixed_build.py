@@ -171,9 +171,15 @@ def _values(evidence: MixedEvidence, calibration_free_ms: np.ndarray) -> np.ndar
 
 
 def deploy_mixed(
-    workload: Workload, grid: MixedGrid, calibration: Calibration, *, minimum_predicted_gain: float
+    workload: Workload,
+    grid: MixedGrid,
+    calibration: Calibration,
+    *,
+    minimum_predicted_gain: float,
+    diverged: Mapping[int, int] | None = None,
 ) -> tuple[tuple[MixedCellTime, ...], tuple[tuple[str, str], ...], MixedEvidence]:
-    """Pick the deployed mixed cells (see the module docstring) and replay them.
+    """Pick the deployed mixed cells (see the module docstring) and replay them; ``diverged`` is
+    :func:`~.mixed.prepare_mixed`'s (the decode policy's first token loss per request).
 
     Returns:
         The deployed cells, the measured cells left out with why, and the final evidence.
@@ -181,9 +187,18 @@ def deploy_mixed(
     cells, left = grid.deployable(minimum_predicted_gain)
     left = list(left) + list(grid.dropped)
     deployed = cells
-    evidence = prepare_mixed(
-        workload, grid, calibration, deployed, minimum_predicted_gain=minimum_predicted_gain
-    )
+
+    def evaluate(cells: Sequence[MixedCellTime]) -> MixedEvidence:
+        return prepare_mixed(
+            workload,
+            grid,
+            calibration,
+            cells,
+            minimum_predicted_gain=minimum_predicted_gain,
+            diverged=diverged,
+        )
+
+    evidence = evaluate(deployed)
     priced = evidence.priced
     # Static time per emitted token over the priced mixed steps (prices the tokens a cell loses).
     native = np.array([grid.groups[h].time.step_time_ms for h in evidence.group[priced]])
@@ -200,9 +215,7 @@ def deploy_mixed(
         if len(keep) == len(deployed):
             break
         deployed = keep
-        evidence = prepare_mixed(
-            workload, grid, calibration, deployed, minimum_predicted_gain=minimum_predicted_gain
-        )
+        evidence = evaluate(deployed)
     if len(deployed) > MAX_MIXED_CELLS:
         value = _values(evidence, per_token)
         order = np.argsort(-value, kind="stable")[:MAX_MIXED_CELLS]
@@ -211,9 +224,7 @@ def deploy_mixed(
             for j in sorted(set(range(len(deployed))) - set(order))
         ]
         deployed = [deployed[j] for j in sorted(order)]
-        evidence = prepare_mixed(
-            workload, grid, calibration, deployed, minimum_predicted_gain=minimum_predicted_gain
-        )
+        evidence = evaluate(deployed)
     return tuple(deployed), tuple(left), evidence
 
 

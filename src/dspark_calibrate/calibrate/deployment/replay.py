@@ -76,6 +76,7 @@ __all__ = [
     "admission_rule",
     "choose_steps",
     "estimate_drain_guard",
+    "first_losses",
     "gain_decision",
     "prepare_evidence",
     "replay",
@@ -573,6 +574,36 @@ def choose_steps(
     return choice
 
 
+def first_losses(evidence: StepEvidence, column: np.ndarray) -> dict[int, int]:
+    """Per request (its workload code), the first recorded step at which the policy that chose
+    ``column`` ((S,) evidence column per policy step, -1: native) emits fewer tokens for it than
+    static K.
+
+    From the next step on, that request's KV history is shorter than the recorded one, so a
+    recorded geometry keyed by history (a mixed cell's ``generation_history_sum``) that holds the
+    request does not recur under the policy.
+
+    Raises:
+        ConfigError: the evidence has no per-row tokens (``prepare_evidence(per_row=True)``).
+    """
+    ev = evidence
+    if ev.row_step is None or ev.row_tokens is None or ev.row_static_tokens is None or ev.row_request is None:
+        raise ConfigError("first_losses needs per-row evidence: prepare_evidence(..., per_row=True)")
+    if column.shape != (ev.steps,):
+        raise ConfigError(f"first_losses needs one column per policy step ({ev.steps}), got {column.shape}")
+    rows = np.flatnonzero(ev.row_step >= 0)
+    col = column[ev.row_step[rows]]
+    rows, col = rows[col >= 0], col[col >= 0]
+    lost = ev.row_tokens[rows, col] < ev.row_static_tokens[rows]
+    requests = ev.row_request[rows[lost]]
+    steps = ev.step_id[ev.row_step[rows[lost]]]
+    out: dict[int, int] = {}
+    for r, t in zip(requests.tolist(), steps.tolist(), strict=True):
+        if t < out.get(r, t + 1):
+            out[r] = t
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Drain guard, admission rule, digests
 # ---------------------------------------------------------------------------------------------
@@ -880,7 +911,7 @@ class MixedReplay:
             every priced step, against static K.
         decode_part, mixed_part: the same policy's gain over decode steps only and mixed steps only
             (``steps``, ``predicted_gain``, ``ci_low``, ``ci_high``; the mixed part also
-            ``priced_steps``, ``covered_steps``, ``compact_choices``).
+            ``priced_steps``, ``covered_steps``, ``diverged_steps``, ``compact_choices``).
         workload_steps, mixed_steps, unpriced_steps: steps of the workload, mixed ones, and mixed
             ones without a measured native arm (left out of every gain; charged the overhead).
         economics: the mixed receipt's (its own compact choices and gross value, the same
@@ -976,6 +1007,7 @@ def _mixed_report(
             "steps": mx.steps,
             "priced_steps": int(priced.sum()),
             "covered_steps": int(mx.covered.sum()),
+            "diverged_steps": int(mx.diverged.sum()),
             "compact_choices": choices,
             "predicted_gain": float(point["gain_mixed"]),
             "ci_low": m_lo,
