@@ -715,7 +715,7 @@ def _replay_deployed(
     if inputs.mixed is not None:
         mixed_grid = MixedGrid.from_rows(inputs.mixed.rows, inputs.mixed.route, inputs.mixed.protocol_sha256)
         # Where recorded histories follow emitted tokens, a mixed step whose request the decode
-        # policy cut short earlier has a geometry the runtime will not find (DESIGN §10).
+        # policy cut short earlier has a geometry the runtime will not find (docs/mixed.md §6).
         diverged = None
         if histories_follow_tokens(inputs.workload):
             decode = choose_steps(

@@ -597,11 +597,9 @@ def first_losses(evidence: StepEvidence, column: np.ndarray) -> dict[int, int]:
     lost = ev.row_tokens[rows, col] < ev.row_static_tokens[rows]
     requests = ev.row_request[rows[lost]]
     steps = ev.step_id[ev.row_step[rows[lost]]]
-    out: dict[int, int] = {}
-    for r, t in zip(requests.tolist(), steps.tolist(), strict=True):
-        if t < out.get(r, t + 1):
-            out[r] = t
-    return out
+    order = np.lexsort((steps, requests))  # by request, then step
+    _, first = np.unique(requests[order], return_index=True)
+    return dict(zip(requests[order][first].tolist(), steps[order][first].tolist(), strict=True))
 
 
 # ---------------------------------------------------------------------------------------------
