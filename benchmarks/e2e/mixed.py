@@ -746,8 +746,8 @@ def part_gains(static: list[MixedRun], runs: list[MixedRun], prediction: dict[st
     minus one (mixed steps include the few prefill-only ones, the same in every arm); the interval is
     Student-t over rounds. The prediction is the replay's own split (``decode_part``, ``mixed_part``
     of build's mixed summary, the mixed-aware one for the decode-only arm), where build priced mixed
-    steps. A part's gain is relative to its own
-    wall time; the whole run's gain is their mix weighted by each part's share of the arm's time.
+    steps. A part's gain is relative to its own wall time; the whole run's gain is their mix,
+    weighted by each part's share of the arm's time (``time_share``).
     """
     # The decode-only arm's own prediction is blind to mixed steps: its split is the mixed-aware one.
     split = prediction if "decode_part" in prediction else (prediction.get("mixed_aware") or {})
