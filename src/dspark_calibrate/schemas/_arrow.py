@@ -210,17 +210,26 @@ _register(
 )
 
 # Recorded serving steps for replay (build).
+_WORKLOAD_V1 = [
+    _f("step", _I64),
+    _f("rank", _I64),
+    _f("request_id", _STR),
+    _f("logits", pa.list_(pa.float32())),
+    _f("accepted", _I64),  # accepted length under full verification
+    _f("output_len", _I64),  # output tokens so far
+]
+_register("workload", 1, ("step", "rank", "request_id"), _WORKLOAD_V1, legacy=True)
+# v2: what decides the load regime and prices steps the cost table cannot (DESIGN §9): per step
+# (equal on every row of the step; null where the recorder did not know it) the step's recorded
+# wall time and the requests waiting for a slot when the step started.
 _register(
     "workload",
-    1,
+    2,
     ("step", "rank", "request_id"),
     [
-        _f("step", _I64),
-        _f("rank", _I64),
-        _f("request_id", _STR),
-        _f("logits", pa.list_(pa.float32())),
-        _f("accepted", _I64),  # accepted length under full verification
-        _f("output_len", _I64),  # output tokens so far
+        *_WORKLOAD_V1,
+        _f("step_time_ms", _F64, nullable=True),
+        _f("waiting", _I64, nullable=True),
     ],
 )
 

@@ -56,8 +56,10 @@ from dspark_calibrate.schemas import SchemaMismatch, conform_table
 
 __all__ = [
     "MIXED_KIND",
+    "STEP_COLUMNS",
     "WORKLOAD_KIND",
     "MixedStepRows",
+    "StepValues",
     "Workload",
     "WorkloadArrays",
     "mixed_path",
@@ -65,6 +67,7 @@ __all__ = [
     "read_workload",
     "synthesize_mixed_workload",
     "synthesize_workload",
+    "with_step_values",
     "workload_from_arrays",
     "workload_from_recorder_payloads",
     "write_workload",
@@ -95,6 +98,44 @@ class WorkloadArrays:
     logits: np.ndarray
     accepted: np.ndarray
     output_len: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class StepValues:
+    """Per-step recorded values (workload schema v2), one entry per distinct step, increasing.
+
+    Attributes:
+        step: (S,) step ids.
+        step_time_ms: (S,) the step's recorded wall time, NaN where not recorded.
+        waiting: (S,) requests waiting for a slot when the step started, NaN where not recorded.
+    """
+
+    step: np.ndarray
+    step_time_ms: np.ndarray
+    waiting: np.ndarray
+
+    @property
+    def has_times(self) -> bool:
+        """Every step has a recorded wall time."""
+        return bool(self.step.size) and bool(np.isfinite(self.step_time_ms).all())
+
+    @property
+    def has_waiting(self) -> bool:
+        """Every step has a recorded queue depth."""
+        return bool(self.step.size) and bool(np.isfinite(self.waiting).all())
+
+
+def _step_values(table: pa.Table) -> StepValues:
+    step = table.column("step").to_numpy()
+    first = np.flatnonzero(np.r_[True, step[1:] != step[:-1]]) if step.size else np.zeros(0, dtype=np.int64)
+
+    def column(name: str) -> np.ndarray:
+        col = table.column(name).combine_chunks()
+        values = col.cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
+        out: np.ndarray = np.asarray(values, dtype=np.float64)[first]
+        return out
+
+    return StepValues(step[first].astype(np.int64), column("step_time_ms"), column("waiting"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -169,6 +210,13 @@ class Workload:
         """Ids of the mixed steps, increasing."""
         return np.array([m.step for m in self.mixed_step_rows()], dtype=np.int64)
 
+    def step_values(self) -> StepValues:
+        """The recorded per-step values, one entry per distinct step (computed once)."""
+        if "step_values" not in self._cache:
+            self._cache["step_values"] = _step_values(self.table)
+        out: StepValues = self._cache["step_values"]
+        return out
+
     @property
     def rows(self) -> int:
         """Number of rows (request-steps)."""
@@ -219,9 +267,53 @@ def _to_arrays(table: pa.Table, k: int) -> WorkloadArrays:
     )
 
 
+#: Per-step columns added in workload schema v2 (null where the recorder did not know them).
+STEP_COLUMNS: tuple[str, ...] = ("step_time_ms", "waiting")
+
+
+def _with_step_columns(table: pa.Table) -> pa.Table:
+    """A v1 table (or plain Parquet with v1's columns) with v2's per-step columns, all null."""
+    if any(name in table.column_names for name in STEP_COLUMNS):
+        return table
+    n = table.num_rows
+    return table.append_column("step_time_ms", pa.nulls(n, pa.float64())).append_column(
+        "waiting", pa.nulls(n, pa.int64())
+    )
+
+
+def _validate_step_columns(table: pa.Table, where: str) -> None:
+    """Per-step values: equal on every row of a step (or null on all of them), in range."""
+    step = table.column("step").to_numpy()
+    first = np.r_[True, step[1:] != step[:-1]] if step.size else np.zeros(0, dtype=bool)
+    for name, low, unit in (("step_time_ms", 0.0, "a recorded wall time in ms"), ("waiting", 0, "a count")):
+        col = table.column(name).combine_chunks()
+        if col.null_count == len(col):
+            continue
+        valid = ~col.is_null().to_numpy(zero_copy_only=False)
+        values = col.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.float64)
+        start = np.cumsum(first) - 1
+        starts = np.flatnonzero(first)
+        same_valid = valid == valid[starts][start]
+        same_value = (values == values[starts][start]) | ~valid
+        bad = ~(same_valid & same_value)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ConfigError(
+                f"{where}: {name} differs between rows of step {step[i]}; it is a per-step value, the same "
+                "on every row of the step (or null on all of them)"
+            )
+        out_of_range = valid & ~(np.isfinite(values) & (values > low if name == "step_time_ms" else values >= low))
+        if out_of_range.any():
+            i = int(np.flatnonzero(out_of_range)[0])
+            raise ConfigError(
+                f"{where}: {name} of step {step[i]} is {values[i]!r}; it must be {unit} "
+                f"{'> 0' if name == 'step_time_ms' else '>= 0'}"
+            )
+
+
 def _validate(table: pa.Table, where: str, k: int | None) -> tuple[pa.Table, int]:
     try:
-        table = conform_table(WORKLOAD_KIND, table)
+        table = conform_table(WORKLOAD_KIND, _with_step_columns(table))
     except SchemaMismatch as exc:
         raise ConfigError(f"{where}: {exc}; write workloads with `dspark-calibrate workload`") from exc
     if table.num_rows == 0:
@@ -259,6 +351,7 @@ def _validate(table: pa.Table, where: str, k: int | None) -> tuple[pa.Table, int
             f"{where}: request {q[i].as_py()!r} appears twice on rank {r[i]} in step {s[i]}; "
             "each (step, rank, request_id) must be unique"
         )
+    _validate_step_columns(table, where)
     return table, k
 
 
@@ -368,6 +461,22 @@ def _mixed_steps(workload: Workload) -> tuple[MixedStepRows, ...]:
     return tuple(out)
 
 
+def _nullable(values: np.ndarray | None, n: int, typ: pa.DataType) -> pa.Array:
+    """A per-row column from an array with NaN for unknown (all null when ``values`` is None)."""
+    if values is None:
+        return pa.nulls(n, typ)
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.shape != (n,):
+        raise ConfigError(f"per-step columns must hold one value per row ({n}), got shape {list(arr.shape)}")
+    known = ~np.isnan(arr)
+    if pa.types.is_integer(typ):
+        whole = np.where(known, arr, 0)
+        if np.any(whole != np.round(whole)) or np.any(np.abs(whole) >= 2.0**62):
+            raise ConfigError("waiting must hold whole numbers of requests")
+        return pa.array(whole.astype(np.int64), type=typ, mask=~known)
+    return pa.array(np.where(known, arr, 0.0), type=typ, mask=~known)
+
+
 def workload_from_arrays(
     *,
     step: np.ndarray,
@@ -383,8 +492,13 @@ def workload_from_arrays(
     source: str = "",
     fingerprint: Fingerprint | None = None,
     mixed: pa.Table | None = None,
+    step_time_ms: np.ndarray | None = None,
+    waiting: np.ndarray | None = None,
 ) -> Workload:
     """Build and validate a workload from columns (``mixed``: its ``workload-mixed`` table).
+
+    ``step_time_ms`` and ``waiting`` are per-row copies of per-step values (the step's recorded
+    wall time; the requests waiting for a slot when it started), NaN where unknown.
 
     Raises:
         ConfigError: wrong shapes, K not uniform, out-of-range values, duplicate rows, or mixed
@@ -405,6 +519,8 @@ def workload_from_arrays(
             ),
             "accepted": pa.array(np.asarray(accepted, dtype=np.int64)),
             "output_len": pa.array(np.asarray(output_len, dtype=np.int64)),
+            "step_time_ms": _nullable(step_time_ms, n, pa.float64()),
+            "waiting": _nullable(waiting, n, pa.int64()),
         }
     )
     if any(len(table.column(c)) != n for c in table.column_names):
@@ -425,6 +541,61 @@ def workload_from_arrays(
         source=source,
         fingerprint=fingerprint,
         mixed=mixed,
+    )
+
+
+def with_step_values(
+    workload: Workload,
+    *,
+    step: np.ndarray,
+    step_time_ms: np.ndarray | None = None,
+    waiting: np.ndarray | None = None,
+) -> Workload:
+    """The workload with per-step values set (NaN: unknown) for the steps listed in ``step``.
+
+    Steps not listed keep no value (null). Returns a new, validated workload.
+
+    Raises:
+        ConfigError: shapes differ, a step is listed twice, or a value is out of range.
+    """
+    ids = np.asarray(step, dtype=np.int64)
+    if np.unique(ids).size != ids.size:
+        raise ConfigError("with_step_values: a step is listed twice")
+    a = workload.arrays()
+    order = np.argsort(ids)
+    pos = np.searchsorted(ids[order], a.step)
+    pos = np.minimum(pos, max(ids.size - 1, 0))
+    listed = ids.size > 0 and np.asarray(ids[order][pos] == a.step)
+
+    def per_row(values: np.ndarray | None) -> np.ndarray | None:
+        if values is None:
+            return None
+        v = np.asarray(values, dtype=np.float64)
+        if v.shape != ids.shape:
+            raise ConfigError(f"with_step_values: {v.shape[0] if v.ndim else 0} values for {ids.size} steps")
+        out: np.ndarray = np.where(listed, v[order][pos] if ids.size else np.nan, np.nan)
+        return out
+
+    table = workload.table
+    old = {name: table.column(name).cast(pa.float64()).fill_null(np.nan).to_numpy() for name in STEP_COLUMNS}
+    times = per_row(step_time_ms)
+    queue = per_row(waiting)
+    return workload_from_arrays(
+        step=a.step,
+        rank=a.rank,
+        request_id=table.column("request_id").combine_chunks(),
+        logits=a.logits,
+        accepted=a.accepted,
+        output_len=a.output_len,
+        num_ranks=workload.num_ranks,
+        approximate=workload.approximate,
+        synthetic=workload.synthetic,
+        notes=workload.notes,
+        source=workload.source,
+        fingerprint=workload.fingerprint,
+        mixed=workload.mixed,
+        step_time_ms=old["step_time_ms"] if times is None else times,
+        waiting=old["waiting"] if queue is None else queue,
     )
 
 
