@@ -57,7 +57,12 @@ from dspark_calibrate.artifacts._sign import parse_time, series_of
 from dspark_calibrate.artifacts._state import RollbackState, SeriesIdentity, StateError, StoredRoot
 from dspark_calibrate.artifacts._trust import TrustRoot, TrustRootError, check_root_rollback
 from dspark_calibrate.errors import ArtifactRejected
-from dspark_calibrate.schemas import ARTIFACT_KINDS, SCHEMA_VERSION, SUPPORTED_SCHEMA_VERSIONS
+from dspark_calibrate.schemas import (
+    ADMISSION_PREDICTION_KEYS,
+    ARTIFACT_KINDS,
+    SCHEMA_VERSION,
+    SUPPORTED_SCHEMA_VERSIONS,
+)
 
 __all__ = [
     "BINDING_FIELDS",
@@ -227,6 +232,12 @@ class VerificationReport(FindingsOutcome):
                 "fingerprint": a.fingerprint.to_dict(),
                 "rows": a.table.num_rows,
                 "notices": [n.to_dict() for n in a.notices],
+                # What an admission's prediction assumes (absent keys: built before they existed).
+                **(
+                    {"prediction": {k: a.summary.get(k) for k in ADMISSION_PREDICTION_KEYS}}
+                    if a.kind == "admission"
+                    else {}
+                ),
             },
             **({"context": dict(self.context)} if self.context else {}),
         }

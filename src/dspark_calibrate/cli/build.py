@@ -110,6 +110,49 @@ MixedSweepOption = Annotated[
         "the signed mixed evidence (mixed/) to the bundle.",
     ),
 ]
+ObjectiveOption = Annotated[
+    str | None,
+    typer.Option(
+        "--objective",
+        help="What the gate tests: throughput (tokens per GPU-second, lost tokens priced) or latency "
+        "(per-step time at the recorded arrivals). Default: the load regime's own.",
+        metavar="throughput|latency",
+    ),
+]
+RegimeOption = Annotated[
+    str | None,
+    typer.Option(
+        "--regime",
+        help="The load regime, when the workload records no queue depth (or to override it): saturated "
+        "(requests wait for slots) or arrival-bound (arrivals set the pace).",
+        metavar="saturated|arrival-bound",
+    ),
+]
+PlannerOption = Annotated[
+    str | None,
+    typer.Option(
+        "--planner",
+        help="The serving planner the deployment runs (fused, device, host, or the engine's own); --overhead "
+        "must have been measured with it.",
+    ),
+]
+OverheadFileOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--overhead",
+        help='Measured runs of the deployed planner\'s confidence path: JSON {"planner", "per_step_ms": '
+        '[one mean per run], "source"}; drawn in the joint replicates.',
+        metavar="OVERHEAD.json",
+    ),
+]
+SavingShiftOption = Annotated[
+    float | None,
+    typer.Option(
+        "--saving-shift-sd",
+        help="SD of a saving shift common to every compact cell, as a fraction (0.008 = 0.8 pp), from an "
+        "independent check or between-process passes; below the documented floor (0.005) the floor is used.",
+    ),
+]
 MixedMinGainOption = Annotated[
     float | None,
     typer.Option("--mixed-min-gain", help="The mixed cost file's minimum predicted gain (>= 0.01)."),
@@ -125,12 +168,22 @@ def _summary_table(result: BuildResult) -> Table:
     table.add_column("")
     table.add_row("verified", "yes" if result.bundle.ok else f"NO ({result.bundle.code})")
     table.add_row("cells", ", ".join(f"{g}/{v}" for g, v in result.selection.cells))
+    table.add_row("objective", f"{s['objective']} (regime {s['regime']}: {s['regime_source']})")
     table.add_row(
         "predicted gain",
         f"{s['predicted_gain']:+.2%}  (95% CI {s['predicted_gain_ci_low']:+.2%} .. "
         f"{s['predicted_gain_ci_high']:+.2%};"
         f" pessimistic {r.pessimistic_gain:+.2%})",
     )
+    other = "latency" if s["objective"] == "throughput" else "throughput"
+    alt = s["predictions"][other]
+    table.add_row(
+        f"{other} gain (not gated)",
+        f"{alt['gain']:+.2%}  (95% CI {alt['ci_low']:+.2%} .. {alt['ci_high']:+.2%}); TPOT {s['tpot_gain']:+.2%}",
+    )
+    if s["mixed_share"]:
+        table.add_row("mixed steps", f"{s['mixed_share']:.1%} of the workload, priced with every step")
+    table.add_row("planner charged", str(s["planner"] or "not stated"))
     table.add_row(
         "goodput (tok/ms)",
         f"static {s['static_goodput_tok_per_ms']:.4g} -> dynamic {s['dynamic_goodput_tok_per_ms']:.4g}",
@@ -262,15 +315,21 @@ def build(
     signer_public_key: SignerPublicKeyOption = None,
     mixed_sweep: MixedSweepOption = None,
     mixed_min_gain: MixedMinGainOption = None,
+    objective: ObjectiveOption = None,
+    regime: RegimeOption = None,
+    planner: PlannerOption = None,
+    overhead: OverheadFileOption = None,
+    saving_shift_sd: SavingShiftOption = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Build a signed bundle (cost-table, calibration, admission + manifest) and verify it."""
-    from dspark_calibrate.calibrate.deployment.build import BuildOptions
+    from dspark_calibrate.calibrate.deployment.build import BuildOptions, load_overhead_evidence
     from dspark_calibrate.calibrate.deployment.replay import BootstrapSettings
 
     root = load_root_or_exit(trust_root)
     now = utcnow()
     try:
+        evidence = load_overhead_evidence(overhead) if overhead is not None else None
         options = BuildOptions(
             version=version,
             issued_at=now,
@@ -288,6 +347,12 @@ def build(
             plots=plots,
             force=force,
             command=tuple(shlex.quote(a) for a in sys.argv),
+            objective=objective,
+            regime=regime,
+            planner=planner,
+            overhead_evidence=evidence,
+            saving_shift_sd=saving_shift_sd,
+            saving_shift_source=None if saving_shift_sd is None else "--saving-shift-sd",
         )
         signers = signers_from_keys(
             key, passphrase_env, signer_uris=signer_uri, signer_public_keys=signer_public_key

@@ -47,6 +47,16 @@ def _number(summary: Mapping[str, Any], name: str, *, minimum: float | None = No
     return float(value)
 
 
+def _label(summary: Mapping[str, Any], name: str) -> str | None:
+    """An optional short label (absent in bundles built before it existed)."""
+    value = summary.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > 64 or not value.isprintable():
+        raise ModelError(f"summary.{name} must be a short printable string, got {str(value)[:40]!r}")
+    return value
+
+
 def _integer(summary: Mapping[str, Any], name: str, *, minimum: int) -> int:
     value = summary[name]
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -77,6 +87,8 @@ class AdmissionEconomics:
     drain_guard: Mapping[str, Any] | None
     workload_identity_sha256: str
     selector_replay_sha256: str
+    objective: str | None = None
+    regime: str | None = None
 
     @classmethod
     def from_summary(cls, summary: Mapping[str, Any]) -> AdmissionEconomics:
@@ -124,6 +136,8 @@ class AdmissionEconomics:
             drain_guard=None if guard is None else MappingProxyType(dict(guard)),
             workload_identity_sha256=summary["workload_identity_sha256"],
             selector_replay_sha256=summary["selector_replay_sha256"],
+            objective=_label(summary, "objective"),
+            regime=_label(summary, "regime"),
         )
         if not econ.predicted_gain_ci_low <= econ.predicted_gain_ci_high:
             raise ModelError(
@@ -159,6 +173,8 @@ class AdmissionEconomics:
             "compact_choices": self.compact_choices,
             "net_value_ms": self.net_value_ms,
             "admitted": self.admitted,
+            "objective": self.objective,
+            "regime": self.regime,
         }
 
 

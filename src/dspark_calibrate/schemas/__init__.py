@@ -23,6 +23,7 @@ from dspark_calibrate.schemas._arrow import (
     table_spec,
 )
 from dspark_calibrate.schemas._json import (
+    ADMISSION_PREDICTION_KEYS,
     ADMISSION_SUMMARY_KEYS,
     DRAIN_GUARD_SUMMARY_KEYS,
     MIXED_ADMISSION_SUMMARY_KEYS,
@@ -42,6 +43,7 @@ from dspark_calibrate.schemas._limits import (
 )
 
 __all__ = [
+    "ADMISSION_PREDICTION_KEYS",
     "ADMISSION_SUMMARY_KEYS",
     "ARTIFACT_KINDS",
     "DRAIN_GUARD_SUMMARY_KEYS",

@@ -15,6 +15,7 @@ from typing import Any
 from dspark_calibrate.errors import InvalidValueError
 
 __all__ = [
+    "ADMISSION_PREDICTION_KEYS",
     "ADMISSION_SUMMARY_KEYS",
     "DRAIN_GUARD_SUMMARY_KEYS",
     "JSON_SCHEMAS",
@@ -28,8 +29,8 @@ __all__ = [
     "logical_hash_spec",
 ]
 
-#: The exact keys of the admission artifact's signed summary: ``build`` writes exactly these and
-#: the runtime hook requires every one (a v1 summary has no optional or unknown keys).
+#: The keys of the admission artifact's signed summary that the runtime hook requires: ``build``
+#: writes exactly these, then :data:`ADMISSION_PREDICTION_KEYS`.
 ADMISSION_SUMMARY_KEYS: tuple[str, ...] = (
     "predicted_gain",
     "predicted_gain_ci_low",
@@ -50,6 +51,20 @@ ADMISSION_SUMMARY_KEYS: tuple[str, ...] = (
     "selector_replay_sha256",
     "workload_approximate",
     "per_bucket",
+)
+#: What the prediction assumes, written after :data:`ADMISSION_SUMMARY_KEYS` in the admission
+#: summary (DESIGN §9): the objective the gain is stated for, the load regime and why, the serving
+#: planner whose confidence path was charged, the share of mixed steps, both objectives' gains with
+#: their intervals, and the time per output token at the recorded arrivals. Bundles built before
+#: these keys existed lack them; readers say "not stated".
+ADMISSION_PREDICTION_KEYS: tuple[str, ...] = (
+    "objective",
+    "regime",
+    "regime_source",
+    "planner",
+    "mixed_share",
+    "predictions",
+    "tpot_gain",
 )
 #: Keys of ``summary["drain_guard"]``.
 DRAIN_GUARD_SUMMARY_KEYS: tuple[str, ...] = (

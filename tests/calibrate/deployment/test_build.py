@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from dspark_calibrate.artifacts import Expectation, read_artifact, verify_bundle
 from dspark_calibrate.calibrate.deployment.build import (
+    ADMISSION_PREDICTION_KEYS,
     ADMISSION_SUMMARY_KEYS,
     DRAIN_GUARD_SUMMARY_KEYS,
     PER_BUCKET_KEYS,
@@ -82,11 +83,15 @@ def test_bundle_verifies_and_binds_the_deployment(built: BuildResult, keys: Keys
     assert json.loads((built.out_dir / "report" / "build.json").read_text())["valid"] is True
 
 
-def test_summary_has_exactly_the_runtime_keys(built: BuildResult, keys: Keys) -> None:
+def test_summary_has_exactly_the_runtime_and_prediction_keys(built: BuildResult, keys: Keys) -> None:
     adm = verify_bundle(built.out_dir, keys.root, now=LATER).artifact("admission")
     assert adm is not None
     summary = dict(adm.summary)
-    assert set(summary) == set(ADMISSION_SUMMARY_KEYS) and len(summary) == len(ADMISSION_SUMMARY_KEYS)
+    assert sorted(summary) == sorted(ADMISSION_SUMMARY_KEYS + ADMISSION_PREDICTION_KEYS)
+    assert summary["objective"] in ("throughput", "latency")
+    assert summary["regime"] in ("saturated", "arrival-bound")
+    assert set(summary["predictions"]) == {"throughput", "latency"}
+    assert summary["predictions"][summary["objective"]]["gain"] == pytest.approx(summary["predicted_gain"])
     assert set(summary["drain_guard"]) == set(DRAIN_GUARD_SUMMARY_KEYS)
     assert all(set(b) == set(PER_BUCKET_KEYS) for b in summary["per_bucket"])
     assert summary["net_value_ms"] == pytest.approx(

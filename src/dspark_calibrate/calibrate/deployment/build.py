@@ -41,6 +41,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 
 from dspark_calibrate import __version__
@@ -49,11 +50,13 @@ from dspark_calibrate.artifacts import (
     TRTLLM_FINGERPRINT_FIELDS,
     ArtifactReadError,
     Fingerprint,
+    JsonError,
     LoadedArtifact,
     Provenance,
     atomic_write_bytes,
     canonical_json,
     fingerprint_flag,
+    loads_strict,
     logical_sha256,
     publish_directory,
     read_artifact,
@@ -79,9 +82,11 @@ from dspark_calibrate.calibrate.deployment.replay import (
     prepare_evidence,
     replay,
 )
+from dspark_calibrate.calibrate.deployment.regime import RegimeFinding, infer_regime
 from dspark_calibrate.calibrate.deployment.select_cells import CellSelection, require_cells, select_cells
+from dspark_calibrate.calibrate.deployment.uncertainty import OverheadEvidence, shift_model
 from dspark_calibrate.calibrate.deployment.workload import Workload, read_workload
-from dspark_calibrate.errors import ArtifactRejected, ConfigError
+from dspark_calibrate.errors import ArtifactRejected, ConfigError, InvalidValueError
 from dspark_calibrate.runtime_plugin.planner import (
     DEFAULT_MIN_VERIFY_LEN,
     DEFAULT_MINIMUM_PREDICTED_GAIN,
@@ -89,6 +94,7 @@ from dspark_calibrate.runtime_plugin.planner import (
     DrainGuard,
 )
 from dspark_calibrate.schemas import (
+    ADMISSION_PREDICTION_KEYS,
     ADMISSION_SUMMARY_KEYS,
     DRAIN_GUARD_SUMMARY_KEYS,
     MIXED_RESULT_FILES,
@@ -121,6 +127,7 @@ __all__ = [
     "admission_summary",
     "build_bundle",
     "load_build_inputs",
+    "load_overhead_evidence",
 ]
 
 #: Member file names inside a bundle directory.
@@ -174,8 +181,30 @@ class BuildOptions:
     plots: bool = True
     force: bool = False
     command: tuple[str, ...] = ()
+    objective: str | None = None
+    regime: str | None = None
+    planner: str | None = None
+    overhead_evidence: OverheadEvidence | None = None
+    saving_shift_sd: float | None = None
+    saving_shift_source: str | None = None
 
     def __post_init__(self) -> None:
+        # Names and the planner first: they are cheap to check and a wrong one wastes a whole build.
+        infer_regime(np.zeros(0), declared=self.regime, objective=self.objective)
+        if self.overhead_evidence is not None and self.overhead_ms is not None:
+            raise ConfigError(
+                "give the confidence path's cost once: --overhead (measured runs of the planner) or --overhead-ms"
+            )
+        measured = self.overhead_evidence.planner if self.overhead_evidence is not None else None
+        if self.planner is not None and measured is not None and measured != self.planner:
+            raise ConfigError(
+                f"--overhead was measured for planner {measured!r}, but the deployment runs {self.planner!r}; "
+                f"measure the planner you deploy (its forced-K arm against static K in the serving loop) and pass "
+                "that file"
+            )
+        shift = self.saving_shift_sd
+        if shift is not None and not (math.isfinite(shift) and 0 <= shift < 0.5):
+            raise ConfigError(f"--saving-shift-sd must be a fraction in [0, 0.5), got {shift}")
         for name in ("minimum_predicted_gain", "minimum_group_value_ms"):
             x = getattr(self, name)
             if not math.isfinite(x) or x < 0:
@@ -217,7 +246,20 @@ class BuildOptions:
             "calibration_use": self.calibration_use,
             "allow_synthetic": self.allow_synthetic,
             "mixed_minimum_predicted_gain": self.mixed_gain,
+            "objective": self.objective,
+            "regime": self.regime,
+            "planner": self.deployed_planner,
+            "overhead_evidence": None if self.overhead_evidence is None else self.overhead_evidence.to_dict(),
+            "saving_shift_sd": self.saving_shift_sd,
+            "saving_shift_source": self.saving_shift_source,
         }
+
+    @property
+    def deployed_planner(self) -> str | None:
+        """The serving planner whose confidence path is charged (``--planner``, else the measured one)."""
+        if self.planner is not None:
+            return self.planner
+        return self.overhead_evidence.planner if self.overhead_evidence is not None else None
 
 
 @dataclass(frozen=True, eq=False)
@@ -352,6 +394,34 @@ def load_build_inputs(
     )
 
 
+#: Largest overhead-evidence file read (bytes): a list of per-run numbers and two short strings.
+MAX_OVERHEAD_FILE_BYTES = 1 << 16
+
+
+def load_overhead_evidence(path: Path) -> OverheadEvidence:
+    """Read ``--overhead FILE``: ``{"planner", "per_step_ms": [one mean per run], "source"}``.
+
+    Raises:
+        ConfigError: unreadable, too large, not strict JSON, or not that shape; the message names
+            the file and the fix.
+    """
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(MAX_OVERHEAD_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the overhead evidence ({exc.strerror or exc})") from exc
+    if len(data) > MAX_OVERHEAD_FILE_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_OVERHEAD_FILE_BYTES} bytes; not an overhead evidence file")
+    try:
+        return OverheadEvidence.from_dict(loads_strict(data, what=str(path)), where=str(path))
+    except (JsonError, InvalidValueError) as exc:
+        raise ConfigError(
+            f"{exc}; write it as {{\"planner\": \"fused\", \"per_step_ms\": [0.101, 0.097, ...], "
+            "\"source\": \"...\"}} from runs of the planner you deploy"
+        ) from exc
+
+
 def _read_sweeps(sweeps: Sequence[Path]) -> tuple[list[LoadedArtifact], Fingerprint]:
     """The sweep summaries and their one fingerprint, which must establish every engine field.
 
@@ -435,9 +505,10 @@ def _input_notes(wl: Workload, mixed: MixedInputs | None, cal_table: pa.Table) -
     n_mixed = len(wl.mixed_step_rows())
     if n_mixed and mixed is None:
         notes.append(
-            f"{n_mixed} of the workload's steps are mixed (prefill + decode) and no mixed sweep was given: they "
-            "have no measured cost, the prediction leaves them out (it is blind to them) and every one is charged "
-            "the overhead; measure them with `sweep --mixed` and pass --mixed-sweep"
+            f"{n_mixed} of the workload's steps are mixed (prefill + decode) and no mixed sweep was given: they run "
+            "native under this bundle, pay the confidence path, and are priced at their recorded step time (or, "
+            "where none was recorded, an estimate from the decode table); measure them with `sweep --mixed` and "
+            "pass --mixed-sweep to deploy mixed cells"
         )
     methods = sorted(set(cal_table.column("method").to_pylist()) - {"sts"})
     if methods:
@@ -448,9 +519,17 @@ def _input_notes(wl: Workload, mixed: MixedInputs | None, cal_table: pa.Table) -
     return notes
 
 
-def admission_summary(report: ReplayReport, workload: Workload) -> dict[str, Any]:
-    """The signed summary of the admission artifact, with exactly :data:`ADMISSION_SUMMARY_KEYS`."""
+def admission_summary(
+    report: ReplayReport,
+    workload: Workload,
+    regime: RegimeFinding | None = None,
+    planner: str | None = None,
+) -> dict[str, Any]:
+    """The signed summary of the admission artifact: exactly :data:`ADMISSION_SUMMARY_KEYS` (what
+    the runtime reads) followed by :data:`ADMISSION_PREDICTION_KEYS` (what the prediction assumes:
+    objective, regime, planner, mixed share, both objectives' gains)."""
     e = report.economics
+    finding = regime or infer_regime(workload.step_values().waiting, objective=report.objective)
     summary = {
         "predicted_gain": report.predicted_gain,
         "predicted_gain_ci_low": report.predicted_gain_ci_low,
@@ -471,11 +550,24 @@ def admission_summary(report: ReplayReport, workload: Workload) -> dict[str, Any
         "selector_replay_sha256": report.selector_replay_sha256,
         "workload_approximate": workload.approximate,
         "per_bucket": [{k: b[k] for k in PER_BUCKET_KEYS} for b in report.per_bucket],
+        "objective": report.objective,
+        "regime": finding.regime.value,
+        "regime_source": finding.source,
+        "planner": planner,
+        "mixed_share": float(report.mixed_steps.get("share", 0.0)),
+        "predictions": {k: dict(v) for k, v in report.predictions.items()},
+        "tpot_gain": report.tpot_gain,
     }
     bad = [k for k, v in summary.items() if isinstance(v, float) and not math.isfinite(v)]
+    bad += [
+        f"predictions.{o}.{k}"
+        for o, p in report.predictions.items()
+        for k, v in p.items()
+        if not math.isfinite(v)
+    ]
     if bad:
         raise ConfigError(f"the replay produced non-finite {bad}; the workload is too small to estimate them")
-    assert tuple(summary) == ADMISSION_SUMMARY_KEYS
+    assert tuple(summary) == ADMISSION_SUMMARY_KEYS + ADMISSION_PREDICTION_KEYS
     return summary
 
 
@@ -630,9 +722,9 @@ def build_bundle(
     final = grid.restrict(chosen.cells)
     replayed = _replay_deployed(inputs, final, calibration, chosen, options)
     report = replayed.report
-    summary = admission_summary(report, inputs.workload)
+    summary = admission_summary(report, inputs.workload, replayed.regime, options.deployed_planner)
     notes = _build_notes(inputs, grid, final, replayed)
-    prov = _provenance(inputs, options, chosen, final, report, notes)
+    prov = _provenance(inputs, options, chosen, final, replayed, notes)
     tables = _member_tables(inputs, final, report, chosen.cells, summary, options)
     written = _write_bundle_dir(
         out_dir, tables, inputs, replayed, prov, signers, trust_root, options, notes, stage
@@ -692,6 +784,7 @@ class _Replayed:
     mixed_grid: MixedGrid | None
     mixed_evidence: MixedEvidence | None
     mixed_left: tuple[tuple[str, str], ...]
+    regime: RegimeFinding
 
 
 def _replay_deployed(
@@ -729,6 +822,9 @@ def _replay_deployed(
             minimum_predicted_gain=options.mixed_gain,
             diverged=diverged,
         )
+    regime = infer_regime(
+        inputs.workload.step_values().waiting, declared=options.regime, objective=options.objective
+    )
     report = replay(
         evidence,
         minimum_predicted_gain=options.minimum_predicted_gain,
@@ -736,6 +832,11 @@ def _replay_deployed(
         drain_guard_estimate=chosen.estimate,
         overhead_ms=options.overhead_ms,
         overhead_source=options.overhead_source,
+        overhead_evidence=options.overhead_evidence,
+        shifts=shift_model(
+            final, common_sd=options.saving_shift_sd, common_source=options.saving_shift_source
+        ),
+        objective=regime.objective,
         safety_margin_ms=options.safety_margin_ms,
         bootstrap=options.bootstrap,
         header=header,
@@ -746,7 +847,7 @@ def _replay_deployed(
             "workload_identity_sha256": inputs.workload.identity_sha256,
         },
     )
-    return _Replayed(report, mixed_grid, mixed_evidence, mixed_left)
+    return _Replayed(report, mixed_grid, mixed_evidence, mixed_left, regime)
 
 
 def _build_notes(inputs: BuildInputs, grid: CellGrid, final: CellGrid, replayed: _Replayed) -> list[str]:
@@ -765,7 +866,18 @@ def _build_notes(inputs: BuildInputs, grid: CellGrid, final: CellGrid, replayed:
             "pre-pairing way (per-step worst case of two unpaired intervals), which refuses gains that are "
             "real; re-run the sweep with this version"
         )
+    finding = replayed.regime
+    notes.append(f"load regime {finding.regime.value}, objective {finding.objective.value}: {finding.source}")
+    mixed = report.mixed_steps
+    if mixed.get("steps"):
+        notes.append(
+            f"mixed steps: {mixed['steps']} ({mixed['share']:.0%} of the workload) priced with every step: "
+            f"{mixed['measured']} by a measured native arm, {mixed['recorded']} by their recorded time, "
+            f"{mixed['estimated']} by the decode table's estimate"
+        )
     notes.append(f"fixed confidence-path overhead: {report.economics.overhead_source}")
+    if report.shifts is not None:
+        notes.append(f"saving shifts drawn with the savings: {report.shifts['source']}")
     return notes
 
 
@@ -774,10 +886,11 @@ def _provenance(
     options: BuildOptions,
     chosen: _Chosen,
     final: CellGrid,
-    report: ReplayReport,
+    replayed: _Replayed,
     notes: Sequence[str],
 ) -> Provenance:
     """The provenance every decode member carries: the inputs, options and how the evidence was priced."""
+    report, replayed_regime = replayed.report, replayed.regime
     return Provenance(
         tool_version=__version__,
         command=tuple(options.command),
@@ -805,6 +918,16 @@ def _provenance(
                 "economics_sources": {
                     "overhead": report.economics.overhead_source,
                     "safety_margin": report.economics.safety_margin_source,
+                },
+                "prediction": {
+                    "objective": report.objective,
+                    "regime": replayed_regime.to_dict(),
+                    "planner": options.deployed_planner,
+                    "overhead": dict(report.overhead),
+                    "shifts": None if report.shifts is None else dict(report.shifts),
+                    "mixed_steps": dict(report.mixed_steps),
+                    "predictions": {k: dict(v) for k, v in report.predictions.items()},
+                    "tpot_gain": report.tpot_gain,
                 },
                 "pessimistic_gain": report.pessimistic_gain,
                 "uncertainty_model": report.uncertainty_model,

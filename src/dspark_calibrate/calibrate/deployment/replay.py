@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -36,14 +36,19 @@ import numpy as np
 from dspark_calibrate.artifacts import canonical_json
 from dspark_calibrate.calibrate.deployment.cells import CellGrid, CellTime
 from dspark_calibrate.calibrate.deployment.mixed import MixedEvidence
+from dspark_calibrate.calibrate.deployment.regime import Objective
 from dspark_calibrate.calibrate.deployment.uncertainty import (
     LEGACY,
     CostDraws,
     MixedCosts,
+    OverheadEvidence,
     OverheadModel,
+    ShiftModel,
     constant_overhead,
     draw_costs,
     measured_overhead,
+    overhead_from_runs,
+    shift_model,
 )
 from dspark_calibrate.calibrate.deployment.workload import Workload, WorkloadArrays
 from dspark_calibrate.decision import Decision
@@ -143,6 +148,7 @@ class StepEvidence:
     row_request: np.ndarray | None = None
     row_static_tokens: np.ndarray | None = None
     row_tokens: np.ndarray | None = None
+    mixed_native: RecordedMixed | None = None
 
     @property
     def steps(self) -> int:
@@ -162,6 +168,100 @@ class StepEvidence:
             for c, cell in enumerate(self.grid.compact(g)):
                 table[i, c] = getattr(cell, attr)
         return native, table[idx][:, :j]
+
+
+#: Relative SD of a recorded mixed step's time as a price for a serving process: the recording
+#: is one run of the engine, not a paired measurement (a run-to-run level difference; the sweep's
+#: common level moves it too).
+RECORDED_TIME_REL = 0.02
+#: Relative SD of a mixed step's time estimated from the decode table (its native step plus the
+#: context tokens at the ladder's marginal cost per verified token): a model, not a measurement.
+ESTIMATED_TIME_REL = 0.25
+
+
+@dataclass(frozen=True, eq=False)
+class RecordedMixed:
+    """Every mixed step of a workload, priced native from what was recorded (DESIGN §9, §10).
+
+    A workload that holds mixed steps is never priced as if it did not: without mixed evidence
+    they run native under the policy but pay the confidence path. Their native time is the
+    recorded wall time of the step where the workload has it (schema v2 ``step_time_ms``), else an
+    estimate from the decode table: the native step of the G that holds its generation rows plus
+    its largest rank's context tokens at the ladder's marginal cost per verified token.
+
+    Attributes:
+        step_id: (M,) the mixed steps, increasing.
+        time_ms: (M,) the native time each is priced at.
+        estimated: (M,) True where ``time_ms`` is the table estimate, False where recorded.
+        static_tokens: (M,) tokens static K emits in the step.
+        row_step, row_request, row_static: per generation row (``row_step`` indexes the steps).
+    """
+
+    step_id: np.ndarray
+    time_ms: np.ndarray
+    estimated: np.ndarray
+    static_tokens: np.ndarray
+    row_step: np.ndarray
+    row_request: np.ndarray
+    row_static: np.ndarray
+
+    @property
+    def steps(self) -> int:
+        """Mixed steps of the workload."""
+        return int(self.step_id.shape[0])
+
+
+def _marginal_token_ms(grid: CellGrid) -> tuple[float, float]:
+    """(intercept ms, ms per verified token) of the native ladder, least squares, slope >= 0."""
+    ladder = np.array(grid.ladder, dtype=np.float64)
+    tokens = ladder * (grid.k + 1)
+    ms = np.array([grid.native(int(g)).step_time_ms for g in grid.ladder])
+    if ladder.size < 2:
+        return 0.0, float(ms[0] / tokens[0])
+    slope, intercept = np.polyfit(tokens, ms, 1)
+    if slope <= 0:
+        return float(ms.min()), 0.0
+    return float(intercept), float(slope)
+
+
+def _recorded_mixed(workload: Workload, grid: CellGrid) -> RecordedMixed | None:
+    """The workload's mixed steps with their native prices (None without mixed steps)."""
+    steps = workload.mixed_step_rows()
+    if not steps:
+        return None
+    a = workload.arrays()
+    values = workload.step_values()
+    ids = np.array([m.step for m in steps], dtype=np.int64)
+    recorded = values.step_time_ms[np.searchsorted(values.step, ids)]
+    ladder = np.array(grid.ladder, dtype=np.int64)
+    natives = np.array([grid.native(int(g)).step_time_ms for g in grid.ladder])
+    _, per_token = _marginal_token_ms(grid)
+    estimate = np.empty(ids.size)
+    static = np.empty(ids.size, dtype=np.int64)
+    row_step, row_request, row_static = [], [], []
+    for i, m in enumerate(steps):
+        ranks = m.description.ranks
+        gen_rows = max((len(r.generations) for r in ranks), default=0)
+        context = max((sum(c.size for c in r.context) for r in ranks), default=0)
+        g = min(int(np.searchsorted(ladder, max(gen_rows, 1))), ladder.size - 1)
+        estimate[i] = natives[g] * max(1.0, gen_rows / ladder[g]) + context * per_token
+        rows = np.arange(m.start, m.stop)
+        acc = a.accepted[rows] + 1
+        static[i] = int(acc.sum())
+        row_step.append(np.full(rows.size, i, dtype=np.int64))
+        row_request.append(a.request[rows])
+        row_static.append(acc)
+    have = np.isfinite(recorded)
+    cat = np.concatenate
+    return RecordedMixed(
+        step_id=ids,
+        time_ms=np.where(have, recorded, estimate),
+        estimated=~have,
+        static_tokens=static,
+        row_step=cat(row_step),
+        row_request=cat(row_request),
+        row_static=cat(row_static),
+    )
 
 
 def _chunks(index: np.ndarray, size: int) -> Iterable[np.ndarray]:
@@ -252,6 +352,7 @@ def prepare_evidence(
         row_request=row_request,
         row_static_tokens=row_static,
         row_tokens=yields.row_tokens,
+        mixed_native=_recorded_mixed(workload, grid),
     )
 
 
@@ -804,6 +905,7 @@ class Economics:
     safety_margin_source: str
     net_value_ms: float
     admitted: bool
+    gross_compact_value_ms_marginal_lower_bound: float = 0.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -834,11 +936,23 @@ class ReplayReport:
     verifier_budget: np.ndarray
     uncertainty_model: str = ""
     mixed: MixedReplay | None = None
+    objective: str = Objective.THROUGHPUT.value
+    predictions: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    tpot_gain: float = 0.0
+    mixed_steps: Mapping[str, Any] = field(default_factory=dict)
+    shifts: Mapping[str, Any] | None = None
+    overhead: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (without the per-step arrays)."""
         e = self.economics
         return {
+            "objective": self.objective,
+            "predictions": {k: dict(v) for k, v in self.predictions.items()},
+            "tpot_gain": self.tpot_gain,
+            "mixed_steps": dict(self.mixed_steps),
+            "shifts": None if self.shifts is None else dict(self.shifts),
+            "overhead": dict(self.overhead),
             "mixed": self.mixed.to_dict() if self.mixed is not None else None,
             "policy_steps": self.policy_steps,
             "skipped_steps": self.skipped_steps,
@@ -879,6 +993,7 @@ def _economics_dict(e: Economics) -> dict[str, Any]:
         "safety_margin_source": e.safety_margin_source,
         "net_value_ms": e.net_value_ms,
         "admitted": e.admitted,
+        "gross_compact_value_ms_marginal_lower_bound": e.gross_compact_value_ms_marginal_lower_bound,
     }
 
 
@@ -967,6 +1082,7 @@ def _mixed_report(
     *,
     alpha: float,
     decode: Economics,
+    overhead: OverheadModel,
     header: Mapping[str, Any] | None,
 ) -> MixedReplay:
     """The mixed half of a replay (see :class:`MixedReplay`); ``decode`` is the decode policy's
@@ -976,11 +1092,20 @@ def _mixed_report(
     m_lo, m_hi = _interval(results, "gain_mixed", alpha)
     priced = mx.priced
     choices = int((mx.cell[priced] >= 0).sum())
+    marginal = max(0.0, min(_quantile(r["gross_mixed"], alpha) for r in results.values()))
+    joint = (
+        _joint_gross(
+            results, "gross_mixed", alpha, decode.policy_steps, decode.fixed_confidence_path_overhead_ms_upper_bound
+        )
+        if overhead.measured and "overhead_total" in next(iter(results.values()))
+        else marginal
+    )
     economics = _receipt(
         policy_steps=decode.policy_steps,
         compact_choices=choices,
         gross_ms=float(point["gross_mixed"]),
-        gross_lb=max(0.0, min(_quantile(r["gross_mixed"], alpha) for r in results.values())),
+        gross_lb=max(0.0, joint),
+        marginal=marginal,
         overhead_ub=decode.fixed_confidence_path_overhead_ms_upper_bound,
         overhead_source=decode.overhead_source,
         margin=decode.safety_margin_ms,
@@ -1066,10 +1191,18 @@ def _mixed_record(mx: MixedEvidence, header: Mapping[str, Any] | None) -> bytes:
 
 
 def _overhead_model(
-    evidence: StepEvidence, overhead_ms: float | None, source: str | None = None
+    evidence: StepEvidence,
+    overhead_ms: float | None,
+    source: str | None = None,
+    runs: OverheadEvidence | None = None,
 ) -> OverheadModel:
-    """The per-step overhead: user-given, else the sweep's forced-K arms, else the default."""
+    """The per-step overhead: user-given (exact), else the deployed planner's measured runs, else
+    the sweep's forced-K arms, else the default."""
     size = len(evidence.grid.ladder)
+    if overhead_ms is not None and runs is not None:
+        raise ConfigError("give the confidence path's cost once: --overhead-ms or measured runs, not both")
+    if runs is not None:
+        return overhead_from_runs(runs, size)
     if overhead_ms is not None:
         return constant_overhead(float(overhead_ms), size, source or "user-supplied")
     measured = measured_overhead(evidence.grid)
@@ -1151,11 +1284,15 @@ def _evaluate(
     gross_native: np.ndarray,
     gross_compact: np.ndarray,
 ) -> dict[str, np.ndarray]:
-    """Gain, gross value, mean overhead, per-G gains and per-cell values of aggregated features.
+    """Gain, gross value, mean overhead, per-G gains and per-cell values of aggregated features,
+    for both objectives.
 
     ``agg`` is (..., F); the cost arrays broadcast against it ((G,) and (C,) for a point, (B, G)
-    and (B, C) for draws). Value of a compact step: the time it saved minus the time static K
-    needs for the tokens it did not emit.
+    and (B, C) for draws). Throughput (saturated): goodput ratio; value of a compact step is the
+    time it saved minus the time static K needs for the tokens it did not emit. Latency
+    (arrival-bound, keys ending ``_latency``): the recorded steps' time ratio; a compact step's
+    value is the time it saved (the tokens it did not emit are emitted in steps that run anyway).
+    ``overhead_total`` is the overhead charged over the steps, for the joint net value.
     """
     g, c = lay.n_g, lay.n_c
     steps_g, native_g = agg[..., :g], agg[..., g : 2 * g]
@@ -1172,26 +1309,51 @@ def _evaluate(
         gain_g = (dyn_tok_g / dyn_ms_g) / (static_tok_g / static_ms_g) - 1.0
         ms_per_token = (steps_g * gross_native).sum(-1) / static_tok
         saved = gross_native[..., lay.cell_g] - gross_compact
-        value_c = steps_c * saved - lost_c * ms_per_token[..., None]
-        overhead_mean = (steps_g * overhead).sum(-1) / steps_g.sum(-1)
+        value_lat = steps_c * saved
+        value_c = value_lat - lost_c * ms_per_token[..., None]
+        overhead_total = (steps_g * overhead).sum(-1)
+        overhead_mean = overhead_total / steps_g.sum(-1)
+        gain_lat = static_ms / dyn_ms - 1.0
+        gain_g_lat = static_ms_g / dyn_ms_g - 1.0
         parts = {}
         for name, cols in (("decode", slice(0, lay.n_dg)), ("mixed", slice(lay.n_dg, g))):
-            parts[f"gain_{name}"] = (dyn_tok_g[..., cols].sum(-1) / dyn_ms_g[..., cols].sum(-1)) / (
-                static_tok_g[..., cols].sum(-1) / static_ms_g[..., cols].sum(-1)
+            s_ms, d_ms = static_ms_g[..., cols].sum(-1), dyn_ms_g[..., cols].sum(-1)
+            parts[f"gain_{name}"] = (dyn_tok_g[..., cols].sum(-1) / d_ms) / (
+                static_tok_g[..., cols].sum(-1) / s_ms
             ) - 1.0
+            parts[f"gain_{name}_latency"] = s_ms / d_ms - 1.0
     return {
         "gain": gain,
         "gain_g": gain_g,
         "gross": value_c[..., : lay.n_dc].sum(-1),
         "gross_mixed": value_c[..., lay.n_dc :].sum(-1),
-        **parts,
         "value_c": value_c,
+        "gain_latency": gain_lat,
+        "gain_g_latency": gain_g_lat,
+        "gross_latency": value_lat[..., : lay.n_dc].sum(-1),
+        "gross_mixed_latency": value_lat[..., lay.n_dc :].sum(-1),
+        "value_c_latency": value_lat,
+        **parts,
         "overhead": overhead_mean,
+        "overhead_total": overhead_total,
         "static_ms": static_ms,
         "dyn_ms": dyn_ms,
         "static_tok": static_tok,
         "dyn_tok": dyn_tok,
     }
+
+
+#: The keys of :func:`_evaluate` that differ by objective (the latency ones end in ``_latency``).
+_OBJECTIVE_KEYS = ("gain", "gain_g", "gross", "gross_mixed", "value_c", "gain_decode", "gain_mixed")
+
+
+def _for_objective(values: Mapping[str, np.ndarray], objective: Objective) -> dict[str, np.ndarray]:
+    """``values`` with the objective's numbers under the plain keys (throughput's are the plain ones)."""
+    out = dict(values)
+    if objective is Objective.LATENCY:
+        for key in _OBJECTIVE_KEYS:
+            out[key] = values[f"{key}_latency"]
+    return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -1239,7 +1401,8 @@ def _pessimistic_gain(
     grid: CellGrid,
     cells: tuple[tuple[int, int], ...],
     overhead: np.ndarray,
-    mixed: MixedEvidence | None = None,
+    mixed: _MixedPricing | None,
+    objective: Objective,
 ) -> float:
     """Gain with every deployed saving at the low end of its interval (a stress case, not a bound)."""
     ladder = grid.ladder
@@ -1247,10 +1410,11 @@ def _pessimistic_gain(
     by_key = {(c.graph_batch_size, c.verifier_budget): c for g in ladder for c in grid.compact(g)}
     low = np.array([1.0 - by_key[k].saving_ci_low for k in cells])
     if mixed is not None:
-        native = np.r_[native, [g.time.step_time_ms for g in mixed.grid.groups]]
-        low = np.r_[low, [1.0 - c.time.saving_ci_low for c in mixed.deployed]]
+        native = np.r_[native, [g.step_time_ms for g in mixed.natives]]
+        low = np.r_[low, [1.0 - c.saving_ci_low for c in mixed.cells]]
     compact = native[lay.cell_g] * low
-    return float(_evaluate(lay, totals, native, compact, overhead, native, compact)["gain"])
+    values = _evaluate(lay, totals, native, compact, overhead, native, compact)
+    return float(_for_objective(values, objective)["gain"])
 
 
 def replay(
@@ -1262,6 +1426,9 @@ def replay(
     allowed: np.ndarray | None = None,
     overhead_ms: float | None = None,
     overhead_source: str | None = None,
+    overhead_evidence: OverheadEvidence | None = None,
+    shifts: ShiftModel | None = None,
+    objective: Objective | str = Objective.THROUGHPUT,
     safety_margin_ms: float | None = None,
     bootstrap: BootstrapSettings = BootstrapSettings(),
     header: Mapping[str, Any] | None = None,
@@ -1272,10 +1439,12 @@ def replay(
 
     Decisions come from the runtime's own rule on the signed medians; prices come from one joint
     resampling of the workload (blocks of steps, and whole requests when the evidence has rows)
-    and of the cost table (:mod:`~dspark_calibrate.calibrate.deployment.uncertainty`). The gain's interval,
-    the per-bucket intervals, each cell's value bound, the gross compact value's lower bound and
-    the overhead's upper bound are quantiles of the same replicates; the wider of the two
-    workload schemes is reported.
+    and of the cost table (:mod:`~dspark_calibrate.calibrate.deployment.uncertainty`): savings,
+    levels, the saving shifts and the planner's overhead. The gain's interval, the per-bucket
+    intervals, each cell's value bound, the receipt's amounts are quantiles of the same
+    replicates; the wider of the two workload schemes is reported. Every mixed step of the
+    workload is priced (measured, recorded or estimated: :class:`RecordedMixed`) and pays the
+    overhead; without mixed evidence it runs native.
 
     Args:
         evidence: from :func:`prepare_evidence` (``per_row=True`` adds the request bootstrap).
@@ -1283,25 +1452,33 @@ def replay(
         drain_guard: the table's drain guard.
         drain_guard_estimate: how the guard was estimated (reported as is).
         allowed: columns deployed (default all of the evidence's grid).
-        overhead_ms: fixed confidence-path overhead per policy step (default: the sweep's
-            forced-K arms when measured, else 1% of the mean native step time).
+        overhead_ms: fixed confidence-path overhead per policy step, exact (default: the
+            measured runs of ``overhead_evidence``, else the sweep's forced-K arms when measured,
+            else 1% of the mean native step time).
         overhead_source: where ``overhead_ms`` came from (default "user-supplied").
+        overhead_evidence: measured runs of the deployed planner's confidence path, drawn in the
+            replicates (takes precedence over the sweep's forced-K arms).
+        shifts: the saving shifts (default: :func:`shift_model` of the grid, the floors).
+        objective: the gain stated and tested: throughput (lost tokens priced) or latency
+            (per-step time at the recorded arrivals, no token-loss price).
         safety_margin_ms: the receipt's safety margin (default: 0.5% of the static wall time).
         bootstrap: resampling settings.
         header: extra fields of the selector-replay digest header (calibration, cells, ...).
         mixed: the workload's mixed steps under the deployed mixed cells (:mod:`.mixed`): priced
-            in the same draws, reported in ``report.mixed``. The report's own gain is then the
-            decode policy's with mixed steps native (what runs without mixed evidence), over
-            decode and priced mixed steps together.
+            in the same draws, reported in ``report.mixed``. The report's own gain is the decode
+            policy's with mixed steps native (what runs without mixed evidence), over every step.
         mixed_header: extra fields of the mixed selector-replay header.
     """
     ev = evidence
+    goal = Objective(objective)
     choice = choose_steps(
         ev, minimum_predicted_gain=minimum_predicted_gain, drain_guard=drain_guard, allowed=allowed
     )
     ch = _choose(ev, choice)
-    lay = _layout(ev, ch, mixed)
-    overhead = _overhead_model(ev, overhead_ms, overhead_source)
+    pricing = _mixed_pricing(ev, mixed)
+    lay = _layout(ev, ch, pricing)
+    overhead = _overhead_model(ev, overhead_ms, overhead_source, overhead_evidence)
+    shift = shifts if shifts is not None else shift_model(ev.grid)
     # One generator, drawn in a fixed order: the cost table first, then each workload scheme.
     rng = np.random.default_rng(bootstrap.seed)
     costs = draw_costs(
@@ -1311,15 +1488,17 @@ def replay(
         draws=bootstrap.resamples,
         rng=rng,
         confidence=bootstrap.confidence,
-        mixed=_mixed_costs(mixed),
+        mixed=_mixed_costs(pricing),
+        shifts=shift if ev.grid.paired else None,
     )
-    steps = _PolicySteps.of(ev, ch, mixed, lay)
-    priced = _price(lay, steps, costs, rng, bootstrap, with_mixed=mixed is not None)
+    steps = _PolicySteps.of(ev, ch, pricing, lay)
+    raw = _price(lay, steps, costs, rng, bootstrap, with_mixed=mixed is not None)
+    priced = raw.view(goal)
     alpha = (1.0 - bootstrap.confidence) / 2.0
     ci_low, ci_high = _interval(priced.results, "gain", alpha)
     compact_choices = int(ch.compact.sum())
     # Every step the engine runs with confidence scheduling on pays the overhead, mixed steps
-    # included (priced or not: their time is unknown, the overhead is not).
+    # included.
     policy_steps = max(1, steps.count + steps.unpriced)
     economics = _decode_economics(
         lay,
@@ -1342,7 +1521,7 @@ def replay(
         predicted_gain_ci_low=ci_low,
         predicted_gain_ci_high=ci_high,
         pessimistic_gain=_pessimistic_gain(
-            lay, priced.totals, ev.grid, ch.cells, costs.overhead_point, mixed
+            lay, priced.totals, ev.grid, ch.cells, costs.overhead_point, pricing, goal
         ),
         compact_step_share=compact_choices / ev.steps if ev.steps else 0.0,
         economics=economics,
@@ -1386,33 +1565,190 @@ def replay(
             priced.totals_full,
             alpha=alpha,
             decode=economics,
+            overhead=overhead,
             header=mixed_header,
         ),
+        objective=goal.value,
+        predictions={
+            o.value: _prediction(raw.view(o), alpha) for o in (Objective.THROUGHPUT, Objective.LATENCY)
+        },
+        tpot_gain=_tpot_gain(steps, costs),
+        mixed_steps=_mixed_account(ev, pricing),
+        shifts=shift.to_dict() if ev.grid.paired else None,
+        overhead=_overhead_account(overhead),
     )
 
 
-def _layout(ev: StepEvidence, ch: _Choice, mx: MixedEvidence | None) -> _Layout:
+def _prediction(priced: _Priced, alpha: float) -> dict[str, float]:
+    """One objective's gain and interval."""
+    lo, hi = _interval(priced.results, "gain", alpha)
+    return {"gain": float(priced.point["gain"]), "ci_low": lo, "ci_high": hi}
+
+
+def _tpot_gain(steps: _PolicySteps, costs: CostDraws) -> float:
+    """Time per output token at the recorded arrivals, at the point costs: each step's time
+    weighted by the requests it serves (a request finishes within the steps it was recorded in,
+    the arrival-bound assumption), relative to static K."""
+    ev = steps.evidence
+    native = costs.native_point[steps.g_index]
+    compact = np.where(
+        steps.c_decode >= 0, costs.compact_point[np.maximum(steps.c_decode, 0)], native
+    ) if costs.compact_point.size else native
+    dynamic = compact + costs.overhead_point[steps.g_index]
+    rows = ev.rows.astype(np.float64)
+    mp = steps.mixed
+    if mp is not None:
+        rows = np.r_[rows, np.maximum(np.bincount(mp.row_step, minlength=mp.steps), 1)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return float((rows * native).sum() / (rows * dynamic).sum() - 1.0)
+
+
+def _mixed_account(ev: StepEvidence, mp: _MixedPricing | None) -> dict[str, Any]:
+    """How the workload's mixed steps were priced (all zeros for a decode-only workload)."""
+    total = ev.steps + ev.skipped_steps + (mp.steps if mp is not None else 0)
+    if mp is None:
+        return {"steps": 0, "share": 0.0, "measured": 0, "recorded": 0, "estimated": 0}
+    measured = mp.steps - mp.recorded_steps - mp.estimated_steps
+    return {
+        "steps": mp.steps,
+        "share": mp.steps / total if total else 0.0,
+        "measured": measured,
+        "recorded": mp.recorded_steps,
+        "estimated": mp.estimated_steps,
+    }
+
+
+def _overhead_account(overhead: OverheadModel) -> dict[str, Any]:
+    """What the confidence path was charged, for the report."""
+    runs = np.asarray(overhead.runs, dtype=np.float64)
+    return {
+        "planner": overhead.planner,
+        "source": overhead.source,
+        "mean_ms": float(np.mean(overhead.per_g_ms)) if overhead.per_g_ms else 0.0,
+        "runs": len(overhead.runs),
+        "standard_error_ms": float(runs.std(ddof=1) / math.sqrt(runs.size)) if runs.size > 1 else None,
+        "drawn": overhead.measured,
+    }
+
+
+#: Most price buckets the recorded (or estimated) mixed steps are grouped into, per source.
+MIXED_PRICE_BUCKETS = 16
+
+
+@dataclass(frozen=True, eq=False)
+class _MixedPricing:
+    """Every mixed step of the workload as the replay prices it.
+
+    Groups are the mixed evidence's measured native arms (``measured`` of them), then buckets of
+    steps priced by their recorded time, then buckets priced by the table estimate; cells are the
+    deployed mixed cells. Every mixed step has a group.
+    """
+
+    natives: tuple[CellTime, ...]
+    cells: tuple[CellTime, ...]
+    cell_group: tuple[int, ...]
+    step_id: np.ndarray
+    group: np.ndarray
+    cell: np.ndarray
+    static_tokens: np.ndarray
+    tokens: np.ndarray
+    row_step: np.ndarray
+    row_request: np.ndarray
+    row_static: np.ndarray
+    row_tokens: np.ndarray
+    measured: int
+    recorded_steps: int
+    estimated_steps: int
+
+    @property
+    def steps(self) -> int:
+        return int(self.step_id.shape[0])
+
+
+def _price_buckets(time_ms: np.ndarray, rel: float, first: int) -> tuple[np.ndarray, list[CellTime]]:
+    """Group steps into at most :data:`MIXED_PRICE_BUCKETS` buckets of similar time (quantiles);
+    each bucket is priced at its mean, so every total stays exact."""
+    if time_ms.size == 0:
+        return np.zeros(0, dtype=np.int64), []
+    n = min(MIXED_PRICE_BUCKETS, time_ms.size)
+    order = np.argsort(time_ms, kind="stable")
+    bucket = np.empty(time_ms.size, dtype=np.int64)
+    bucket[order] = (np.arange(time_ms.size) * n) // time_ms.size
+    cells = []
+    for b in range(n):
+        t = float(time_ms[bucket == b].mean())
+        cells.append(CellTime(0, 0, t, t, t, "", level_rel=rel))
+    return bucket + first, cells
+
+
+def _mixed_pricing(ev: StepEvidence, mx: MixedEvidence | None) -> _MixedPricing | None:
+    """Price every mixed step: by the mixed evidence's measured native arm where it has one, else
+    by its recorded time, else by the table estimate (:class:`RecordedMixed`)."""
+    rec = ev.mixed_native
+    if rec is None:
+        return None
+    natives: list[CellTime] = []
+    group = np.full(rec.steps, -1, dtype=np.int64)
+    cell = np.full(rec.steps, -1, dtype=np.int64)
+    tokens = rec.static_tokens.copy()
+    row = (rec.row_step, rec.row_request, rec.row_static, rec.row_static)
+    cells: tuple[CellTime, ...] = ()
+    cell_group: tuple[int, ...] = ()
+    if mx is not None:
+        if not np.array_equal(mx.step_id, rec.step_id):
+            raise ConfigError("the mixed evidence was prepared from another workload than the decode evidence")
+        natives = [g.time for g in mx.grid.groups]
+        group = mx.group.copy()
+        cell = mx.cell.copy()
+        tokens = mx.tokens.copy()
+        row = (mx.row_step, mx.row_request, mx.row_static, mx.row_tokens)
+        cells = tuple(c.time for c in mx.deployed)
+        cell_group = tuple(c.group for c in mx.deployed)
+    measured = len(natives)
+    rest = group < 0
+    recorded = rest & ~rec.estimated
+    estimated = rest & rec.estimated
+    for mask, rel in ((recorded, RECORDED_TIME_REL), (estimated, ESTIMATED_TIME_REL)):
+        buckets, made = _price_buckets(rec.time_ms[mask], rel, len(natives))
+        group[mask] = buckets
+        natives += made
+    return _MixedPricing(
+        natives=tuple(natives),
+        cells=cells,
+        cell_group=cell_group,
+        step_id=rec.step_id,
+        group=group,
+        cell=cell,
+        static_tokens=rec.static_tokens,
+        tokens=tokens,
+        row_step=row[0],
+        row_request=row[1],
+        row_static=row[2],
+        row_tokens=row[3],
+        measured=measured,
+        recorded_steps=int(recorded.sum()),
+        estimated_steps=int(estimated.sum()),
+    )
+
+
+def _layout(ev: StepEvidence, ch: _Choice, mp: _MixedPricing | None) -> _Layout:
     """The feature layout: the ladder's G then the mixed groups; the decode cells then the mixed ones."""
     ladder = ev.grid.ladder
-    n_h = len(mx.grid.groups) if mx is not None else 0
-    n_m = len(mx.deployed) if mx is not None else 0
+    n_h = len(mp.natives) if mp is not None else 0
+    n_m = len(mp.cells) if mp is not None else 0
     cell_g = [ladder.index(g) for g, _ in ch.cells]
-    if mx is not None:
-        cell_g += [len(ladder) + c.group for c in mx.deployed]
+    if mp is not None:
+        cell_g += [len(ladder) + g for g in mp.cell_group]
     return _Layout(
         len(ladder) + n_h, len(ch.cells) + n_m, np.array(cell_g, dtype=np.int64), len(ladder), len(ch.cells)
     )
 
 
-def _mixed_costs(mx: MixedEvidence | None) -> MixedCosts | None:
-    """The mixed part of the cost table the draws cover (None without mixed evidence)."""
-    if mx is None:
+def _mixed_costs(mp: _MixedPricing | None) -> MixedCosts | None:
+    """The mixed part of the cost table the draws cover (None without mixed steps)."""
+    if mp is None:
         return None
-    return MixedCosts(
-        tuple(g.time for g in mx.grid.groups),
-        tuple(c.time for c in mx.deployed),
-        tuple(c.group for c in mx.deployed),
-    )
+    return MixedCosts(mp.natives, mp.cells, mp.cell_group)
 
 
 @dataclass(frozen=True, eq=False)
@@ -1430,6 +1766,22 @@ class _Priced:
     point_full: dict[str, np.ndarray]
     results: dict[str, dict[str, np.ndarray]]
     results_full: dict[str, dict[str, np.ndarray]]
+
+    def view(self, objective: Objective) -> _Priced:
+        """The same prices with the objective's gains and values under the plain keys."""
+
+        def each(r: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, dict[str, np.ndarray]]:
+            return {name: _for_objective(v, objective) for name, v in r.items()}
+
+        return _Priced(
+            self.block,
+            self.totals,
+            self.totals_full,
+            _for_objective(self.point, objective),
+            _for_objective(self.point_full, objective),
+            each(self.results),
+            each(self.results_full),
+        )
 
 
 def _price(
@@ -1463,7 +1815,7 @@ def _price(
     point = _evaluate(lay, totals, *point_args)
     point_full = _evaluate(lay, totals_full, *point_args)
     schemes = {"blocks of steps": np.hstack([x_decode, x_full]) if with_mixed else x_decode}
-    rows = steps.row_features(lay)
+    rows = steps.row_features(lay, both=with_mixed)
     if rows is not None:
         schemes["requests"] = rows
     results, results_full = {}, {}
@@ -1499,6 +1851,7 @@ def _decode_economics(
     the safety margin, through the runtime's admission rule."""
     results, point = priced.results, priced.point
     gross_low = min(_quantile(r["gross"], alpha) for r in results.values())
+    marginal = gross_low
     if costs.model == LEGACY:
         # The pre-pairing bound: also no higher than the pessimistic point value.
         pess = _evaluate(
@@ -1516,6 +1869,8 @@ def _decode_economics(
         overhead_src = (
             f"{overhead.source}; upper {1 - alpha:.1%} bound of the per-step mean over the joint resampling"
         )
+        if costs.model != LEGACY:
+            gross_low = _joint_gross(results, "gross", alpha, policy_steps, overhead_ub)
     else:
         overhead_ub, overhead_src = float(point["overhead"]), overhead.source
     if safety_margin_ms is None:
@@ -1534,7 +1889,27 @@ def _decode_economics(
         overhead_source=overhead_src,
         margin=margin,
         margin_source=margin_src,
+        marginal=max(0.0, marginal),
     )
+
+
+def _joint_gross(
+    results: Mapping[str, Mapping[str, np.ndarray]],
+    gross: str,
+    alpha: float,
+    policy_steps: int,
+    overhead_ub: float,
+) -> float:
+    """The receipt's gross lower bound when the overhead is drawn (DESIGN §9, never stacked).
+
+    The net value ``gross_b − overhead_b`` of every replicate is one distribution; its lower
+    ``alpha`` quantile is the bound the gate tests. The receipt states the overhead at its upper
+    bound, so the gross amount is that net bound plus the overhead charge: the consumer's
+    arithmetic ``gross − policy_steps · overhead − margin`` then equals the joint bound minus
+    the margin, instead of the difference of two separate worst cases.
+    """
+    net = min(_quantile(r[gross] - r["overhead_total"], alpha) for r in results.values())
+    return net + policy_steps * overhead_ub
 
 
 def _receipt(
@@ -1547,8 +1922,10 @@ def _receipt(
     overhead_source: str,
     margin: float,
     margin_source: str,
+    marginal: float | None = None,
 ) -> Economics:
-    """The economics of one policy, admitted or not by :func:`admission_rule`."""
+    """The economics of one policy, admitted or not by :func:`admission_rule`. ``marginal`` is the
+    gross value's own lower bound (reported beside the joint one; default: ``gross_lb``)."""
     admitted, net = admission_rule(
         policy_steps=policy_steps,
         compact_choices=compact_choices,
@@ -1567,6 +1944,7 @@ def _receipt(
         safety_margin_source=margin_source,
         net_value_ms=net,
         admitted=admitted,
+        gross_compact_value_ms_marginal_lower_bound=gross_lb if marginal is None else marginal,
     )
 
 
@@ -1649,40 +2027,38 @@ class _PolicySteps:
     unpriced: int
     evidence: StepEvidence
     choice: _Choice
-    mixed: MixedEvidence | None
+    mixed: _MixedPricing | None
 
     @property
     def count(self) -> int:
         return int(self.g_index.shape[0])
 
     @classmethod
-    def of(cls, ev: StepEvidence, ch: _Choice, mx: MixedEvidence | None, lay: _Layout) -> _PolicySteps:
-        if mx is None:
+    def of(cls, ev: StepEvidence, ch: _Choice, mp: _MixedPricing | None, lay: _Layout) -> _PolicySteps:
+        if mp is None:
             n = ev.steps
             static = ev.static_tokens.astype(np.float64)
             tokens = ch.tokens.astype(np.float64)
             return cls(
                 ch.g_index, ch.c_index, ch.c_index, static, tokens, tokens, np.arange(n), 0, ev, ch, None
             )
-        priced = mx.priced
-        m_cell = mx.cell[priced]
-        step_all = np.r_[ev.step_id, mx.step_id[priced]]
+        step_all = np.r_[ev.step_id, mp.step_id]
         order = np.argsort(step_all, kind="stable")
         position = np.empty_like(order)
         position[order] = np.arange(order.shape[0])
-        static_m = mx.static_tokens[priced].astype(np.float64)
+        static_m = mp.static_tokens.astype(np.float64)
         return cls(
-            g_index=np.r_[ch.g_index, lay.n_dg + mx.group[priced]].astype(np.int64),
-            c_decode=np.r_[ch.c_index, np.full(m_cell.shape[0], -1)].astype(np.int64),
-            c_full=np.r_[ch.c_index, np.where(m_cell >= 0, lay.n_dc + m_cell, -1)].astype(np.int64),
+            g_index=np.r_[ch.g_index, lay.n_dg + mp.group].astype(np.int64),
+            c_decode=np.r_[ch.c_index, np.full(mp.steps, -1)].astype(np.int64),
+            c_full=np.r_[ch.c_index, np.where(mp.cell >= 0, lay.n_dc + mp.cell, -1)].astype(np.int64),
             static=np.r_[ev.static_tokens.astype(np.float64), static_m],
             tokens_decode=np.r_[ch.tokens.astype(np.float64), static_m],
-            tokens_full=np.r_[ch.tokens.astype(np.float64), mx.tokens[priced].astype(np.float64)],
+            tokens_full=np.r_[ch.tokens.astype(np.float64), mp.tokens.astype(np.float64)],
             position=position,
-            unpriced=int((~priced).sum()),
+            unpriced=0,
             evidence=ev,
             choice=ch,
-            mixed=mx,
+            mixed=mp,
         )
 
     def features(self, lay: _Layout, unit: np.ndarray, n_units: int, *, mixed_cells: bool) -> np.ndarray:
@@ -1690,9 +2066,9 @@ class _PolicySteps:
         tokens = self.tokens_full if mixed_cells else self.tokens_decode
         return _features(lay, unit, n_units, self.g_index, c, np.ones(self.count), self.static, tokens)
 
-    def row_features(self, lay: _Layout) -> np.ndarray | None:
-        """Per-request features of both policies side by side (decode | full), rows of decode and
-        priced mixed steps resampled by whole requests."""
+    def row_features(self, lay: _Layout, *, both: bool) -> np.ndarray | None:
+        """Per-request features, rows of decode and mixed steps resampled by whole requests; with
+        ``both`` the two policies side by side (decode | decode + mixed cells)."""
         ev, ch, mx = self.evidence, self.choice, self.mixed
         if (
             ev.row_step is None
@@ -1713,18 +2089,15 @@ class _PolicySteps:
         weight = 1.0 / ev.rows[rs]
         dyn_dec, dyn_full = dynamic, dynamic
         if mx is not None:
-            priced = mx.priced
-            index = np.full(mx.steps, -1, dtype=np.int64)
-            index[priced] = np.arange(int(priced.sum()))
-            keep = priced[mx.row_step]
-            ms = mx.row_step[keep]
+            ms = mx.row_step
             # A mixed step without generation rows (only prefill) still counts once.
-            empty = np.flatnonzero(priced & (np.bincount(mx.row_step, minlength=mx.steps) == 0))
-            per_step = np.maximum(np.bincount(mx.row_step, minlength=mx.steps), 1)
+            counts = np.bincount(mx.row_step, minlength=mx.steps)
+            empty = np.flatnonzero(counts == 0)
+            per_step = np.maximum(counts, 1)
             m_rows = np.r_[ms, empty]
-            m_static = np.r_[mx.row_static[keep], np.zeros(empty.size)].astype(np.float64)
-            m_tokens = np.r_[mx.row_tokens[keep], np.zeros(empty.size)].astype(np.float64)
-            m_req = np.r_[mx.row_request[keep], -1 - empty]
+            m_static = np.r_[mx.row_static, np.zeros(empty.size)].astype(np.float64)
+            m_tokens = np.r_[mx.row_tokens, np.zeros(empty.size)].astype(np.float64)
+            m_req = np.r_[mx.row_request, -1 - empty]
             m_cell = mx.cell[m_rows]
             g = np.r_[g, lay.n_dg + mx.group[m_rows]]
             c_dec = np.r_[c_dec, np.full(m_rows.shape[0], -1)]
@@ -1737,6 +2110,6 @@ class _PolicySteps:
         _, unit = np.unique(request, return_inverse=True)
         n_units = int(unit.max()) + 1 if unit.size else 0
         x_dec = _features(lay, unit, n_units, g, c_dec, weight, static, dyn_dec)
-        if mx is None:
+        if not both:
             return x_dec
         return np.hstack([x_dec, _features(lay, unit, n_units, g, c_full, weight, static, dyn_full)])

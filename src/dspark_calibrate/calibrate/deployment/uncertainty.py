@@ -22,6 +22,12 @@ moves by the common level and its own ``exp(ε_h)``, each mixed cell's saving is
 paired interval, and a mixed step pays the overhead of the confidence path like any policy step
 (the largest relative forced-K overhead of the draw times the step's native time, or the constant).
 
+Errors the sweep's own intervals cannot see are terms of the same draws, at their measured size
+(:class:`ShiftModel`): a saving shift common to every compact cell, one per G, and a per-cell
+between-process term where the table's interval does not carry one. The confidence path's per-step
+cost of the planner the deployment runs is drawn from its measured runs (:class:`OverheadEvidence`:
+the mean, the spread of the mean, and a between-process term), never charged at a bound.
+
 Tables without paired savings (schema 1) are priced the pre-pairing way, flagged ``legacy``:
 costs exact for the gain's interval, and for the gross value every compact step's saving shrunk to
 ``ci_low(G,0) − ci_high(G,V)``.
@@ -42,17 +48,43 @@ from dspark_calibrate.calibrate.deployment.cells import CellGrid, CellTime
 from dspark_calibrate.errors import InvalidValueError
 
 __all__ = [
+    "COMMON_SHIFT_FLOOR",
     "JOINT",
     "LEGACY",
+    "OVERHEAD_PROCESS_REL",
+    "PAIRED_SHIFT_FLOOR",
+    "PER_G_SHIFT_FLOOR",
     "CostDraws",
     "MixedCosts",
+    "OverheadEvidence",
     "OverheadModel",
+    "ShiftModel",
+    "constant_overhead",
     "draw_costs",
+    "measured_overhead",
+    "overhead_from_runs",
+    "shift_model",
 ]
 
 #: Model names recorded in the build's provenance.
-JOINT = "joint: workload x cost table (paired savings, common level factor)"
+JOINT = "joint: workload x cost table (paired savings, common level factor, saving shifts)"
 LEGACY = "legacy: unpaired intervals, per-step worst case for the gross value"
+
+#: SD floor of a saving shift common to every compact cell (0.005: 0.5 pp of the native step).
+#: An independent harness on an H200 found the sweep's savings 0.45-0.78 pp (median over cells)
+#: and up to 1.1-1.6 pp (G=128) above its own; a common bias of 1 pp then sits at two SDs, so the
+#: gain's 2.5% lower bound moves down by about as much as such a bias moves the point.
+COMMON_SHIFT_FLOOR = 0.005
+#: SD floor of a saving shift shared by the compact cells of one G, beyond the common one (0.5 pp;
+#: with the common floor a single G's savings may be off by 1.4 pp at two SDs, the G=128 bias
+#: above). A measured control-cell bias of the G adds in quadrature.
+PER_G_SHIFT_FLOOR = 0.005
+#: SD floor of a compact cell's own between-process paired shift (0.4%: the likelihood estimate
+#: of σ_d on the H200 heavy step), added where the table's saving interval does not carry one.
+PAIRED_SHIFT_FLOOR = 0.004
+#: Relative SD of the confidence path's per-step cost between the process that measured it and
+#: the serving process (the runs' own spread cannot see a process-level shift).
+OVERHEAD_PROCESS_REL = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,14 +93,188 @@ class OverheadModel:
 
     Attributes:
         per_g_ms: point overhead per ladder G (ms), in ladder order.
-        measured: True when it comes from the sweep's forced-K arms (then it is resampled with the
-            costs); False for a user-given or default constant (then it is exact).
+        measured: True when it comes from measurement (the sweep's forced-K arms, or ``runs``):
+            then it is drawn with the costs; False for a user-given or default constant (exact).
         source: where the number came from, in words.
+        runs: per-run estimates of the mean per-step cost of one planner (ms); when present every
+            draw takes one overhead for every step (:func:`overhead_from_runs`).
+        planner: the serving planner the measurement ran (None: not stated).
     """
 
     per_g_ms: tuple[float, ...]
     measured: bool
     source: str
+    runs: tuple[float, ...] = ()
+    planner: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OverheadEvidence:
+    """The measured per-step cost of one serving planner's confidence path.
+
+    Each run is one measurement of the mean per-step cost (ms) of the planner with every window
+    forced to K against static K, in the serving loop (the release bracket's forced-K arm).
+
+    Attributes:
+        planner: the planner measured (``fused``, ``device``, ``host`` or an engine's own name).
+        per_step_ms: one estimate per run, at least two.
+        source: how it was measured, in words.
+    """
+
+    planner: str
+    per_step_ms: tuple[float, ...]
+    source: str
+
+    def __post_init__(self) -> None:
+        if not self.planner or not self.planner.isprintable() or len(self.planner) > 64:
+            raise InvalidValueError(f"overhead planner must be a short printable name, got {self.planner!r}")
+        runs = self.per_step_ms
+        if len(runs) < 2:
+            raise InvalidValueError(
+                f"overhead evidence for planner {self.planner!r} has {len(runs)} run(s); at least 2 are needed "
+                "to state its spread (measure the planner in several runs)"
+            )
+        if not all(isinstance(x, float) and math.isfinite(x) for x in runs):
+            raise InvalidValueError(f"overhead runs must be finite numbers (ms), got {list(runs)!r}")
+
+    @classmethod
+    def from_dict(cls, data: object, where: str = "overhead evidence") -> OverheadEvidence:
+        """From ``{"planner", "per_step_ms": [...], "source"}`` (exactly these keys).
+
+        Raises:
+            InvalidValueError: missing or unknown keys, or bad values (the message names ``where``).
+        """
+        keys = {"planner", "per_step_ms", "source"}
+        if not isinstance(data, dict) or set(data) != keys:
+            got = sorted(data) if isinstance(data, dict) else type(data).__name__
+            raise InvalidValueError(f"{where}: expected an object with keys {sorted(keys)}, got {got}")
+        runs = data["per_step_ms"]
+        if not isinstance(runs, list) or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in runs
+        ):
+            raise InvalidValueError(f"{where}: per_step_ms must be a list of numbers (ms per step, one per run)")
+        planner, source = data["planner"], data["source"]
+        if not isinstance(planner, str) or not isinstance(source, str):
+            raise InvalidValueError(f"{where}: planner and source must be strings")
+        try:
+            return cls(planner, tuple(float(x) for x in runs), source)
+        except InvalidValueError as exc:
+            raise InvalidValueError(f"{where}: {exc}") from exc
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form (the input of :meth:`from_dict`)."""
+        return {"planner": self.planner, "per_step_ms": list(self.per_step_ms), "source": self.source}
+
+    @property
+    def mean_ms(self) -> float:
+        """The point estimate: the mean over runs."""
+        return float(np.mean(self.per_step_ms))
+
+    @property
+    def standard_error_ms(self) -> float:
+        """The standard error of the mean over runs."""
+        runs = np.asarray(self.per_step_ms)
+        return float(np.std(runs, ddof=1) / math.sqrt(runs.size))
+
+
+@dataclass(frozen=True, slots=True)
+class ShiftModel:
+    """Saving shifts the sweep's own intervals cannot see, drawn jointly (relative SDs).
+
+    A drawn shift ``δ`` lowers or raises a compact cell's saving: ``s_b = s_drawn + δ_common +
+    δ_G + δ_cell`` (a positive δ means the table understated the saving).
+
+    Attributes:
+        common_sd: SD of one shift shared by every compact cell (decode and mixed).
+        per_g: (G, SD) of the shift shared by the compact cells of one G, in ladder order.
+        paired_sd: SD of each compact cell's own between-process shift, where its interval does
+            not carry one (0 where it does).
+        source: where each size came from, in words.
+    """
+
+    common_sd: float
+    per_g: tuple[tuple[int, float], ...]
+    paired_sd: float
+    source: str
+
+    def __post_init__(self) -> None:
+        sds = (self.common_sd, self.paired_sd, *(sd for _, sd in self.per_g))
+        if not all(math.isfinite(x) and 0 <= x < 0.5 for x in sds):
+            raise InvalidValueError(f"saving shift SDs must be finite and in [0, 0.5), got {sds}")
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form."""
+        return {
+            "common_sd": self.common_sd,
+            "per_g_sd": {str(g): sd for g, sd in self.per_g},
+            "paired_sd": self.paired_sd,
+            "source": self.source,
+        }
+
+
+def shift_model(
+    grid: CellGrid, *, common_sd: float | None = None, common_source: str | None = None
+) -> ShiftModel:
+    """The saving shifts for a table: documented floors, raised by what was measured.
+
+    Args:
+        grid: the measured cells.
+        common_sd: a measured SD of the common shift (between-process passes or an independent
+            harness); below the floor it is raised to it.
+        common_source: where ``common_sd`` came from.
+
+    Raises:
+        InvalidValueError: ``common_sd`` out of range.
+    """
+    if common_sd is not None and not (math.isfinite(common_sd) and 0 <= common_sd < 0.5):
+        raise InvalidValueError(f"the common saving shift SD must be in [0, 0.5), got {common_sd!r}")
+    common = max(COMMON_SHIFT_FLOOR, common_sd or 0.0)
+    parts = [
+        f"common {common:.2%}"
+        + (f" ({common_source or 'given'})" if common_sd is not None and common_sd >= COMMON_SHIFT_FLOOR else " (floor)")
+    ]
+    per_g = tuple((g, PER_G_SHIFT_FLOOR) for g in grid.ladder)
+    parts.append(f"per G {PER_G_SHIFT_FLOOR:.2%} (floor)")
+    parts.append(f"per cell between-process {PAIRED_SHIFT_FLOOR:.2%} (floor; the table's intervals carry none)")
+    return ShiftModel(common, per_g, PAIRED_SHIFT_FLOOR, "; ".join(parts))
+
+
+def _shift_draws(
+    rng: np.random.Generator, shifts: ShiftModel | None, draws: int, cell_g: np.ndarray, ladder: Sequence[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(B, 1) common shift and (B, C) total shift of each compact cell (common + G + own)."""
+    if shifts is None:
+        return np.zeros((draws, 1)), np.zeros((draws, cell_g.size))
+    common = rng.standard_normal((draws, 1)) * shifts.common_sd
+    sd_g = dict(shifts.per_g)
+    per_g = rng.standard_normal((draws, len(ladder))) * np.array([sd_g.get(g, 0.0) for g in ladder])
+    own = rng.standard_normal((draws, cell_g.size)) * shifts.paired_sd
+    total: np.ndarray = common + per_g[:, cell_g] + own
+    return common, total
+
+
+def overhead_from_runs(evidence: OverheadEvidence, ladder_size: int) -> OverheadModel:
+    """The overhead of the planner ``evidence`` measured: the same per-step cost at every G."""
+    mean = max(evidence.mean_ms, 0.0)
+    return OverheadModel(
+        (mean,) * ladder_size,
+        True,
+        f"measured: {evidence.source} (planner {evidence.planner}, {len(evidence.per_step_ms)} runs, "
+        f"mean {evidence.mean_ms:.4g} ms, standard error {evidence.standard_error_ms:.3g} ms)",
+        runs=evidence.per_step_ms,
+        planner=evidence.planner,
+    )
+
+
+def _draw_runs(rng: np.random.Generator, overhead: OverheadModel, draws: int) -> np.ndarray:
+    """(B, 1) per-step overhead: the runs' mean, its Student-t spread and a between-process term."""
+    runs = np.asarray(overhead.runs, dtype=np.float64)
+    mean = float(runs.mean())
+    se = float(runs.std(ddof=1) / math.sqrt(runs.size))
+    t = rng.standard_t(runs.size - 1, size=(draws, 1))
+    process = rng.standard_normal((draws, 1)) * OVERHEAD_PROCESS_REL * abs(mean)
+    out: np.ndarray = np.maximum(mean + se * t + process, 0.0)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +319,7 @@ class CostDraws:
     gross_compact: np.ndarray
     model: str
     common_level: np.ndarray | None = None
+    common_shift: np.ndarray | None = None
 
 
 def _split_normal(rng: np.random.Generator, cells: Sequence[CellTime], draws: int, z: float) -> np.ndarray:
@@ -138,6 +345,7 @@ def draw_costs(
     rng: np.random.Generator,
     confidence: float = 0.95,
     mixed: MixedCosts | None = None,
+    shifts: ShiftModel | None = None,
 ) -> CostDraws:
     """Joint draws of the deployed cells' serving costs (see the module docstring).
 
@@ -149,6 +357,7 @@ def draw_costs(
         rng: the generator (shared with the workload resampling of the same build).
         confidence: the level the stored intervals were formed at.
         mixed: the mixed groups and cells priced in the same draws (appended columns).
+        shifts: the saving shifts drawn with the savings (None: none).
     """
     costs = _draw_decode(
         grid,
@@ -158,10 +367,13 @@ def draw_costs(
         rng=rng,
         confidence=confidence,
         common=_common_sd(grid, compact, mixed),
+        shifts=shifts,
     )
     if mixed is None:
         return costs
-    return _with_mixed(costs, grid, overhead, mixed, draws=draws, rng=rng, confidence=confidence)
+    return _with_mixed(
+        costs, grid, overhead, mixed, draws=draws, rng=rng, confidence=confidence, shifts=shifts
+    )
 
 
 def _common_sd(grid: CellGrid, compact: Sequence[tuple[int, int]], mixed: MixedCosts | None) -> float:
@@ -182,17 +394,22 @@ def _with_mixed(
     draws: int,
     rng: np.random.Generator,
     confidence: float,
+    shifts: ShiftModel | None = None,
 ) -> CostDraws:
-    """Append the mixed groups and cells to decode draws (same common level, same overhead model)."""
+    """Append the mixed groups and cells to decode draws (same common level, same overhead model,
+    the same common saving shift)."""
     h = len(mixed.natives)
     col = np.array(mixed.cell_group, dtype=np.int64)
     native_point = np.array([c.step_time_ms for c in mixed.natives])
     saving_point = np.array([c.saving for c in mixed.cells])
     compact_point = native_point[col] * (1.0 - saving_point) if col.size else np.zeros(0)
     ladder_native = costs.native_point
-    # Overhead of a mixed step: the confidence path's relative cost (the largest of the forced-K arms)
-    # times the step's native time, or the constant per-step amount.
-    if overhead.measured:
+    # Overhead of a mixed step: a planner's measured per-step cost (the same draw as the decode
+    # steps'), or the confidence path's relative cost (the largest of the forced-K arms) times the
+    # step's native time, or the constant per-step amount.
+    if overhead.runs:
+        rel_point, rel_draws = 0.0, np.zeros((draws, 1))
+    elif overhead.measured:
         rel_point = float(np.max(costs.overhead_point / ladder_native)) if ladder_native.size else 0.0
         rel_draws = (
             np.max(costs.overhead / costs.native, axis=1, keepdims=True)
@@ -201,14 +418,15 @@ def _with_mixed(
         )
     else:
         rel_point, rel_draws = 0.0, np.zeros((draws, 1))
-    constant = float(overhead.per_g_ms[0]) if not overhead.measured and overhead.per_g_ms else 0.0
+    fixed = overhead.runs or not overhead.measured
+    constant = float(overhead.per_g_ms[0]) if fixed and overhead.per_g_ms else 0.0
     over_point = native_point * rel_point + constant
     if costs.model == LEGACY:
         native = np.broadcast_to(native_point, (draws, h))
         compact = np.broadcast_to(compact_point, (draws, col.size))
         gross_native = np.broadcast_to(np.array([c.ci_low_ms for c in mixed.natives]), (draws, h))
         gross_compact = np.broadcast_to(np.array([c.ci_high_ms for c in mixed.cells]), (draws, col.size))
-        over = np.broadcast_to(over_point, (draws, h))
+        over = np.broadcast_to(costs.overhead[:, :1] if overhead.runs else over_point, (draws, h))
     else:
         z = float(ndtri(0.5 + confidence / 2))
         # The common level of this replicate, recovered from the decode natives' draws.
@@ -216,9 +434,18 @@ def _with_mixed(
         own = rng.standard_normal((draws, h)) * np.array([c.level_rel for c in mixed.natives])
         native = native_point * np.exp(level + own)
         saving = _split_normal(rng, mixed.cells, draws, z)
+        if shifts is not None and col.size:
+            # The common shift of this replicate, and each mixed cell's own between-process term.
+            common = costs.common_shift if costs.common_shift is not None else np.zeros((draws, 1))
+            saving = np.minimum(
+                saving + common + rng.standard_normal((draws, col.size)) * shifts.paired_sd, 1.0 - 1e-9
+            )
         compact = native[:, col] * (1.0 - saving) if col.size else np.zeros((draws, 0))
         gross_native, gross_compact = native, compact
-        over = native * rel_draws + constant
+        if overhead.runs:
+            over = np.broadcast_to(costs.overhead[:, :1], (draws, h))
+        else:
+            over = native * rel_draws + constant
     return CostDraws(
         np.concatenate([costs.native_point, native_point]),
         np.concatenate([costs.compact_point, compact_point]),
@@ -229,6 +456,8 @@ def _with_mixed(
         np.concatenate([costs.gross_native, gross_native], axis=1),
         np.concatenate([costs.gross_compact, gross_compact], axis=1),
         costs.model,
+        costs.common_level,
+        costs.common_shift,
     )
 
 
@@ -241,6 +470,7 @@ def _draw_decode(
     rng: np.random.Generator,
     confidence: float,
     common: float,
+    shifts: ShiftModel | None = None,
 ) -> CostDraws:
     """The decode cells' draws (the model of the module docstring)."""
     ladder = grid.ladder
@@ -264,7 +494,9 @@ def _draw_decode(
             overhead_point,
             native,
             compact_draws,
-            np.broadcast_to(overhead_point, (draws, len(ladder))),
+            np.broadcast_to(
+                _draw_runs(rng, overhead, draws) if overhead.runs else overhead_point, (draws, len(ladder))
+            ),
             np.broadcast_to(low, (draws, len(ladder))),
             np.broadcast_to(high, (draws, len(cells))),
             LEGACY,
@@ -276,8 +508,12 @@ def _draw_decode(
     own = rng.standard_normal((draws, len(ladder))) * np.array([c.level_rel for c in natives])
     native = native_point * np.exp(level + own)
     saving = _split_normal(rng, cells, draws, z)
+    common_shift, shift = _shift_draws(rng, shifts, draws, col, ladder)
+    saving = np.minimum(saving + shift, 1.0 - 1e-9)
     compact_draws = native[:, col] * (1.0 - saving)
-    if overhead.measured:
+    if overhead.runs:
+        over = np.broadcast_to(_draw_runs(rng, overhead, draws), (draws, len(ladder)))
+    elif overhead.measured:
         arms = [grid.forced_k(g) for g in ladder]
         present = [a for a in arms if a is not None]
         drawn = _split_normal(rng, present, draws, z)
@@ -301,6 +537,7 @@ def _draw_decode(
         compact_draws,
         JOINT,
         common_level=level,
+        common_shift=common_shift,
     )
 
 
