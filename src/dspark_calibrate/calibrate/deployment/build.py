@@ -72,6 +72,7 @@ from dspark_calibrate.calibrate.deployment.mixed_build import (
     load_mixed_inputs,
     mixed_outputs,
 )
+from dspark_calibrate.calibrate.deployment.regime import RegimeFinding, infer_regime
 from dspark_calibrate.calibrate.deployment.replay import (
     BootstrapSettings,
     CellGrid,
@@ -82,7 +83,6 @@ from dspark_calibrate.calibrate.deployment.replay import (
     prepare_evidence,
     replay,
 )
-from dspark_calibrate.calibrate.deployment.regime import RegimeFinding, infer_regime
 from dspark_calibrate.calibrate.deployment.select_cells import CellSelection, require_cells, select_cells
 from dspark_calibrate.calibrate.deployment.uncertainty import OverheadEvidence, shift_model
 from dspark_calibrate.calibrate.deployment.workload import Workload, read_workload

@@ -83,8 +83,10 @@ PER_G_SHIFT_FLOOR = 0.005
 #: of σ_d on the H200 heavy step), added where the table's saving interval does not carry one.
 PAIRED_SHIFT_FLOOR = 0.004
 #: Relative SD of the confidence path's per-step cost between the process that measured it and
-#: the serving process (the runs' own spread cannot see a process-level shift).
-OVERHEAD_PROCESS_REL = 0.05
+#: the serving process (the runs' own spread cannot see a process-level shift). On the December
+#: H200 mixed run the same planner cost 94 µs on decode steps and 106 µs on mixed steps (±6%
+#: around their mean); 10% covers that spread with room for another process.
+OVERHEAD_PROCESS_REL = 0.10
 
 
 @dataclass(frozen=True, slots=True)
