@@ -47,6 +47,7 @@ from dspark_calibrate.calibrate.deployment.mixed import (
 )
 from dspark_calibrate.calibrate.deployment.replay import MixedReplay, ReplayReport
 from dspark_calibrate.calibrate.deployment.workload import Workload
+from dspark_calibrate.calibrate.measurement.mixed import MIXED_MINIMUM_GAIN
 from dspark_calibrate.errors import ConfigError
 from dspark_calibrate.runtime_plugin.planner import Calibration
 from dspark_calibrate.schemas import (
@@ -69,8 +70,6 @@ __all__ = [
     "mixed_outputs",
 ]
 
-#: The mixed path never loosens TensorRT-LLM's 1% immediate-goodput gate.
-MIXED_MINIMUM_GAIN = 0.01
 _PASSES = 5  # rounds of dropping unused or losing cells before the set is final
 
 

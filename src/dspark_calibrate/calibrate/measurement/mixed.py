@@ -48,6 +48,7 @@ from dspark_calibrate.schemas import MAX_MIXED_CELLS
 
 __all__ = [
     "GRID_FORMAT",
+    "MIXED_MINIMUM_GAIN",
     "MIXED_NATIVE",
     "SKIP_CANNOT_PAY",
     "SKIP_FIRST_CHUNK",
@@ -76,8 +77,9 @@ SKIP_FIRST_CHUNK = "first_chunk"
 #: A candidate left unmeasured because none of its recorded steps could gain the consumer's
 #: minimum even at the most favourable time (:func:`gain_bound`).
 SKIP_CANNOT_PAY = "cannot_pay"
-#: TensorRT-LLM's floor on a mixed cell's predicted gain (its mixed cost file refuses less).
-_CONSUMER_MINIMUM_GAIN = 0.01
+#: TensorRT-LLM's floor on the mixed cost file's ``minimum_predicted_gain``: the mixed path never
+#: loosens its 1% immediate-goodput gate.
+MIXED_MINIMUM_GAIN = 0.01
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -563,7 +565,7 @@ def _cell_score(
     if accepted is None:
         return float(len(steps) * (max(geometry.native_rank_rows) - max(geometry.actual_rank_rows)))
     bounds = (gain_bound(s, a, geometry, paid, k, floor) for s, a in zip(steps, accepted, strict=True))
-    return float(sum(b for b in bounds if b >= _CONSUMER_MINIMUM_GAIN))
+    return float(sum(b for b in bounds if b >= MIXED_MINIMUM_GAIN))
 
 
 def plan_from_steps(
