@@ -100,8 +100,8 @@ def paired_bounds(native_lower_ms: float, saving_ci_low: float) -> tuple[float, 
     quantity the sweep measures *paired* (both arms in the same rounds, DESIGN §7): its upper
     bound is ``1 − saving_ci_low``. The ends of the two arms' absolute intervals would bound it
     too, but each carries the level shift the two arms share (the process, the clocks), which
-    cancels in the ratio: on one H200 that made cells saving 7-14% for sure "dead"
-    (docs/mixed.md, "Why no mixed cell deployed"). So the native arm's lower bound is kept as the
+    cancels in the ratio: on one H200 that made cells "dead" whose paired saving was 7-14%, its
+    lower bound up to 7% (docs/mixed.md §11). So the native arm's lower bound is kept as the
     frame and the candidate's bound is stated in it: ``native_lower_ms · (1 − saving_ci_low)``.
     An unpaired saving (no round pairing) is the two absolute ends' ratio already, so this gives
     the old bounds back.
