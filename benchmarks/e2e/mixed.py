@@ -60,6 +60,10 @@ from benchmarks.e2e.mixed_serving import MixedArm, MixedRun, MixedTraffic  # noq
 
 #: The mixed step's execution mode in the signed route (eager, host-packed forwards).
 EXECUTION_MODE = "EAGER"
+#: Rounds a mixed arm takes before it may stop: with three rounds per capture epoch and the paired
+#: interval's 20% trim, nine rounds leave it 4 degrees of freedom (five rounds left 1, t = 12.7,
+#: and 26 of 128 cells of an 8% saving "not significant": benchmarks/results/mixed_cells.json).
+MIXED_MIN_ROUNDS = 9
 RESULT = "e2e_mixed.json"
 
 
@@ -154,7 +158,7 @@ def make_settings(args: argparse.Namespace) -> MixedSettings:
             requests=240,
             trace_requests=320,
             pairs=6,
-            mixed_budget_s=75.0,
+            mixed_budget_s=100.0,
             mixed_max_cells=128,
             overhead_runs=4,
             budget_s=540.0,
@@ -344,14 +348,17 @@ def stage_mixed_sweep(
     """``sweep --mixed`` of the engine's mixed step over the recorded workload's mixed steps."""
     from dspark_calibrate.calibrate.measurement.mixed import plan_from_workload
     from dspark_calibrate.calibrate.measurement.mixed_sweep import MixedSweepRequest, execute_mixed
+    from dspark_calibrate.schemas import MAX_MIXED_CELLS
 
     t = time.perf_counter()
     s, cuda = x.s, x.engine.device.type == "cuda"
-    plan = plan_from_workload(workload, route(s), max_cells=s.mixed_max_cells, max_groups=s.mixed_max_cells)
+    # Every recorded mixed step's native arm (up to the file's 256): an unmeasured one leaves its
+    # step out of the gain.
+    plan = plan_from_workload(workload, route(s), max_cells=s.mixed_max_cells, max_groups=MAX_MIXED_CELLS)
     mixed_serving.register_mixed_engine(x.engine, s.traffic, steps=x.steps)
     b = s.base
     budgets = pipeline.candidate_budgets(s.ladder, b.k, b.budget_multiples)
-    settings = replace(run.sweep_settings(b, budgets), budget_s=s.mixed_budget_s)
+    settings = replace(run.sweep_settings(b, budgets), budget_s=s.mixed_budget_s, min_rounds=MIXED_MIN_ROUNDS)
     thresholds = pipeline.sweep_thresholds(settings, replays_per_sample=2)
     out = tk / "mixed-sweep.parquet"
     request = MixedSweepRequest(
@@ -383,6 +390,7 @@ def stage_mixed_sweep(
     info = {
         "groups": len(plan.groups),
         "cells": cells,
+        "skipped": dict(plan.skipped),
         "workload_mixed_steps": plan.workload_mixed_steps,
         "rounds": result.rounds,
         "path": str(out) if output else None,

@@ -283,7 +283,7 @@ _register(
         _f("capacity", _I64),
         *_GEOMETRY,
         _f("native_lower_ms", _F64),  # 2.5% bound of the native arm's 95% reproduction interval
-        _f("candidate_upper_ms", _F64),  # 97.5% bound of the cell's own 95% reproduction interval
+        _f("candidate_upper_ms", _F64),  # native_lower_ms x (1 - saving_ci_low), paired_bounds
         _f("measurement_result_sha256", _STR),  # logical hash of the cell's paired samples
         _f("native_ms", _F64),
         _f("native_ci_low_ms", _F64),

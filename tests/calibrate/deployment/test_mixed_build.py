@@ -20,10 +20,20 @@ from dspark_calibrate.artifacts import (
     write_unsigned_artifact,
 )
 from dspark_calibrate.calibrate.deployment.build import build_bundle, load_build_inputs
+from dspark_calibrate.calibrate.deployment.cells import CellGrid
+from dspark_calibrate.calibrate.deployment.mixed import MixedGrid
+from dspark_calibrate.calibrate.deployment.mixed_build import MIXED_MINIMUM_GAIN, deploy_mixed
+from dspark_calibrate.calibrate.deployment.replay import (
+    BootstrapSettings,
+    estimate_drain_guard,
+    prepare_evidence,
+    replay,
+)
 from dspark_calibrate.calibrate.deployment.workload import read_workload
 from dspark_calibrate.calibrate.measurement.backends.synthetic import SyntheticModel
 from dspark_calibrate.calibrate.measurement.mixed import plan_from_workload
 from dspark_calibrate.errors import ConfigError
+from dspark_calibrate.runtime_plugin.planner import Calibration
 from dspark_calibrate.schemas import MIXED_GATES, MIXED_RESULT_FILES
 from tests.calibrate.build_factories import build_options
 from tests.mixed_bundles import LATER, MixedBundle
@@ -156,26 +166,53 @@ def test_the_mixed_gain_interval_covers_the_true_gain(mixed_tp1: MixedBundle, tm
     assert measured["ci_low"] <= true_part["predicted_gain"] <= measured["ci_high"], (measured, true_part)
 
 
-def test_cost_uncertainty_widens_the_interval_in_the_same_draws(
-    mixed_tp1: MixedBundle, tmp_path: Path
-) -> None:
+def _mixed_replays(b: MixedBundle, half: float) -> tuple[Any, Any]:
+    """The build's replay of the fixture's deployed mixed cells, as measured and with every
+    deployed cell's saving interval ``half`` wider on each side; the runtime's bounds and hence
+    every decision are the measured ones in both."""
+    inputs = load_build_inputs(
+        [b.files.sweep], b.files.calibration, b.files.workload, mixed_sweep=b.files.mixed_sweep
+    )
+    assert inputs.mixed is not None
+    grid = MixedGrid.from_rows(inputs.mixed.rows, inputs.mixed.route, inputs.mixed.protocol_sha256)
+    calibration = Calibration.from_rows(inputs.calibration_table.to_pylist())
+    _, _, mixed = deploy_mixed(inputs.workload, grid, calibration, minimum_predicted_gain=MIXED_MINIMUM_GAIN)
+    wide = tuple(
+        dataclasses.replace(
+            c,
+            time=dataclasses.replace(
+                c.time, saving_ci_low=c.time.saving_ci_low - half, saving_ci_high=c.time.saving_ci_high + half
+            ),
+        )
+        for c in mixed.deployed
+    )
+    evidence = prepare_evidence(
+        inputs.workload, CellGrid.from_rows(inputs.k, inputs.sweep_rows), calibration, per_row=True
+    )
+    guard, _ = estimate_drain_guard(evidence, minimum_predicted_gain=0.0)
+    out = []
+    for ev in (mixed, dataclasses.replace(mixed, deployed=wide)):
+        report = replay(
+            evidence, drain_guard=guard, overhead_ms=0.0, bootstrap=BootstrapSettings(resamples=300), mixed=ev
+        )
+        assert report.mixed is not None
+        out.append(report.mixed)
+    return out[0], out[1]
+
+
+def test_cost_uncertainty_widens_the_interval_in_the_same_draws(mixed_tp1: MixedBundle) -> None:
     """Wider mixed saving intervals widen the gain's interval and lower the gross value's bound;
-    the point estimate is unchanged (one joint model, not a second one beside it)."""
-
-    def widen(r: dict[str, Any], groups: Mapping[int, Any]) -> None:
-        if r["capacity"]:
-            half = 0.05
-            r.update(saving_ci_low=r["saving_ci_low"] - half, saving_ci_high=r["saving_ci_high"] + half)
-
-    wide = _build(
-        mixed_tp1, _rewrite(mixed_tp1, tmp_path / "wide", widen), tmp_path / "b" / "bundle"
-    ).mixed_summary
-    base = mixed_tp1.result.mixed_summary
-    assert wide is not None and base is not None
+    the point estimate is unchanged (one joint model, not a second one beside it). The runtime's
+    decisions are held (its bounds follow the saving's lower end, ``paired_bounds``): only the
+    pricing differs."""
+    base, wide = _mixed_replays(mixed_tp1, 0.05)
+    assert wide.economics.compact_choices == base.economics.compact_choices > 0
     width = lambda s: s["ci_high"] - s["ci_low"]  # noqa: E731
-    assert wide["predicted_gain"] == pytest.approx(base["predicted_gain"], rel=1e-9)
-    assert width(wide["mixed_part"]) > 1.2 * width(base["mixed_part"])
-    assert wide["gross_compact_value_ms_lower_bound"] < base["gross_compact_value_ms_lower_bound"]
+    assert wide.predicted_gain == pytest.approx(base.predicted_gain, rel=1e-9)
+    assert width(wide.mixed_part) > 1.2 * width(base.mixed_part)
+    assert (
+        wide.economics.gross_compact_value_ms_lower_bound < base.economics.gross_compact_value_ms_lower_bound
+    )
 
 
 def test_a_mixed_sweep_of_another_deployment_is_refused(

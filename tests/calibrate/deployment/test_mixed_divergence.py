@@ -25,7 +25,7 @@ from dspark_calibrate.calibrate.deployment.mixed import (
     histories_follow_tokens,
     prepare_mixed,
 )
-from dspark_calibrate.calibrate.deployment.mixed_build import MIXED_MINIMUM_GAIN
+from dspark_calibrate.calibrate.deployment.mixed_build import MIXED_MINIMUM_GAIN, deploy_mixed
 from dspark_calibrate.calibrate.deployment.replay import (
     choose_steps,
     estimate_drain_guard,
@@ -215,3 +215,16 @@ def test_build_prices_diverged_steps_native_where_histories_follow_tokens(
     allow = Expectation(allow_synthetic=True)
     decode = verify_bundle(tmp_path / "bundle", root, now=LATER, expected=allow)
     assert verify_mixed(tmp_path / "bundle", root, now=LATER, decode=decode, expected=allow).ok
+
+
+def test_a_cell_no_step_chooses_says_what_its_steps_did(mixed_tp1: MixedBundle) -> None:
+    """Build's reason for a cell no step chooses names the runtime's reasons on its group's steps:
+    with every request cut short from the start, every step of every group diverged."""
+    inputs, grid, calibration = _inputs(mixed_tp1)
+    everyone = {r: -1 for held in _requests(_replay(mixed_tp1, None)) for r in held}
+    deployed, left, _ = deploy_mixed(
+        inputs.workload, grid, calibration, minimum_predicted_gain=MIXED_MINIMUM_GAIN, diverged=everyone
+    )
+    never = [why for _, why in left if why.startswith("never_chosen:")]
+    assert not deployed and never
+    assert all("(its steps: diverged " in why and why.endswith(")") for why in never), never[:3]

@@ -2,8 +2,8 @@
 
 :class:`MixedGrid` holds a mixed sweep's measurements: per group (a step's rank features) its
 native arm, and per cell (an exact geometry) its time, paired saving and the two bounds the
-runtime decides with (``native_lower_ms``: the 2.5% end of the native arm's 95% reproduction
-interval; ``candidate_upper_ms``: the 97.5% end of the cell's own). :func:`prepare_mixed` replays
+runtime decides with (:func:`paired_bounds`: the native arm's lower bound, and the candidate's
+upper bound in the same frame, from the paired saving). :func:`prepare_mixed` replays
 every mixed step of a workload through the runtime's own mixed selector
 (:func:`~dspark_calibrate.runtime_plugin.mixed.choose_mixed`) and records its group, its choice
 and its tokens; :mod:`.replay` prices the result in the same joint resampling as decode steps.
@@ -33,6 +33,7 @@ __all__ = [
     "MixedEvidence",
     "MixedGrid",
     "histories_follow_tokens",
+    "paired_bounds",
     "prepare_mixed",
 ]
 
@@ -88,6 +89,24 @@ class MixedCellTime:
     def __post_init__(self) -> None:
         if not self.sha256:
             object.__setattr__(self, "sha256", self.geometry.sha256())
+
+
+def paired_bounds(native_lower_ms: float, saving_ci_low: float) -> tuple[float, float]:
+    """The two times the runtime decides a mixed cell with: ``(native_lower_ms, candidate_upper_ms)``.
+
+    The runtime accepts a bucket when ``Y_c / candidate_upper_ms >= (1 + gain) · Y_n /
+    native_lower_ms``: only the ratio ``candidate_upper_ms / native_lower_ms`` decides (buckets of
+    one step share their native arm). That ratio must bound ``T(cell) / T(native)``, the
+    quantity the sweep measures *paired* (both arms in the same rounds, DESIGN §7): its upper
+    bound is ``1 − saving_ci_low``. The ends of the two arms' absolute intervals would bound it
+    too, but each carries the level shift the two arms share (the process, the clocks), which
+    cancels in the ratio: on one H200 that made cells "dead" whose paired saving was 7-14%, its
+    lower bound up to 7% (docs/mixed.md §11). So the native arm's lower bound is kept as the
+    frame and the candidate's bound is stated in it: ``native_lower_ms · (1 − saving_ci_low)``.
+    An unpaired saving (no round pairing) is the two absolute ends' ratio already, so this gives
+    the old bounds back.
+    """
+    return native_lower_ms, native_lower_ms * (1.0 - saving_ci_low)
 
 
 def _time(row: Mapping[str, Any], index: int, arm: int) -> CellTime:
@@ -187,14 +206,15 @@ class MixedGrid:
             if found:
                 dropped.append((str(r["geometry_sha256"]), found[0].describe()))
                 continue
-            native = groups[h].time
+            time = _time(r, h, int(r["capacity"]))
+            lower, upper = paired_bounds(groups[h].time.ci_low_ms, time.saving_ci_low)
             cells.append(
                 MixedCellTime(
                     geo,
                     h,
-                    _time(r, h, int(r["capacity"])),
-                    native.ci_low_ms,
-                    float(r["ci_high_ms"]),
+                    time,
+                    lower,
+                    upper,
                     str(r["source_result_sha256"]),
                     int(r["accuracy_rows"]),
                     int(r["accuracy_mismatches"]),
@@ -210,14 +230,23 @@ class MixedGrid:
 
     def deployable(self, minimum_predicted_gain: float) -> tuple[list[MixedCellTime], list[tuple[str, str]]]:
         """Cells a bundle may deploy, and the others with why: a deployed cell saves for sure
-        (its paired interval lies above 0), is not dead under its own bounds, and its outputs
-        were never seen to disagree with its native arm's."""
+        (its paired interval lies above 0), is not dead under its bounds (:func:`paired_bounds`:
+        its saving's lower bound reaches the margin, ``gain / (1 + gain)``), and its outputs were
+        never seen to disagree with its native arm's."""
         keep, left = [], []
         for c in self.cells:
-            if c.time.saving_ci_low <= 0:
-                left.append((c.sha256, f"not_significant: saving_ci_low {c.time.saving_ci_low:.4g} <= 0"))
+            low = c.time.saving_ci_low
+            if low <= 0:
+                left.append((c.sha256, f"not_significant: saving_ci_low {low:.4g} <= 0"))
             elif dead_cell(c.native_lower_ms, c.candidate_upper_ms, minimum_predicted_gain):
-                left.append((c.sha256, "dead: candidate_upper_ms x (1 + gain) > native_lower_ms"))
+                margin = minimum_predicted_gain / (1.0 + minimum_predicted_gain)
+                left.append(
+                    (
+                        c.sha256,
+                        f"dead: candidate_upper_ms x (1 + gain) > native_lower_ms (saving_ci_low {low:.4g} "
+                        f"below the margin {margin:.4g})",
+                    )
+                )
             elif c.accuracy_mismatches:
                 left.append(
                     (c.sha256, f"accuracy: {c.accuracy_mismatches} of {c.accuracy_rows} rows disagree")

@@ -47,6 +47,7 @@ from dspark_calibrate.calibrate.deployment.mixed import (
 )
 from dspark_calibrate.calibrate.deployment.replay import MixedReplay, ReplayReport
 from dspark_calibrate.calibrate.deployment.workload import Workload
+from dspark_calibrate.calibrate.measurement.mixed import MIXED_MINIMUM_GAIN
 from dspark_calibrate.errors import ConfigError
 from dspark_calibrate.runtime_plugin.planner import Calibration
 from dspark_calibrate.schemas import (
@@ -69,8 +70,6 @@ __all__ = [
     "mixed_outputs",
 ]
 
-#: The mixed path never loosens TensorRT-LLM's 1% immediate-goodput gate.
-MIXED_MINIMUM_GAIN = 0.01
 _PASSES = 5  # rounds of dropping unused or losing cells before the set is final
 
 
@@ -170,6 +169,17 @@ def _values(evidence: MixedEvidence, calibration_free_ms: np.ndarray) -> np.ndar
     return out
 
 
+def _step_reasons(evidence: MixedEvidence, cell: MixedCellTime) -> str:
+    """What the runtime did on the recorded steps of ``cell``'s group, counted by reason (a step
+    ``diverged`` holds a request the decode policy cut short, so its geometry does not recur)."""
+    reasons: dict[str, int] = {}
+    for i in np.flatnonzero(evidence.group == cell.group):
+        reasons[evidence.reason[i]] = reasons.get(evidence.reason[i], 0) + 1
+    if not reasons:
+        return "the workload has no step of its group"
+    return "its steps: " + ", ".join(f"{r} {n}" for r, n in sorted(reasons.items()))
+
+
 def deploy_mixed(
     workload: Workload,
     grid: MixedGrid,
@@ -209,7 +219,9 @@ def deploy_mixed(
         keep = [c for j, c in enumerate(deployed) if chosen[j] > 0 and value[j] > 0]
         for j, c in enumerate(deployed):
             if chosen[j] == 0:
-                left.append((c.sha256, "never_chosen: no workload step chooses it"))
+                left.append(
+                    (c.sha256, f"never_chosen: no workload step chooses it ({_step_reasons(evidence, c)})")
+                )
             elif value[j] <= 0:
                 left.append((c.sha256, f"no_value: replayed value {value[j]:.4g} ms <= 0"))
         if len(keep) == len(deployed):

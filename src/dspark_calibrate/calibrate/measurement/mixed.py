@@ -10,9 +10,10 @@ is paired with (G, 0) (DESIGN §7, §10).
 :class:`MixedCellSpec` is the harness's cell (group, capacity; capacity 0 is the native arm).
 :class:`MixedShape` is what a backend builds for one rank: the body capacity, the rank's context
 chunks and its generation requests with the rows each verifies. :func:`plan_from_workload` picks
-the groups and cells from a recorded workload's mixed steps (most frequent and most valuable
-first, at most :data:`~dspark_calibrate.schemas.MAX_MIXED_CELLS` cells); :func:`plan_from_grid`
-reads a user's grid of steps. Pure: no I/O beyond :func:`read_grid`.
+the groups and cells from a recorded workload's mixed steps (the cells that can pay most often
+first, at most :data:`~dspark_calibrate.schemas.MAX_MIXED_CELLS` cells; see
+:func:`plan_from_steps`); :func:`plan_from_grid` reads a user's grid of steps. Pure: no I/O
+beyond :func:`read_grid`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from dspark_calibrate.artifacts import (
     ContextChunk,
@@ -40,17 +43,22 @@ from dspark_calibrate.artifacts import (
 )
 from dspark_calibrate.calibrate.measurement.ladder import CellKind, CellSpec
 from dspark_calibrate.errors import ConfigError
+from dspark_calibrate.runtime_plugin.mixed import first_chunk
 from dspark_calibrate.schemas import MAX_MIXED_CELLS
 
 __all__ = [
     "GRID_FORMAT",
+    "MIXED_MINIMUM_GAIN",
     "MIXED_NATIVE",
+    "SKIP_CANNOT_PAY",
+    "SKIP_FIRST_CHUNK",
     "Cell",
     "MixedCellSpec",
     "MixedGroup",
     "MixedPlan",
     "MixedShape",
     "OutputCheck",
+    "gain_bound",
     "group_sha256",
     "plan_from_geometries",
     "plan_from_grid",
@@ -63,6 +71,15 @@ __all__ = [
 MIXED_NATIVE = 0
 #: Format tag of a ``--mixed-grid`` file.
 GRID_FORMAT = "dspark-calibrate/mixed-grid/v1"
+#: A candidate left unmeasured because each of its recorded steps runs a request's first context
+#: chunk: the runtime keeps such a step native whatever the table holds.
+SKIP_FIRST_CHUNK = "first_chunk"
+#: A candidate left unmeasured because none of its recorded steps could gain the consumer's
+#: minimum even at the most favourable time (:func:`gain_bound`).
+SKIP_CANNOT_PAY = "cannot_pay"
+#: TensorRT-LLM's floor on the mixed cost file's ``minimum_predicted_gain``: the mixed path never
+#: loosens its 1% immediate-goodput gate.
+MIXED_MINIMUM_GAIN = 0.01
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -294,12 +311,15 @@ class MixedPlan:
         groups: the groups, by index.
         source: where the steps came from (a workload's identity or a grid file).
         workload_mixed_steps: mixed steps of the source workload (0 for a grid).
+        skipped: compact candidates of the source's steps left unmeasured, by why
+            (:data:`SKIP_FIRST_CHUNK`, :data:`SKIP_CANNOT_PAY`); not part of the configuration.
     """
 
     route: MixedRoute
     groups: tuple[MixedGroup, ...]
     source: str = ""
     workload_mixed_steps: int = 0
+    skipped: Mapping[str, int] = field(default_factory=dict)
     _by_key: dict[tuple[int, int], MixedGeometry] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -481,6 +501,73 @@ def read_grid(path: Path, route: MixedRoute) -> MixedPlan:
     return plan_from_grid(data, route, source=str(path))
 
 
+def gain_bound(
+    step: MixedStep,
+    accepted: Sequence[np.ndarray],
+    geometry: MixedGeometry,
+    native_capacity: int,
+    k: int,
+    min_verify_len: int,
+) -> float:
+    """The most a recorded step's goodput can rise at ``geometry`` (a fraction; below 0: it falls).
+
+    Tokens: at full width an eligible generation emits ``1 + a`` (``a`` its accepted drafts, as
+    recorded); at the geometry's rows it keeps its anchor and floor and the rank's extra rows go
+    where they are accepted, which no allocation beats: ``Σ (1 + min(a, floor)) + min(extra,
+    Σ max(0, a − floor))``. Time: a body bucket's step costs at least in proportion to its
+    capacity (a part of the step does not shrink with the rows), so ``T(C) / T(paid) ≥ C / paid``.
+    The bound is then ``kept · paid / C − 1``, ``kept`` the candidate's share of the full width's
+    tokens over the eligible generations (the ones the mixed path may shorten).
+
+    Args:
+        step: the recorded step.
+        accepted: per rank, the accepted draft tokens of its generations, in the rank's order.
+        geometry: a compact candidate of the step (:func:`~dspark_calibrate.artifacts.step_candidates`).
+        native_capacity: the step's paid bucket.
+        k: physical draft length K.
+        min_verify_len: the runtime's verify floor.
+
+    Raises:
+        ConfigError: ``accepted`` does not hold one value per generation of each rank.
+    """
+    full = kept = 0
+    for rank, (part, acc, rows) in enumerate(
+        zip(step.ranks, accepted, geometry.actual_rank_rows, strict=True)
+    ):
+        if len(acc) != len(part.generations):
+            raise ConfigError(
+                f"rank {rank} of a mixed step has {len(part.generations)} generations and {len(acc)} accepted counts"
+            )
+        f = geometry.rank_features[rank]
+        mask = np.array([g.eligible for g in part.generations], dtype=bool)
+        a = np.clip(np.asarray(acc, dtype=np.int64)[mask], 0, k)
+        extra = rows - f.reserve - (1 + min_verify_len) * f.eligible_generations
+        full += int((1 + a).sum())
+        kept += int((1 + np.minimum(a, min_verify_len)).sum()) + min(
+            max(extra, 0), int(np.maximum(a - min_verify_len, 0).sum())
+        )
+    if full == 0:
+        return -1.0
+    return kept / full * native_capacity / geometry.capacity - 1.0
+
+
+def _cell_score(
+    geometry: MixedGeometry,
+    steps: Sequence[MixedStep],
+    accepted: Sequence[Sequence[np.ndarray]] | None,
+    paid: int,
+    route: MixedRoute,
+) -> float:
+    """How much measuring ``geometry`` can be worth over the recorded ``steps`` that could use it:
+    without acceptance, steps times the rows it saves on the largest rank; with it, the sum of
+    the :func:`gain_bound` of the steps where the bound reaches the consumer's minimum gain."""
+    k, floor = route.physical_k, route.min_verify_len
+    if accepted is None:
+        return float(len(steps) * (max(geometry.native_rank_rows) - max(geometry.actual_rank_rows)))
+    bounds = (gain_bound(s, a, geometry, paid, k, floor) for s, a in zip(steps, accepted, strict=True))
+    return float(sum(b for b in bounds if b >= MIXED_MINIMUM_GAIN))
+
+
 def plan_from_steps(
     steps: Sequence[MixedStep],
     route: MixedRoute,
@@ -488,48 +575,78 @@ def plan_from_steps(
     max_cells: int = MAX_MIXED_CELLS,
     max_groups: int = MAX_MIXED_CELLS,
     source: str = "workload",
+    accepted: Sequence[Sequence[np.ndarray]] | None = None,
 ) -> MixedPlan:
-    """Pick what to measure from recorded mixed steps: most frequent and most valuable first.
+    """Pick what to measure from recorded mixed steps: the cells that can pay most often first.
 
-    Steps are grouped by their rank features (one native arm each). Every candidate cell of a
-    group is scored by how often its step occurs times the rows it saves on the largest rank;
-    cells are taken in that order (ties: more frequent, then the canonical geometry) up to
-    ``max_cells``. Their groups are measured, and then the most frequent remaining groups' native
-    arms (steps without a compact candidate still need a measured time for the gain) up to
-    ``max_groups`` groups in all.
+    Steps are grouped by their rank features (one native arm each). A compact candidate of a
+    group is worth measuring only on its steps that the runtime may run compact: a step running a
+    request's first context chunk stays native (:data:`SKIP_FIRST_CHUNK` when every step does).
+    Given the recorded acceptance (``accepted``, per step and rank), a candidate is scored by the
+    sum over those steps of :func:`gain_bound` where it reaches the consumer's 1% minimum, and
+    left out when it reaches it on none (:data:`SKIP_CANNOT_PAY`: measuring it could only show
+    that); without, by those steps times the rows it saves on the largest rank. Cells are taken
+    by score (ties: more frequent, then the canonical geometry) up to ``max_cells``. Their groups
+    are measured, and then the most frequent remaining groups' native arms (every mixed step needs
+    a measured time for the gain) up to ``max_groups`` groups in all.
 
     Raises:
-        ConfigError: no step has a real context chunk within the body buckets, or the limits are
-            out of range.
+        ConfigError: no step has a real context chunk within the body buckets, the limits are
+            out of range, or ``accepted`` does not match the steps.
     """
     if not 1 <= max_cells <= MAX_MIXED_CELLS:
         raise ConfigError(f"--mixed-max-cells must be in [1, {MAX_MIXED_CELLS}], got {max_cells}")
     if max_groups < 1:
         raise ConfigError(f"the mixed group limit must be >= 1, got {max_groups}")
+    if accepted is not None and len(accepted) != len(steps):
+        raise ConfigError(f"{len(steps)} mixed steps and {len(accepted)} accepted-count entries")
     k = route.physical_k
-    counts: dict[tuple[RankFeatures, ...], list[Any]] = {}
-    for step in steps:
-        if step.world_size != route.world_size or not step.has_real_context():
-            continue
-        feats = step.features(k)
-        entry = counts.setdefault(feats, [step, 0])
-        entry[1] += 1
-    scored: list[tuple[tuple[int, int, bytes], tuple[RankFeatures, ...], int]] = []
+    members: dict[tuple[RankFeatures, ...], list[int]] = {}
+    for i, step in enumerate(steps):
+        if step.world_size == route.world_size and step.has_real_context():
+            members.setdefault(step.features(k), []).append(i)
+    scored: list[tuple[tuple[float, int, bytes], tuple[RankFeatures, ...], int]] = []
     frequent: list[tuple[int, tuple[RankFeatures, ...]]] = []
-    for feats, (_, n) in counts.items():
+    skipped = {SKIP_FIRST_CHUNK: 0, SKIP_CANNOT_PAY: 0}
+    for feats, idx in members.items():
         native = tuple(native_rows(f, k) for f in feats)
-        if paid_bucket(native, route.body_buckets) is None:
+        paid = paid_bucket(native, route.body_buckets)
+        if paid is None:
             continue
-        frequent.append((n, feats))
+        frequent.append((len(idx), feats))
         _, cells = step_candidates(feats, k, route.body_buckets, min_verify_len=route.min_verify_len)
+        open_steps = [i for i in idx if not first_chunk(steps[i])]
         for c in cells:
-            saved = max(native) - max(c.actual_rank_rows)
-            scored.append(((-n * saved, -n, c.canonical()), feats, c.capacity))
+            if not open_steps:
+                skipped[SKIP_FIRST_CHUNK] += 1
+                continue
+            acc = None if accepted is None else [accepted[i] for i in open_steps]
+            score = _cell_score(c, [steps[i] for i in open_steps], acc, paid, route)
+            if score <= 0:
+                skipped[SKIP_CANNOT_PAY] += 1
+                continue
+            scored.append(((-score, -len(idx), c.canonical()), feats, c.capacity))
     if not frequent:
         raise ConfigError(
             f"{source}: no mixed step with a real context chunk fits the body buckets {list(route.body_buckets)} "
             f"at world size {route.world_size}; record a workload with prefill traffic on this deployment"
         )
+    return _plan(route, steps, members, scored, frequent, max_cells, max_groups, source, skipped)
+
+
+def _plan(
+    route: MixedRoute,
+    steps: Sequence[MixedStep],
+    members: Mapping[tuple[RankFeatures, ...], Sequence[int]],
+    scored: list[tuple[tuple[float, int, bytes], tuple[RankFeatures, ...], int]],
+    frequent: list[tuple[int, tuple[RankFeatures, ...]]],
+    max_cells: int,
+    max_groups: int,
+    source: str,
+    skipped: Mapping[str, int],
+) -> MixedPlan:
+    """The plan of :func:`plan_from_steps`: the best ``max_cells`` cells' groups first, then the
+    most frequent other groups' native arms, up to ``max_groups`` groups."""
     scored.sort(key=lambda x: x[0])
     chosen: dict[tuple[RankFeatures, ...], list[int]] = {}
     for _, feats, cap in scored[:max_cells]:
@@ -539,19 +656,37 @@ def plan_from_steps(
     order = order[: max(max_groups, len(chosen))]
     groups = []
     for i, feats in enumerate(order):
-        step, n = counts[feats]
-        groups.append(_group(i, step, route, workload_steps=n, capacities=chosen.get(feats, [])))
+        idx = members[feats]
+        groups.append(
+            _group(i, steps[idx[0]], route, workload_steps=len(idx), capacities=chosen.get(feats, []))
+        )
     return MixedPlan(
-        route, tuple(groups), source=source, workload_mixed_steps=sum(n for _, n in counts.values())
+        route,
+        tuple(groups),
+        source=source,
+        workload_mixed_steps=sum(len(v) for v in members.values()),
+        skipped={k: v for k, v in skipped.items() if v},
     )
 
 
 def plan_from_workload(workload: Any, route: MixedRoute, **limits: Any) -> MixedPlan:
-    """:func:`plan_from_steps` over a workload's mixed steps (``workload.mixed_steps()``)."""
-    steps = list(workload.mixed_steps())
-    if not steps:
+    """:func:`plan_from_steps` over a workload's mixed steps (``workload.mixed_step_rows()``), with
+    each generation's recorded acceptance (``workload.arrays()``, rows in the steps' order)."""
+    rows = workload.mixed_step_rows()
+    if not rows:
         raise ConfigError(
             f"{workload.source or 'workload'}: the workload has no mixed step (no context chunk); record one with "
             "prefill traffic, or give a --mixed-grid"
         )
-    return plan_from_steps(steps, route, source=f"workload {workload.identity_sha256}", **limits)
+    a = workload.arrays()
+    accepted = []
+    for m in rows:
+        rank, acc = a.rank[m.start : m.stop], a.accepted[m.start : m.stop]
+        accepted.append([acc[rank == r] for r in range(m.description.world_size)])
+    return plan_from_steps(
+        [m.description for m in rows],
+        route,
+        source=f"workload {workload.identity_sha256}",
+        accepted=accepted,
+        **limits,
+    )

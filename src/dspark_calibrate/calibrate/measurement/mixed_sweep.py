@@ -10,7 +10,8 @@ runs rank 0's share (TensorRT-LLM prices mixed cells by a rank-0 forward proxy).
 After measuring, the backend's output check (where it has one) runs every cell against its
 native arm once: the greedy tokens of the rows both verify must agree. Outputs: the unsigned
 ``mixed-sweep`` summary and ``mixed-sweep-samples`` raw samples (both written atomically), with
-``native_lower_ms``/``candidate_upper_ms`` left to ``build`` (they are the intervals' bounds).
+``native_lower_ms``/``candidate_upper_ms`` left to ``build`` (they follow from the native arm's
+interval and the paired saving's, ``deployment.mixed.paired_bounds``).
 """
 
 from __future__ import annotations
@@ -249,6 +250,7 @@ def write_mixed_sweep(
         **run_record(result, spath, samples_sha),
         "output_checks": {f"{g}/{c}": v.detail for (g, c), v in sorted(checks.items())},
         "plan_source": plan.source,
+        "plan_skipped": dict(plan.skipped),
         "workload_mixed_steps": plan.workload_mixed_steps,
     }
     summary = {
