@@ -1495,7 +1495,6 @@ def replay(
     raw = _price(lay, steps, costs, rng, bootstrap, with_mixed=mixed is not None)
     priced = raw.view(goal)
     alpha = (1.0 - bootstrap.confidence) / 2.0
-    ci_low, ci_high = _interval(priced.results, "gain", alpha)
     compact_choices = int(ch.compact.sum())
     # Every step the engine runs with confidence scheduling on pays the overhead, mixed steps
     # included.
@@ -1510,10 +1509,57 @@ def replay(
         compact_choices=compact_choices,
         safety_margin_ms=safety_margin_ms,
     )
+    return _replay_report(
+        _ReplayState(ev, choice, ch, lay, pricing, costs, steps, raw, priced, economics, goal, shift, overhead),
+        drain_guard=drain_guard,
+        drain_guard_estimate=drain_guard_estimate,
+        minimum_predicted_gain=minimum_predicted_gain,
+        bootstrap=bootstrap,
+        header=header,
+        mixed=mixed,
+        mixed_header=mixed_header,
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class _ReplayState:
+    """Everything one replay computed, for :func:`_replay_report`."""
+
+    ev: StepEvidence
+    choice: CellChoice
+    ch: _Choice
+    lay: _Layout
+    pricing: _MixedPricing | None
+    costs: CostDraws
+    steps: _PolicySteps
+    raw: _Priced
+    priced: _Priced
+    economics: Economics
+    goal: Objective
+    shift: ShiftModel
+    overhead: OverheadModel
+
+
+def _replay_report(
+    r: _ReplayState,
+    *,
+    drain_guard: DrainGuard,
+    drain_guard_estimate: Mapping[str, Any] | None,
+    minimum_predicted_gain: float,
+    bootstrap: BootstrapSettings,
+    header: Mapping[str, Any] | None,
+    mixed: MixedEvidence | None,
+    mixed_header: Mapping[str, Any] | None,
+) -> ReplayReport:
+    """The report of one replay (see :class:`ReplayReport`)."""
+    ev, ch, lay, priced, costs, economics = r.ev, r.ch, r.lay, r.priced, r.costs, r.economics
+    alpha = (1.0 - bootstrap.confidence) / 2.0
+    ci_low, ci_high = _interval(priced.results, "gain", alpha)
+    compact_choices = economics.compact_choices
     point = priced.point
     gain = float(point["gain"])
     return ReplayReport(
-        policy_steps=policy_steps,
+        policy_steps=economics.policy_steps,
         skipped_steps=ev.skipped_steps,
         static_goodput_tok_per_ms=float(point["static_tok"] / point["static_ms"]),
         dynamic_goodput_tok_per_ms=float(point["dyn_tok"] / point["dyn_ms"]),
@@ -1521,7 +1567,7 @@ def replay(
         predicted_gain_ci_low=ci_low,
         predicted_gain_ci_high=ci_high,
         pessimistic_gain=_pessimistic_gain(
-            lay, priced.totals, ev.grid, ch.cells, costs.overhead_point, pricing, goal
+            lay, priced.totals, ev.grid, ch.cells, costs.overhead_point, r.pricing, r.goal
         ),
         compact_step_share=compact_choices / ev.steps if ev.steps else 0.0,
         economics=economics,
@@ -1530,19 +1576,8 @@ def replay(
         minimum_predicted_gain=float(minimum_predicted_gain),
         per_bucket=_per_bucket(ev.grid.ladder, lay, priced, alpha),
         per_cell=_per_cell(ev.grid.ladder, lay, ch.cells, priced, alpha),
-        reasons=_reason_counts(choice.reason),
-        selector_replay_sha256=selector_replay_sha256(
-            step_id=ev.step_id,
-            graph_batch_size=ev.graph_batch_size,
-            verifier_budget=ch.verifier_budget,
-            header={
-                "k": ev.grid.k,
-                "min_verify_len": ev.min_verify_len,
-                "minimum_predicted_gain": minimum_predicted_gain,
-                "drain_guard": drain_guard.to_dict(),
-                **dict(header or {}),
-            },
-        ),
+        reasons=_reason_counts(r.choice.reason),
+        selector_replay_sha256=_decode_digest(ev, ch, drain_guard, minimum_predicted_gain, header),
         bootstrap={
             **bootstrap.to_dict(),
             "block_steps": priced.block,
@@ -1559,23 +1594,45 @@ def replay(
         else _mixed_report(
             mixed,
             lay,
-            steps,
+            r.steps,
             priced.point_full,
             priced.results_full,
             priced.totals_full,
             alpha=alpha,
             decode=economics,
-            overhead=overhead,
+            overhead=r.overhead,
             header=mixed_header,
         ),
-        objective=goal.value,
+        objective=r.goal.value,
         predictions={
-            o.value: _prediction(raw.view(o), alpha) for o in (Objective.THROUGHPUT, Objective.LATENCY)
+            o.value: _prediction(r.raw.view(o), alpha) for o in (Objective.THROUGHPUT, Objective.LATENCY)
         },
-        tpot_gain=_tpot_gain(steps, costs),
-        mixed_steps=_mixed_account(ev, pricing),
-        shifts=shift.to_dict() if ev.grid.paired else None,
-        overhead=_overhead_account(overhead),
+        tpot_gain=_tpot_gain(r.steps, costs),
+        mixed_steps=_mixed_account(ev, r.pricing),
+        shifts=r.shift.to_dict() if ev.grid.paired else None,
+        overhead=_overhead_account(r.overhead),
+    )
+
+
+def _decode_digest(
+    ev: StepEvidence,
+    ch: _Choice,
+    drain_guard: DrainGuard,
+    minimum_predicted_gain: float,
+    header: Mapping[str, Any] | None,
+) -> str:
+    """The decode replay's ``selector_replay_sha256`` (see :func:`selector_replay_sha256`)."""
+    return selector_replay_sha256(
+        step_id=ev.step_id,
+        graph_batch_size=ev.graph_batch_size,
+        verifier_budget=ch.verifier_budget,
+        header={
+            "k": ev.grid.k,
+            "min_verify_len": ev.min_verify_len,
+            "minimum_predicted_gain": minimum_predicted_gain,
+            "drain_guard": drain_guard.to_dict(),
+            **dict(header or {}),
+        },
     )
 
 
