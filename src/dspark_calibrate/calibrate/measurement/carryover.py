@@ -15,9 +15,10 @@ cells more often than its native cell does gets a saving that is off by the diff
 The estimate
 ------------
 Per visit, the round log-median less the level every cell shared in that round
-(:func:`~.stats.common_round_effects`) is regressed on "the previous visit was a larger G", with
-a fixed effect per (cell, epoch) so that cells and epochs do not masquerade as carry-over; the
-slope, pooled over the cells of one G, is that G's carry-over effect (:class:`CarryoverEffect`).
+(:func:`~.stats.common_round_effects`) is regressed on "the previous visit was a larger G" (one
+indicator per re-warm level the sweep used), with a fixed effect per (cell, epoch) so that cells
+and epochs do not masquerade as carry-over; the slope, pooled over the cells of one G, is that
+G's carry-over effect (:class:`CarryoverEffect`).
 A cell's median moves by the effect times the share of its visits that followed a larger G
 (:attr:`Carryover.cell_shift`), and a saving by the difference of that shift between the cell and
 its native cell (:attr:`Carryover.saving_shift`, in units of the native step).
@@ -98,10 +99,10 @@ class Carryover:
     """Carry-over per G and what it does to each cell.
 
     Attributes:
-        per_g: the effect of each G.
-        cell_shift: per cell, the shift of its median (log scale): effect × the share of its visits
-            that followed a larger G (0 for a cell that never did; None where its G's effect is
-            unknown).
+        per_g: the effect of each G (at the longest re-warm its visits had).
+        cell_shift: per cell, the shift of its median (log scale): the effect (at each visit's
+            re-warm) × the share of its visits that followed a larger G (0 for a cell that never
+            did; None where a needed effect is unknown).
         saving_shift: per non-native cell, how far the carry-over moves its saving (in units of the
             native step; positive: the saving looks larger than it is).
     """
@@ -126,51 +127,85 @@ class Carryover:
         }
 
 
-def _fixed_effects_slope(x: np.ndarray, y: np.ndarray, groups: np.ndarray) -> tuple[float, float] | None:
-    """OLS slope of ``y`` on ``x`` with a fixed effect per group, and its standard error."""
+def _fixed_effects(x: np.ndarray, y: np.ndarray, groups: np.ndarray) -> list[tuple[float, float] | None]:
+    """OLS coefficients of ``y`` on the columns of ``x`` with a fixed effect per group, each with
+    its standard error (None for a column the groups leave without variation)."""
     xc, yc = x.astype(np.float64).copy(), y.astype(np.float64).copy()
     for g in np.unique(groups):
         members = groups == g
-        xc[members] -= xc[members].mean()
+        xc[members] -= xc[members].mean(axis=0)
         yc[members] -= yc[members].mean()
-    sxx = float(np.sum(xc**2))
-    dof = x.size - np.unique(groups).size - 1
-    if sxx <= 0.0 or dof < 1:
-        return None
-    slope = float(np.sum(xc * yc)) / sxx
-    resid = yc - slope * xc
-    return slope, math.sqrt(float(np.sum(resid**2)) / dof / sxx)
+    usable = [j for j in range(xc.shape[1]) if float(np.sum(xc[:, j] ** 2)) > 1e-12]
+    dof = y.size - np.unique(groups).size - len(usable)
+    out: list[tuple[float, float] | None] = [None] * xc.shape[1]
+    if not usable or dof < 1:
+        return out
+    a = xc[:, usable]
+    coef, *_ = np.linalg.lstsq(a, yc, rcond=None)
+    sigma2 = float(np.sum((yc - a @ coef) ** 2)) / dof
+    cov = sigma2 * np.linalg.pinv(a.T @ a)
+    for i, j in enumerate(usable):
+        out[j] = (float(coef[i]), math.sqrt(max(float(cov[i, i]), 0.0)))
+    return out
+
+
+def _effects_of_g(
+    group: Sequence[VisitRecord], shared: Mapping[int, float]
+) -> dict[int, tuple[float, float] | None]:
+    """Per re-warm level, the carry-over effect of one G's visits (fixed effect per cell and epoch)."""
+    levels = sorted({v.rewarm for v in group})
+    x = np.array(
+        [[v.after_larger and v.rewarm == level for level in levels] for v in group], dtype=np.float64
+    )
+    y = np.array([v.log_median - shared.get(v.round, 0.0) for v in group])
+    index: dict[tuple[CellSpec, int], int] = {}
+    keys = np.array([index.setdefault((v.cell, v.epoch), len(index)) for v in group])
+    return dict(zip(levels, _fixed_effects(x, y, keys), strict=True))
+
+
+def _cell_shift(
+    visits: Sequence[VisitRecord], effects: Mapping[int, tuple[float, float] | None]
+) -> float | None:
+    """The shift of one cell's median: the effect at each visit's re-warm level, summed over its
+    visits that followed a larger G, over all its visits (None where a needed effect is unknown)."""
+    total = 0.0
+    for v in visits:
+        if v.after_larger:
+            fit = effects.get(v.rewarm)
+            if fit is None:
+                return None
+            total += fit[0]
+    return total / len(visits)
 
 
 def estimate_carryover(visits: Sequence[VisitRecord], shared: Mapping[int, float]) -> Carryover:
     """Estimate the carry-over of every G and its shift on each cell and saving (module docstring).
+
+    The effect is estimated per re-warm level (the re-warm grows during a sweep); a cell's shift
+    weighs each of its visits with its own level's effect, and :attr:`Carryover.per_g` states the
+    effect at the last (longest) re-warm.
 
     Args:
         visits: one record per visit with kept samples.
         shared: the level every cell shared in each round (:func:`~.stats.common_round_effects`).
     """
     per_g: dict[int, CarryoverEffect] = {}
-    shares: dict[CellSpec, float] = {}
+    cell_shift: dict[CellSpec, float | None] = {}
     by_g: dict[int, list[VisitRecord]] = {}
     for v in visits:
         if v.previous is not None:
             by_g.setdefault(v.cell.graph_batch_size, []).append(v)
     for g, group in sorted(by_g.items()):
-        x = np.array([v.after_larger for v in group], dtype=np.float64)
-        y = np.array([v.log_median - shared.get(v.round, 0.0) for v in group])
-        index: dict[tuple[CellSpec, int], int] = {}
-        keys = np.array([index.setdefault((v.cell, v.epoch), len(index)) for v in group])
-        fit = _fixed_effects_slope(x, y, keys)
-        after = int(x.sum())
-        effect, se = fit if fit is not None else (None, None)
-        per_g[g] = CarryoverEffect(g, effect, se, after, int(x.size) - after)
-        for cell in {v.cell for v in group}:
-            mine = [v.after_larger for v in group if v.cell == cell]
-            shares[cell] = sum(mine) / len(mine)
-    cell_shift: dict[CellSpec, float | None] = {}
-    for cell, share in shares.items():
-        effect = per_g[cell.graph_batch_size].effect
-        cell_shift[cell] = 0.0 if share == 0.0 else (None if effect is None else effect * share)
+        effects = _effects_of_g(group, shared)
+        last = max(effects)
+        at_last = [v for v in group if v.rewarm == last]
+        after = sum(v.after_larger for v in at_last)
+        fit = effects[last]
+        per_g[g] = CarryoverEffect(
+            g, None if fit is None else fit[0], None if fit is None else fit[1], after, len(at_last) - after
+        )
+        for cell in sorted({v.cell for v in group}):
+            cell_shift[cell] = _cell_shift([v for v in group if v.cell == cell], effects)
     saving_shift: dict[CellSpec, float | None] = {}
     for cell, shift in cell_shift.items():
         if cell.kind is CellKind.NATIVE or cell.native not in cell_shift:

@@ -108,7 +108,7 @@ class _Design:
 #: Rounds further than this many robust SDs (1.4826 × MAD) from their series' median are pulled in
 #: to that distance before the fit: a round hit by one wild sample (a stray interrupt, a clock dip)
 #: would otherwise weigh in a Gaussian likelihood like dozens of ordinary rounds.
-CLIP_SDS = 3.0
+CLIP_SDS = 4.0
 _MAD_TO_SD = 1.482602218505602
 
 

@@ -20,7 +20,10 @@ are tested against three known truths (``--backend-opt NAME=X``):
 - ``common_shift_rel``: per epoch, one shift of SD X shared by every cell (a new epoch starts with
   each process and whenever a cell is captured a second time in it);
 - ``carryover_rel``: a visit that follows one to a larger G runs slower by X, decaying over
-  ``carryover_decay_steps`` steps (e-folding) after the switch.
+  ``carryover_decay_steps`` steps (e-folding) after the switch;
+- ``capture_bias_rel``: a bias of the measurement, not of serving: every cell other than the
+  native one (compact and control) runs faster by X in the sweep, so the control cell shows it
+  (:meth:`SyntheticModel.true_saving` leaves it out).
 
 ``power_capped`` runs every step at the power cap (reported as the SW power-cap reason, slower by
 ``power_cap_slowdown_rel``): the steady state of a serving GPU; there a cell verifying a share s
@@ -84,6 +87,7 @@ class SyntheticModel:
     carryover_rel: float = 0.0
     carryover_decay_steps: float = 8.0
     power_cap_clock_rel: float = 0.0
+    capture_bias_rel: float = 0.0
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -288,7 +292,8 @@ class SyntheticBackend(BackendBase):
 
     def prepare(self, cell: CellSpec) -> Step:
         """A step that advances the virtual clock by the modelled time (a fresh capture shift)."""
-        return _SyntheticStep(self, cell, self.model.expected_ms(cell), self._capture_factor(cell))
+        bias = 1.0 - self.model.capture_bias_rel if cell.kind in (CellKind.COMPACT, CellKind.CONTROL) else 1.0
+        return _SyntheticStep(self, cell, self.model.expected_ms(cell) * bias, self._capture_factor(cell))
 
     def prepare_mixed(self, shape: MixedShape) -> Step:
         """A mixed step on the virtual clock (see the module docstring)."""
