@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 import numpy as np
@@ -52,7 +53,7 @@ def test_the_serving_order_visits_a_g_together_and_walks_the_workloads_moves() -
         blocks = [g for i, g in enumerate(gs) if i == 0 or gs[i - 1] != g]
         assert len(blocks) == len(set(blocks)) == 4  # each G's cells together
         starts[blocks[0]] += 1
-        moves.update(zip(blocks[:-1], blocks[1:], strict=True))
+        moves.update(itertools.pairwise(blocks))
     assert starts[2] > starts[4] + starts[8]  # serving runs at G=2 most
     seen = {m for m, n in moves.items() if n > 10}
     assert {(2, 4), (4, 8), (8, 16)} <= seen
