@@ -19,17 +19,19 @@ Three quantities, three intervals
    resamples rounds within each epoch, then samples within each chosen round, and takes the pooled
    median; half-widths get the small-sample factor ``t(R−E)/z · sqrt(R/(R−E))``. The between-epoch
    variation is added in quadrature, split in two parts estimated from the whole sweep by
-   :func:`estimate_between_run`: a *common mode* shared by every cell of an epoch (σ_F, few degrees
-   of freedom, so it is scaled by ``t(E−1)/z``) and each cell's own epoch-to-epoch variation (σ_u,
-   pooled over all cells). By default the result is a *reproduction interval*: widened by √2, it
+   :func:`estimate_between_run` (restricted maximum likelihood, :mod:`~.reml`): a *common mode*
+   shared by every cell of an epoch (σ_F, few degrees of freedom, so it is scaled by
+   ``t(E−1)/z``) and each cell's own epoch-to-epoch variation (σ_u, pooled over all cells, carried
+   at the upper end of its profile interval). By default the result is a *reproduction interval*: widened by √2, it
    is a 95% range for the median that an independent sweep under the same conditions would
    report. Every bound is formed on the log scale, so no bound is ever negative.
 2. **The paired saving** ``1 − T(G,V)/T(G,0)`` of a compact cell (:func:`paired_saving_interval`).
    Every round visits all open cells of a G, so the ratio of a compact cell to its native cell is
    paired by round: drift common to the round, the process and the machine cancels. The estimate
-   is the mean per-round log-ratio over the rounds both cells were measured in, with a Student
-   interval over those rounds (within epochs), widened by the between-epoch variation of the
-   paired log-ratio (σ_d, pooled over cells): for this process's own shift, for its average over
+   is the trimmed mean per-round log-ratio over the rounds both cells were measured in, with a
+   Student interval over those rounds (within epochs), widened by the between-epoch variation of
+   the paired log-ratio (σ_d, pooled over cells, at the upper end of its profile interval: a design
+   that cannot see σ_d does not state it as 0): for this process's own shift, for its average over
    E epochs, and for the serving process's shift. It is a 95% *prediction* interval for the
    saving a serving process sees.
 3. **The level model** for ``build``'s joint resampling: ``common_mode_rel`` (the relative SD of
