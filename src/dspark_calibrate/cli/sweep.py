@@ -327,7 +327,7 @@ class _SweepProgress:
     def __call__(self, event: Any) -> None:
         import time
 
-        if event.kind == "estimate":
+        if event.kind in ("estimate", "rewarm"):
             if not self.quiet:
                 err_console.print(escape(f"sweep: {event.detail}"), highlight=False)
             return

@@ -147,8 +147,8 @@ class Thresholds:
             it may stop on precision (with re-capture on; at least 2).
         carryover_limit_rel: how far the carry-over of the previous visit may move a saving (in
             units of the native step) before the re-warm grows (:mod:`~.carryover`).
-        max_rewarm_steps: the longest re-warm the sweep may grow to (at most ``rewarm_steps``:
-            the re-warm never grows).
+        max_rewarm_steps: the longest re-warm the sweep may grow to (at or below
+            ``rewarm_steps`` the re-warm never grows).
     """
 
     precision_rel: float = 0.005

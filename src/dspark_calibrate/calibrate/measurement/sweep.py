@@ -324,8 +324,8 @@ class CellResult:
 @dataclass(frozen=True, slots=True)
 class SweepEvent:
     """Progress report for a UI: kind is ``estimate`` (before measuring; ``detail`` says what the
-    sweep needs), ``round``, ``visit``, ``cell_done`` or ``end``. ``eta_s`` comes from the measured
-    time per visit."""
+    sweep needs), ``round``, ``visit``, ``cell_done``, ``rewarm`` (``detail`` says why the re-warm
+    grew) or ``end``. ``eta_s`` comes from the measured time per visit."""
 
     kind: str
     round: int
@@ -416,7 +416,8 @@ class SweepResult:
     def _checks(self, c: CellResult) -> tuple[Any, ...]:
         """The bias-check columns of one cell (schema 3)."""
         bias = c.control_bias
-        estimated = self.between.estimated
+        # Null where nothing was estimated: fewer than two epochs, or no cell paired in two.
+        estimated = self.between.estimated and self.between.paired_cells > 0
         return (
             None if bias is None else bias.bias,
             None if bias is None else bias.low,
