@@ -25,7 +25,8 @@ Subcommands (run from the repository root with ``PYTHONPATH=src``):
                        ``sweep_efficiency.py run``), this harness, the comparison; writes
                        ``DIR/sweep_efficiency.json`` (the repository's file with ``independent``
                        added), ``DIR/independent.json``, ``DIR/job_log.txt`` and
-                       ``DIR/independent_work.tgz``. On one H200 it stays under 8 minutes.
+                       ``DIR/independent_work.tgz`` (the sweep's files, written under
+                       ``--work``, outside ``DIR``). On one H200 it stays under 8 minutes.
 ``harness --out DIR``  this harness alone (``DIR/independent.json``).
 ``compare --sweep DIR --harness FILE [--out FILE]``  the comparison alone (CPU).
 
@@ -42,6 +43,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -474,9 +476,10 @@ def _commit() -> str | None:
     return done.stdout.strip() or None
 
 
-def run_job(mode: Mode, out: Path, log: Any) -> int:
-    """Sweep, harness, comparison; see the module docstring. Returns 0, or 1 when a stage failed."""
-    work = out / "work"
+def run_job(mode: Mode, out: Path, log: Any, work: Path) -> int:
+    """Sweep, harness, comparison; see the module docstring. The sweep's files go to ``work``
+    (outside ``out``: a lent machine returns few files) and come back in one archive. Returns 0,
+    or 1 when a stage failed."""
     sweep_dir = work / "sweep"
     sweep_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -522,6 +525,9 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name)
         p.add_argument("--out", required=True, type=Path)
         p.add_argument("--tiny", action="store_true", help="the CPU pipeline on the tiny config")
+        p.add_argument(
+            "--work", type=Path, default=None, help="job: the sweep's directory (default: a temporary one)"
+        )
     cmp_ = sub.add_parser("compare")
     cmp_.add_argument("--sweep", required=True, type=Path, help="the sweep's out dir (adaptive.parquet)")
     cmp_.add_argument("--harness", required=True, type=Path, help="independent.json")
@@ -536,8 +542,9 @@ def main(argv: list[str] | None = None) -> int:
         result = run_harness(mode)
         (args.out / "independent.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
         return 0
+    work = args.work or Path(tempfile.mkdtemp(prefix="independent-"))
     with open(args.out / "job_log.txt", "a", encoding="utf-8") as log:
-        return run_job(mode, args.out, log)
+        return run_job(mode, args.out, log, work)
 
 
 if __name__ == "__main__":

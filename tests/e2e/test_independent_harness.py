@@ -132,17 +132,12 @@ def test_the_full_mode_is_the_heavy_step_with_24_cells() -> None:
 
 @pytest.mark.slow
 def test_the_tiny_job_runs_end_to_end(tmp_path: Path) -> None:
-    """The one-call GPU job on the CPU: sweep (two passes), harness, comparison, the files that
-    come back from a lent machine."""
+    """The one-call GPU job on the CPU: sweep (two passes), harness, comparison, and only the four
+    files that come back from a lent machine under ``--out``."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    script = ROOT / "benchmarks" / "independent_harness.py"
     done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "independent_harness.py"),
-            "job",
-            "--tiny",
-            "--out",
-            str(tmp_path),
-        ],
+        [sys.executable, str(script), "job", "--tiny", "--out", str(out), "--work", str(work)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -151,13 +146,14 @@ def test_the_tiny_job_runs_end_to_end(tmp_path: Path) -> None:
         cwd=ROOT,
     )
     assert done.returncode == 0, (done.stdout, done.stderr)
-    assert {p.name for p in tmp_path.iterdir() if p.is_file()} == {
+    assert {p.name for p in out.iterdir()} == {
         "sweep_efficiency.json",
         "independent.json",
         "job_log.txt",
         "independent_work.tgz",
     }
-    record = json.loads((tmp_path / "sweep_efficiency.json").read_text())
+    assert (work / "sweep" / "adaptive.parquet").exists()
+    record = json.loads((out / "sweep_efficiency.json").read_text())
     assert "heavy_step" in record  # the repository's keys are kept
     result = record["independent"]
     for key in ("gpu", "cells", *ih.TARGETS, "paired_rel", "meets", "per_cell", "commit", "command"):
