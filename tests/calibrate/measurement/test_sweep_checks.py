@@ -262,3 +262,12 @@ def test_schema_3_rows_and_the_summary_lines(tmp_path: Path) -> None:
     extra = art.provenance_untrusted().extra
     assert {"carryover", "control_bias", "order", "between_run"} <= set(extra)
     assert extra["between_run"]["estimator"] == "reml"
+
+
+def test_a_design_that_cannot_resolve_the_shift_says_what_to_add(tmp_path: Path) -> None:
+    """Rounds ten times noisier than the default: two rounds per epoch cannot see 0.4%."""
+    out = tmp_path / "s.parquet"
+    args = ["--backend", "synthetic", "--backend-opt", "noise_rel=0.03", "--k", "3", "--ladder", "2,4"]
+    res = _cli(*args, "--preset", "quick", "--out", str(out), "--no-plot")
+    assert res.exit_code == 0, res.output
+    assert "not the 0.40%" in res.stdout and "--passes 4" in res.stdout
