@@ -65,7 +65,7 @@ class VarianceComponent:
         estimate: the REML estimate (it may be 0: the likelihood's maximum on the boundary, not a
             floored difference; ``low`` = 0 then says the design did not resolve it).
         low, high: the profile-likelihood interval at ``confidence`` (``low`` = 0 when σ = 0 lies
-            inside it).
+            inside it; NaN for an end not asked for).
         resolvable: the smallest σ the design resolves (see :data:`RESOLVE_LEVEL`).
         series: series that contributed (two or more epochs and at least one within degree of
             freedom).
@@ -216,24 +216,26 @@ def _profile(x: float, t0: np.ndarray, d: _Design) -> tuple[float, np.ndarray]:
 
 
 def _fit(d: _Design, x0: float, t0: np.ndarray) -> tuple[float, float, np.ndarray]:
-    """The joint minimum (value, σ²/c, log τ²/c): a bounded 1-D search over σ² of the profile,
-    with σ² = 0 as a candidate of its own (the bounded search never evaluates its end point)."""
-    cache: dict[float, np.ndarray] = {}
+    """The joint minimum (value, σ²/c, log τ²/c): a bounded 1-D search of the profile over
+    σ/sqrt(c) (so its tolerance is relative to σ, not σ²), with σ = 0 as a candidate of its own
+    (the bounded search never evaluates its end point)."""
+    cache: dict[str, np.ndarray] = {"t": t0}
 
-    def prof(x: float) -> float:
-        value, t = _profile(x, cache.get(0.0, t0), d)
-        cache[0.0] = t
+    def prof(u: float) -> float:
+        value, t = _profile(u * u, cache["t"], d)
+        cache["t"] = t
         return value
 
-    upper = max(10.0 * x0, 10.0)
-    while prof(upper) < prof(upper / 2.0) and upper < _MAX_SIGMA2:
-        upper *= 4.0
-    res = minimize_scalar(prof, bounds=(0.0, upper), method="bounded", options={"xatol": 1e-4 * upper})
+    upper = math.sqrt(max(10.0 * x0, 10.0))
+    while prof(upper) < prof(upper / 2.0) and upper * upper < _MAX_SIGMA2:
+        upper *= 2.0
+    res = minimize_scalar(prof, bounds=(0.0, upper), method="bounded", options={"xatol": 1e-3 * upper})
     at_zero, t_zero = _profile(0.0, t0, d)
     if at_zero <= float(res.fun):
         return at_zero, 0.0, t_zero
-    value, t = _profile(float(res.x), cache[0.0], d)
-    return value, float(res.x), t
+    x = float(res.x) ** 2
+    value, t = _profile(x, cache["t"], d)
+    return value, x, t
 
 
 def _start(d: _Design) -> tuple[float, np.ndarray]:
@@ -277,6 +279,7 @@ def reml_component(
     *,
     confidence: float = 0.95,
     design: float = 1.0,
+    bounds: tuple[bool, bool] = (True, True),
 ) -> VarianceComponent:
     """Estimate the between-epoch SD σ shared by ``series``, with its profile-likelihood interval.
 
@@ -287,6 +290,8 @@ def reml_component(
         design: the design effect of correlated series (:func:`design_effect`): the likelihood
             treats the series as independent, so its ratio is divided by this before the χ²₁
             quantile bounds it (a Rao-Scott correction); the estimate itself is unaffected.
+        bounds: which ends of the interval to find (lower, upper); an end not asked for is NaN
+            (each end costs a root search over the profile).
 
     Returns:
         The component; :data:`EMPTY` when no series counts.
@@ -301,13 +306,17 @@ def reml_component(
     def excess(x: float) -> float:
         return _profile(x, t_hat, d)[0] - best - cut
 
-    low = 0.0
-    if x_hat > 0.0 and excess(0.0) > 0.0:
-        low = float(brentq(excess, 0.0, x_hat, xtol=1e-4 * x_hat))
-    hi = max(2.0 * x_hat, x_hat + 1.0)
-    while excess(hi) < 0.0 and hi < _MAX_SIGMA2:
-        hi *= 4.0
-    high = float(brentq(excess, x_hat, hi, xtol=1e-4 * hi)) if hi < _MAX_SIGMA2 else _MAX_SIGMA2
+    # The ends to 0.1% of the bracket: far below what a few epochs can say about σ.
+    low = high = math.nan
+    if bounds[0]:
+        low = 0.0
+        if x_hat > 0.0 and excess(0.0) > 0.0:
+            low = float(brentq(excess, 0.0, x_hat, xtol=1e-3 * x_hat))
+    if bounds[1]:
+        hi = max(2.0 * x_hat, x_hat + 1.0)
+        while excess(hi) < 0.0 and hi < _MAX_SIGMA2:
+            hi *= 4.0
+        high = float(brentq(excess, x_hat, hi, xtol=1e-3 * hi)) if hi < _MAX_SIGMA2 else _MAX_SIGMA2
     epochs = d.mask.sum(1)
     return VarianceComponent(
         estimate=math.sqrt(x_hat * d.scale),

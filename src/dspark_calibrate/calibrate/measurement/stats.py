@@ -809,9 +809,12 @@ def estimate_between_run(
         return NO_BETWEEN_RUN
     shared = common_round_effects({c: logs[c] for c in multi})
     round_epoch = {r: epoch_of[c][r] for c in multi for r in logs[c]}
-    common = reml_component([(shared, round_epoch)], confidence=confidence)
+    # The common mode is carried as its point estimate (module docstring), the level as its upper end.
+    common = reml_component([(shared, round_epoch)], confidence=confidence, bounds=(False, False))
     level = reml_component(
-        [({r: v - shared[r] for r, v in logs[c].items()}, epoch_of[c]) for c in multi], confidence=confidence
+        [({r: v - shared[r] for r, v in logs[c].items()}, epoch_of[c]) for c in multi],
+        confidence=confidence,
+        bounds=(False, True),
     )
     compared = [c for c in multi if c.kind is not CellKind.NATIVE and c.native in logs]
     ratios = [
