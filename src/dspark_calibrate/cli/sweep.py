@@ -692,10 +692,8 @@ def _serving_order(opts: SweepOptions, ladder: tuple[int, ...]) -> Any:
     Raises:
         ConfigError: an unknown order, serving without a workload, or a workload without a use.
     """
-    import numpy as np
-
     from dspark_calibrate.calibrate.deployment.workload import read_workload
-    from dspark_calibrate.calibrate.measurement.order import ORDERS, serving_transitions
+    from dspark_calibrate.calibrate.measurement.order import ORDERS, rows_per_step, serving_transitions
 
     if opts.order not in ORDERS:
         raise ConfigError(f"--order {opts.order!r} is unknown; use one of {list(ORDERS)}")
@@ -709,13 +707,9 @@ def _serving_order(opts: SweepOptions, ladder: tuple[int, ...]) -> Any:
         )
     workload = read_workload(opts.workload, k=opts.k)
     a = workload.arrays()
-    pairs, counts = np.unique(np.stack([a.step, a.rank]), axis=1, return_counts=True)
-    steps, first = np.unique(pairs[0], return_index=True)
-    rows = np.maximum.reduceat(counts, first) if counts.size else counts
+    rows = rows_per_step(a.step, a.rank)
     return serving_transitions(
-        rows.tolist(),
-        ladder,
-        source=f"{opts.workload.name} ({workload.identity_sha256[:12]}, {steps.size} steps)",
+        rows, ladder, source=f"{opts.workload.name} ({workload.identity_sha256[:12]}, {len(rows)} steps)"
     )
 
 

@@ -11,7 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dspark_calibrate.calibrate.measurement.ladder import CellSpec, plan_cells
-from dspark_calibrate.calibrate.measurement.order import ServingOrder, serving_transitions, visit_order
+from dspark_calibrate.calibrate.measurement.order import (
+    ServingOrder,
+    rows_per_step,
+    serving_transitions,
+    visit_order,
+)
 from dspark_calibrate.errors import ConfigError
 
 CELLS = plan_cells(k=3, ladder=(2, 4, 8, 16), max_per_g=3)
@@ -80,3 +85,10 @@ def test_a_g_the_workload_never_reaches_is_still_visited() -> None:
     order = ServingOrder({2: {2: 5}}, 6)
     seq = visit_order([CellSpec(2, 0, 3), CellSpec(16, 0, 3)], seed=0, round_index=0, order=order)
     assert {c.graph_batch_size for c in seq} == {2, 16}
+
+
+def test_rows_per_step_counts_the_fullest_rank() -> None:
+    step = np.array([0, 0, 0, 1, 1, 2, 2, 2, 2])
+    rank = np.array([0, 0, 1, 0, 1, 0, 1, 1, 1])
+    assert rows_per_step(step, rank) == [2, 1, 3]
+    assert rows_per_step(np.array([], dtype=np.int64), np.array([], dtype=np.int64)) == []

@@ -27,7 +27,7 @@ import numpy as np
 from dspark_calibrate.calibrate.measurement.mixed import Cell
 from dspark_calibrate.errors import ConfigError
 
-__all__ = ["ORDERS", "ServingOrder", "serving_transitions", "visit_order"]
+__all__ = ["ORDERS", "ServingOrder", "rows_per_step", "serving_transitions", "visit_order"]
 
 #: Visiting orders: ``random`` (a seeded permutation per round) or ``serving``.
 ORDERS: tuple[str, ...] = ("random", "serving")
@@ -76,6 +76,16 @@ class ServingOrder:
         """Inverse of :meth:`to_dict`."""
         rows = {int(a): {int(b): int(n) for b, n in row.items()} for a, row in data["transitions"].items()}
         return cls(rows, int(data["steps"]), str(data.get("source", "")))
+
+
+def rows_per_step(step: np.ndarray, rank: np.ndarray) -> list[int]:
+    """Rows of each step on its fullest rank (rank-local rows, which pick the step's G), in step
+    order, from a workload's per-row step and rank ids."""
+    if step.size == 0:
+        return []
+    pairs, counts = np.unique(np.stack([step, rank]), axis=1, return_counts=True)
+    _, first = np.unique(pairs[0], return_index=True)
+    return [int(n) for n in np.maximum.reduceat(counts, first)]
 
 
 def serving_transitions(
