@@ -13,7 +13,7 @@ outliers, and optional throttling that slows the step and is reported through te
 What separates two processes can be simulated too: ``process_rel`` draws one level shift for the
 whole backend (common to every cell: the machine, the clock state at start), ``capture_rel`` a
 shift per cell at every ``prepare`` (graph capture, memory placement). The sweep's own statistics
-are tested against three known truths (``--backend-opt NAME=X``):
+are tested against known truths of these sizes (``--backend-opt NAME=X``):
 
 - ``epoch_shift_rel``: per epoch and per cell, a multiplicative shift of SD X (drawn when the cell
   is captured, once per capture epoch or pass; it adds to ``capture_rel`` in quadrature);
@@ -27,9 +27,9 @@ are tested against three known truths (``--backend-opt NAME=X``):
 
 ``power_capped`` runs every step at the power cap (reported as the SW power-cap reason, slower by
 ``power_cap_slowdown_rel``): the steady state of a serving GPU; there a cell verifying a share s
-of its G's full width reports an SM clock higher by ``power_cap_clock_rel``·(1 − s). The forced-K arm costs the native
-step plus ``confidence_path_ms``; the control cell (V = G·(K+1)) is the native step captured again
-and costs the native step.
+of its G's full width reports an SM clock higher by ``power_cap_clock_rel``·(1 − s). The forced-K
+arm costs the native step plus ``confidence_path_ms``; the control cell (V = G·(K+1)) is the
+native step captured again and costs the native step.
 
 Mixed prefill+decode steps (:meth:`SyntheticBackend.prepare_mixed`) cost ``base`` plus
 ``mixed_per_row_ms`` per body row of the captured capacity (pad rows included: the bucket is what
