@@ -94,6 +94,8 @@ def _thresholds(protocol: str, args: argparse.Namespace) -> Thresholds:
         extra["recapture_every"] = args.recapture_every
     if args.replays is not None:
         extra["replays_per_sample"] = args.replays
+    if args.samples_per_visit is not None:
+        extra["samples_per_visit"] = args.samples_per_visit
     return Thresholds.from_dict(
         {
             **base.to_dict(),
@@ -536,6 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--recapture-every", type=int, default=None)
     run.add_argument("--max-samples", type=int, default=None)
     run.add_argument("--replays", type=int, default=None, help="back-to-back replays per sample")
+    run.add_argument("--samples-per-visit", type=int, default=None, help="samples per visit")
     run.add_argument("--passes", type=int, default=1, help="separate processes, each one epoch")
     run.add_argument("--pass-index", type=int, default=None, help=argparse.SUPPRESS)
     run.add_argument("--budgets", action="append", default=None, help="G:V1,V2 (repeatable)")

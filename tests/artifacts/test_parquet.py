@@ -264,19 +264,19 @@ def test_expanding_strings_are_measured_exactly_before_expanding(tmp_path: Path)
     assert size.decoded_bytes < fits < size.worst_case_bytes
     measured = read_artifact(path, _limits(decoded=fits)).table
     assert measured.equals(plain) and measured.schema == plain.schema
-    # one 200-byte string in 500 rows: a small dictionary, 100 kB once expanded
+    # one 400-byte string in 500 rows: a small dictionary, 200 kB once expanded
     base = read_artifact(path)
     rows = base.table.take(pa.array([i % base.table.num_rows for i in range(500)]))
     rows = rows.set_column(
-        rows.schema.get_field_index("stop_reason"), "stop_reason", pa.array(["x" * 200] * 500)
+        rows.schema.get_field_index("stop_reason"), "stop_reason", pa.array(["x" * 400] * 500)
     )
     path.write_bytes(encode_artifact(rows, dict(base.metadata)))
     size = table_size(pq.ParquetFile(path).metadata)
-    assert size.decoded_bytes + 20_000 < 500 * 200 < size.worst_case_bytes
+    assert size.decoded_bytes + 20_000 < 500 * 400 < size.worst_case_bytes
     with pytest.raises(ArtifactReadError) as info:
         read_artifact(path, _limits(decoded=size.decoded_bytes + 20_000))
     assert info.value.reason is Reason.TABLE_TOO_LARGE and "once decoded" in str(info.value)
-    assert read_artifact(path, _limits(decoded=size.decoded_bytes + 200_000)).table.equals(rows)
+    assert read_artifact(path, _limits(decoded=size.decoded_bytes + 400_000)).table.equals(rows)
 
 
 def test_every_kind_has_its_own_table_limit() -> None:

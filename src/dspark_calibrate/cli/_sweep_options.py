@@ -47,6 +47,7 @@ __all__ = [
     "MixedMaxCellsOption",
     "MixedWorkloadOption",
     "ModelOption",
+    "OrderOption",
     "OutOption",
     "PassIndexOption",
     "PassesOption",
@@ -65,6 +66,7 @@ __all__ = [
     "ThrottlePolicyOption",
     "UntilRoundOption",
     "WarmupOption",
+    "WorkloadOption",
 ]
 
 #: The help panel of the mixed prefill+decode options.
@@ -151,6 +153,22 @@ EpochsRequiredOption = Annotated[
     int | None, typer.Option(hidden=True, help="Epochs a cell spans before it may stop.")
 ]
 PassIndexOption = Annotated[int | None, typer.Option(hidden=True, help="This process's pass (its epoch).")]
+OrderOption = Annotated[
+    str,
+    typer.Option(
+        help="Visiting order in a round: random (seeded), or serving: one G's cells together, moving "
+        "between G the way --workload's steps do, so carry-over between visits is the serving mix's.",
+        metavar="ORDER",
+    ),
+]
+WorkloadOption = Annotated[
+    Path | None,
+    typer.Option(
+        help="--order serving: the recorded workload whose step-to-step moves between G the rounds follow.",
+        metavar="WORKLOAD.parquet",
+        show_default=False,
+    ),
+]
 ProtocolOption = Annotated[
     str, typer.Option(help="adaptive (rounds, stop on precision) or fixed (128+64).", metavar="NAME")
 ]
@@ -374,6 +392,8 @@ class SweepOptions:
     epochs_required: int | None
     pass_index: int | None
     protocol: str
+    order: str
+    workload: Path | None
     preset: str
     precision: float | None
     min_samples: int | None

@@ -92,6 +92,7 @@ from dspark_calibrate.cli._sweep_options import (
     MixedMaxCellsOption,
     MixedWorkloadOption,
     ModelOption,
+    OrderOption,
     OutOption,
     PassesOption,
     PassIndexOption,
@@ -110,6 +111,7 @@ from dspark_calibrate.cli._sweep_options import (
     ThrottlePolicyOption,
     UntilRoundOption,
     WarmupOption,
+    WorkloadOption,
 )
 from dspark_calibrate.errors import ConfigError, DsparkError, MeasurementError
 
@@ -172,7 +174,102 @@ def _summary_table(result: Any) -> Table:
     return table
 
 
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f}%"
+
+
+#: A paired shift between processes of this size was measured on an H200 at its power cap
+#: (docs/sweep.md): a design that cannot resolve it says so.
+RESOLVE_TARGET_REL = 0.004
+
+
+def _between_line(between: Any, confidence: float) -> str:
+    """The paired between-run estimate as measured: never a bare 0 where the design could not see it."""
+    if not between.estimated:
+        return (
+            "between-run: fewer than two epochs, nothing estimated (paired savings carry no between-run "
+            "term; use --recapture-every or --passes)"
+        )
+    resolve = ""
+    if between.resolvable_shift_rel is not None:
+        resolve = f"; the design resolves shifts >= {_pct(between.resolvable_shift_rel)}"
+        if between.resolvable_shift_rel > RESOLVE_TARGET_REL:
+            resolve += (
+                f", not the {_pct(RESOLVE_TARGET_REL)} an H200 at its power cap has shown: add passes (--passes 4) "
+                "or rounds per epoch (--recapture-every)"
+            )
+    carried = _pct(between.paired_carried(confidence))
+    if between.paired_resolved:
+        what = (
+            f"paired SD {_pct(between.paired_rel)} (95% {_pct(between.paired_rel_low)}-"
+            f"{_pct(between.paired_rel_upper)})"
+        )
+    else:
+        what = f"paired SD not resolved (REML {_pct(between.paired_rel)}, 95% upper {carried})"
+    return f"between-run ({between.estimator}, {between.epochs} epochs): {what}; intervals carry {carried}{resolve}"
+
+
+def _check_lines(result: Any) -> list[str]:
+    """What the sweep's own bias checks found: control bias per G, carry-over and re-warm, clocks."""
+    lines = [_between_line(result.between, result.config.thresholds.confidence)]
+    biases = result.control_summary()
+    if biases:
+        parts = [
+            f"G{g} {100 * b['control_bias']:+.2f}% [{100 * b['ci_low']:+.2f}, {100 * b['ci_high']:+.2f}]"
+            + (" BIASED: compact savings widened" if b["widened"] else "")
+            for g, b in biases.items()
+        ]
+        lines.append("control bias (0 is the truth): " + "; ".join(parts))
+    carry = result.carryover
+    if carry is not None:
+        effects = [
+            f"G{g} {100 * e.effect:+.2f}%"
+            for g, e in sorted(carry.per_g.items())
+            if e.effect is not None and e.after
+        ]
+        lines.append(
+            "carry-over after a larger G: "
+            + (", ".join(effects) or "none measured")
+            + f"; re-warm {result.rewarm_steps} replays; it moves a saving by at most "
+            f"{100 * carry.largest_saving_shift():.2f} pp (limit {100 * result.config.thresholds.carryover_limit_rel:.2f} pp)"
+        )
+    clocks = [c.clock_rel for c in result.cells if c.clock_rel is not None and c.spec.kind.value != "native"]
+    if clocks:
+        lines.append(
+            f"SM clock relative to native: {100 * (min(clocks) - 1):+.1f}%..{100 * (max(clocks) - 1):+.1f}%"
+        )
+    return lines
+
+
+def _cell_json(c: Any) -> dict[str, Any]:
+    s = c.summary
+    return {
+        "graph_batch_size": c.spec.graph_batch_size,
+        "verifier_budget": c.spec.verifier_budget,
+        "kind": c.spec.kind.value,
+        "status": c.decision.status.value,
+        "stop_reason": c.decision.reason,
+        "step_time_ms": s.median_ms if s else None,
+        "ci_low_ms": s.ci_low_ms if s else None,
+        "ci_high_ms": s.ci_high_ms if s else None,
+        "saving": s.saving if s else None,
+        "saving_ci_low": s.saving_ci_low if s else None,
+        "saving_ci_high": s.saving_ci_high if s else None,
+        "paired_rounds": s.paired_rounds if s else 0,
+        "epochs": s.epochs if s else 0,
+        "samples": s.samples if s else 0,
+        "rounds": s.rounds if s else 0,
+        "warnings": list(s.warnings) if s else [],
+        "control_widened": c.control_widened,
+        "clock_rel": c.clock_rel,
+        "power_rel": c.power_rel,
+        "carryover_rel": c.carryover_rel,
+    }
+
+
 def _json_report(result: Any, output: Any) -> dict[str, Any]:
+    from dspark_calibrate.calibrate.measurement.sweep import decode_checks
+
     return {
         "ok": result.complete,
         "error": None if result.complete else "INCOMPLETE",
@@ -187,27 +284,8 @@ def _json_report(result: Any, output: Any) -> dict[str, Any]:
         "resumed": result.resumed,
         "between_run": result.between.to_dict(),
         "throttle": result.throttle_summary(),
-        "cells": [
-            {
-                "graph_batch_size": c.spec.graph_batch_size,
-                "verifier_budget": c.spec.verifier_budget,
-                "kind": c.spec.kind.value,
-                "status": c.decision.status.value,
-                "stop_reason": c.decision.reason,
-                "step_time_ms": c.summary.median_ms if c.summary else None,
-                "ci_low_ms": c.summary.ci_low_ms if c.summary else None,
-                "ci_high_ms": c.summary.ci_high_ms if c.summary else None,
-                "saving": c.summary.saving if c.summary else None,
-                "saving_ci_low": c.summary.saving_ci_low if c.summary else None,
-                "saving_ci_high": c.summary.saving_ci_high if c.summary else None,
-                "paired_rounds": c.summary.paired_rounds if c.summary else 0,
-                "epochs": c.summary.epochs if c.summary else 0,
-                "samples": c.summary.samples if c.summary else 0,
-                "rounds": c.summary.rounds if c.summary else 0,
-                "warnings": list(c.summary.warnings) if c.summary else [],
-            }
-            for c in result.cells
-        ],
+        **decode_checks(result),
+        "cells": [_cell_json(c) for c in result.cells],
     }
 
 
@@ -257,7 +335,7 @@ class _SweepProgress:
     def __call__(self, event: Any) -> None:
         import time
 
-        if event.kind == "estimate":
+        if event.kind in ("estimate", "rewarm"):
             if not self.quiet:
                 err_console.print(escape(f"sweep: {event.detail}"), highlight=False)
             return
@@ -533,6 +611,8 @@ def _run(request: Any, *, as_json: bool, require_precision: bool) -> None:
         print_json(_json_report(result, output))
     else:
         out_console.print(_summary_table(result))
+        for line in _check_lines(result):
+            out_console.print(escape(line), highlight=False)
         out_console.print(
             f"wrote {output.summary_path} and {output.samples_path}"
             + (f" and {output.plot_path}" if output.plot_path else "")
@@ -605,6 +685,34 @@ def _sweep_live(opts: SweepOptions) -> dict[str, Any]:
     return live
 
 
+def _serving_order(opts: SweepOptions, ladder: tuple[int, ...]) -> Any:
+    """``--order serving``: the G-to-G moves of ``--workload``'s steps (rows per rank and step);
+    None for the random order.
+
+    Raises:
+        ConfigError: an unknown order, serving without a workload, or a workload without a use.
+    """
+    from dspark_calibrate.calibrate.deployment.workload import read_workload
+    from dspark_calibrate.calibrate.measurement.order import ORDERS, rows_per_step, serving_transitions
+
+    if opts.order not in ORDERS:
+        raise ConfigError(f"--order {opts.order!r} is unknown; use one of {list(ORDERS)}")
+    if opts.order == "random":
+        if opts.workload is not None:
+            raise ConfigError("--workload sets the serving order; add --order serving")
+        return None
+    if opts.workload is None:
+        raise ConfigError(
+            "--order serving needs --workload WORKLOAD.parquet, the recorded steps whose moves between G to follow"
+        )
+    workload = read_workload(opts.workload, k=opts.k)
+    a = workload.arrays()
+    rows = rows_per_step(a.step, a.rank)
+    return serving_transitions(
+        rows, ladder, source=f"{opts.workload.name} ({workload.identity_sha256[:12]}, {len(rows)} steps)"
+    )
+
+
 def _sweep_request(
     opts: SweepOptions, backend_options: dict[str, Any], live: dict[str, Any], fingerprint: Any
 ) -> Any:
@@ -612,11 +720,12 @@ def _sweep_request(
     from dspark_calibrate.calibrate.measurement.ladder import parse_budgets, parse_ladder
     from dspark_calibrate.calibrate.measurement.sweep import SweepRequest
 
+    ladder = parse_ladder(opts.ladder)
     return SweepRequest(
         backend=opts.backend,
         backend_options=backend_options,
         k=opts.k,
-        ladder=parse_ladder(opts.ladder),
+        ladder=ladder,
         budgets=parse_budgets(opts.budgets or []),
         max_candidates=opts.max_candidates,
         include_control=opts.control,
@@ -637,6 +746,7 @@ def _sweep_request(
         until_round=opts.until_round,
         pass_epoch=opts.pass_index,
         world_size=live.get("gpu_count"),
+        order=_serving_order(opts, ladder),
     )
 
 
@@ -653,6 +763,8 @@ def run_sweep(opts: SweepOptions) -> None:
         backend_options = _sweep_backend_options(opts)
         live = _sweep_live(opts)
         base_fp = read_fingerprint(opts.fingerprint) if opts.fingerprint is not None else None
+        if opts.mixed and (opts.order != "random" or opts.workload is not None):
+            raise ConfigError("--order serving and --workload order decode cells; drop them with --mixed")
         if opts.mixed:
             _sweep_mixed(
                 opts,
@@ -689,6 +801,8 @@ def sweep_command(
     epochs_required: EpochsRequiredOption = None,
     pass_index: PassIndexOption = None,
     protocol: ProtocolOption = "adaptive",
+    order: OrderOption = "random",
+    workload: WorkloadOption = None,
     preset: PresetOption = "default",
     precision: PrecisionOption = None,
     min_samples: MinSamplesOption = None,

@@ -108,18 +108,33 @@ _PAIRED = [
     _f("common_mode_rel", _F64),
     _f("level_rel", _F64),
 ]
+# The sweep's own bias checks (DESIGN §7), per cell: the control saving of its G (the native step
+# captured again: 0 is the truth; null without a control) and whether its saving interval was
+# widened because that control's interval excludes 0; the between-run paired SD (REML estimate)
+# and the upper value the saving intervals carry (null: fewer than two epochs, nothing estimated);
+# the cell's median SM clock and power over its native cell's; the shift of its median by the
+# carry-over of the visits before it (null: not estimable). Every column is nullable: a table
+# assembled elsewhere may leave a check unstated, and a reader takes null as "not checked".
+_CHECKS = [
+    _f("control_bias", _F64, nullable=True),
+    _f("control_bias_ci_low", _F64, nullable=True),
+    _f("control_bias_ci_high", _F64, nullable=True),
+    _f("control_widened", pa.bool_(), nullable=True),
+    _f("paired_rel", _F64, nullable=True),
+    _f("paired_rel_upper", _F64, nullable=True),
+    _f("clock_rel", _F64, nullable=True),
+    _f("power_rel", _F64, nullable=True),
+    _f("carryover_rel", _F64, nullable=True),
+]
+_SWEEP_V2 = [
+    *_SWEEP_V1,
+    *_PAIRED,
+    _f("epochs", _I64),  # capture epochs (re-captured, re-warmed blocks of rounds) the cell spans
+    _f("power_capped", _I64),  # kept samples taken under the SW power cap (the serving condition)
+]
 _register("sweep", 1, ("graph_batch_size", "verifier_budget"), _SWEEP_V1, legacy=True)
-_register(
-    "sweep",
-    2,
-    ("graph_batch_size", "verifier_budget"),
-    [
-        *_SWEEP_V1,
-        *_PAIRED,
-        _f("epochs", _I64),  # capture epochs (re-captured, re-warmed blocks of rounds) the cell spans
-        _f("power_capped", _I64),  # kept samples taken under the SW power cap (the serving condition)
-    ],
-)
+_register("sweep", 2, ("graph_batch_size", "verifier_budget"), _SWEEP_V2, legacy=True)
+_register("sweep", 3, ("graph_batch_size", "verifier_budget"), [*_SWEEP_V2, *_CHECKS])
 
 # Raw samples of a sweep: every timed sample is kept, throttled ones flagged (kept=False).
 _SAMPLES_KEYS = ("graph_batch_size", "verifier_budget", "round", "rank", "sample_index")
@@ -139,7 +154,21 @@ _SAMPLES_V1 = [
 ]
 _register("sweep-samples", 1, _SAMPLES_KEYS, _SAMPLES_V1, legacy=True)
 # v2: the capture epoch of every sample (the block of rounds between two re-captures).
-_register("sweep-samples", 2, _SAMPLES_KEYS, [*_SAMPLES_V1, _f("epoch", _I64)])
+_register("sweep-samples", 2, _SAMPLES_KEYS, [*_SAMPLES_V1, _f("epoch", _I64)], legacy=True)
+# v3: the cell the sample's visit followed in the same process (null: the process's first visit)
+# and the replays discarded before the visit's samples, for the carry-over estimate.
+_register(
+    "sweep-samples",
+    3,
+    _SAMPLES_KEYS,
+    [
+        *_SAMPLES_V1,
+        _f("epoch", _I64),
+        _f("prev_graph_batch_size", _I64, nullable=True),
+        _f("prev_verifier_budget", _I64, nullable=True),
+        _f("warmup", _I64),
+    ],
+)
 
 # Deployed cells with their measured whole-step times (signed).
 _COST_V1 = [
@@ -156,7 +185,9 @@ _COST_V1 = [
 ]
 _register("cost-table", 1, ("graph_batch_size", "verifier_budget"), _COST_V1, legacy=True)
 # v2: the paired savings and the level model behind build's joint uncertainty (DESIGN §9).
-_register("cost-table", 2, ("graph_batch_size", "verifier_budget"), [*_COST_V1, *_PAIRED])
+_register("cost-table", 2, ("graph_batch_size", "verifier_budget"), [*_COST_V1, *_PAIRED], legacy=True)
+# v3: the sweep's bias checks, as the sweep states them (see _CHECKS).
+_register("cost-table", 3, ("graph_batch_size", "verifier_budget"), [*_COST_V1, *_PAIRED, *_CHECKS])
 
 # Per-position confidence calibration (signed by build).
 _register(

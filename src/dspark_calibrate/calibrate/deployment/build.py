@@ -63,6 +63,7 @@ from dspark_calibrate.artifacts import (
     write_unsigned_artifact,
 )
 from dspark_calibrate.calibrate._png import new_figure, png_bytes
+from dspark_calibrate.calibrate.deployment.cells import CHECK_COLUMNS, control_notes
 from dspark_calibrate.calibrate.deployment.mixed import MixedEvidence, MixedGrid, histories_follow_tokens
 from dspark_calibrate.calibrate.deployment.mixed_build import (
     MIXED_MINIMUM_GAIN,
@@ -588,6 +589,7 @@ def _cost_table(inputs: BuildInputs, grid: CellGrid) -> pa.Table:
             paired_rounds=cell.paired_rounds,
             common_mode_rel=cell.common_mode_rel,
             level_rel=cell.level_rel,
+            **{n: getattr(cell, n) for n in CHECK_COLUMNS},
         )
         rows.append(row)
     return pa.Table.from_pylist(rows, schema=arrow_schema("cost-table"))
@@ -878,6 +880,7 @@ def _build_notes(inputs: BuildInputs, grid: CellGrid, final: CellGrid, replayed:
     notes.append(f"fixed confidence-path overhead: {report.economics.overhead_source}")
     if report.shifts is not None:
         notes.append(f"saving shifts drawn with the savings: {report.shifts['source']}")
+    notes += control_notes(final)
     return notes
 
 

@@ -24,7 +24,7 @@ from dspark_calibrate.runtime_plugin.planner import (
     DrainGuard,
 )
 
-__all__ = ["CellGrid", "CellTime"]
+__all__ = ["CHECK_COLUMNS", "CellGrid", "CellTime", "control_notes"]
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -41,6 +41,14 @@ class CellTime:
             paired design, priced the old way).
         common_mode_rel: relative SD of the level shift common to every cell between processes.
         level_rel: relative SD of this cell's own level shift beyond the common mode.
+        control_bias, control_bias_ci_low, control_bias_ci_high: the saving of this G's control
+            cell (the native step captured again; 0 is the truth) and its interval; None without a
+            control (and in tables from before the sweep's bias checks).
+        control_widened: the saving interval was widened because that control's interval excludes 0.
+        paired_rel: the sweep's between-run SD of a paired log-ratio (REML estimate; None: not
+            estimated); paired_rel_upper: the upper value the saving intervals carry.
+        clock_rel, power_rel: the cell's median SM clock and power over its native cell's.
+        carryover_rel: the shift of this cell's median by the carry-over of the visits before it.
     """
 
     graph_batch_size: int
@@ -55,6 +63,15 @@ class CellTime:
     paired_rounds: int = 0
     common_mode_rel: float = 0.0
     level_rel: float = 0.0
+    control_bias: float | None = None
+    control_bias_ci_low: float | None = None
+    control_bias_ci_high: float | None = None
+    control_widened: bool = False
+    paired_rel: float | None = None
+    paired_rel_upper: float | None = None
+    clock_rel: float | None = None
+    power_rel: float | None = None
+    carryover_rel: float | None = None
 
     def __post_init__(self) -> None:
         t, lo, hi = self.step_time_ms, self.ci_low_ms, self.ci_high_ms
@@ -69,11 +86,59 @@ class CellTime:
             )
         if not all(math.isfinite(x) and x >= 0 for x in (self.common_mode_rel, self.level_rel)):
             raise ConfigError(f"{where}: common_mode_rel and level_rel must be finite and >= 0")
+        bad = sorted(name for name in CHECK_COLUMNS[:-1] if not _finite_or_none(getattr(self, name)))
+        bad += [n for n in ("paired_rel", "paired_rel_upper") if (getattr(self, n) or 0.0) < 0.0]
+        if bad:
+            raise ConfigError(f"{where}: {bad} must be finite (and the between-run SDs >= 0) where given")
 
     @property
     def paired(self) -> bool:
         """True when the saving's interval comes from a round-level pairing."""
         return self.paired_rounds >= 2
+
+
+#: The sweep's bias-check columns (sweep and cost-table schema 3), copied as the sweep states them.
+CHECK_COLUMNS: tuple[str, ...] = (
+    "control_bias",
+    "control_bias_ci_low",
+    "control_bias_ci_high",
+    "paired_rel",
+    "paired_rel_upper",
+    "clock_rel",
+    "power_rel",
+    "carryover_rel",
+    "control_widened",
+)
+
+
+def _finite_or_none(x: float | None) -> bool:
+    return x is None or math.isfinite(x)
+
+
+def _checks(r: Mapping[str, Any]) -> dict[str, Any]:
+    """The bias-check fields of a row (absent in tables from before them: None, not widened)."""
+    out: dict[str, Any] = {n: None if r.get(n) is None else float(r[n]) for n in CHECK_COLUMNS[:-1]}
+    out["control_widened"] = bool(r.get("control_widened") or False)
+    return out
+
+
+def control_notes(grid: CellGrid) -> list[str]:
+    """One line per G whose control cell's saving excludes 0: the G, the bias, and that its compact
+    savings were widened for it (build's notes)."""
+    out = []
+    for g in grid.ladder:
+        cells = [grid.native(g), *grid.compact(g)]
+        c = next((c for c in cells if c.control_bias is not None), None)
+        if c is None:
+            continue
+        bias, low, high = c.control_bias, c.control_bias_ci_low, c.control_bias_ci_high
+        if bias is not None and low is not None and high is not None and (low > 0.0 or high < 0.0):
+            out.append(
+                f"control bias at G={g}: the native step captured again shows a saving of "
+                f"{100 * bias:+.2f}% [{100 * low:+.2f}, {100 * high:+.2f}] (0 is the truth); the sweep "
+                "widened this G's compact saving intervals by it"
+            )
+    return out
 
 
 def _cell_from_row(r: Mapping[str, Any], native: Mapping[str, Any] | None) -> CellTime:
@@ -96,6 +161,7 @@ def _cell_from_row(r: Mapping[str, Any], native: Mapping[str, Any] | None) -> Ce
             int(r["paired_rounds"]),
             float(r["common_mode_rel"]),
             float(r["level_rel"]),
+            **_checks(r),
         )
     z = float(ndtri(0.975))
     if native is None or v == NATIVE_BUDGET:

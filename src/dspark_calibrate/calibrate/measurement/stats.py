@@ -19,17 +19,19 @@ Three quantities, three intervals
    resamples rounds within each epoch, then samples within each chosen round, and takes the pooled
    median; half-widths get the small-sample factor ``t(R−E)/z · sqrt(R/(R−E))``. The between-epoch
    variation is added in quadrature, split in two parts estimated from the whole sweep by
-   :func:`estimate_between_run`: a *common mode* shared by every cell of an epoch (σ_F, few degrees
-   of freedom, so it is scaled by ``t(E−1)/z``) and each cell's own epoch-to-epoch variation (σ_u,
-   pooled over all cells). By default the result is a *reproduction interval*: widened by √2, it
+   :func:`estimate_between_run` (restricted maximum likelihood, :mod:`~.reml`): a *common mode*
+   shared by every cell of an epoch (σ_F, few degrees of freedom, so it is scaled by
+   ``t(E−1)/z``) and each cell's own epoch-to-epoch variation (σ_u, pooled over all cells, carried
+   at the upper end of its profile interval). By default the result is a *reproduction interval*: widened by √2, it
    is a 95% range for the median that an independent sweep under the same conditions would
    report. Every bound is formed on the log scale, so no bound is ever negative.
 2. **The paired saving** ``1 − T(G,V)/T(G,0)`` of a compact cell (:func:`paired_saving_interval`).
    Every round visits all open cells of a G, so the ratio of a compact cell to its native cell is
    paired by round: drift common to the round, the process and the machine cancels. The estimate
-   is the mean per-round log-ratio over the rounds both cells were measured in, with a Student
-   interval over those rounds (within epochs), widened by the between-epoch variation of the
-   paired log-ratio (σ_d, pooled over cells): for this process's own shift, for its average over
+   is the trimmed mean per-round log-ratio over the rounds both cells were measured in, with a
+   Student interval over those rounds (within epochs), widened by the between-epoch variation of
+   the paired log-ratio (σ_d, pooled over cells, at the upper end of its profile interval: a design
+   that cannot see σ_d does not state it as 0): for this process's own shift, for its average over
    E epochs, and for the serving process's shift. It is a 95% *prediction* interval for the
    saving a serving process sees.
 3. **The level model** for ``build``'s joint resampling: ``common_mode_rel`` (the relative SD of
@@ -59,6 +61,7 @@ from scipy.special import ndtri, stdtrit
 
 from dspark_calibrate.calibrate.measurement.ladder import CellKind
 from dspark_calibrate.calibrate.measurement.mixed import Cell
+from dspark_calibrate.calibrate.measurement.reml import design_effect, reml_component
 from dspark_calibrate.calibrate.measurement.telemetry import DEFAULT_THROTTLE_POLICY, THROTTLE_POLICIES
 from dspark_calibrate.decision import Decision, Status
 from dspark_calibrate.errors import ConfigError, InvalidValueError
@@ -79,10 +82,12 @@ __all__ = [
     "StopReason",
     "StoppingRule",
     "Thresholds",
+    "common_round_effects",
     "estimate_between_run",
     "median_interval",
     "paired_saving_interval",
     "round_level_half_width",
+    "round_log_medians",
     "sample_interval",
     "summarize",
 ]
@@ -140,6 +145,10 @@ class Thresholds:
             samples stops at once and names the throttle reasons it saw.
         epochs_required: capture epochs (or passes: separate processes) a cell must span before
             it may stop on precision (with re-capture on; at least 2).
+        carryover_limit_rel: how far the carry-over of the previous visit may move a saving (in
+            units of the native step) before the re-warm grows (:mod:`~.carryover`).
+        max_rewarm_steps: the longest re-warm the sweep may grow to (at or below
+            ``rewarm_steps`` the re-warm never grows).
     """
 
     precision_rel: float = 0.005
@@ -161,6 +170,8 @@ class Thresholds:
     throttle_policy: str = DEFAULT_THROTTLE_POLICY
     min_kept_share: float = 0.5
     epochs_required: int = 2
+    carryover_limit_rel: float = 0.002
+    max_rewarm_steps: int = 64
 
     def __post_init__(self) -> None:
         checks: list[tuple[str, bool, str]] = [
@@ -190,6 +201,8 @@ class Thresholds:
             ),
             ("min_kept_share", 0.0 <= self.min_kept_share <= 1.0, "in [0, 1]"),
             ("epochs_required", self.epochs_required >= 2, ">= 2"),
+            ("carryover_limit_rel", 0.0 < self.carryover_limit_rel < 0.1, "in (0, 0.1)"),
+            ("max_rewarm_steps", self.max_rewarm_steps >= 0, ">= 0"),
         ]
         for name, ok, want in checks:
             value = getattr(self, name)
@@ -223,6 +236,7 @@ class Thresholds:
             "reproduction": False,
             "recapture_every": 0,
             "between_run_rel": 0.0,
+            "max_rewarm_steps": 0,
         }
         base.update(overrides)
         return cls(**base)
@@ -373,15 +387,32 @@ class SavingInterval:
 class BetweenRun:
     """Between-epoch variance components of one sweep, pooled over its cells (log scale).
 
+    Each component is a restricted-maximum-likelihood estimate with a profile-likelihood interval
+    (:mod:`~.reml`); the intervals a sweep states carry the *upper* value of the cell-level and
+    paired components (:meth:`level_carried`, :meth:`paired_carried`), so a design that cannot see
+    a component does not state it as 0. The common mode, estimated from E − 1 epoch contrasts only,
+    keeps its point estimate scaled by Student's ``t(E−1)/z``.
+
     Attributes:
         epochs: capture epochs in the sweep in which at least two cells were measured.
         cells: cells that contributed (measured in at least two epochs).
         common_mode_rel: SD of the level shift shared by every cell between epochs (σ_F).
         common_mode_df: degrees of freedom behind it (epochs − 1).
         level_rel: SD of one cell's own level shift between epochs beyond the common mode (σ_u).
-        paired_rel: SD of a cell's log-ratio to its native cell between epochs (σ_d).
+        paired_rel: SD of a cell's log-ratio to its native cell between epochs (σ_d): its REML
+            estimate (0 only where the likelihood peaks at 0; ``paired_rel_low`` then says whether
+            the design resolved it).
         paired_cells: cells that contributed to ``paired_rel``.
-        level_df, paired_df: degrees of freedom behind ``level_rel`` and ``paired_rel``.
+        level_df, paired_df: between-epoch degrees of freedom behind ``level_rel`` and ``paired_rel``.
+        estimator: how the components were estimated (``reml``; ``none`` when nothing was).
+        level_rel_upper, paired_rel_upper: the upper ends of their 95% profile-likelihood
+            intervals, the values the intervals carry (None: carry the point, Student-scaled).
+        paired_rel_low: the lower end of σ_d's interval (0: the design did not resolve σ_d).
+        resolvable_shift_rel: the smallest σ_d the design resolves (:func:`~.reml.reml_component`).
+        level_resolvable_rel: the same for σ_u.
+        epochs_are_processes: the epochs were separate processes (passes), so the shift a process
+            draws is among what the epochs showed; otherwise a process is assumed to draw one more
+            shift of the epochs' size on top of them (:attr:`own_process_share`).
     """
 
     epochs: int
@@ -393,11 +424,29 @@ class BetweenRun:
     paired_cells: int
     level_df: int = 0
     paired_df: int = 0
+    estimator: str = "reml"
+    level_rel_upper: float | None = None
+    paired_rel_low: float = 0.0
+    paired_rel_upper: float | None = None
+    resolvable_shift_rel: float | None = None
+    level_resolvable_rel: float | None = None
+    epochs_are_processes: bool = False
+
+    @property
+    def own_process_share(self) -> float:
+        """How many epoch-sized shifts a process adds beyond its epochs: 0 when the epochs were
+        processes, else 1 (a new process draws what a re-capture draws, once more)."""
+        return 0.0 if self.epochs_are_processes else 1.0
 
     @property
     def estimated(self) -> bool:
         """True when the sweep had at least two epochs to estimate from."""
         return self.epochs >= 2 and self.cells >= 1
+
+    @property
+    def paired_resolved(self) -> bool:
+        """True when σ_d = 0 lies outside its interval: a paired shift was measured, not bounded."""
+        return self.paired_rel_low > 0.0
 
     def common_mode_scale(self, confidence: float) -> float:
         """``t(df)/z``: the common mode rests on few epochs, so its quantile is Student's."""
@@ -411,9 +460,21 @@ class BetweenRun:
         """``t(df)/z`` for ``paired_rel``."""
         return _student_scale(self.paired_df, confidence)
 
+    def level_carried(self, confidence: float) -> float:
+        """σ_u as the intervals carry it: the upper end of its interval, else the scaled point."""
+        if self.level_rel_upper is not None:
+            return self.level_rel_upper
+        return self.level_scale(confidence) * self.level_rel
+
+    def paired_carried(self, confidence: float) -> float:
+        """σ_d as the saving intervals carry it: the upper end of its interval, else the scaled point."""
+        if self.paired_rel_upper is not None:
+            return self.paired_rel_upper
+        return self.paired_scale(confidence) * self.paired_rel
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (recorded in the sweep's provenance)."""
-        return asdict(self)
+        """JSON-ready form (recorded in the sweep's provenance), with ``paired_resolved``."""
+        return {**asdict(self), "paired_resolved": self.paired_resolved}
 
 
 def _student_scale(df: int, confidence: float) -> float:
@@ -424,7 +485,7 @@ def _student_scale(df: int, confidence: float) -> float:
 
 
 #: What a sweep without two epochs knows about the between-epoch variation: nothing.
-NO_BETWEEN_RUN = BetweenRun(0, 0, 0.0, 0, 0.0, 0.0, 0)
+NO_BETWEEN_RUN = BetweenRun(0, 0, 0.0, 0, 0.0, 0.0, 0, estimator="none")
 
 
 @dataclass(frozen=True, slots=True)
@@ -553,12 +614,12 @@ def _epoch_variance(between: BetweenRun, cell_epochs: int, confidence: float) ->
     """Variance (log scale, in z units) of a cell's level beyond the round noise.
 
     A process carries its own level shift, of the size an epoch shows (the assumption the estimate
-    rests on: a new process draws what a re-capture draws), plus this sweep's average over its E
-    epochs: ``(1 + 1/E)·(σ_u² + (t·σ_F/z)²)``.
+    rests on: a new process draws what a re-capture draws; none beyond them when the epochs were
+    processes), plus this sweep's average over its E epochs: ``(1 + 1/E)·(σ_u² + (t·σ_F/z)²)``.
     """
     cm = between.common_mode_scale(confidence) * between.common_mode_rel
-    level = between.level_scale(confidence) * between.level_rel
-    return (level**2 + cm**2) * (1.0 + 1.0 / max(cell_epochs, 1))
+    level = between.level_carried(confidence)
+    return (level**2 + cm**2) * (between.own_process_share + 1.0 / max(cell_epochs, 1))
 
 
 def median_interval(
@@ -664,8 +725,8 @@ def paired_saving_interval(
     below = above = half
     method = "paired_rounds_trimmed"
     if between is not None and between.estimated and between.paired_cells:
-        factor = 1.0 + 1.0 / max(n_epochs, 1) + (1.0 if prediction else 0.0)
-        extra = _z(confidence) * between.paired_scale(confidence) * between.paired_rel * math.sqrt(factor)
+        factor = between.own_process_share + 1.0 / max(n_epochs, 1) + (1.0 if prediction else 0.0)
+        extra = _z(confidence) * between.paired_carried(confidence) * math.sqrt(factor)
         below, above = math.hypot(below, extra), math.hypot(above, extra)
         method += "+epochs" + ("+prediction" if prediction else "")
     # Saving = 1 − exp(log-ratio): a larger ratio is a smaller saving.
@@ -699,148 +760,88 @@ def _round_log_medians(samples: CellSamples) -> dict[int, float]:
     return dict(zip(rounds.tolist(), np.log(medians).tolist(), strict=True))
 
 
-def _by_epoch(values: Mapping[int, float], epoch_of: Mapping[int, int]) -> dict[int, list[float]]:
-    out: dict[int, list[float]] = {}
-    for r, v in values.items():
-        out.setdefault(epoch_of[r], []).append(v)
-    return out
+def common_round_effects(logs: Mapping[Cell, Mapping[int, float]]) -> dict[int, float]:
+    """The level every cell shared in each round: the median over the cells measured in the round
+    of their round log-median less the cell's own mean (the epoch's common shift and the round's
+    drift together). Pure; used by the between-run components and the carry-over estimate."""
+    level = {c: float(np.mean(list(v.values()))) for c, v in logs.items() if v}
+    by_round: dict[int, list[float]] = {}
+    for c, values in logs.items():
+        for r, v in values.items():
+            by_round.setdefault(r, []).append(v - level[c])
+    return {r: float(np.median(v)) for r, v in sorted(by_round.items())}
 
 
-def _epoch_means_and_noise(
-    values: Mapping[int, float], epoch_of: Mapping[int, int]
-) -> tuple[dict[int, float], float]:
-    """Per epoch, the mean of the round values, and the mean sampling variance of such a mean."""
-    groups = _by_epoch(values, epoch_of)
-    means = {e: float(np.mean(v)) for e, v in groups.items()}
-    noise = [float(np.var(v, ddof=1)) / len(v) for v in groups.values() if len(v) >= 2]
-    return means, float(np.mean(noise)) if noise else 0.0
+def round_log_medians(cells: Mapping[Cell, CellSamples]) -> dict[Cell, dict[int, float]]:
+    """``{cell: {round: log of the round's median}}`` of every cell with samples."""
+    return {c: _round_log_medians(s) for c, s in cells.items() if s.raw_ms}
 
 
-#: MAD to SD for a normal distribution.
-_MAD_TO_SD = 1.482602218505602
-#: Gaussian efficiency of the MAD as a scale estimate (about 37%): a MAD over n residuals is as
-#: uncertain as an SD over 0.37 n, so its Student quantile uses that many degrees of freedom.
-_MAD_EFFICIENCY = 0.37
+#: Correlation of two cells' log-ratios to their shared native cell when every cell shifts alike
+#: between epochs (Var(u_c − u_n) = 2σ², Cov(u_c − u_n, u_c' − u_n) = σ²).
+PAIRED_CORRELATION = 0.5
 
 
-def _mad_dof(dof: int) -> int:
-    return max(1, int(_MAD_EFFICIENCY * dof)) if dof else 0
-
-
-def _robust_variance(residuals: Sequence[float], dof: int) -> float:
-    """Pooled variance from residuals, robust to a few wild ones (an epoch with an outlier round):
-    ``(1.4826 · median|r|)²`` rescaled by ``n / dof`` for the residuals' lost degrees of freedom."""
-    r = np.abs(np.asarray(residuals, dtype=np.float64))
-    if r.size == 0 or dof < 1:
-        return 0.0
-    return float((_MAD_TO_SD * np.median(r)) ** 2) * r.size / dof
-
-
-def _pooled_between_variance(series: Sequence[Mapping[int, float]]) -> tuple[float, int]:
-    """Robust pooled variance between epochs of several per-epoch series, each about its own mean."""
-    residuals: list[float] = []
-    dof = 0
-    for m in series:
-        if len(m) >= 2:
-            v = np.array(list(m.values()))
-            residuals.extend((v - v.mean()).tolist())
-            dof += len(m) - 1
-    return _robust_variance(residuals, dof), dof
-
-
-def _paired_variance(
-    multi: Sequence[Cell],
-    logs: Mapping[Cell, Mapping[int, float]],
-    epoch_of: Mapping[Cell, Mapping[int, int]],
-) -> tuple[float, int, int]:
-    """σ_d² (floored at 0), its degrees of freedom and the cells it pools: the between-epoch
-    variance of each non-native cell's mean round log-ratio to its native cell, less the paired
-    rounds' sampling variance."""
-    paired_series, paired_noise = [], []
-    for c in multi:
-        if c.kind is CellKind.NATIVE or c.native not in logs:
-            continue
-        nat = logs[c.native]
-        ratio = {r: v - nat[r] for r, v in logs[c].items() if r in nat}
-        ratio_means, noise = _epoch_means_and_noise(ratio, epoch_of[c])
-        if len(ratio_means) >= 2:
-            paired_series.append(ratio_means)
-            paired_noise.append(noise)
-    paired_var, paired_dof = _pooled_between_variance(paired_series)
-    if paired_dof:
-        paired_var = max(paired_var - float(np.median(paired_noise)), 0.0)
-    return paired_var, paired_dof, len(paired_series)
-
-
-def estimate_between_run(cells: Mapping[Cell, CellSamples]) -> BetweenRun:
+def estimate_between_run(
+    cells: Mapping[Cell, CellSamples], *, confidence: float = 0.95, epochs_are_processes: bool = False
+) -> BetweenRun:
     """Estimate the between-epoch variance components of a sweep from all its cells.
 
-    Works on round log-medians. A *common round effect* (the median over cells of each round's
-    deviation from the cell's epoch mean) is the drift every cell shared in that round; it is part
-    of the round-level noise, which the rounds' own spread already covers, so every epoch-level
-    estimate below subtracts the sampling noise of its epoch means *net of* that shared drift:
+    Works on round log-medians, by restricted maximum likelihood (:func:`~.reml.reml_component`:
+    per series a one-way random-effects model of rounds within epochs, the epoch SD pooled over the
+    series, each series keeping its own round noise):
 
-    - σ_u² (cell level): from a robust two-way fit ``M[c, e] = a[c] + F[e] + u[c, e]`` of the epoch
-      means, the pooled residual variance less the epochs' own sampling variance;
-    - σ_F² (common mode): the variance of the epoch effects F less the shared drift's and the fit's
-      sampling noise;
-    - σ_d² (paired): the pooled between-epoch variance of each non-native cell's mean round
-      log-ratio to the native cell of its G, less the paired rounds' sampling variance (the pairing
-      cancels the shared drift there).
+    - σ_F (common mode): one series, the level every cell shared in each round
+      (:func:`common_round_effects`); its rounds' spread within an epoch is the drift they shared;
+    - σ_u (cell level): per cell, its round log-medians less that shared level;
+    - σ_d (paired): per non-native cell, its round log-ratio to the native cell of its G (the
+      pairing cancels the shared level).
 
-    Each component is floored at 0. Pure; needs no clock.
+    Each component comes with its profile-likelihood interval and the smallest shift the design
+    resolves; the intervals carry the upper ends of σ_u and σ_d (:class:`BetweenRun`).
+    ``epochs_are_processes``: the epochs were separate processes (see :class:`BetweenRun`). Pure.
     """
-    logs = {c: _round_log_medians(s) for c, s in cells.items()}
-    epoch_of = {c: s.round_epochs() for c, s in cells.items()}
-    multi = [c for c in logs if len(set(epoch_of[c][r] for r in logs[c])) >= 2]
+    logs = round_log_medians(cells)
+    epoch_of = {c: cells[c].round_epochs() for c in logs}
+    multi = [c for c in logs if len({epoch_of[c][r] for r in logs[c]}) >= 2]
     epochs = sorted({epoch_of[c][r] for c in multi for r in logs[c]})
     if len(epochs) < 2 or not multi:
         return NO_BETWEEN_RUN
-    means = {c: _epoch_means_and_noise(logs[c], epoch_of[c])[0] for c in multi}
-    # The drift all cells share in a round, as a deviation from each cell's epoch mean.
-    rounds = sorted({r for c in multi for r in logs[c]})
-    shared = {
-        r: float(np.median([logs[c][r] - means[c][epoch_of[c][r]] for c in multi if r in logs[c]]))
-        for r in rounds
-    }
+    shared = common_round_effects({c: logs[c] for c in multi})
     round_epoch = {r: epoch_of[c][r] for c in multi for r in logs[c]}
-    net_noise = [
-        _epoch_means_and_noise({r: v - shared[r] for r, v in logs[c].items()}, epoch_of[c])[1] for c in multi
-    ]
-    mean_noise = float(np.median(net_noise))
-    _, shared_noise = _epoch_means_and_noise(shared, round_epoch)
-    effect = dict.fromkeys(epochs, 0.0)
-    level = {c: float(np.median(list(means[c].values()))) for c in multi}
-    for _ in range(8):
-        for e in epochs:
-            devs = [means[c][e] - level[c] for c in multi if e in means[c]]
-            effect[e] = float(np.median(devs)) if devs else 0.0
-        centre = float(np.mean(list(effect.values())))
-        effect = {e: f - centre for e, f in effect.items()}
-        # A cell's level is the mean over its epochs (so its residuals sum to zero and their robust
-        # spread is the per-cell epoch variation); the epoch effects are medians over cells.
-        level = {c: float(np.mean([v - effect[e] for e, v in means[c].items()])) for c in multi}
-    residuals = [v - level[c] - effect[e] for c in multi for e, v in means[c].items()]
-    dof = max(len(residuals) - len(multi) - len(epochs) + 1, 1)
-    level_var = max(_robust_variance(residuals, dof) - mean_noise, 0.0)
-    per_epoch_cells = [sum(1 for c in multi if e in means[c]) for e in epochs]
-    # The median of C residuals has sampling variance about (π/2)·σ²/C.
-    fit_noise = float(np.mean([(math.pi / 2) * (level_var + mean_noise) / n for n in per_epoch_cells]))
-    effect_var = max(
-        float(np.sum(np.square(list(effect.values())))) / (len(epochs) - 1) - shared_noise - fit_noise,
-        0.0,
+    # The common mode is carried as its point estimate (module docstring), the level as its upper end.
+    common = reml_component([(shared, round_epoch)], confidence=confidence, bounds=(False, False))
+    level = reml_component(
+        [({r: v - shared[r] for r, v in logs[c].items()}, epoch_of[c]) for c in multi],
+        confidence=confidence,
+        bounds=(False, True),
     )
-    paired_var, paired_dof, paired_cells = _paired_variance(multi, logs, epoch_of)
+    compared = [c for c in multi if c.kind is not CellKind.NATIVE and c.native in logs]
+    ratios = [
+        ({r: v - logs[c.native][r] for r, v in logs[c].items() if r in logs[c.native]}, epoch_of[c])
+        for c in compared
+    ]
+    # The cells of one G share their native cell's shift: if cells shift alike, their log-ratios
+    # correlate at 1/2, and their pooled sum of squares carries fewer independent pieces.
+    per_g = [sum(1 for c in compared if c.native == n) for n in {c.native for c in compared}]
+    paired = reml_component(ratios, confidence=confidence, design=design_effect(per_g, PAIRED_CORRELATION))
     return BetweenRun(
         epochs=len(epochs),
         cells=len(multi),
-        common_mode_rel=math.sqrt(effect_var),
+        common_mode_rel=common.estimate,
         common_mode_df=len(epochs) - 1,
-        level_rel=math.sqrt(level_var),
-        paired_rel=math.sqrt(paired_var),
-        paired_cells=paired_cells,
-        level_df=_mad_dof(dof),
-        paired_df=_mad_dof(paired_dof),
+        level_rel=level.estimate,
+        paired_rel=paired.estimate,
+        paired_cells=paired.series,
+        level_df=level.between_df,
+        paired_df=paired.between_df,
+        estimator="reml",
+        level_rel_upper=level.high if level.series else None,
+        paired_rel_low=paired.low,
+        paired_rel_upper=paired.high if paired.series else None,
+        resolvable_shift_rel=paired.resolvable if paired.series else None,
+        level_resolvable_rel=level.resolvable if level.series else None,
+        epochs_are_processes=epochs_are_processes,
     )
 
 
@@ -1061,9 +1062,9 @@ def _level_model(
     """
     if between is not None:
         # A serving process differs from this sweep by its own shift and by this sweep's.
-        serve = math.sqrt(2.0 + 1.0 / epochs)
+        serve = math.sqrt(1.0 + between.own_process_share + 1.0 / epochs)
         common = between.common_mode_scale(confidence) * between.common_mode_rel * serve
-        level = math.sqrt(own**2 + (between.level_scale(confidence) * between.level_rel * serve) ** 2)
+        level = math.sqrt(own**2 + (between.level_carried(confidence) * serve) ** 2)
         return common, level
     return float(fallback or 0.0) / math.sqrt(2.0), own
 

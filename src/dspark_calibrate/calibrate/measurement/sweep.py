@@ -42,6 +42,18 @@ from dspark_calibrate.artifacts import (
 from dspark_calibrate.calibrate.measurement import resources
 from dspark_calibrate.calibrate.measurement.backends import Backend, load_backend
 from dspark_calibrate.calibrate.measurement.backends.import_samples import group_rounds, read_profiler_jsonl
+from dspark_calibrate.calibrate.measurement.carryover import (
+    Carryover,
+    VisitRecord,
+    estimate_carryover,
+    next_rewarm,
+)
+from dspark_calibrate.calibrate.measurement.controls import (
+    ControlBias,
+    control_biases,
+    relative_to_native,
+    widen_saving,
+)
 from dspark_calibrate.calibrate.measurement.distributed import (
     VISIT_FIELDS,
     Communicator,
@@ -51,6 +63,7 @@ from dspark_calibrate.calibrate.measurement.distributed import (
 from dspark_calibrate.calibrate.measurement.journal import Journal
 from dspark_calibrate.calibrate.measurement.ladder import CellKind, CellSpec, plan_cells
 from dspark_calibrate.calibrate.measurement.mixed import Cell, MixedCellSpec
+from dspark_calibrate.calibrate.measurement.order import ServingOrder, visit_order
 from dspark_calibrate.calibrate.measurement.stats import (
     NO_BETWEEN_RUN,
     BetweenRun,
@@ -64,6 +77,7 @@ from dspark_calibrate.calibrate.measurement.stats import (
     StoppingRule,
     StopReason,
     Thresholds,
+    common_round_effects,
     estimate_between_run,
     summarize,
 )
@@ -122,6 +136,8 @@ class SweepConfig:
         mixed: for a mixed sweep, the plan's JSON form (``MixedPlan.to_dict``); its cells are then
             :class:`~dspark_calibrate.calibrate.measurement.mixed.MixedCellSpec` and ``ladder``
             holds the group indices (each group pairs its cells like a G does).
+        order: the serving order's JSON form (:meth:`~.order.ServingOrder.to_dict`), or None for a
+            seeded random order in every round.
     """
 
     k: int
@@ -134,8 +150,11 @@ class SweepConfig:
     world_size: int = 1
     fingerprint: Mapping[str, Any] = field(default_factory=dict)
     mixed: Mapping[str, Any] | None = None
+    order: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        if self.order is not None and self.mixed is not None:
+            raise ConfigError("--order serving orders decode cells; a mixed sweep visits its steps in random order")
         if self.protocol not in PROTOCOLS:
             raise ConfigError(f"--protocol {self.protocol!r} is unknown; use one of {list(PROTOCOLS)}")
         if not self.cells:
@@ -182,7 +201,14 @@ class SweepConfig:
         }
         if self.mixed is not None:  # decode sweeps keep their digest
             out["mixed"] = dict(self.mixed)
+        if self.order is not None:  # so does a random order
+            out["order"] = dict(self.order)
         return out
+
+    @property
+    def serving_order(self) -> ServingOrder | None:
+        """The serving order the rounds follow, or None (random)."""
+        return None if self.order is None else ServingOrder.from_dict(self.order)
 
     def digest(self) -> str:
         """SHA-256 of the canonical JSON of :meth:`to_dict`."""
@@ -210,6 +236,8 @@ class SampleRow:
     throttle_reasons: int | None
     kept: bool
     epoch: int = 0
+    previous: tuple[int, int] | None = None
+    warmup: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """Compact JSON form for the journal."""
@@ -225,6 +253,8 @@ class SampleRow:
             "thr": self.throttle_reasons,
             "kept": self.kept,
             "epoch": self.epoch,
+            "prev": None if self.previous is None else list(self.previous),
+            "warm": self.warmup,
         }
 
     @classmethod
@@ -242,6 +272,8 @@ class SampleRow:
             d["thr"],
             bool(d["kept"]),
             int(d.get("epoch", 0)),
+            None if d.get("prev") is None else (int(d["prev"][0]), int(d["prev"][1])),
+            int(d.get("warm", 0)),
         )
 
 
@@ -282,13 +314,18 @@ class CellResult:
     power_w_median: float | None
     source_result_sha256: str
     power_capped: int = 0
+    control_bias: ControlBias | None = None
+    control_widened: bool = False
+    clock_rel: float | None = None
+    power_rel: float | None = None
+    carryover_rel: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class SweepEvent:
     """Progress report for a UI: kind is ``estimate`` (before measuring; ``detail`` says what the
-    sweep needs), ``round``, ``visit``, ``cell_done`` or ``end``. ``eta_s`` comes from the measured
-    time per visit."""
+    sweep needs), ``round``, ``visit``, ``cell_done``, ``rewarm`` (``detail`` says why the re-warm
+    grew) or ``end``. ``eta_s`` comes from the measured time per visit."""
 
     kind: str
     round: int
@@ -303,7 +340,12 @@ class SweepEvent:
 
 @dataclass(frozen=True, slots=True)
 class SweepResult:
-    """Everything a sweep measured, with per-cell results (sorted by (G, V))."""
+    """Everything a sweep measured, with per-cell results (sorted by (G, V)).
+
+    ``carryover`` is the carry-over estimate over every visit (None for a mixed or imported sweep)
+    and ``rewarm_steps`` the re-warm the sweep ended with (it grows while carry-over moves a saving
+    by more than ``Thresholds.carryover_limit_rel``).
+    """
 
     config: SweepConfig
     cells: tuple[CellResult, ...]
@@ -313,6 +355,8 @@ class SweepResult:
     resumed: bool
     between: BetweenRun = NO_BETWEEN_RUN
     paused: bool = False
+    carryover: Carryover | None = None
+    rewarm_steps: int | None = None
 
     @property
     def complete(self) -> bool:
@@ -363,10 +407,34 @@ class SweepResult:
                 s.level_rel,
                 s.epochs,
                 c.power_capped,
+                *self._checks(c),
             )
             for name, value in zip(_SUMMARY_COLUMNS, values, strict=True):
                 cols[name].append(value)
         return pa.table(cols)
+
+    def _checks(self, c: CellResult) -> tuple[Any, ...]:
+        """The bias-check columns of one cell (schema 3)."""
+        bias = c.control_bias
+        # Null where nothing was estimated: fewer than two epochs, or no cell paired in two.
+        estimated = self.between.estimated and self.between.paired_cells > 0
+        return (
+            None if bias is None else bias.bias,
+            None if bias is None else bias.low,
+            None if bias is None else bias.high,
+            c.control_widened,
+            self.between.paired_rel if estimated else None,
+            self.between.paired_carried(self.config.thresholds.confidence) if estimated else None,
+            c.clock_rel,
+            c.power_rel,
+            c.carryover_rel,
+        )
+
+    def control_summary(self) -> dict[str, Any]:
+        """Per G, the control cell's saving (0 is the truth), its interval and whether the G's
+        compact savings were widened for it."""
+        seen = {c.control_bias.graph_batch_size: c.control_bias for c in self.cells if c.control_bias is not None}
+        return {str(g): b.to_dict() for g, b in sorted(seen.items())}
 
     def unmeasured(self) -> tuple[Cell, ...]:
         """Cells without any kept sample."""
@@ -416,14 +484,24 @@ _SUMMARY_COLUMNS = (
     "level_rel",
     "epochs",
     "power_capped",
+    "control_bias",
+    "control_bias_ci_low",
+    "control_bias_ci_high",
+    "control_widened",
+    "paired_rel",
+    "paired_rel_upper",
+    "clock_rel",
+    "power_rel",
+    "carryover_rel",
 )
 
 
-def round_order(seed: int, round_index: int, cells: Iterable[Cell]) -> list[Cell]:
-    """The seeded random visiting order of ``cells`` in one round (pure, reproducible)."""
-    ordered = sorted(cells)
-    rng = np.random.default_rng([seed, round_index])
-    return [ordered[i] for i in rng.permutation(len(ordered))]
+def round_order(
+    seed: int, round_index: int, cells: Iterable[Cell], order: ServingOrder | None = None
+) -> list[Cell]:
+    """The visiting order of ``cells`` in one round: seeded random, or the serving order (pure,
+    reproducible; see :func:`~.order.visit_order`)."""
+    return visit_order(list(cells), seed=seed, round_index=round_index, order=order)
 
 
 def samples_path(out: Path) -> Path:
@@ -436,11 +514,15 @@ def default_journal_path(out: Path) -> Path:
     return out.with_name(out.stem + ".journal.jsonl")
 
 
-def _samples_table(
-    states: Iterable[_CellState], keys: tuple[str, str] = ("graph_batch_size", "verifier_budget")
-) -> pa.Table:
-    """The raw samples of ``states`` (a decode sweep's columns; a mixed sweep names its key ``keys``)."""
+#: A decode sweep's cell key in its samples table (a mixed sweep names its own).
+_DECODE_KEYS = ("graph_batch_size", "verifier_budget")
+
+
+def _samples_table(states: Iterable[_CellState], keys: tuple[str, str] = _DECODE_KEYS) -> pa.Table:
+    """The raw samples of ``states`` (a decode sweep's columns, with the carry-over columns; a mixed
+    sweep names its key ``keys`` and has no carry-over columns)."""
     cols: dict[str, list[Any]] = {name: [] for name in _SAMPLE_COLUMNS}
+    carry: dict[str, list[Any]] = {"prev_graph_batch_size": [], "prev_verifier_budget": [], "warmup": []}
     for st in states:
         for r in st.rows:
             values = (
@@ -459,8 +541,11 @@ def _samples_table(
             )
             for name, value in zip(_SAMPLE_COLUMNS, values, strict=True):
                 cols[name].append(value)
-    names = dict(zip(("graph_batch_size", "verifier_budget"), keys, strict=True))
-    return pa.table(
+            carry["prev_graph_batch_size"].append(None if r.previous is None else r.previous[0])
+            carry["prev_verifier_budget"].append(None if r.previous is None else r.previous[1])
+            carry["warmup"].append(r.warmup)
+    names = dict(zip(_DECODE_KEYS, keys, strict=True))
+    table = pa.table(
         {
             **{
                 names.get(n, n): pa.array(cols[n], pa.int64())
@@ -477,6 +562,11 @@ def _samples_table(
             "epoch": pa.array(cols["epoch"], pa.int64()),
         }
     )
+    if keys != _DECODE_KEYS:
+        return table
+    for name, column in carry.items():
+        table = table.append_column(name, pa.array(column, pa.int64()))
+    return table
 
 
 _SAMPLE_COLUMNS = (
@@ -546,12 +636,18 @@ def _finish_cell(
 
 
 def finish_cells(
-    config: SweepConfig, states: Mapping[Cell, _CellState]
-) -> tuple[tuple[CellResult, ...], BetweenRun]:
-    """Summarize every cell: the sweep's between-epoch components first, then each cell paired
-    with the native cell of its G (of its step, in a mixed sweep)."""
+    config: SweepConfig, states: Mapping[Cell, _CellState], *, passes: bool = False
+) -> tuple[tuple[CellResult, ...], BetweenRun, Carryover | None]:
+    """Summarize every cell: the sweep's between-epoch components first (``passes``: its epochs
+    were separate processes), then each cell paired with the native cell of its G (of its step, in
+    a mixed sweep); a decode sweep's cells then get their bias checks (control bias, clock and
+    power scaling, carry-over)."""
     kept = {c: st.kept() for c, st in states.items()}
-    between = estimate_between_run({c: s for c, s in kept.items() if s.raw_ms})
+    between = estimate_between_run(
+        {c: s for c, s in kept.items() if s.raw_ms},
+        confidence=config.thresholds.confidence,
+        epochs_are_processes=passes,
+    )
     results = tuple(
         _finish_cell(
             states[c],
@@ -562,7 +658,70 @@ def finish_cells(
         )
         for c in config.cells
     )
-    return results, between
+    if config.mixed is not None:
+        return results, between, None
+    carry = _carryover(states)
+    return _with_checks(results, carry), between, carry
+
+
+def _visits(states: Mapping[Cell, _CellState], rewarm: int | None = None) -> list[VisitRecord]:
+    """One record per visit with kept samples that followed another visit in its process (only
+    visits re-warmed with ``rewarm`` replays when given)."""
+    out = []
+    for cell, st in states.items():
+        if not isinstance(cell, CellSpec):
+            continue
+        by_round: dict[int, list[SampleRow]] = {}
+        for r in st.rows:
+            if r.kept and r.previous is not None and (rewarm is None or r.warmup == rewarm):
+                by_round.setdefault(r.round, []).append(r)
+        for rnd, rows in by_round.items():
+            before = rows[0].previous
+            assert before is not None  # filtered above
+            median = float(np.median([r.ms for r in rows]))
+            previous = CellSpec(before[0], before[1], cell.k)
+            out.append(VisitRecord(cell, rnd, rows[0].epoch, math.log(median), previous, rows[0].warmup))
+    return out
+
+
+def _carryover(states: Mapping[Cell, _CellState], rewarm: int | None = None) -> Carryover | None:
+    """The carry-over estimate over the visits (:func:`_visits`), or None without any."""
+    visits = _visits(states, rewarm)
+    if not visits:
+        return None
+    logs: dict[Cell, dict[int, float]] = {}
+    for v in visits:
+        logs.setdefault(v.cell, {})[v.round] = v.log_median
+    return estimate_carryover(visits, common_round_effects(logs))
+
+
+def _with_checks(results: Sequence[CellResult], carry: Carryover | None) -> tuple[CellResult, ...]:
+    """The cells with their control bias (and widened savings where it is not 0), their clock and
+    power relative to the native cell, and the carry-over's shift of their median."""
+    summaries = {c.spec: c.summary for c in results}
+    biases = control_biases(summaries)
+    clock = relative_to_native({c.spec: c.sm_clock_mhz_median for c in results})
+    power = relative_to_native({c.spec: c.power_w_median for c in results})
+    out = []
+    for c in results:
+        bias = biases.get(c.spec.key[0])
+        summary = c.summary
+        widened = False
+        if bias is not None and summary is not None and c.spec.kind is CellKind.COMPACT and bias.excludes_zero:
+            summary, widened = widen_saving(summary, bias), True
+        shift = carry.cell_shift.get(c.spec) if carry is not None and isinstance(c.spec, CellSpec) else None
+        out.append(
+            replace(
+                c,
+                summary=summary,
+                control_bias=bias,
+                control_widened=widened,
+                clock_rel=clock.get(c.spec),
+                power_rel=power.get(c.spec),
+                carryover_rel=shift,
+            )
+        )
+    return tuple(out)
 
 
 class _Harness:
@@ -604,6 +763,13 @@ class _Harness:
         self.journal: Journal | None = None
         self.finished = False
         self.half_width: dict[Cell, float] = {}
+        # Re-warm replays of a later visit: grows while carry-over moves a saving too far (the
+        # journal's ``rewarm`` records restore it on resume).
+        self.rewarm = config.thresholds.rewarm_steps
+        # The cell visited last in this process: what the next visit's carry-over comes from. A
+        # new process (a pass, a resume) starts without one.
+        self.last_cell: Cell | None = None
+        self.order = config.serving_order
 
     # -- journal replay ---------------------------------------------------------------------------
     def replay(self, records: Sequence[Mapping[str, Any]]) -> None:
@@ -624,6 +790,8 @@ class _Harness:
                 )
             elif kind == "round":
                 self.round = int(rec["round"]) + 1
+            elif kind == "rewarm":
+                self.rewarm = int(rec["steps"])
             elif kind == "done":
                 self.finished = True
 
@@ -670,7 +838,7 @@ class _Harness:
         # A new capture epoch builds the cell's step again and warms it up fully: what a new
         # process would see (graph capture, memory placement) becomes visible to the statistics.
         first = cell not in self.steps or self.step_epoch.get(cell) != epoch
-        warm = th.warmup_steps if first else th.rewarm_steps
+        warm = th.warmup_steps if first else self.rewarm
         if cell.kind is CellKind.NATIVE and len(st.rows) >= th.max_samples_per_cell:
             # A native cell measures on past its cap while cells of its G still pair with it.
             n_samples = th.samples_per_visit
@@ -688,7 +856,8 @@ class _Harness:
         local[:, 5] = seconds
         gathered = self.comm.gather_visit(local)  # (world, samples, fields)
         self._refuse_bad_ranks(cell, gathered[:, :, 0], failure)
-        rows = self._sample_rows(gathered, len(times), first_index=len(st.rows), epoch=epoch)
+        rows = self._sample_rows(gathered, len(times), first_index=len(st.rows), epoch=epoch, warmup=warm)
+        self.last_cell = cell
         visit_seconds = float(np.max(gathered[:, 0, 5]))
         self._write(
             [
@@ -787,9 +956,12 @@ class _Harness:
             f"the journal keeps the {taken} samples measured before"
         ) from failure
 
-    def _sample_rows(self, gathered: np.ndarray, n: int, *, first_index: int, epoch: int) -> list[SampleRow]:
+    def _sample_rows(
+        self, gathered: np.ndarray, n: int, *, first_index: int, epoch: int, warmup: int
+    ) -> list[SampleRow]:
         """One row per sample: the slowest rank's time and telemetry; throttle reasons OR-ed over
-        ranks, and the sample dropped when any rank reported a reason the throttle policy drops."""
+        ranks, and the sample dropped when any rank reported a reason the throttle policy drops;
+        with the cell visited before it in this process and the replays discarded before it."""
         th = self.config.thresholds
         ms_all = gathered[:, :, 0]
         slowest = np.argmax(ms_all, axis=0)
@@ -812,6 +984,8 @@ class _Harness:
                     throttle_reasons=None if math.isnan(tel[3]) else int(np.bitwise_or.reduce(thr_all[:, i])),
                     kept=not bool(throttled[i]),
                     epoch=epoch,
+                    previous=None if self.last_cell is None else self.last_cell.key,
+                    warmup=warmup,
                 )
             )
         return rows
@@ -917,6 +1091,28 @@ class _Harness:
         self._write(records)
         self._check_kept_share()
 
+    def _adapt_rewarm(self) -> None:
+        """Re-warm longer from the next round on while the carry-over measured at the current
+        re-warm moves a saving by more than ``carryover_limit_rel`` (:func:`~.carryover.next_rewarm`);
+        journalled, so a resumed sweep continues with it. Decode sweeps only."""
+        th = self.config.thresholds
+        if self.config.mixed is not None or self.rewarm >= th.max_rewarm_steps:
+            return
+        carry = _carryover(self.states, self.rewarm)
+        steps = None if carry is None else next_rewarm(
+            carry, current=self.rewarm, limit=th.carryover_limit_rel, maximum=th.max_rewarm_steps
+        )
+        if carry is None or steps is None:
+            return
+        detail = (
+            f"carry-over after a larger G moves a saving by up to {100 * carry.largest_saving_shift():.2f} pp at "
+            f"{self.rewarm} re-warm replays (limit {100 * th.carryover_limit_rel:.2f} pp); re-warming {steps} from "
+            f"round {self.round + 1}"
+        )
+        self._write([{"type": "rewarm", "round": self.round, "steps": steps, "detail": detail}])
+        self.rewarm = steps
+        self._emit(SweepEvent("rewarm", self.round, self._done(), len(self.states), detail=detail))
+
     def _done(self) -> int:
         return sum(1 for st in self.states.values() if st.decision is not None)
 
@@ -939,7 +1135,8 @@ class _Harness:
                 return  # a pass ends here; the next process resumes the journal
             self.eta = self._eta()
             self._emit(SweepEvent("round", self.round, self._done(), len(self.states), eta_s=self.eta))
-            for cell in round_order(self.config.seed, self.round, self.open_cells()):
+            order = round_order(self.config.seed, self.round, self.open_cells(), self.order)
+            for cell in order:
                 if self.round in self.states[cell].visited_rounds:
                     continue  # visited before a crash in this round
                 if self.sweep_seconds() >= th.budget_s:
@@ -954,6 +1151,7 @@ class _Harness:
                     SweepEvent("visit", self.round, self._done(), len(self.states), cell, hw, self.eta)
                 )
             self._decide()
+            self._adapt_rewarm()
             self.round += 1
         if not self.finished:
             self._write([{"type": "done"}])
@@ -1061,7 +1259,7 @@ def run_sweep(
 
 def _finish_sweep(config: SweepConfig, harness: _Harness, *, resumed: bool) -> SweepResult:
     """Summarize every cell, tell the progress display the sweep ended, and state the result."""
-    results, between = finish_cells(config, harness.states)
+    results, between, carry = finish_cells(config, harness.states, passes=harness.pass_epoch is not None)
     table = _samples_table((harness.states[c] for c in config.cells), config.key_columns)
     harness._emit(SweepEvent("end", harness.round, harness._done(), len(harness.states)))
     return SweepResult(
@@ -1073,6 +1271,8 @@ def _finish_sweep(config: SweepConfig, harness: _Harness, *, resumed: bool) -> S
         resumed,
         between=between,
         paused=not harness.finished,
+        carryover=carry,
+        rewarm_steps=harness.rewarm,
     )
 
 
@@ -1223,6 +1423,23 @@ def run_record(result: SweepResult, samples: Path, samples_sha: str) -> dict[str
         "unmeasured_cells": [list(c.key) for c in result.unmeasured()],
         "between_run": result.between.to_dict(),
         "throttle": result.throttle_summary(),
+        **({} if result.config.mixed is not None else decode_checks(result)),
+    }
+
+
+def decode_checks(result: SweepResult) -> dict[str, Any]:
+    """A decode sweep's bias checks for its provenance and ``--json`` report: the control bias per
+    G, the carry-over per G with the re-warm the sweep ended with, and the visiting order."""
+    th = result.config.thresholds
+    order = result.config.serving_order
+    return {
+        "control_bias": result.control_summary(),
+        "carryover": {
+            **(result.carryover.to_dict() if result.carryover is not None else {"per_g": {}}),
+            "rewarm_steps": result.rewarm_steps,
+            "limit_rel": th.carryover_limit_rel,
+        },
+        "order": "random" if order is None else {"mode": "serving", "steps": order.steps, "source": order.source},
     }
 
 
@@ -1375,7 +1592,7 @@ def result_from_rounds(
             st.rows.append(SampleRow(rnd, 0, i, ms, 1, None, None, None, None, True))
         st.visits = len({r for r, _ in pairs})
         st.decision = Decision(Status.ACCEPT, StopReason.IMPORTED.value, source)
-    results, between = finish_cells(config, states)
+    results, between, _ = finish_cells(config, states)
     samples = _samples_table((states[c] for c in config.cells), config.key_columns)
     return SweepResult(config, results, samples, 0, 0.0, False, between=between)
 
@@ -1408,6 +1625,7 @@ class SweepRequest:
         pass_epoch: this process's pass index, its epoch (a sweep in several processes).
         world_size: the deployment's ranks (its ``gpu_count``) when they differ from the processes
             measuring: one process measures one rank's share (e.g. the reference backend's ``ep``).
+        order: the serving order the rounds follow (None: a seeded random order).
     """
 
     backend: str
@@ -1434,6 +1652,7 @@ class SweepRequest:
     live: Mapping[str, Any] = field(default_factory=dict)
     check_memory: bool = True
     world_size: int | None = None
+    order: ServingOrder | None = None
 
 
 IMPORT_BACKEND = "import-samples"
@@ -1552,6 +1771,7 @@ def execute(
             backend=backend.describe(),
             world_size=comm.world_size,
             fingerprint=fingerprint.to_dict(),
+            order=None if request.order is None else request.order.to_dict(),
         )
         return sweep(
             config=config,

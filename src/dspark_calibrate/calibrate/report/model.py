@@ -36,6 +36,7 @@ from dspark_calibrate.calibrate.report.evidence import (
     UntrustedInput,
     display,
 )
+from dspark_calibrate.calibrate.report.sweep_checks import sweep_bias_checks
 from dspark_calibrate.calibrate.report.verdict import (
     SEVERITY_ORDER,
     Check,
@@ -1878,6 +1879,7 @@ def build_report(evidence: Evidence, *, now: datetime, thresholds: ReportThresho
     ]
     checks += _identity_checks(evidence, identity, now, th)
     checks += _cost_checks(cost, th) if cost is not None else []
+    checks += sweep_bias_checks(arts["cost-table"].table) if cost is not None else []
     checks += _calibration_checks(calibration, th) if calibration is not None else []
     checks += _admission_checks(admission, cost) if admission is not None else []
     mixed = _mixed_section(evidence)

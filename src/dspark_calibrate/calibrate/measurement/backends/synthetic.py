@@ -12,10 +12,24 @@ outliers, and optional throttling that slows the step and is reported through te
 
 What separates two processes can be simulated too: ``process_rel`` draws one level shift for the
 whole backend (common to every cell: the machine, the clock state at start), ``capture_rel`` a
-shift per cell at every ``prepare`` (graph capture, memory placement). ``power_capped`` runs every
-step at the power cap (reported as the SW power-cap reason, slower by ``power_cap_slowdown_rel``):
-the steady state of a serving GPU. The forced-K arm costs the native step plus
-``confidence_path_ms``.
+shift per cell at every ``prepare`` (graph capture, memory placement). The sweep's own statistics
+are tested against known truths of these sizes (``--backend-opt NAME=X``):
+
+- ``epoch_shift_rel``: per epoch and per cell, a multiplicative shift of SD X (drawn when the cell
+  is captured, once per capture epoch or pass; it adds to ``capture_rel`` in quadrature);
+- ``common_shift_rel``: per epoch, one shift of SD X shared by every cell (a new epoch starts with
+  each process and whenever a cell is captured a second time in it);
+- ``carryover_rel``: a visit that follows one to a larger G runs slower by X, decaying over
+  ``carryover_decay_steps`` steps (e-folding) after the switch;
+- ``capture_bias_rel``: a bias of the measurement, not of serving: every cell other than the
+  native one (compact and control) runs faster by X in the sweep, so the control cell shows it
+  (:meth:`SyntheticModel.true_saving` leaves it out).
+
+``power_capped`` runs every step at the power cap (reported as the SW power-cap reason, slower by
+``power_cap_slowdown_rel``): the steady state of a serving GPU; there a cell verifying a share s
+of its G's full width reports an SM clock higher by ``power_cap_clock_rel``·(1 − s). The forced-K
+arm costs the native step plus ``confidence_path_ms``; the control cell (V = G·(K+1)) is the
+native step captured again and costs the native step.
 
 Mixed prefill+decode steps (:meth:`SyntheticBackend.prepare_mixed`) cost ``base`` plus
 ``mixed_per_row_ms`` per body row of the captured capacity (pad rows included: the bucket is what
@@ -68,6 +82,12 @@ class SyntheticModel:
     power_cap_slowdown_rel: float = 0.03
     mixed_per_row_ms: float = 0.02
     mixed_attention_ms: float = 0.004
+    epoch_shift_rel: float = 0.0
+    common_shift_rel: float = 0.0
+    carryover_rel: float = 0.0
+    carryover_decay_steps: float = 8.0
+    power_cap_clock_rel: float = 0.0
+    capture_bias_rel: float = 0.0
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -75,8 +95,10 @@ class SyntheticModel:
                 continue
             if not math.isfinite(value) or value < 0:
                 raise ConfigError(f"synthetic model {name}={value!r} must be finite and >= 0")
-        if self.tile < 1 or self.base_ms <= 0 or self.drift_period_s <= 0:
-            raise ConfigError("synthetic model needs tile >= 1, base_ms > 0 and drift_period_s > 0")
+        if self.tile < 1 or self.base_ms <= 0 or self.drift_period_s <= 0 or self.carryover_decay_steps <= 0:
+            raise ConfigError(
+                "synthetic model needs tile >= 1, base_ms > 0, drift_period_s > 0 and carryover_decay_steps > 0"
+            )
 
     def expected_ms(self, cell: CellSpec) -> float:
         """Noise-free step time of a cell (before the process, capture and power-cap factors)."""
@@ -84,9 +106,13 @@ class SyntheticModel:
         t += self.per_tile_ms * math.ceil(cell.tokens / self.tile)
         if cell.kind is CellKind.FORCED_K:
             t += self.confidence_path_ms
-        elif cell.verifier_budget:
+        elif cell.kind is CellKind.COMPACT:
             t += self.compact_overhead_ms
         return t
+
+    def true_saving(self, cell: CellSpec) -> float:
+        """The noise-free saving ``1 − T(cell)/T(native)`` (0 for the control: the native step again)."""
+        return 1.0 - self.expected_ms(cell) / self.expected_ms(cell.native)
 
     def mixed_expected_ms(self, shape: MixedShape) -> float:
         """Noise-free time of one rank's mixed step (see the module docstring)."""
@@ -121,9 +147,14 @@ class _SyntheticTelemetry:
 
     def read(self) -> TelemetrySample:
         throttled = self._backend.last_throttled
-        capped = self._backend.model.power_capped
+        model = self._backend.model
+        capped = model.power_capped
+        clock = 1755.0 if capped else 1980.0
+        cell = self._backend.last_cell
+        if capped and isinstance(cell, CellSpec):
+            clock *= 1.0 + model.power_cap_clock_rel * (1.0 - cell.tokens / cell.full_width)
         return TelemetrySample(
-            sm_clock_mhz=1500.0 if throttled else (1755.0 if capped else 1980.0),
+            sm_clock_mhz=1500.0 if throttled else clock,
             temperature_c=60.0 + 10.0 * self._backend.drift(),
             power_w=700.0 if capped else 500.0,
             throttle_reasons=(0x20 if throttled else 0) | (0x4 if capped else 0),
@@ -194,6 +225,28 @@ class SyntheticBackend(BackendBase):
         self.process_factor = math.exp(
             float(np.random.default_rng([*start, 2]).normal(0.0, self.model.process_rel))
         )
+        # A process starts an epoch: its common shift, and no cell captured in it yet.
+        self._common_rng = np.random.default_rng([*start, 3])
+        self._new_epoch()
+        self._previous_g: int | None = None
+
+    def _new_epoch(self) -> None:
+        self._epoch_cells: set[Hashable] = set()
+        self._common_factor = math.exp(float(self._common_rng.normal(0.0, self.model.common_shift_rel)))
+
+    def _capture_factor(self, cell: Hashable) -> float:
+        """The shift a capture of ``cell`` draws: its own (``capture_rel`` and ``epoch_shift_rel``)
+        times the epoch's common shift; a cell captured twice in one epoch starts the next."""
+        if cell in self._epoch_cells:
+            self._new_epoch()
+        self._epoch_cells.add(cell)
+        sd = math.hypot(self.model.capture_rel, self.model.epoch_shift_rel)
+        return math.exp(float(self._capture_rng.normal(0.0, sd))) * self._common_factor
+
+    @property
+    def last_cell(self) -> Hashable | None:
+        """The cell of the last step run."""
+        return self._last
 
     def drift(self) -> float:
         """Relative drift now, in [-1, 1] (scaled by ``drift_rel`` in the model)."""
@@ -215,10 +268,18 @@ class SyntheticBackend(BackendBase):
             return
         m = self.model
         if cell != self._last:
+            self._previous_g = self._last.graph_batch_size if isinstance(self._last, CellSpec) else None
             self._last, self._since_switch = cell, 0
         cold = m.cold_penalty_rel * math.exp(-self._since_switch / max(m.cold_decay_steps, 1e-9))
+        carry = 0.0
+        if (
+            isinstance(cell, CellSpec)
+            and self._previous_g is not None
+            and self._previous_g > cell.graph_batch_size
+        ):
+            carry = m.carryover_rel * math.exp(-self._since_switch / m.carryover_decay_steps)
         self._since_switch += 1
-        factor = 1.0 + m.drift_rel * self.drift() + cold
+        factor = (1.0 + m.drift_rel * self.drift() + cold) * (1.0 + carry)
         factor *= math.exp(self._rng.normal(0.0, m.noise_rel))
         if self._rng.random() < m.outlier_prob:
             factor *= 1.0 + self._rng.uniform(0.2, 1.0)
@@ -231,13 +292,12 @@ class SyntheticBackend(BackendBase):
 
     def prepare(self, cell: CellSpec) -> Step:
         """A step that advances the virtual clock by the modelled time (a fresh capture shift)."""
-        capture = math.exp(float(self._capture_rng.normal(0.0, self.model.capture_rel)))
-        return _SyntheticStep(self, cell, self.model.expected_ms(cell), capture)
+        bias = 1.0 - self.model.capture_bias_rel if cell.kind in (CellKind.COMPACT, CellKind.CONTROL) else 1.0
+        return _SyntheticStep(self, cell, self.model.expected_ms(cell) * bias, self._capture_factor(cell))
 
     def prepare_mixed(self, shape: MixedShape) -> Step:
         """A mixed step on the virtual clock (see the module docstring)."""
-        capture = math.exp(float(self._capture_rng.normal(0.0, self.model.capture_rel)))
-        return _SyntheticStep(self, shape, self.model.mixed_expected_ms(shape), capture)
+        return _SyntheticStep(self, shape, self.model.mixed_expected_ms(shape), self._capture_factor(shape))
 
     def check_mixed(self, native: MixedShape, candidate: MixedShape) -> OutputCheck:
         """Nothing runs, so nothing can disagree: every verified generation row counts as checked."""

@@ -1,0 +1,551 @@
+"""An independent check of the sweep's intervals: another protocol timing the same step.
+
+The sweep times each cell in re-warmed visits of a few samples, in randomized rounds, across
+capture epochs and passes, and states a 95% interval for every saving. This harness times the same
+heavy step the GPU sweep jobs use (8 Llama-8B-shaped layers, K=5, ladder 8-256; see
+``gpu_sweep_job.sh``) the way a serving engine runs it: per G, one long sequence in which every
+step picks one of the G's cells (native, control and compact), staying on the same cell for a
+while or switching, as a policy alternates them; each step is timed by CUDA events recorded
+between back-to-back graph replays (no re-warm, no rounds, no re-capture), with NVML read every
+few dozen steps. A cell's time is the median of its steps; its saving is against the native
+cell's median. Comparing the two:
+
+- ``saving_ci_coverage``: the share of compact cells whose saving here lies inside the sweep's
+  saving interval;
+- ``saving_diff_median_pp`` / ``saving_diff_max_pp``: how far the two savings are apart;
+- ``absolute_coverage_after_common_offset``: this harness's medians, less one common offset
+  (the median log-ratio over cells), inside the sweep's absolute intervals;
+- ``control_bias_max_pp``: the largest control saving the sweep measured (0 is the truth);
+- ``paired_rel``: the sweep's between-run paired SD (REML), with its upper value and the smallest
+  shift its design resolves.
+
+Subcommands (run from the repository root with ``PYTHONPATH=src``):
+
+``job --out DIR``      everything in one call: the sweep of the heavy step (four passes, through
+                       ``sweep_efficiency.py run``), this harness, the comparison; writes
+                       ``DIR/sweep_efficiency.json`` (the repository's file with ``independent``
+                       added), ``DIR/independent.json``, ``DIR/job_log.txt`` and
+                       ``DIR/independent_work.tgz`` (the sweep's files, written under
+                       ``--work``, outside ``DIR``). On one H200 it stays under 8 minutes.
+``harness --out DIR``  this harness alone (``DIR/independent.json``).
+``compare --sweep DIR --harness FILE [--out FILE]``  the comparison alone (CPU).
+
+``--tiny`` runs all of it on the CPU with the ``tiny`` config in well under a minute (the test of
+the pipeline); CUDA events become host-clock timings there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dspark_calibrate.artifacts import read_artifact
+from dspark_calibrate.calibrate.measurement.ladder import CellKind, CellSpec, parse_budgets, parse_ladder
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULT = ROOT / "benchmarks" / "results" / "sweep_efficiency.json"
+TARGETS = {
+    "saving_ci_coverage": 0.90,
+    "saving_diff_median_pp": 0.3,
+    "saving_diff_max_pp": 0.8,
+    "absolute_coverage_after_common_offset": 0.90,
+    "control_bias_max_pp": 0.3,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Mode:
+    """One run's step, sweep design and harness sequence lengths.
+
+    Attributes:
+        step: the reference backend's step (config, layers, context, K, ladder, budgets, device).
+        sweep: options of ``sweep_efficiency.py run`` beyond the step.
+        steps_per_block: steps of one G's alternating sequence.
+        blocks: sequences per G (each G's blocks are spread over the run in a random G order).
+        discard: the first steps of each sequence, dropped (the switch from the previous G).
+        chunk: steps enqueued between two telemetry reads.
+        sweep_timeout_s: the sweep's hard limit (its own budget ends it sooner).
+    """
+
+    step: Mapping[str, Any]
+    sweep: Sequence[str]
+    steps_per_block: int
+    blocks: int
+    discard: int
+    chunk: int
+    sweep_timeout_s: float
+
+    def cells(self) -> list[CellSpec]:
+        """Native, control and the listed compact cells of every G."""
+        k = int(self.step["k"])
+        budgets = parse_budgets(list(self.step["budgets"]))
+        out = []
+        for g in parse_ladder(str(self.step["ladder"])):
+            out += [CellSpec(g, 0, k), *(CellSpec(g, v, k) for v in budgets[g]), CellSpec(g, g * (k + 1), k)]
+        return out
+
+
+#: The heavy step of the H200 jobs, with two compact budgets per G (2 and 4 tokens per row) beside
+#: the native and control cells: 24 cells.
+FULL = Mode(
+    step={
+        "k": 5,
+        "ladder": "8,16,32,64,128,256",
+        "config": "llama-8b",
+        "layers": 8,
+        "context_len": 1024,
+        "ep": 1,
+        "device": None,
+        "budgets": ("8:16,32", "16:32,64", "32:64,128", "64:128,256", "128:256,512", "256:512,1024"),
+    },
+    sweep=(
+        "--passes", "4", "--recapture-every", "6", "--samples-per-visit", "3", "--replays", "2",
+        "--precision", "0.004", "--max-samples", "128", "--adaptive-budget", "160",
+    ),
+    steps_per_block=500,
+    blocks=3,
+    discard=40,
+    chunk=32,
+    sweep_timeout_s=320.0,
+)  # fmt: skip
+#: The same pipeline on the CPU in seconds: the tiny config, two G.
+TINY = Mode(
+    step={
+        "k": 3,
+        "ladder": "2,4",
+        "config": "tiny",
+        "layers": 1,
+        "context_len": 32,
+        "ep": 1,
+        "device": "cpu",
+        "budgets": ("2:4,6", "4:8,12"),
+    },
+    sweep=(
+        "--passes", "2", "--recapture-every", "3", "--samples-per-visit", "3", "--preset", "quick",
+        "--precision", "0.05", "--adaptive-budget", "15",
+    ),
+    steps_per_block=60,
+    blocks=2,
+    discard=5,
+    chunk=16,
+    sweep_timeout_s=240.0,
+)  # fmt: skip
+
+
+# --- the sweep --------------------------------------------------------------------------------------
+
+
+def sweep_command(mode: Mode, out_dir: Path) -> list[str]:
+    """``sweep_efficiency.py run`` for the mode's step and design, writing into ``out_dir``."""
+    s = mode.step
+    cmd = [
+        sys.executable, str(ROOT / "benchmarks" / "sweep_efficiency.py"), "run", "--tag", "independent",
+        "--protocols", "adaptive", "--seed", "1", "--k", str(s["k"]), "--ladder", str(s["ladder"]),
+        "--config", str(s["config"]), "--layers", str(s["layers"]), "--context-len", str(s["context_len"]),
+        "--ep", str(s["ep"]), "--throttle-policy", "serving", "--out-dir", str(out_dir),
+    ]  # fmt: skip
+    for b in s["budgets"]:
+        cmd += ["--budgets", b]
+    if s["device"]:
+        cmd += ["--device", str(s["device"])]
+    return [*cmd, *mode.sweep]
+
+
+# --- the harness ------------------------------------------------------------------------------------
+
+
+def alternating_sequence(rng: np.random.Generator, cells: Sequence[CellSpec], steps: int) -> list[int]:
+    """Indices into ``cells`` (native first) for ``steps`` steps: each step stays on the previous
+    cell with probability 1/2, else draws a cell, the native one with weight 0.4 and the rest
+    sharing 0.6, as a policy alternates native and compact steps."""
+    weights = np.array([0.4] + [0.6 / (len(cells) - 1)] * (len(cells) - 1))
+    draws = rng.choice(len(cells), size=steps, p=weights)
+    stay = rng.random(steps) < 0.5
+    out = [int(draws[0])]
+    for i in range(1, steps):
+        out.append(out[-1] if stay[i] else int(draws[i]))
+    return out
+
+
+class _Nvml:
+    """SM clock (MHz), power (W) and throttle reasons of GPU 0; nothing when ``enabled`` is False
+    or NVML cannot start (no nvidia-ml-py, no driver)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.handle: Any = None
+        self.nvml: Any = None
+        if not enabled:
+            return
+        try:
+            import pynvml
+        except ImportError:
+            return
+        try:
+            pynvml.nvmlInit()
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        except pynvml.NVMLError:
+            return
+        self.nvml = pynvml
+
+    def read(self) -> tuple[float, float, int] | None:
+        if self.handle is None:
+            return None
+        n = self.nvml
+        reasons = (
+            getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            or n.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
+        return (
+            float(n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_SM)),
+            n.nvmlDeviceGetPowerUsage(self.handle) / 1000.0,
+            int(reasons(self.handle)),
+        )
+
+
+@dataclass
+class _Block:
+    """One G's timed sequence: which cell each step ran and how long it took (ms)."""
+
+    g: int
+    cells: list[int]
+    ms: list[float] = field(default_factory=list)
+    telemetry: list[tuple[float, float, int]] = field(default_factory=list)
+
+
+def _time_block_cuda(torch: Any, steps: Sequence[Any], block: _Block, chunk: int, nvml: _Nvml) -> None:
+    """Events between back-to-back replays on one stream; a chunk is enqueued before the previous
+    one is waited for, so the GPU never idles for the host, and NVML is read at each wait."""
+    stream = torch.cuda.Stream()
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(len(block.cells) + 1)]
+    with torch.cuda.stream(stream):
+        for start in range(0, len(block.cells), chunk):
+            for i in range(start, min(start + chunk, len(block.cells))):
+                events[i].record(stream)
+                steps[block.cells[i]]()
+            if start:
+                events[start - 1].synchronize()
+                reading = nvml.read()
+                if reading is not None:
+                    block.telemetry.append(reading)
+        events[-1].record(stream)
+    events[-1].synchronize()
+    block.ms = [float(events[i].elapsed_time(events[i + 1])) for i in range(len(block.cells))]
+
+
+def _time_block_host(steps: Sequence[Any], block: _Block) -> None:
+    """The CPU path: each step timed by the host clock (eager steps run synchronously)."""
+    for i in block.cells:
+        t0 = time.perf_counter()
+        steps[i]()
+        block.ms.append((time.perf_counter() - t0) * 1000.0)
+
+
+def run_harness(mode: Mode, *, seed: int = 7) -> dict[str, Any]:
+    """Capture every cell once, then time each G's alternating sequences (module docstring)."""
+    import torch
+
+    from dspark_calibrate.calibrate.measurement.backends.reference import ReferenceBackend
+
+    s = mode.step
+    cells = mode.cells()
+    ladder = parse_ladder(str(s["ladder"]))
+    backend = ReferenceBackend(
+        config=str(s["config"]), layers=int(s["layers"]), context_len=int(s["context_len"]), ep=int(s["ep"]),
+        device=s["device"], max_rows=max(ladder), max_row_len=int(s["k"]) + 1,
+    )  # fmt: skip
+    cuda = backend.describe()["device"] == "cuda"
+    nvml = _Nvml(cuda)
+    t0 = time.perf_counter()
+    by_g = {g: [c for c in cells if c.graph_batch_size == g] for g in ladder}
+    steps = {c: backend.prepare(c) for c in cells}
+    for step in steps.values():  # warm every graph once (autotuning, allocator growth)
+        for _ in range(4):
+            step()
+    if cuda:
+        torch.cuda.synchronize()
+    rng = np.random.default_rng(seed)
+    blocks: list[_Block] = []
+    for _ in range(mode.blocks):
+        for g in rng.permutation(ladder).tolist():
+            block = _Block(int(g), alternating_sequence(rng, by_g[g], mode.steps_per_block))
+            group = [steps[c] for c in by_g[g]]
+            if cuda:
+                _time_block_cuda(torch, group, block, mode.chunk, nvml)
+            else:
+                _time_block_host(group, block)
+            blocks.append(block)
+    seconds = time.perf_counter() - t0
+    gpu = torch.cuda.get_device_name(0) if cuda else "cpu"
+    backend.close()
+    return summarize_harness(by_g, blocks, discard=mode.discard, gpu=gpu, seconds=seconds)
+
+
+def summarize_harness(
+    by_g: Mapping[int, Sequence[CellSpec]],
+    blocks: Sequence[_Block],
+    *,
+    discard: int,
+    gpu: str,
+    seconds: float,
+) -> dict[str, Any]:
+    """Per cell, the median step time over every step after each block's first ``discard``, the
+    saving against the native cell's median, and the saving in each block (its spread)."""
+    times: dict[CellSpec, list[float]] = {c: [] for cs in by_g.values() for c in cs}
+    per_block: dict[CellSpec, list[float]] = {c: [] for c in times}
+    telemetry: dict[int, list[tuple[float, float, int]]] = {}
+    for b in blocks:
+        cells = by_g[b.g]
+        kept = list(zip(b.cells[discard:], b.ms[discard:], strict=True))
+        medians = {}
+        for i, cell in enumerate(cells):
+            mine = [ms for j, ms in kept if j == i]
+            times[cell] += mine
+            if mine:
+                medians[cell] = float(np.median(mine))
+        native = medians.get(cells[0])
+        for cell, m in medians.items():
+            if native:
+                per_block[cell].append(1.0 - m / native)
+        telemetry.setdefault(b.g, []).extend(b.telemetry)
+    out_cells = []
+    for cells in by_g.values():
+        native = float(np.median(times[cells[0]]))
+        for cell in cells:
+            med = float(np.median(times[cell]))
+            out_cells.append(
+                {
+                    "graph_batch_size": cell.graph_batch_size,
+                    "verifier_budget": cell.verifier_budget,
+                    "kind": cell.kind.value,
+                    "steps": len(times[cell]),
+                    "median_ms": med,
+                    "p10_ms": float(np.quantile(times[cell], 0.1)),
+                    "p90_ms": float(np.quantile(times[cell], 0.9)),
+                    "saving": 1.0 - med / native,
+                    "saving_per_block": per_block[cell],
+                }
+            )
+    tel = {
+        str(g): {
+            "sm_clock_mhz_median": float(np.median([r[0] for r in rs])),
+            "power_w_median": float(np.median([r[1] for r in rs])),
+            "power_capped_share": float(np.mean([bool(r[2] & 0x4) for r in rs])),
+        }
+        for g, rs in telemetry.items()
+        if rs
+    }
+    return {"gpu": gpu, "seconds": seconds, "cells": out_cells, "telemetry": tel, "discard": discard}
+
+
+# --- the comparison ---------------------------------------------------------------------------------
+
+
+def _pp(x: float) -> float:
+    return 100.0 * x
+
+
+def compare(
+    sweep_rows: Sequence[Mapping[str, Any]], between: Mapping[str, Any], harness: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The sweep's stated intervals against the harness's measurements (module docstring). Pure."""
+    mine = {(r["graph_batch_size"], r["verifier_budget"]): r for r in sweep_rows}
+    other = {(c["graph_batch_size"], c["verifier_budget"]): c for c in harness["cells"]}
+    common = sorted(set(mine) & set(other))
+    offset = float(np.median([math.log(other[c]["median_ms"] / mine[c]["step_time_ms"]) for c in common]))
+    cells, covered, diffs, absolute, shifted = [], [], [], [], []
+    for key in common:
+        s, h = mine[key], other[key]
+        kind = str(h["kind"])
+        entry = {
+            "cell": f"G{key[0]}/V{key[1]}",
+            "kind": kind,
+            "sweep_ms": s["step_time_ms"],
+            "sweep_ci_ms": [s["ci_low_ms"], s["ci_high_ms"]],
+            "independent_ms": h["median_ms"],
+            "sweep_saving": s["saving"],
+            "sweep_saving_ci": [s["saving_ci_low"], s["saving_ci_high"]],
+            "independent_saving": h["saving"],
+            "control_widened": s.get("control_widened"),
+            "clock_rel": s.get("clock_rel"),
+            "carryover_rel": s.get("carryover_rel"),
+        }
+        absolute.append(s["ci_low_ms"] <= h["median_ms"] <= s["ci_high_ms"])
+        moved = h["median_ms"] * math.exp(-offset)
+        shifted.append(s["ci_low_ms"] <= moved <= s["ci_high_ms"])
+        if kind == CellKind.COMPACT.value:
+            inside = s["saving_ci_low"] <= h["saving"] <= s["saving_ci_high"]
+            covered.append(inside)
+            diffs.append(abs(_pp(s["saving"] - h["saving"])))
+            entry.update(saving_covered=inside, saving_diff_pp=diffs[-1])
+        cells.append(entry)
+    controls: dict[int, float] = {
+        int(r["graph_batch_size"]): float(r["control_bias"])
+        for r in sweep_rows
+        if r.get("control_bias") is not None
+    }
+    independent_controls = [
+        abs(_pp(c["saving"])) for c in harness["cells"] if c["kind"] == CellKind.CONTROL.value
+    ]
+    result: dict[str, Any] = {
+        "gpu": harness.get("gpu"),
+        "cells": len(common),
+        "compact_cells": len(covered),
+        "saving_ci_coverage": float(np.mean(covered)) if covered else None,
+        "saving_diff_median_pp": float(np.median(diffs)) if diffs else None,
+        "saving_diff_max_pp": float(np.max(diffs)) if diffs else None,
+        "absolute_coverage": float(np.mean(absolute)),
+        "common_offset_rel": math.expm1(offset),
+        "absolute_coverage_after_common_offset": float(np.mean(shifted)),
+        "control_bias_max_pp": max((abs(_pp(v)) for v in controls.values()), default=None),
+        "control_bias_per_g_pp": {str(g): _pp(v) for g, v in sorted(controls.items())},
+        "independent_control_max_pp": max(independent_controls, default=None),
+        "paired_rel": between.get("paired_rel"),
+        "paired_rel_upper": between.get("paired_rel_upper"),
+        "paired_resolved": between.get("paired_resolved"),
+        "resolvable_shift_rel": between.get("resolvable_shift_rel"),
+        "between_run": dict(between),
+        "per_cell": cells,
+        "targets": TARGETS,
+    }
+    # Coverages must reach their target, differences and the bias stay below theirs.
+    meets = {}
+    for name, bar in TARGETS.items():
+        value = result[name]
+        meets[name] = value is not None and (value >= bar if "coverage" in name else value <= bar)
+    result["meets"] = meets
+    return result
+
+
+def compare_files(sweep_dir: Path, harness_file: Path) -> dict[str, Any]:
+    """:func:`compare` on a sweep directory (``adaptive.parquet``) and a harness JSON."""
+    art = read_artifact(sweep_dir / "adaptive.parquet")
+    extra = art.provenance_untrusted().extra
+    harness = json.loads(harness_file.read_text())
+    result = compare(art.table.to_pylist(), extra.get("between_run", {}), harness)
+    meta_file = sweep_dir / "adaptive.json"
+    if meta_file.exists():
+        meta = json.loads(meta_file.read_text())
+        result["sweep"] = {
+            k: meta.get(k) for k in ("gpu_seconds", "rounds", "stop_reasons", "samples", "command")
+        }
+    result["sweep"] = {
+        **result.get("sweep", {}),
+        "carryover": extra.get("carryover"),
+        "throttle": extra.get("throttle"),
+        "order": extra.get("order"),
+    }
+    result["harness"] = {k: harness.get(k) for k in ("seconds", "telemetry", "discard")}
+    return result
+
+
+def write_independent(result: Mapping[str, Any], out: Path, *, base: Path = RESULT) -> Path:
+    """``base`` (the repository's ``sweep_efficiency.json``, every key kept) with ``independent``
+    set to ``result``, written to ``out``."""
+    record = json.loads(base.read_text()) if base.exists() else {}
+    record["independent"] = dict(result)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+# --- the one-call job -------------------------------------------------------------------------------
+
+
+def _commit() -> str | None:
+    if os.environ.get("COMMIT"):
+        return os.environ["COMMIT"]
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None
+
+
+def run_job(mode: Mode, out: Path, log: Any, work: Path) -> int:
+    """Sweep, harness, comparison; see the module docstring. The sweep's files go to ``work``
+    (outside ``out``: a lent machine returns few files) and come back in one archive. Returns 0,
+    or 1 when a stage failed."""
+    sweep_dir = work / "sweep"
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    cmd = sweep_command(mode, sweep_dir)
+    print("sweep:", " ".join(cmd), file=log, flush=True)
+    try:
+        rc = subprocess.run(
+            cmd, stdout=log, stderr=subprocess.STDOUT, timeout=mode.sweep_timeout_s, check=False
+        ).returncode
+    except subprocess.TimeoutExpired:
+        rc = 124
+    sweep_s = time.perf_counter() - started
+    print(f"sweep rc={rc} after {sweep_s:.0f} s", file=log, flush=True)
+    harness = run_harness(mode)
+    (out / "independent.json").write_text(json.dumps(harness, indent=2, sort_keys=True) + "\n")
+    print(f"harness done after {time.perf_counter() - started:.0f} s", file=log, flush=True)
+    status = 0
+    if (sweep_dir / "adaptive.parquet").exists():
+        result = compare_files(sweep_dir, out / "independent.json")
+    else:
+        result = {"gpu": harness["gpu"], "error": f"the sweep wrote no summary (rc={rc}); see job_log.txt"}
+        status = 1
+    result.update(
+        command=" ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+        commit=_commit(),
+        sweep_wall_s=sweep_s,
+        job_wall_s=time.perf_counter() - started,
+    )
+    write_independent(result, out / "sweep_efficiency.json")
+    with tarfile.open(out / "independent_work.tgz", "w:gz") as tar:
+        tar.add(work, arcname="work")
+    summary = {k: result.get(k) for k in ("gpu", "cells", *TARGETS, "paired_rel", "meets", "job_wall_s")}
+    print(json.dumps(summary, sort_keys=True), file=log, flush=True)
+    print(json.dumps(summary, sort_keys=True))
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments and dispatch."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    for name in ("job", "harness"):
+        p = sub.add_parser(name)
+        p.add_argument("--out", required=True, type=Path)
+        p.add_argument("--tiny", action="store_true", help="the CPU pipeline on the tiny config")
+        p.add_argument(
+            "--work", type=Path, default=None, help="job: the sweep's directory (default: a temporary one)"
+        )
+    cmp_ = sub.add_parser("compare")
+    cmp_.add_argument("--sweep", required=True, type=Path, help="the sweep's out dir (adaptive.parquet)")
+    cmp_.add_argument("--harness", required=True, type=Path, help="independent.json")
+    cmp_.add_argument("--out", type=Path, default=RESULT)
+    args = parser.parse_args(argv)
+    if args.cmd == "compare":
+        write_independent(compare_files(args.sweep, args.harness), args.out)
+        return 0
+    mode = TINY if args.tiny else FULL
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.cmd == "harness":
+        result = run_harness(mode)
+        (args.out / "independent.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        return 0
+    work = args.work or Path(tempfile.mkdtemp(prefix="independent-"))
+    with open(args.out / "job_log.txt", "a", encoding="utf-8") as log:
+        return run_job(mode, args.out, log, work)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

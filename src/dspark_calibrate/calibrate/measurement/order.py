@@ -1,0 +1,141 @@
+"""The order a round visits its cells in: seeded random, or the order serving moves between G.
+
+Pure: integers and a seed in, an order out. Which cell a visit follows decides the carry-over it
+sees (:mod:`~.carryover`): under a power cap a light cell visited after a heavy one runs slower
+for a while. A random order spreads that evenly over the cells of a G; the **serving order**
+makes the visits follow one another the way a serving engine's steps do, so the table can be
+measured in the serving mix (``dspark-calibrate sweep --order serving --workload W.parquet``).
+
+Serving moves between graph batch sizes as its batch grows and shrinks, and stays at one G for
+many steps, alternating that G's native and compact cells. :func:`serving_transitions` counts,
+over a recorded workload's steps, how often a step at G is followed by one at G'
+(:class:`ServingOrder`); :func:`visit_order` then visits one G's open cells together (in a seeded
+random order within the G) and walks from G to G drawing each next G in proportion to those
+counts. Which V a policy would choose within a G needs the very cost table the sweep measures, so
+the order within a G stays random.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dspark_calibrate.calibrate.measurement.mixed import Cell
+from dspark_calibrate.errors import ConfigError
+
+__all__ = ["ORDERS", "ServingOrder", "rows_per_step", "serving_transitions", "visit_order"]
+
+#: Visiting orders: ``random`` (a seeded permutation per round) or ``serving``.
+ORDERS: tuple[str, ...] = ("random", "serving")
+#: Weight of a G the workload never moves to, relative to one observed transition: keeps every G
+#: reachable without letting unseen moves compete with seen ones.
+_UNSEEN = 1e-3
+
+
+@dataclass(frozen=True, slots=True)
+class ServingOrder:
+    """How often serving moves from one G to another between consecutive steps.
+
+    Attributes:
+        transitions: ``{G: {G': steps at G followed by a step at G'}}`` (self moves included).
+        steps: the workload steps counted.
+        source: what the counts came from (e.g. the workload's identity).
+    """
+
+    transitions: Mapping[int, Mapping[int, int]]
+    steps: int
+    source: str = ""
+
+    def weight(self, g_from: int | None, g_to: int) -> float:
+        """The weight of moving to ``g_to``: from ``g_from`` its transition count, else (first G of a
+        round) how often serving runs at ``g_to``; unseen moves get a small weight."""
+        if g_from is None:
+            seen = sum(row.get(g_to, 0) for row in self.transitions.values())
+        else:
+            seen = self.transitions.get(g_from, {}).get(g_to, 0)
+        return float(seen) + _UNSEEN
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (part of the sweep configuration, so it keys the journal)."""
+        return {
+            "mode": "serving",
+            "transitions": {
+                str(a): {str(b): n for b, n in sorted(row.items())}
+                for a, row in sorted(self.transitions.items())
+            },
+            "steps": self.steps,
+            "source": self.source,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ServingOrder:
+        """Inverse of :meth:`to_dict`."""
+        rows = {int(a): {int(b): int(n) for b, n in row.items()} for a, row in data["transitions"].items()}
+        return cls(rows, int(data["steps"]), str(data.get("source", "")))
+
+
+def rows_per_step(step: np.ndarray, rank: np.ndarray) -> list[int]:
+    """Rows of each step on its fullest rank (rank-local rows, which pick the step's G), in step
+    order, from a workload's per-row step and rank ids."""
+    if step.size == 0:
+        return []
+    pairs, counts = np.unique(np.stack([step, rank]), axis=1, return_counts=True)
+    _, first = np.unique(pairs[0], return_index=True)
+    return [int(n) for n in np.maximum.reduceat(counts, first)]
+
+
+def serving_transitions(
+    rows_per_step: Sequence[int], ladder: Sequence[int], *, source: str = ""
+) -> ServingOrder:
+    """Count the G-to-G moves of consecutive steps with ``rows_per_step`` rows each (per rank).
+
+    A step runs at the smallest G of ``ladder`` that holds its rows; a step with more rows than
+    the largest G counts at the largest (it would be split, and the largest graph runs).
+
+    Raises:
+        ConfigError: fewer than two steps, or an empty ladder.
+    """
+    gs = sorted(ladder)
+    if not gs:
+        raise ConfigError("--order serving needs a graph ladder")
+    if len(rows_per_step) < 2:
+        raise ConfigError(
+            f"--order serving needs a workload of at least two steps; this one has {len(rows_per_step)}"
+        )
+    index = np.searchsorted(np.asarray(gs), np.asarray(rows_per_step, dtype=np.int64), side="left")
+    seq = [gs[min(int(i), len(gs) - 1)] for i in index]
+    counts: dict[int, dict[int, int]] = {}
+    for a, b in itertools.pairwise(seq):
+        row = counts.setdefault(a, {})
+        row[b] = row.get(b, 0) + 1
+    return ServingOrder(counts, len(seq), source)
+
+
+def visit_order(
+    cells: Sequence[Cell], *, seed: int, round_index: int, order: ServingOrder | None = None
+) -> list[Cell]:
+    """The cells of one round in visiting order (pure, reproducible from the seed and the round).
+
+    Without ``order``: a seeded random permutation. With it: one G's cells together, the G's in a
+    walk drawn from the serving transitions (module docstring).
+    """
+    ordered = sorted(cells)
+    rng = np.random.default_rng([seed, round_index])
+    if order is None:
+        return [ordered[i] for i in rng.permutation(len(ordered))]
+    by_g: dict[int, list[Cell]] = {}
+    for c in ordered:
+        by_g.setdefault(c.key[0], []).append(c)
+    left = sorted(by_g)
+    out: list[Cell] = []
+    current: int | None = None
+    while left:
+        weights = np.array([order.weight(current, g) for g in left])
+        current = left.pop(int(rng.choice(len(left), p=weights / weights.sum())))
+        group = by_g[current]
+        out.extend(group[i] for i in rng.permutation(len(group)))
+    return out

@@ -1,0 +1,153 @@
+"""The REML between-epoch estimator on simulated series with a known truth: estimate, interval
+coverage, the smallest resolvable shift, robustness to a wild round, and where the method of
+moments collapsed to 0."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dspark_calibrate.calibrate.measurement.reml import (
+    EMPTY,
+    VarianceComponent,
+    design_effect,
+    reml_component,
+)
+
+Series = tuple[dict[int, float], dict[int, int]]
+
+
+def _series(
+    rng: np.random.Generator,
+    *,
+    count: int = 20,
+    epochs: int = 4,
+    rounds: int = 4,
+    sigma: float = 0.004,
+    tau: float = 0.008,
+    tails: float | None = None,
+) -> list[Series]:
+    """``count`` series of ``epochs`` × ``rounds`` values: a level, an epoch shift of SD ``sigma``
+    and round noise of SD about ``tau`` (Student-t with ``tails`` degrees of freedom when given)."""
+    out = []
+    for s in range(count):
+        own = tau * rng.uniform(0.5, 1.5)
+        values, epoch_of = {}, {}
+        for e in range(epochs):
+            shift = rng.normal(0.0, sigma)
+            for i in range(rounds):
+                r = e * rounds + i
+                if tails is None:
+                    noise = rng.normal(0.0, own)
+                else:
+                    noise = own * rng.standard_t(tails) / math.sqrt(tails / (tails - 2))
+                values[r] = 0.1 * s + shift + noise
+                epoch_of[r] = e
+        out.append((values, epoch_of))
+    return out
+
+
+@pytest.mark.parametrize("sigma", [0.002, 0.004, 0.008])
+def test_estimate_and_interval_recover_the_truth(sigma: float) -> None:
+    rng = np.random.default_rng(int(sigma * 1e4))
+    fits = [reml_component(_series(rng, sigma=sigma)) for _ in range(30)]
+    assert abs(float(np.median([f.estimate for f in fits])) / sigma - 1.0) < 0.2
+    covered = np.mean([f.low <= sigma <= f.high for f in fits])
+    assert covered >= 0.85, covered
+    assert all(f.series == 20 and f.between_df == 60 and f.within_df == 240 for f in fits)
+
+
+def test_no_shift_is_bounded_not_measured() -> None:
+    """Truth 0: the interval reaches 0 (not resolved), its upper end is small but positive, and the
+    design states what it could have resolved."""
+    rng = np.random.default_rng(3)
+    fits = [reml_component(_series(rng, sigma=0.0)) for _ in range(30)]
+    assert np.mean([not f.resolved for f in fits]) >= 0.9
+    assert all(0.0 < f.high < 0.005 for f in fits)
+    assert all(0.0 < f.resolvable < 0.004 for f in fits)
+
+
+def _heavy_tailed_sweeps(trials: int) -> list[VarianceComponent]:
+    """About three rounds per epoch, heavy-tailed rounds (t with 5 df, excess kurtosis 6), round
+    noise 2.5 times the shift: where the floored method of moments returned 0."""
+    rng = np.random.default_rng(11)
+    return [
+        reml_component(_series(rng, count=16, epochs=3, rounds=3, sigma=0.004, tau=0.01, tails=5.0))
+        for _ in range(trials)
+    ]
+
+
+def test_where_the_moments_collapsed_the_likelihood_does_not() -> None:
+    fits = _heavy_tailed_sweeps(30)
+    assert np.mean([f.estimate > 0.0 for f in fits]) >= 0.7
+    assert np.mean([f.low <= 0.004 <= f.high for f in fits]) >= 0.8
+    assert all(f.high > 0.0 for f in fits)
+
+
+@pytest.mark.slow
+def test_heavy_tailed_interval_coverage_over_many_sweeps() -> None:
+    """The profile interval's coverage on heavy-tailed rounds, over 150 sweeps: a little under its
+    nominal 95% (about 89%; 90% on Gaussian rounds), which docs/sweep.md states."""
+    fits = _heavy_tailed_sweeps(150)
+    assert np.mean([f.low <= 0.004 <= f.high for f in fits]) >= 0.85
+    assert np.mean([f.high >= 0.004 for f in fits]) >= 0.88
+
+
+def test_the_resolvable_shift_is_detected_about_half_the_time() -> None:
+    """At the stated resolvable σ the interval excludes 0 in roughly half of the sweeps; at twice
+    it, in most; at a quarter of it, in few (the claim behind ``resolvable_shift_rel``)."""
+    rng = np.random.default_rng(5)
+    design = {"count": 12, "epochs": 3, "rounds": 3, "tau": 0.01}
+    resolvable = reml_component(_series(rng, sigma=0.0, **design)).resolvable  # type: ignore[arg-type]
+    rate = {}
+    for factor in (0.25, 1.0, 2.0):
+        fits = [reml_component(_series(rng, sigma=factor * resolvable, **design)) for _ in range(40)]  # type: ignore[arg-type]
+        rate[factor] = float(np.mean([f.resolved for f in fits]))
+    assert rate[0.25] <= 0.25 and 0.2 <= rate[1.0] <= 0.8 and rate[2.0] >= 0.8, rate
+
+
+def test_more_epochs_resolve_smaller_shifts() -> None:
+    rng = np.random.default_rng(2)
+    few = reml_component(_series(rng, epochs=2, sigma=0.0)).resolvable
+    many = reml_component(_series(rng, epochs=8, sigma=0.0)).resolvable
+    assert many < few
+
+
+def test_a_wild_round_does_not_make_a_shift() -> None:
+    rng = np.random.default_rng(9)
+    clean = _series(rng, sigma=0.0)
+    wild = [(dict(v), e) for v, e in clean]
+    wild[0][0][1] += 0.5  # one round 50% off in one series
+    assert reml_component(wild).estimate == pytest.approx(reml_component(clean).estimate, abs=0.001)
+
+
+def test_the_design_effect_widens_only_the_interval() -> None:
+    rng = np.random.default_rng(4)
+    series = _series(rng)
+    plain = reml_component(series)
+    wide = reml_component(series, design=2.5)
+    assert wide.estimate == plain.estimate
+    assert wide.low <= plain.low and wide.high > plain.high
+    assert design_effect([3, 3], 0.5) == pytest.approx(1.5)
+    assert design_effect([1], 0.5) == 1.0 and design_effect([], 0.5) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("case", "series"),
+    [
+        ("none", []),
+        ("one epoch", [({0: 1.0, 1: 1.1}, {0: 0, 1: 0})]),
+        ("one round per epoch", [({0: 1.0, 1: 1.1}, {0: 0, 1: 1})]),
+    ],
+)
+def test_nothing_to_estimate_from(case: str, series: list[Series]) -> None:
+    assert reml_component(series) == EMPTY
+
+
+def test_noiseless_rounds_still_estimate_the_epochs() -> None:
+    """Every round of an epoch equal (a noiseless simulation): the shift is the epoch means' spread."""
+    series = [({r: 0.01 * (r // 2 % 2) for r in range(8)}, {r: r // 2 for r in range(8)}) for _ in range(4)]
+    fit = reml_component(series)
+    assert fit.estimate > 0.0 and math.isfinite(fit.high)

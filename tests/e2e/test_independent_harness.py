@@ -1,0 +1,163 @@
+"""``benchmarks/independent_harness.py``: its comparison on known inputs, its serving-like sequence,
+and the whole one-call job in its tiny CPU mode."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from benchmarks import independent_harness as ih
+
+from dspark_calibrate.calibrate.measurement.ladder import CellSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _sweep_row(
+    g: int, v: int, ms: float, saving: float, half: float, control: float | None
+) -> dict[str, Any]:
+    return {
+        "graph_batch_size": g,
+        "verifier_budget": v,
+        "step_time_ms": ms,
+        "ci_low_ms": ms * 0.99,
+        "ci_high_ms": ms * 1.01,
+        "saving": saving,
+        "saving_ci_low": saving - half,
+        "saving_ci_high": saving + half,
+        "control_bias": control,
+    }
+
+
+def _case(offset: float, errors: dict[int, float]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Two G of native, one compact (saving 10%) and control; the harness sees every time
+    ``offset`` slower, and the compact saving of G by ``errors[G]`` lower."""
+    rows, cells = [], []
+    for g, t0 in ((8, 2.0), (16, 3.0)):
+        control = 0.001 if g == 8 else 0.006
+        for v, kind, saving in ((0, "native", 0.0), (2 * g, "compact", 0.10), (6 * g, "control", control)):
+            ms = t0 * (1 - saving)
+            rows.append(_sweep_row(g, v, ms, saving, 0.0 if v == 0 else 0.004, control))
+            seen = (
+                saving
+                - (errors.get(g, 0.0) if kind == "compact" else 0.0)
+                - (control if kind == "control" else 0.0)
+            )
+            cells.append(
+                {
+                    "graph_batch_size": g,
+                    "verifier_budget": v,
+                    "kind": kind,
+                    "median_ms": t0 * (1 - seen) * (1 + offset),
+                    "saving": seen,
+                }
+            )
+    return rows, {"gpu": "X", "cells": cells}
+
+
+def test_the_comparison_on_known_differences() -> None:
+    rows, harness = _case(0.02, {8: 0.001, 16: 0.012})
+    between = {
+        "paired_rel": 0.004,
+        "paired_rel_upper": 0.006,
+        "paired_resolved": True,
+        "resolvable_shift_rel": 0.001,
+    }
+    r = ih.compare(rows, between, harness)
+    assert r["cells"] == 6 and r["compact_cells"] == 2
+    assert r["saving_ci_coverage"] == 0.5  # G=16's 1.2 pp difference lies outside ±0.4 pp
+    assert r["saving_diff_median_pp"] == pytest.approx(0.65) and r["saving_diff_max_pp"] == pytest.approx(1.2)
+    assert r["common_offset_rel"] == pytest.approx(0.02, abs=0.005)
+    assert r["absolute_coverage"] < 0.5 <= r["absolute_coverage_after_common_offset"]
+    assert r["control_bias_max_pp"] == pytest.approx(0.6) and r["paired_rel"] == 0.004
+    assert r["meets"] == {
+        "saving_ci_coverage": False,
+        "saving_diff_median_pp": False,
+        "saving_diff_max_pp": False,
+        "absolute_coverage_after_common_offset": r["absolute_coverage_after_common_offset"] >= 0.9,
+        "control_bias_max_pp": False,
+    }
+    good = ih.compare(*_good())
+    assert all(good["meets"].values()), good["meets"]
+
+
+def _good() -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    rows, harness = _case(0.01, {8: 0.001, 16: -0.002})
+    for r in rows:
+        if r["control_bias"] is not None:
+            r["control_bias"] = 0.001
+    for c in harness["cells"]:
+        if c["kind"] == "control":
+            c["saving"] = 0.001
+    return rows, {"paired_rel": 0.002}, harness
+
+
+def test_the_sequence_alternates_like_a_policy() -> None:
+    cells = [CellSpec(8, 0, 5), CellSpec(8, 16, 5), CellSpec(8, 32, 5), CellSpec(8, 48, 5)]
+    seq = ih.alternating_sequence(np.random.default_rng(1), cells, 4000)
+    share = np.bincount(seq, minlength=4) / len(seq)
+    assert share[0] == pytest.approx(0.4, abs=0.05) and all(
+        s == pytest.approx(0.2, abs=0.05) for s in share[1:]
+    )
+    switches = np.mean([a != b for a, b in itertools.pairwise(seq)])
+    assert 0.25 < switches < 0.45  # runs of one cell, broken as often as a policy switches
+
+
+def test_the_merged_result_keeps_every_other_key(tmp_path: Path) -> None:
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps({"heavy_step": {"cells": 48}, "independent": {"old": True}}))
+    out = ih.write_independent(
+        {"gpu": "H200", "cells": 24}, tmp_path / "o" / "sweep_efficiency.json", base=base
+    )
+    record = json.loads(out.read_text())
+    assert record["heavy_step"] == {"cells": 48} and record["independent"] == {"gpu": "H200", "cells": 24}
+
+
+def test_the_full_mode_is_the_heavy_step_with_24_cells() -> None:
+    cells = ih.FULL.cells()
+    assert len(cells) == 24 and {c.kind.value for c in cells} == {"native", "compact", "control"}
+    cmd = ih.sweep_command(ih.FULL, Path("/x"))
+    for flag in ("--passes", "--samples-per-visit", "--budgets"):
+        assert flag in cmd
+    assert cmd[cmd.index("--config") + 1] == "llama-8b" and cmd[cmd.index("--layers") + 1] == "8"
+
+
+@pytest.mark.slow
+def test_the_tiny_job_runs_end_to_end(tmp_path: Path) -> None:
+    """The one-call GPU job on the CPU: sweep (two passes), harness, comparison, and only the four
+    files that come back from a lent machine under ``--out``."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    script = ROOT / "benchmarks" / "independent_harness.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "job", "--tiny", "--out", str(out), "--work", str(work)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"},
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert {p.name for p in out.iterdir()} == {
+        "sweep_efficiency.json",
+        "independent.json",
+        "job_log.txt",
+        "independent_work.tgz",
+    }
+    assert (work / "sweep" / "adaptive.parquet").exists()
+    record = json.loads((out / "sweep_efficiency.json").read_text())
+    assert "heavy_step" in record  # the repository's keys are kept
+    result = record["independent"]
+    for key in ("gpu", "cells", *ih.TARGETS, "paired_rel", "meets", "per_cell", "commit", "command"):
+        assert key in result, key
+    assert result["gpu"] == "cpu" and result["cells"] == 8 and result["compact_cells"] == 4
+    assert all(math.isfinite(c["independent_ms"]) for c in result["per_cell"])
+    assert result["between_run"]["estimator"] == "reml"
