@@ -69,6 +69,7 @@ from dspark_calibrate.artifacts._models import (
 )
 from dspark_calibrate.artifacts._parquet import (
     DEFAULT_LIMITS,
+    TRACE_FOOTER_KEY,
     ArtifactReadError,
     LoadedArtifact,
     ReadLimits,
@@ -161,6 +162,7 @@ __all__ = [
     "GEOMETRY_FEATURES",
     "GEOMETRY_RULES",
     "MIXED_EXECUTION_MODE",
+    "TRACE_FOOTER_KEY",
     "TRTLLM_BODY_BUCKETS",
     "TRTLLM_MIXED_FILES",
     "TRTLLM_MIXED_K",
