@@ -21,6 +21,7 @@ from dspark_calibrate.cli._common import (
     AllowSyntheticFlag,
     JsonFlag,
     TrustRootOption,
+    check_output_dir,
     command,
     err_console,
     exit_with,
@@ -132,6 +133,7 @@ def trtllm(
     identity_hex = _check_invocation(bundle, selector_identity)
     root = load_root_or_exit(trust_root)
     try:
+        check_output_dir(out, force=force)
         live = read_fingerprint(live_fingerprint) if live_fingerprint is not None else None
     except DsparkError as exc:
         fail_error(exc)

@@ -18,6 +18,8 @@ from dspark_calibrate.cli._common import (
     EXIT_OK,
     EXIT_REJECTED,
     JsonFlag,
+    check_output_dir,
+    check_output_file,
     command,
     err_console,
     exit_with,
@@ -224,8 +226,8 @@ def fit(
         fail_usage(
             "--out is required with --traces; pass --out DIR for calibration.parquet, sts.json, the report and plots"
         )
-    stage_line("fit", "reading traces and fitting", ", ".join(str(t) for t in traces))
     try:
+        check_output_dir(out)
         options = FitOptions(
             method=method,
             holdout=holdout,
@@ -238,6 +240,7 @@ def fit(
         )
     except (DsparkError, OSError) as exc:
         fail_error(exc)
+    stage_line("fit", "reading traces and fitting", ", ".join(str(t) for t in traces))
     _fit(
         traces,
         out,
@@ -367,8 +370,7 @@ def synth(
     from dspark_calibrate.calibrate.confidence.synth_traces import SynthSpec, write_synth_traces
 
     try:
-        if out.suffix.lower() not in (".parquet", ".pq"):
-            raise ConfigError(f"--out {out}: synthetic traces are written as Parquet; use a .parquet name")
+        check_output_file(out, suffixes=(".parquet", ".pq"), what="synthetic traces (a Parquet file)")
         spec = SynthSpec(
             rounds=rounds,
             k=k,
@@ -380,7 +382,6 @@ def synth(
             seed=seed,
             sampling=sampling,
         )
-        out.parent.mkdir(parents=True, exist_ok=True)
         summary = write_synth_traces(out, spec)
     except (DsparkError, OSError) as exc:
         fail_error(exc)

@@ -26,9 +26,11 @@ from dspark_calibrate.cli._common import (
     AllowSyntheticFlag,
     JsonFlag,
     TrustRootOption,
+    check_output_file,
     command,
     err_console,
     exit_with,
+    fail,
     fail_error,
     fail_usage,
     out_console,
@@ -37,6 +39,7 @@ from dspark_calibrate.cli._common import (
     stage_line,
     utcnow,
 )
+from dspark_calibrate.cli.trust import not_a_trust_root
 from dspark_calibrate.errors import DsparkError
 
 if TYPE_CHECKING:
@@ -86,6 +89,7 @@ def report(
         bool,
         typer.Option("--strict", help="Exit 1 when the page lists a blocker, even if the input verified."),
     ] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --out page.")] = False,
     json_out: JsonFlag = False,
 ) -> None:
     """Verify INPUTS and write the release report; its first line is the deploy verdict.
@@ -97,6 +101,7 @@ def report(
             f"--max-age-days {max_age_days:g} is not positive; give the largest acceptable age in days"
         )
     target = out if out is not None else Path(f"report.{fmt.value}")
+    _check_arguments(target, fmt, trust_root, force=force)
     stage_line("report", "verifying and rendering", str(target))
     result = _write(inputs, trust_root, target, fmt, expect_fingerprint, allow_synthetic, max_age_days, plots)
     if result.io_error:
@@ -114,6 +119,20 @@ def report(
         _print_verdict(result)
         out_console.print(f"report written to {escape(str(target))}")
     exit_with(code)
+
+
+def _check_arguments(target: Path, fmt: ReportFormatOption, trust_root: Path, *, force: bool) -> None:
+    """Exit 2 before any verification when the page cannot be written where asked (a directory,
+    another format's suffix, an existing page without ``--force``) or the trust root is
+    recognisably something else (a key, a Parquet file)."""
+    suffixes = (".html", ".htm") if fmt is ReportFormatOption.HTML else (".md", ".markdown")
+    try:
+        check_output_file(target, suffixes=suffixes, what=f"the {fmt.value} page", force=force)
+    except DsparkError as exc:
+        fail_error(exc)
+    wrong = not_a_trust_root(trust_root)
+    if wrong is not None:
+        fail(wrong, code="NOT_A_TRUST_ROOT")
 
 
 def _write(

@@ -45,6 +45,7 @@ from dspark_calibrate.cli._common import (
     LiveSourceDir,
     LiveSourceHead,
     LiveTopology,
+    check_output_file,
     command,
     err_console,
     exit_with,
@@ -291,9 +292,16 @@ class _SweepProgress:
 
 def _thresholds(protocol: str, preset: str, chosen: dict[str, Any]) -> Any:
     from dspark_calibrate.calibrate.measurement.stats import Thresholds
+    from dspark_calibrate.calibrate.measurement.telemetry import THROTTLE_POLICIES
 
     if preset not in ("default", "quick"):
         raise ConfigError(f"--preset {preset!r} is unknown; use default or quick")
+    policy = chosen.get("throttle_policy")
+    if policy is not None and policy not in THROTTLE_POLICIES:
+        raise ConfigError(
+            f"--throttle-policy {policy!r} is unknown; use one of {', '.join(THROTTLE_POLICIES)} "
+            "(serving keeps power-capped samples, the state a serving GPU runs in)"
+        )
     if protocol == "fixed":
         return Thresholds.fixed_protocol(**chosen)
     if preset == "quick":
@@ -492,7 +500,7 @@ def _sweep_mixed(
         )
     except MeasurementError as exc:
         fail(str(exc), code=exc.code, exit_code=EXIT_REJECTED, label="measurement failed")
-    except DsparkError as exc:
+    except (DsparkError, OSError) as exc:
         fail_error(exc)
     _report_mixed(
         result, output, as_json=opts.as_json or json_mode(), require_precision=opts.require_precision
@@ -517,7 +525,7 @@ def _run(request: Any, *, as_json: bool, require_precision: bool) -> None:
         )
     except MeasurementError as exc:
         fail(str(exc), code=exc.code, exit_code=EXIT_REJECTED, label="measurement failed")
-    except DsparkError as exc:
+    except (DsparkError, OSError) as exc:
         fail_error(exc)
     if result.paused:
         err_console.print(
@@ -592,6 +600,11 @@ def _sweep_backend_options(opts: SweepOptions) -> dict[str, Any]:
         raise ConfigError(
             "--backend trtllm needs a model; pass --model MODEL (the path or name tensorrt_llm.LLM loads)"
         )
+    if opts.backend == "module" and opts.factory is None and "factory" not in " ".join(opts.backend_opt or []):
+        raise ConfigError(
+            "--backend module needs a factory; pass --factory pkg.mod:fn (a function returning the "
+            "engine's step for (G, V, K))"
+        )
     return _backend_options(
         opts.backend_opt or [], {name: getattr(opts, name) for name in _NAMED_BACKEND_OPTIONS}
     )
@@ -650,6 +663,13 @@ def run_sweep(opts: SweepOptions) -> None:
     from dspark_calibrate.calibrate.measurement.ladder import parse_ladder
 
     try:
+        # Outputs first: a sweep measures for minutes and must not learn at the end that it
+        # cannot write (the journal and the samples file go beside --out).
+        check_output_file(
+            opts.out, suffixes=(".parquet", ".pq"), what="the sweep summary (a Parquet file)"
+        )
+        if opts.journal is not None:
+            check_output_file(opts.journal, option="--journal", suffixes=(), what="the sweep journal")
         backend_options = _sweep_backend_options(opts)
         live = _sweep_live(opts)
         base_fp = read_fingerprint(opts.fingerprint) if opts.fingerprint is not None else None
