@@ -47,6 +47,7 @@ __all__ = [
     "CliGroup",
     "JsonFlag",
     "LiveOptions",
+    "StageDisplay",
     "TrustRootOption",
     "check_output_dir",
     "check_output_file",
@@ -203,6 +204,43 @@ def stage_line(command: str, stage: str, detail: str = "") -> None:
     if json_mode() or err_console.is_terminal:
         return
     err_console.print(escape(f"{command}: {stage}" + (f" ({detail})" if detail else "")), highlight=False)
+
+
+class StageDisplay:
+    """What a long command is doing: a spinner with the stage and the time it has taken on a
+    terminal, one line per stage otherwise (:func:`stage_line`), nothing with ``--json``.
+
+    Use as a context manager; call it with each stage's name as the stage starts.
+    """
+
+    def __init__(self, command: str, *, quiet: bool = False) -> None:
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.command = command
+        self.quiet = quiet or json_mode()
+        self.progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=err_console,
+            transient=True,
+            disable=self.quiet or not err_console.is_terminal,
+        )
+        self.task = self.progress.add_task(command, total=None)
+
+    def __call__(self, stage: str) -> None:
+        """Show that ``stage`` has started."""
+        if self.quiet:
+            return
+        self.progress.update(self.task, description=escape(f"{self.command}: {stage}"))
+        stage_line(self.command, stage)
+
+    def __enter__(self) -> StageDisplay:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
 
 
 def _version_callback(ctx: typer.Context, value: bool) -> None:

@@ -18,6 +18,7 @@ from dspark_calibrate.cli._common import (
     EXIT_OK,
     EXIT_REJECTED,
     JsonFlag,
+    StageDisplay,
     check_output_dir,
     check_output_file,
     command,
@@ -240,7 +241,6 @@ def fit(
         )
     except (DsparkError, OSError) as exc:
         fail_error(exc)
-    stage_line("fit", "reading traces and fitting", ", ".join(str(t) for t in traces))
     _fit(
         traces,
         out,
@@ -300,14 +300,16 @@ def _fit(traces: list[Path], out: Path, *, fingerprint: Path | None, json_out: b
 
     try:
         fp = load_fingerprint(fingerprint) if fingerprint is not None else None
-        result, outputs, read_seconds = run_fit(
-            traces,
-            out,
-            fingerprint=fp,
-            tool_version=dspark_calibrate.__version__,
-            created_at=utcnow().isoformat(),
-            **options,
-        )
+        with StageDisplay("fit", quiet=json_out) as stages:
+            result, outputs, read_seconds = run_fit(
+                traces,
+                out,
+                fingerprint=fp,
+                tool_version=dspark_calibrate.__version__,
+                created_at=utcnow().isoformat(),
+                on_stage=stages,
+                **options,
+            )
     except (DsparkError, OSError) as exc:
         fail_error(exc)
     stage_line("fit", "done", str(outputs.calibration))
