@@ -23,7 +23,6 @@ from typing import Any
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
 from dspark_calibrate.cli._common import (
@@ -54,7 +53,6 @@ from dspark_calibrate.cli._common import (
     json_mode,
     out_console,
     print_json,
-    stage_line,
 )
 from dspark_calibrate.cli._common import (
     parse_ladder as parse_option_ladder,
@@ -112,6 +110,7 @@ from dspark_calibrate.cli._sweep_options import (
     UntilRoundOption,
     WarmupOption,
 )
+from dspark_calibrate.cli._sweep_progress import SweepProgress, finish_line
 from dspark_calibrate.errors import ConfigError, DsparkError, MeasurementError
 
 __all__ = ["register"]
@@ -223,71 +222,6 @@ def _run_in_passes(passes: int, rounds: int, resume: bool, as_json: bool, out: P
     argv = sys.argv[sys.argv.index("sweep") + 1 :] if "sweep" in sys.argv else sys.argv[1:]
     commands = pass_commands(argv, passes=passes, rounds_per_pass=rounds, resume=resume, as_json=as_json)
     exit_with(run_passes(commands, out=out))
-
-
-def _fmt_s(seconds: float) -> str:
-    seconds = max(0, round(seconds))
-    return f"{seconds // 60}:{seconds % 60:02d}"
-
-
-class _SweepProgress:
-    """What the sweep is doing, truthfully: cells done, visits this round, time per visit measured,
-    and the least time left (the minimum rounds the open cells still need, capped by the budget).
-
-    A live bar on a terminal; one line per round otherwise (logs, CI, pipes); nothing with --json.
-    """
-
-    def __init__(self, quiet: bool) -> None:
-        self.quiet = quiet
-        self.live = not quiet and err_console.is_terminal
-        self.progress = Progress(
-            TextColumn("[bold]sweep[/] round {task.fields[round]}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total} cells done"),
-            TextColumn("{task.fields[current]}"),
-            TextColumn("{task.fields[left]}"),
-            console=err_console,
-            transient=True,
-            disable=not self.live,
-        )
-        self.task = self.progress.add_task("sweep", total=None, round=0, current="", left="")
-        self.visits = 0
-        self.started: float | None = None
-        self.last_round = -1
-
-    def __call__(self, event: Any) -> None:
-        import time
-
-        if event.kind == "estimate":
-            if not self.quiet:
-                err_console.print(escape(f"sweep: {event.detail}"), highlight=False)
-            return
-        now = time.perf_counter()
-        if self.started is None:
-            self.started = now
-        if event.kind == "visit":
-            self.visits += 1
-        left = f"≥ {_fmt_s(event.eta_s)} left" if event.eta_s is not None else "measuring the first round"
-        current = ""
-        if event.cell is not None:
-            hw = f" ±{100 * event.half_width_rel:.2f}%" if event.half_width_rel is not None else ""
-            current = f"{event.cell.label()}{hw}"
-        self.progress.update(
-            self.task,
-            total=event.cells_total,
-            completed=event.cells_done,
-            round=event.round,
-            current=current,
-            left=left,
-        )
-        if event.kind == "round" and not self.live and not self.quiet and event.round != self.last_round:
-            self.last_round = event.round
-            elapsed = now - self.started
-            stage_line(
-                "sweep",
-                f"round {event.round}",
-                f"{event.cells_done}/{event.cells_total} cells done, {self.visits} visits in {elapsed:.1f} s, {left}",
-            )
 
 
 def _thresholds(protocol: str, preset: str, chosen: dict[str, Any]) -> Any:
@@ -449,11 +383,15 @@ def _measure_mixed(
         command=tuple(sys.argv),
         **common,
     )
-    progress = _SweepProgress(quiet=opts.as_json or json_mode())
+    progress = SweepProgress(
+        quiet=opts.as_json or json_mode(), precision_rel=common["thresholds"].precision_rel
+    )
     with progress.progress:
         result, maybe = execute_mixed(request, on_event=progress)
     if maybe is None:  # not rank 0: rank 0 reports
         exit_with(EXIT_OK)
+    if not progress.quiet:
+        err_console.print(escape(f"sweep: {finish_line(result, progress.elapsed(), progress.visits)}"))
     return result, maybe
 
 
@@ -510,7 +448,7 @@ def _sweep_mixed(
 def _run(request: Any, *, as_json: bool, require_precision: bool) -> None:
     from dspark_calibrate.calibrate.measurement.sweep import execute
 
-    progress = _SweepProgress(quiet=as_json)
+    progress = SweepProgress(quiet=as_json, precision_rel=request.thresholds.precision_rel)
     try:
         with progress.progress:
             result, output = execute(request, on_event=progress)
@@ -537,6 +475,9 @@ def _run(request: Any, *, as_json: bool, require_precision: bool) -> None:
         exit_with(EXIT_OK)
     if output is None:  # not rank 0: rank 0 reports
         exit_with(EXIT_OK)
+    if not as_json:
+        # The last line says how the sweep ended, on a terminal and in a log alike.
+        err_console.print(escape(f"sweep: {finish_line(result, progress.elapsed(), progress.visits)}"))
     if as_json:
         print_json(_json_report(result, output))
     else:
