@@ -64,6 +64,7 @@ __all__ = [
     "SweepOptions",
     "ThrottlePolicyOption",
     "UntilRoundOption",
+    "VerboseFlag",
     "WarmupOption",
 ]
 
@@ -293,6 +294,14 @@ ClockPolicyOption = Annotated[
 ]
 PlotFlag = Annotated[bool, typer.Option("--plot/--no-plot", help="Write <stem>.png (needs matplotlib).")]
 RequirePrecisionFlag = Annotated[bool, typer.Option(help="Exit 1 unless every cell reached precision.")]
+VerboseFlag = Annotated[
+    bool,
+    typer.Option(
+        "--verbose",
+        "-v",
+        help="Print every cell's row (the default prints one row per G; every cell is in the summary Parquet).",
+    ),
+]
 MixedFlag = Annotated[
     bool,
     typer.Option(
@@ -415,6 +424,7 @@ class SweepOptions:
     clock_policy: str | None
     plot: bool
     require_precision: bool
+    verbose: bool
     mixed: bool
     mixed_workload: Path | None
     mixed_grid: Path | None

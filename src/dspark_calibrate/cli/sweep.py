@@ -53,6 +53,7 @@ from dspark_calibrate.cli._common import (
     json_mode,
     out_console,
     print_json,
+    print_table,
 )
 from dspark_calibrate.cli._common import (
     parse_ladder as parse_option_ladder,
@@ -108,6 +109,7 @@ from dspark_calibrate.cli._sweep_options import (
     SweepOptions,
     ThrottlePolicyOption,
     UntilRoundOption,
+    VerboseFlag,
     WarmupOption,
 )
 from dspark_calibrate.cli._sweep_progress import SweepProgress, finish_line
@@ -127,6 +129,36 @@ def _parse_options(pairs: list[str]) -> dict[str, Any]:
         except json.JSONDecodeError:
             out[key] = value
     return out
+
+
+def _per_g_table(result: Any) -> Table:
+    """One row per G: the native step, the best compact saving and how the cells stopped."""
+    from collections import Counter, defaultdict
+
+    by_g: dict[int, list[Any]] = defaultdict(list)
+    for c in result.cells:
+        by_g[c.spec.graph_batch_size].append(c)
+    table = Table(
+        title=f"sweep: K={result.config.k}, {len(result.cells)} cells over G={list(by_g)}, {result.rounds} rounds"
+    )
+    for name in ("G", "cells", "native ms (95%)", "best compact saving (95%)", "stopped"):
+        table.add_column(name, justify="right" if name in ("G", "cells") else "left")
+    for g, cells in by_g.items():
+        native = next((c.summary for c in cells if c.spec.kind.value == "native"), None)
+        compact = [c for c in cells if c.spec.kind.value == "compact" and c.summary is not None]
+        best = max(compact, key=lambda c: c.summary.saving, default=None)
+        reasons = Counter(c.decision.reason for c in cells)
+        table.add_row(
+            str(g),
+            str(len(cells)),
+            "-" if native is None else f"{native.median_ms:.4f} [{native.ci_low_ms:.4f}, {native.ci_high_ms:.4f}]",
+            "-"
+            if best is None
+            else f"{100 * best.summary.saving:+.2f}% [{100 * best.summary.saving_ci_low:+.2f}, "
+            f"{100 * best.summary.saving_ci_high:+.2f}] at V={best.spec.verifier_budget}",
+            ", ".join(f"{n} {reason}" for reason, n in reasons.most_common()),
+        )
+    return table
 
 
 def _summary_table(result: Any) -> Table:
@@ -400,7 +432,7 @@ def _report_mixed(result: Any, output: Any, *, as_json: bool, require_precision:
     if as_json:
         print_json(_mixed_json(result, output))
     else:
-        out_console.print(_mixed_table(result))
+        print_table(_mixed_table(result))
         out_console.print(f"wrote {output.output.summary_path} and {output.output.samples_path}")
     if not result.complete:
         missing = ", ".join(c.label() for c in result.unmeasured())
@@ -445,7 +477,7 @@ def _sweep_mixed(
     )
 
 
-def _run(request: Any, *, as_json: bool, require_precision: bool) -> None:
+def _run(request: Any, *, as_json: bool, require_precision: bool, verbose: bool = False) -> None:
     from dspark_calibrate.calibrate.measurement.sweep import execute
 
     progress = SweepProgress(quiet=as_json, precision_rel=request.thresholds.precision_rel)
@@ -481,7 +513,11 @@ def _run(request: Any, *, as_json: bool, require_precision: bool) -> None:
     if as_json:
         print_json(_json_report(result, output))
     else:
-        out_console.print(_summary_table(result))
+        print_table(_summary_table(result) if verbose else _per_g_table(result))
+        if not verbose:
+            out_console.print(
+                f"every cell's median, interval and saving: --verbose, or the table in {output.summary_path}"
+            )
         out_console.print(
             f"wrote {output.summary_path} and {output.samples_path}"
             + (f" and {output.plot_path}" if output.plot_path else "")
@@ -631,7 +667,12 @@ def run_sweep(opts: SweepOptions) -> None:
             _run_in_passes(opts.passes, rounds, opts.resume, opts.as_json, opts.out)
     except DsparkError as exc:
         fail_error(exc)
-    _run(request, as_json=opts.as_json or json_mode(), require_precision=opts.require_precision)
+    _run(
+        request,
+        as_json=opts.as_json or json_mode(),
+        require_precision=opts.require_precision,
+        verbose=opts.verbose,
+    )
 
 
 def sweep_command(
@@ -691,6 +732,7 @@ def sweep_command(
     clock_policy: ClockPolicyOption = None,
     plot: PlotFlag = True,
     require_precision: RequirePrecisionFlag = False,
+    verbose: VerboseFlag = False,
     mixed: MixedFlag = False,
     mixed_workload: MixedWorkloadOption = None,
     mixed_grid: MixedGridOption = None,
