@@ -9,6 +9,7 @@ created, no build stage starts.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -221,3 +222,43 @@ def test_sweep_creates_a_missing_output_directory(tmp_path: Path) -> None:
     r = runner.invoke(APP, ["sweep", "--k", "5", "--ladder", "8", "--preset", "quick", "--out", str(out), "--no-plot"])
     assert r.exit_code == 0, r.output
     assert out.is_file() and out.with_name("s.samples.parquet").is_file()
+
+
+@pytest.mark.slow
+def test_sweep_prints_one_row_per_g_unless_verbose(tmp_path: Path) -> None:
+    args = ["sweep", "--k", "5", "--ladder", "8,16", "--preset", "quick", "--no-plot"]
+    short = runner.invoke(APP, [*args, "--out", str(tmp_path / "a.parquet")])
+    assert short.exit_code == 0, short.output
+    first = [re.match(r"^│\s*(\d+)\s*│", line) for line in short.stdout.splitlines()]
+    assert [m.group(1) for m in first if m] == ["8", "16"], short.stdout
+    assert len(short.stdout.splitlines()) < 25 and "…" not in short.stdout
+    assert "--verbose" in short.stdout
+    full = runner.invoke(APP, [*args, "--out", str(tmp_path / "b.parquet"), "--verbose"])
+    assert full.exit_code == 0, full.output
+    cells = [line for line in full.stdout.splitlines() if re.match(r"^│\s*\d+\s*│", line)]
+    assert len(cells) >= 40 and "…" not in full.stdout  # every cell, nothing cut
+
+
+def test_digests_and_keyids_are_printed_whole(world: W) -> None:
+    """At 80 columns: trust show, export and dspark-verify print every digest and keyid whole."""
+    shown = runner.invoke(APP, ["trust", "show", str(world["root"])])
+    assert shown.exit_code == 0
+    info = json.loads(runner.invoke(APP, ["trust", "show", str(world["root"]), "--json"]).stdout)
+    for value in (info["digest"], *info["root_keyids"], *info["artifact_keyids"]):
+        assert value in shown.stdout
+    out = world["d"] / "export-whole"
+    exported = runner.invoke(
+        APP,
+        ["export", "trtllm", str(world["bundle"]), "--trust-root", str(world["bundle_root"]),
+         "--selector-identity", "a" * 64, "--out", str(out)],
+    )  # fmt: skip
+    assert exported.exit_code == 0, exported.output
+    import hashlib
+
+    for name in ("sps_table.json", "admission_receipt.json", "extra_llm_api_options.yaml"):
+        digest = hashlib.sha256((out / name).read_bytes()).hexdigest()
+        assert f"{digest}  {out / name}" in exported.stdout  # sha256sum format
+    valid = runner.invoke(verify_app, [str(world["bundle"] / "cost-table.parquet"), "--trust-root", str(world["bundle_root"])])
+    assert valid.exit_code == 0 and "…" not in valid.output
+    for output in (shown.stdout, exported.stdout, valid.stdout):
+        assert "…" not in output

@@ -64,6 +64,7 @@ __all__ = [
     "parse_expiry",
     "parse_ladder",
     "print_json",
+    "print_table",
     "split_fix",
     "stage_line",
     "utcnow",
@@ -194,6 +195,15 @@ def fail_error(exc: DsparkError | OSError, *, exit_code: int = EXIT_USAGE) -> No
         where = f"{exc.filename}: " if exc.filename else ""
         fail(f"{where}{exc.strerror or exc}; check the path and its permissions", code="IO_ERROR")
     fail(str(exc), code=exc.code, exit_code=exit_code)
+
+
+def print_table(table: Any, console: Console | None = None) -> None:
+    """Print a Rich table whose cells wrap rather than end in "…": a digest, a keyid or a path is
+    never cut short (a narrow terminal folds it onto the next line instead)."""
+    for column in table.columns:
+        column.overflow = "fold"
+        column.no_wrap = False
+    (console or out_console).print(table)
 
 
 def stage_line(command: str, stage: str, detail: str = "") -> None:

@@ -33,6 +33,7 @@ from dspark_calibrate.cli._common import (
     out_console,
     parse_expiry,
     print_json,
+    print_table,
     stage_line,
     utcnow,
 )
@@ -159,7 +160,7 @@ def _summary_table(result: BuildResult) -> Table:
     )
     table.add_row("decision", f"{r.decision.status.value} ({r.decision.reason}): {r.decision.detail}")
     table.add_row(
-        "workload", f"{s['workload_identity_sha256'][:16]}… approximate={s['workload_approximate']}"
+        "workload", f"{s['workload_identity_sha256']} approximate={s['workload_approximate']}"
     )
     return table
 
@@ -228,11 +229,11 @@ def _mixed_table(mixed: Mapping[str, Any]) -> Table:
 
 def render_build(result: BuildResult) -> None:
     """Print the build summary as rich tables."""
-    out_console.print(_summary_table(result))
-    out_console.print(_bucket_table(result))
-    out_console.print(_cells_table(result))
+    print_table(_summary_table(result))
+    print_table(_bucket_table(result))
+    print_table(_cells_table(result))
     if result.mixed_summary is not None:
-        out_console.print(_mixed_table(result.mixed_summary))
+        print_table(_mixed_table(result.mixed_summary))
     for note in result.notes:
         out_console.print(f"note: {note}")
 

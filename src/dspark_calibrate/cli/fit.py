@@ -30,6 +30,7 @@ from dspark_calibrate.cli._common import (
     make_app,
     out_console,
     print_json,
+    print_table,
     stage_line,
     utcnow,
 )
@@ -100,7 +101,7 @@ def _render_fit(result: Any, outputs: Any, read_seconds: float) -> None:
             f"{_fmt(b.ece.value)} → {_fmt(a.ece.value)}",
             f"{_fmt(b.brier)} → {_fmt(a.brier)}",
         )
-    out_console.print(table)
+    print_table(table)
     out_console.print(
         f"NLL(accepted length) {_fmt_ci(result.before.nll)} → {_fmt_ci(result.after.nll)} nats/round; "
         f"E[A] error {_fmt_ci(result.before.ea_error)} → {_fmt_ci(result.after.ea_error)} "
@@ -136,7 +137,7 @@ def _render_drift(report: Any) -> None:
         table.add_column(col)
     for c in report.checks:
         table.add_row(c.name, _fmt_ci(c.value), _fmt(c.threshold), c.decision.status.value)
-    out_console.print(table)
+    print_table(table)
     out_console.print(f"{report.decision.status.value}: {report.decision.detail}")
 
 

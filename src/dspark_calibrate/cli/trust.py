@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
 from dspark_calibrate.cli._common import (
     EXIT_OK,
@@ -260,10 +259,11 @@ def _describe(root: TrustRoot, path: Path, json_out: bool) -> None:
     if json_out:
         print_json(info)
         return
-    table = Table(title=f"trust root {path}", show_header=False)
+    # Plain lines, not a table: digests and keyids stay whole and copyable at any width.
+    out_console.print(f"trust root {path}")
     for key, value in info.items():
-        table.add_row(key, "\n".join(value) if isinstance(value, list) else str(value))
-    out_console.print(table)
+        for i, item in enumerate(value if isinstance(value, list) else [value]):
+            out_console.print(f"  {key if i == 0 else '':<19}{item}")
 
 
 @trust_app.command(

@@ -437,7 +437,7 @@ GOLDEN_HEADINGS: tuple[str, ...] = (
 
 def test_first_line_is_the_verdict(page: Page, html: str) -> None:
     assert page.lines[0].startswith("DEPLOY — no blockers: signatures verified (bundle v1, trust root v1)")
-    assert "gain test ACCEPT +12.3% (95% CI +8.1% … +16.4%)" in page.lines[0]
+    assert "gain test ACCEPT +12.3% (95% CI +8.1% .. +16.4%)" in page.lines[0]
     assert "<title>DEPLOY" in html
 
 

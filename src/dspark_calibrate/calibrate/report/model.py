@@ -1837,7 +1837,7 @@ def _passed(
         out["calibration"] = f"STS temperature for each of the {calibration.k} positions"
     if admission is not None:
         gain = (
-            f" {_spct(admission.predicted_gain)} (95% CI {_spct(admission.predicted_gain_ci_low)} … "
+            f" {_spct(admission.predicted_gain)} (95% CI {_spct(admission.predicted_gain_ci_low)} .. "
             f"{_spct(admission.predicted_gain_ci_high)})"
             if admission.predicted_gain is not None
             and admission.predicted_gain_ci_low is not None
