@@ -78,6 +78,15 @@ from dspark_calibrate.artifacts._parquet import (
     write_unsigned_artifact,
 )
 from dspark_calibrate.artifacts._reasons import Finding, Reason
+from dspark_calibrate.artifacts._schema_check import (
+    DOCUMENT_SCHEMAS,
+    SchemaProblem,
+    SchemaReport,
+    recognise,
+    schema_registry,
+    validate_bytes,
+    validate_document,
+)
 from dspark_calibrate.artifacts._state import (
     DEFAULT_STATE_LOCK_TIMEOUT_S,
     RollbackState,
@@ -158,6 +167,7 @@ _LAZY: dict[str, str] = {
 __all__ = [
     "DEFAULT_LIMITS",
     "DEFAULT_STATE_LOCK_TIMEOUT_S",
+    "DOCUMENT_SCHEMAS",
     "FINGERPRINT_FLAGS",
     "GEOMETRY_FEATURES",
     "GEOMETRY_RULES",
@@ -202,6 +212,8 @@ __all__ = [
     "ReadLimits",
     "Reason",
     "RollbackState",
+    "SchemaProblem",
+    "SchemaReport",
     "SeriesIdentity",
     "StateError",
     "StoredRoot",
@@ -217,8 +229,12 @@ __all__ = [
     "read_artifact",
     "read_fingerprint",
     "read_regular_file",
+    "recognise",
+    "schema_registry",
     "sha256_hex",
     "publish_directory",
+    "validate_bytes",
+    "validate_document",
     "write_unsigned_artifact",
     *sorted(_LAZY),
 ]

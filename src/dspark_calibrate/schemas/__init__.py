@@ -25,6 +25,7 @@ from dspark_calibrate.schemas._arrow import (
 from dspark_calibrate.schemas._json import (
     ADMISSION_SUMMARY_KEYS,
     DRAIN_GUARD_SUMMARY_KEYS,
+    JSON_SCHEMAS,
     MIXED_ADMISSION_SUMMARY_KEYS,
     MIXED_COST_SUMMARY_KEYS,
     MIXED_GATES,
@@ -45,6 +46,7 @@ __all__ = [
     "ADMISSION_SUMMARY_KEYS",
     "ARTIFACT_KINDS",
     "DRAIN_GUARD_SUMMARY_KEYS",
+    "JSON_SCHEMAS",
     "KINDS",
     "MAX_COMPACT_CELLS_PER_G",
     "MAX_COMPACT_CELLS_TOTAL",
