@@ -131,6 +131,8 @@ CASES: list[Case] = [
     Case("rotate over its own input", "calib", lambda w: ["trust", "rotate", "--root", str(w["root"]), "--key", str(w["key"]), "--out", str(w["root"])], 2, "is the current root"),
     Case("report over an existing page", "calib", lambda w: ["report", str(w["bundle"]), "--trust-root", str(w["bundle_root"]), "--out", str(w["d"] / "report.html")], 2, "pass --force"),
     Case("report to another format", "calib", lambda w: ["report", str(w["bundle"]), "--trust-root", str(w["bundle_root"]), "--out", str(w["d"] / "r.pdf")], 2, "ending in .html"),
+    Case("report package that is no package", "calib", lambda w: ["report", str(w["bundle"]), "--trust-root", str(w["bundle_root"]), "--trtllm", str(w["d"] / "adir"), "--out", str(w["d"] / "r-pkg.html")], 2, "no admission_receipt.json"),
+    Case("report selector identity malformed", "calib", lambda w: ["report", str(w["bundle"]), "--trust-root", str(w["bundle_root"]), "--selector-identity", "xyz", "--out", str(w["d"] / "r-sel.html")], 2, "64 lowercase hex"),
     Case("workload synth to csv", "calib", lambda w: ["workload", "synth", "--out", str(w["d"] / "w.csv")], 2, "ending in .parquet"),
     Case("traces synth to txt", "calib", lambda w: ["traces", "synth", "--out", str(w["d"] / "t.txt")], 2, "ending in .parquet"),
 ]  # fmt: skip

@@ -115,7 +115,7 @@ def test_synthetic_needs_the_flag(app: Any, keys: tuple[Any, ...], root: Path, t
     )
     assert strict.exit_code == 1  # synthetic evidence is a blocker
     assert (
-        Page(out.read_text(encoding="utf-8")).lines[0].startswith("DO NOT DEPLOY — 3 blocker(s): SYNTHETIC")
+        Page(out.read_text(encoding="utf-8")).lines[0].startswith("DO NOT DEPLOY — 1 blocker(s): SYNTHETIC")
     )
 
 

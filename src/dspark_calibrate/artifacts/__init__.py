@@ -160,6 +160,8 @@ _LAZY: dict[str, str] = {
     "TrtllmExport": "_export_trtllm",
     "ExportRejected": "_export_trtllm",
     "TRTLLM_FILES": "_export_trtllm",
+    "RECEIPT_FILE": "_export_trtllm",
+    "YAML_FILE": "_export_trtllm",
     "ADMISSION_BODY_FIELDS": "_export_trtllm",
     "MixedSource": "_export_trtllm",
 }
