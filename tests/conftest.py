@@ -39,3 +39,21 @@ def mixed_tp1(tmp_path_factory: pytest.TempPathFactory) -> object:
     return build_mixed_bundle(
         tmp_path_factory.mktemp("mixed-tp1"), ranks=1, buckets=TP1_BUCKETS, model=TP1_MODEL
     )
+
+
+# --- the demo's output (built once per session; tests copy before changing) ----------------------
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, dict[str, object]]:
+    """``dspark-calibrate demo --json``: its output directory and its JSON result."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from dspark_calibrate.cli import build_calibrate_app
+
+    out = tmp_path_factory.mktemp("demo") / "out"
+    r = CliRunner().invoke(build_calibrate_app(), ["demo", "--out", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    return out, json.loads(r.stdout)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -19,11 +20,8 @@ runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("demo") / "out"
-    r = runner.invoke(build_calibrate_app(), ["demo", "--out", str(out), "--json"])
-    assert r.exit_code == 0, r.output
-    result = json.loads(r.stdout)
+def demo_dir(demo_run: tuple[Path, dict[str, Any]]) -> Path:
+    out, result = demo_run
     assert result["admission"]["active"] is True
     lo, hi = result["predicted_gain_ci"]
     assert lo <= result["predicted_gain"] <= hi
@@ -101,3 +99,25 @@ def test_demo_package_carries_mixed_evidence(demo_dir: Path) -> None:
         verify_app, [str(demo_dir / "bundle"), "--trust-root", str(demo_dir / "trust-root.json"), "--json"]
     )
     assert r.exit_code == 1 and "SYNTHETIC_REFUSED" in r.stdout
+
+
+def test_every_json_file_the_demo_writes_validates(demo_dir: Path) -> None:
+    """Each JSON file of the demo (DSSE envelopes with their payloads, the trust root, the state,
+    fit-report.json, build.json, the TensorRT-LLM package, the mixed evidence) is recognised and
+    valid against the shipped schemas."""
+    files = sorted(demo_dir.rglob("*.json"))
+    assert len(files) >= 25
+    r = runner.invoke(build_calibrate_app(), ["schema", "validate", *map(str, files), "--json"])
+    doc = json.loads(r.stdout)
+    bad = [(e["path"], e["status"], e["problems"][:2]) for e in doc["files"] if e["status"] != "valid"]
+    assert r.exit_code == 0 and not bad, bad
+    schemas = {e["schema"] for e in doc["files"]}
+    for name in (
+        "dsse-envelope", "trust-root", "rollback-state", "fit-report", "build", "admission-receipt", "sts",
+        "trtllm-sps-table", "trtllm-live-fingerprint", "trtllm-mixed-costs", "trtllm-mixed-admission",
+        "trtllm-mixed-live-fingerprint", "mixed-result-accuracy", "mixed-result-measurement-results",
+    ):  # fmt: skip
+        assert name in schemas, name
+    # The mixed manifest and the mixed members' payloads are checked too (kinds mixed-*).
+    mixed = [e for e in doc["files"] if "/mixed/" in e["path"] and e["schema"] == "dsse-envelope"]
+    assert len(mixed) == 4 and all(e["payload"] == "statement" for e in mixed)

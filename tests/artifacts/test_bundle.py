@@ -104,7 +104,9 @@ def test_member_from_other_deployment(tmp_path: Path, keys: Any) -> None:
 def test_member_missing_file(tmp_path: Path, keys: Any) -> None:
     a = make_bundle(tmp_path / "a", keys[:1])
     (a / "calibration.parquet").unlink()
-    assert verify_bundle(a, make_root(keys[:1]), now=LATER).reason is Reason.IO_ERROR
+    report = verify_bundle(a, make_root(keys[:1]), now=LATER)
+    # A file the signed manifest names is missing: the evidence is incomplete, not an I/O error.
+    assert report.reason is Reason.BUNDLE_MEMBER_MISSING and report.findings[0].field == "calibration"
 
 
 def test_manifest_missing(tmp_path: Path, keys: Any) -> None:

@@ -104,7 +104,7 @@ def _edit_samples(t: pa.Table) -> pa.Table:
 Case = tuple[str, Callable[[Path, MixedBundle], None], Reason, str | None]
 CASES: list[Case] = [
     ("manifest missing", _unlink("mixed.dsse.json"), Reason.BUNDLE_MEMBER_MISSING, None),
-    ("member missing", _unlink(MIXED_FILES["mixed-admission"]), Reason.IO_ERROR, None),
+    ("member missing", _unlink(MIXED_FILES["mixed-admission"]), Reason.BUNDLE_MEMBER_MISSING, None),
     ("member edited", _append(MIXED_FILES["mixed-cost-table"]), Reason.NOT_PARQUET, None),
     (
         "result file missing",

@@ -50,7 +50,7 @@ def test_build_with_a_mixed_sweep(mixed_tp1: MixedBundle, tmp_path: Path) -> Non
     human = _calib(*args[:-9], tmp_path / "b2", *args[-8:])
     assert human.exit_code == 0, human.output
     assert "mixed share of the workload" in human.stdout
-    bad = _calib(*args[:-1], tmp_path / "nope.parquet")
+    bad = _calib(*[tmp_path / "b3" if a == out else a for a in args[:-1]], tmp_path / "nope.parquet")
     assert bad.exit_code == 2 and "--mixed-sweep" in bad.stderr
 
 

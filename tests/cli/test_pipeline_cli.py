@@ -54,7 +54,8 @@ def verify(*args: Any) -> Any:
 
 def run(*args: Any, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300) -> Any:
     """A real subprocess of an installed entry point (``dspark-calibrate``, ``dspark-verify``)."""
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    # The checkout's own sources first, whatever copy of the package the environment installed.
+    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(REPO / "src"), str(REPO))), **(env or {})}
     full_env.pop("FORCE_COLOR", None)
     return subprocess.run(
         [str(BIN / str(args[0])), *[str(a) for a in args[1:]]],
@@ -111,8 +112,8 @@ def test_build_prints_a_line_per_stage_without_a_terminal(pipeline: dict[str, An
 
 
 _ROUND = re.compile(
-    r"^sweep: round (\d+) \((\d+)/(\d+) cells done, (\d+) visits in ([\d.]+) s, "
-    r"(measuring the first round|≥ (\d+):(\d\d) left)\)$"
+    r"^sweep: round (\d+) \((\d+)/(\d+) cells done, (\d+) visits in ([\d.]+) s"
+    r"(?:, (time left: estimating|at least (\d+):(\d\d) left))?\)$"
 )
 #: A sweep over steps that take real wall time (``tests/cli/sleepy_steps.py``): 5 cells of G=8.
 SLEEPY = [
@@ -127,7 +128,8 @@ def _rounds(stderr: str) -> list[tuple[int, int, int, int, float, float | None]]
     for line in stderr.splitlines():
         m = _ROUND.match(line)
         if m:
-            eta = None if m.group(7) is None else 60.0 * int(m.group(7)) + int(m.group(8))
+            # No time left shown: the lower bound is under a second; "estimating": no visit timed yet.
+            eta = 0.0 if m.group(6) is None else None if m.group(7) is None else 60.0 * int(m.group(7)) + int(m.group(8))
             out.append(
                 (int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4)), float(m.group(5)), eta)
             )
@@ -185,7 +187,7 @@ def _visits(journal: Path) -> int:
 
 def test_ctrl_c_exits_130_and_resume_completes(tmp_path: Path) -> None:
     out = tmp_path / "s.parquet"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SLEEPY_BASE_S": "0.03"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(REPO / "src"), str(REPO))), "SLEEPY_BASE_S": "0.03"}
     proc = subprocess.Popen(
         [str(BIN / "dspark-calibrate"), *SLEEPY, "--out", str(out)],
         cwd=REPO,

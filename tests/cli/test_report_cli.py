@@ -106,12 +106,16 @@ def test_synthetic_needs_the_flag(app: Any, keys: tuple[Any, ...], root: Path, t
     out = tmp_path / "r.html"
     refused = invoke(app, b, "--trust-root", root, "--out", out, "--no-plots")
     assert refused.exit_code == 1 and "SYNTHETIC_REFUSED" in refused.stderr
-    allowed = invoke(app, b, "--trust-root", root, "--out", out, "--no-plots", "--allow-synthetic")
+    again = invoke(app, b, "--trust-root", root, "--out", out, "--no-plots", "--allow-synthetic")
+    assert again.exit_code == 2 and "--force" in again.stderr  # the refused run's page stays
+    allowed = invoke(app, b, "--trust-root", root, "--out", out, "--no-plots", "--allow-synthetic", "--force")
     assert allowed.exit_code == 0, allowed.output
-    strict = invoke(app, b, "--trust-root", root, "--out", out, "--no-plots", "--allow-synthetic", "--strict")
+    strict = invoke(
+        app, b, "--trust-root", root, "--out", out, "--no-plots", "--allow-synthetic", "--strict", "--force"
+    )
     assert strict.exit_code == 1  # synthetic evidence is a blocker
     assert (
-        Page(out.read_text(encoding="utf-8")).lines[0].startswith("DO NOT DEPLOY — 3 blocker(s): SYNTHETIC")
+        Page(out.read_text(encoding="utf-8")).lines[0].startswith("DO NOT DEPLOY — 1 blocker(s): SYNTHETIC")
     )
 
 
@@ -159,7 +163,8 @@ def test_usage_and_io_errors(
     elif case == "bad-format":
         args += ["--format", "pdf"]
     elif case == "unwritable-out":
-        args[4] = tmp_path / "no-such-dir" / "r.html"
+        (tmp_path / "a-file").write_text("x", encoding="utf-8")
+        args[4] = tmp_path / "a-file" / "r.html"  # a missing directory is created; a file is not one
     elif case == "bad-fingerprint-file":
         args += ["--expect-fingerprint", tmp_path / "absent.json"]
     elif case == "bad-max-age":
@@ -203,12 +208,12 @@ def test_terminal_first_screen_is_the_verdict_and_its_blockers(
     assert "blocker 3 (admission) no drain guard" in screen
     assert lines[-1] == f"report written to {tmp_path / 'r.html'}"
     doc = json.loads(
-        invoke(app, b, "--trust-root", root, "--out", tmp_path / "r.html", "--no-plots", "--json").stdout
+        invoke(app, b, "--trust-root", root, "--out", tmp_path / "r2.html", "--no-plots", "--json").stdout
     )
     assert doc["ok"] is True and doc["deploy"] is False and doc["verdict"]["status"] == "NO-GO"
     strict = json.loads(
         invoke(
-            app, b, "--trust-root", root, "--out", tmp_path / "r.html", "--no-plots", "--json", "--strict"
+            app, b, "--trust-root", root, "--out", tmp_path / "r3.html", "--no-plots", "--json", "--strict"
         ).stdout
     )
     assert strict["ok"] is False and strict["error"] == "BLOCKERS" and strict["fix"]

@@ -489,7 +489,7 @@ foreign_cells = [
 FAULTS: list[tuple[str, Callable[[Ctx], dict[str, Any]], str]] = [
     # missing, unreadable, corrupt or truncated files
     ("bundle-missing", bundle_missing, "BUNDLE_MEMBER_MISSING:manifest"),
-    ("member-missing", member_missing, "IO_ERROR"),
+    ("member-missing", member_missing, "BUNDLE_MEMBER_MISSING:cost-table"),
     ("member-unreadable", member_unreadable, "IO_ERROR"),
     ("member-corrupt", member_corrupt, "NOT_PARQUET"),
     ("member-truncated", member_truncated, "NOT_PARQUET"),

@@ -109,7 +109,7 @@ def _append(rel: str) -> Callable[[Path, MixedBundle], None]:
 # (id, how to spoil the bundle, policy overrides, expected mixed reason code prefix)
 MixedCase = tuple[str, Callable[[Path, MixedBundle], None] | None, dict[str, Any], str]
 MIXED_CASES: list[MixedCase] = [
-    ("no mixed evidence", _rm("mixed"), {}, "BUNDLE_MEMBER_MISSING:mixed"),
+    ("no mixed evidence", _rm("mixed"), {}, "MIXED_ABSENT"),
     ("mixed manifest missing", _rm("mixed/mixed.dsse.json"), {}, "BUNDLE_MEMBER_MISSING"),
     ("result file edited", _append("mixed/results/accuracy.json"), {}, "BUNDLE_MEMBER_MISMATCH:accuracy"),
     ("a gate not passed", _fail_gate, {}, "GAIN_NOT_PROVEN:mixed"),

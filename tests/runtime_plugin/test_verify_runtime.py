@@ -184,3 +184,22 @@ def test_plain_verify_is_unchanged(deployment: dict[str, Path]) -> None:
     result = invoke(deployment)
     assert result.exit_code == 0, result.output
     assert "VALID" in result.output
+
+
+def test_a_bundle_without_mixed_evidence_is_not_a_missing_member(
+    deployment: dict[str, Path], tmp_path: Path
+) -> None:
+    """Built without --mixed-sweep: decode is admitted, mixed steps run native, and the command
+    says so plainly (no warning, no missing-member code) and names the folder of exported files."""
+    out = tmp_path / "opts.yaml"
+    result = invoke(deployment, "--emit-trtllm-options", str(out), "--selector-identity", SELECTOR)
+    assert result.exit_code == 0, result.output
+    assert "MIXED NATIVE" not in result.stderr and "BUNDLE_MEMBER_MISSING" not in result.output
+    assert "mixed: " in result.stderr and "built without mixed evidence" in result.stderr
+    assert f"wrote {out} and the files it names in {tmp_path / 'opts-files'}/" in " ".join(result.stderr.split())
+    doc = json.loads(
+        invoke(
+            deployment, "--emit-trtllm-options", str(tmp_path / "o2.yaml"), "--selector-identity", SELECTOR, "--json"
+        ).stdout
+    )
+    assert doc["decision"]["mixed"]["reason_code"] == "MIXED_ABSENT"

@@ -69,6 +69,7 @@ from dspark_calibrate.artifacts._models import (
 )
 from dspark_calibrate.artifacts._parquet import (
     DEFAULT_LIMITS,
+    TRACE_FOOTER_KEY,
     ArtifactReadError,
     LoadedArtifact,
     ReadLimits,
@@ -77,6 +78,15 @@ from dspark_calibrate.artifacts._parquet import (
     write_unsigned_artifact,
 )
 from dspark_calibrate.artifacts._reasons import Finding, Reason
+from dspark_calibrate.artifacts._schema_check import (
+    DOCUMENT_SCHEMAS,
+    SchemaProblem,
+    SchemaReport,
+    recognise,
+    schema_registry,
+    validate_bytes,
+    validate_document,
+)
 from dspark_calibrate.artifacts._state import (
     DEFAULT_STATE_LOCK_TIMEOUT_S,
     RollbackState,
@@ -150,6 +160,8 @@ _LAZY: dict[str, str] = {
     "TrtllmExport": "_export_trtllm",
     "ExportRejected": "_export_trtllm",
     "TRTLLM_FILES": "_export_trtllm",
+    "RECEIPT_FILE": "_export_trtllm",
+    "YAML_FILE": "_export_trtllm",
     "ADMISSION_BODY_FIELDS": "_export_trtllm",
     "MixedSource": "_export_trtllm",
 }
@@ -157,10 +169,12 @@ _LAZY: dict[str, str] = {
 __all__ = [
     "DEFAULT_LIMITS",
     "DEFAULT_STATE_LOCK_TIMEOUT_S",
+    "DOCUMENT_SCHEMAS",
     "FINGERPRINT_FLAGS",
     "GEOMETRY_FEATURES",
     "GEOMETRY_RULES",
     "MIXED_EXECUTION_MODE",
+    "TRACE_FOOTER_KEY",
     "TRTLLM_BODY_BUCKETS",
     "TRTLLM_MIXED_FILES",
     "TRTLLM_MIXED_K",
@@ -200,6 +214,8 @@ __all__ = [
     "ReadLimits",
     "Reason",
     "RollbackState",
+    "SchemaProblem",
+    "SchemaReport",
     "SeriesIdentity",
     "StateError",
     "StoredRoot",
@@ -215,8 +231,12 @@ __all__ = [
     "read_artifact",
     "read_fingerprint",
     "read_regular_file",
+    "recognise",
+    "schema_registry",
     "sha256_hex",
     "publish_directory",
+    "validate_bytes",
+    "validate_document",
     "write_unsigned_artifact",
     *sorted(_LAZY),
 ]

@@ -301,9 +301,7 @@ def verify_bundle(
                 limits=limits,
             )
             members[kind] = report
-            findings.extend(
-                report.findings if not report.ok else _member_mismatch(report, kind, member_path, entry, fp)
-            )
+            findings.extend(_member_findings(report, kind, member_path, entry, fp, manifest))
         if findings:
             raise _Stop(findings)
         if record and state is not None:
@@ -382,6 +380,32 @@ def _read_manifest(manifest: Path, limits: ReadLimits) -> bytes:
         ) from None
     except OSError as exc:
         raise _Stop([Finding(Reason.IO_ERROR, f"{manifest}: cannot read ({exc.strerror or exc})")]) from None
+
+
+def _member_findings(
+    report: VerificationReport,
+    kind: str,
+    member_path: Path,
+    entry: Mapping[str, Any],
+    fp: Fingerprint,
+    manifest: Path,
+) -> list[Finding]:
+    """Why a member the manifest names does not stand: its file is missing, it failed its own
+    verification, or it is not the member the manifest pins (empty: it stands)."""
+    if report.reason is Reason.IO_ERROR and not member_path.exists():
+        # A file the signed manifest names is gone: the bundle is incomplete, which is a
+        # rejection of the evidence, not an I/O problem of the caller.
+        return [
+            Finding(
+                Reason.BUNDLE_MEMBER_MISSING,
+                f"{manifest}: names the {kind} member {entry['file']}, which is missing from "
+                f"{member_path.parent}; copy the whole bundle directory again, or rebuild it",
+                field=kind,
+            )
+        ]
+    if not report.ok:
+        return list(report.findings)
+    return _member_mismatch(report, kind, member_path, entry, fp)
 
 
 def _member_mismatch(

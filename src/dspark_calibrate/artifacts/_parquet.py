@@ -49,6 +49,10 @@ __all__ = [
 ]
 
 FOOTER_KEY = b"dspark"
+#: Parquet schema-metadata key that marks a trace file written by this package (kind, version,
+#: whether it is synthetic, the generator's parameters): fit's input, never an artifact. Absent
+#: from traces written elsewhere. The artifact reader names such a file for what it is.
+TRACE_FOOTER_KEY = b"dspark.trace"
 FORMAT = "dspark-calibrate/artifact"
 FORMAT_VERSION = 1
 _MAGIC = b"PAR1"
@@ -540,6 +544,12 @@ def open_artifact(
         raise _corrupt(path, exc) from exc
     raw_meta = kv.get(FOOTER_KEY)
     if raw_meta is None:
+        if TRACE_FOOTER_KEY in kv:
+            raise ArtifactReadError(
+                Reason.METADATA_INVALID,
+                f"{path}: a draft-round trace table (footer key 'dspark.trace'), not a signed artifact; "
+                "traces are never signed: give them to `dspark-calibrate fit --traces`",
+            )
         raise ArtifactReadError(
             Reason.METADATA_INVALID,
             f"{path}: no 'dspark' footer key; not a dspark-calibrate artifact (a plain table is signed with "

@@ -60,6 +60,8 @@ class Reason(str, enum.Enum):
     K_INCONSISTENT = "K_INCONSISTENT"
     SYNTHETIC_REFUSED = "SYNTHETIC_REFUSED"
     MIXED_GEOMETRY_INVALID = "MIXED_GEOMETRY_INVALID"
+    # Not a rejection: the bundle was built without mixed evidence, so mixed steps run native.
+    MIXED_ABSENT = "MIXED_ABSENT"
     # trust root
     TRUST_ROOT_INVALID = "TRUST_ROOT_INVALID"
     TRUST_ROOT_EXPIRED = "TRUST_ROOT_EXPIRED"

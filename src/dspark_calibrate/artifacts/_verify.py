@@ -204,7 +204,7 @@ class VerificationReport(FindingsOutcome):
             return self.findings[0].message
         a = self.artifact
         assert a is not None
-        return f"{self.path}: valid {a.kind} v{a.version} (series {a.series[:24]}…), signed by {', '.join(a.signer_keyids)}"
+        return f"{self.path}: valid {a.kind} v{a.version} (series {a.series}), signed by {', '.join(a.signer_keyids)}"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready report (for ``--json``)."""

@@ -205,7 +205,8 @@ def run_demo(
     decision = _demo_admit(bundle, root, fp, out, now)
     stage("report")
     html = out / "report.html"
-    write_report([bundle], root, html, now=now, expected=_expected())
+    # With the exported package, the first screen states the receipt digest the options pin.
+    write_report([bundle], root, html, now=now, expected=_expected(), trtllm=out / "trtllm")
     stage("done")
     summary = result.summary
     mixed_decision = decision.mixed

@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "build",
     "export",
     "report",
+    "schema",
     "demo",
 )
 

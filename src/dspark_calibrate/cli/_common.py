@@ -47,7 +47,10 @@ __all__ = [
     "CliGroup",
     "JsonFlag",
     "LiveOptions",
+    "StageDisplay",
     "TrustRootOption",
+    "check_output_dir",
+    "check_output_file",
     "command",
     "err_console",
     "error_document",
@@ -61,6 +64,7 @@ __all__ = [
     "parse_expiry",
     "parse_ladder",
     "print_json",
+    "print_table",
     "split_fix",
     "stage_line",
     "utcnow",
@@ -193,6 +197,15 @@ def fail_error(exc: DsparkError | OSError, *, exit_code: int = EXIT_USAGE) -> No
     fail(str(exc), code=exc.code, exit_code=exit_code)
 
 
+def print_table(table: Any, console: Console | None = None) -> None:
+    """Print a Rich table whose cells wrap rather than end in "…": a digest, a keyid or a path is
+    never cut short (a narrow terminal folds it onto the next line instead)."""
+    for column in table.columns:
+        column.overflow = "fold"
+        column.no_wrap = False
+    (console or out_console).print(table)
+
+
 def stage_line(command: str, stage: str, detail: str = "") -> None:
     """One progress line per stage on stderr when stderr is not a terminal (logs, CI, pipes).
 
@@ -203,9 +216,48 @@ def stage_line(command: str, stage: str, detail: str = "") -> None:
     err_console.print(escape(f"{command}: {stage}" + (f" ({detail})" if detail else "")), highlight=False)
 
 
-def _version_callback(value: bool) -> None:
+class StageDisplay:
+    """What a long command is doing: a spinner with the stage and the time it has taken on a
+    terminal, one line per stage otherwise (:func:`stage_line`), nothing with ``--json``.
+
+    Use as a context manager; call it with each stage's name as the stage starts.
+    """
+
+    def __init__(self, command: str, *, quiet: bool = False) -> None:
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.command = command
+        self.quiet = quiet or json_mode()
+        self.progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=err_console,
+            transient=True,
+            disable=self.quiet or not err_console.is_terminal,
+        )
+        self.task = self.progress.add_task(command, total=None)
+
+    def __call__(self, stage: str) -> None:
+        """Show that ``stage`` has started."""
+        if self.quiet:
+            return
+        self.progress.update(self.task, description=escape(f"{self.command}: {stage}"))
+        stage_line(self.command, stage)
+
+    def __enter__(self) -> StageDisplay:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+
+def _version_callback(ctx: typer.Context, value: bool) -> None:
     if value:
-        out_console.print(f"dspark-calibrate {dspark_calibrate.__version__}")
+        # The program's own name: `dspark-verify --version` names dspark-verify.
+        program = ctx.find_root().info_name or "dspark-calibrate"
+        out_console.print(f"{program} {dspark_calibrate.__version__}")
         raise typer.Exit(EXIT_OK)
 
 
@@ -257,7 +309,8 @@ class _OneLineErrors:
 
 def _report_usage(exc: click.exceptions.UsageError, prog: str) -> int:
     where = exc.ctx.command_path if exc.ctx is not None else prog
-    message = _one_line(exc.format_message())
+    # click ends its sentences with a period; the fix follows after "; ".
+    message = _one_line(exc.format_message()).rstrip(".")
     fix = f"run `{where} -h` for its options and an example"
     err_console.print(f"[bold red]error:[/] {escape(f'{where}: {message}; {fix}')}", highlight=False)
     if _JSON_MODE.get():
@@ -391,6 +444,84 @@ def parse_ladder(text: str, *, option: str = "--ladder") -> tuple[int, ...]:
     if len(set(values)) != len(values):
         raise ConfigError(f"{option} {text!r} repeats a graph batch size; list each once")
     return tuple(sorted(values))
+
+
+# -- outputs, checked before any work ------------------------------------------------------------
+# A command that measures, fits or signs for minutes must not learn only at the end that it
+# cannot write its result: every output path is checked first.
+
+
+def check_output_file(
+    path: Path,
+    *,
+    option: str = "--out",
+    suffixes: tuple[str, ...] = (".parquet",),
+    what: str = "a Parquet file",
+    force: bool | None = None,
+) -> None:
+    """Refuse an output file path that cannot take the result; create its missing parent directories.
+
+    Args:
+        path: the file the command will write.
+        option: the option that named it (for the message).
+        suffixes: the accepted suffixes (lower case; empty accepts any).
+        what: what the command writes there, for the message (``a Parquet file``).
+        force: ``None`` when the command replaces an existing file anyway; otherwise an existing
+            file is refused unless ``force`` is True.
+
+    Raises:
+        ConfigError: the path is a directory, has another suffix, exists without ``force``, or its
+            parent cannot be created.
+    """
+    if path.is_dir():
+        example = f"{path}/<name>{suffixes[0] if suffixes else ''}"
+        raise ConfigError(
+            f"{option} {path} is a directory, but the command writes {what} there; give a file path such "
+            f"as {example}"
+        )
+    if suffixes and path.suffix.lower() not in suffixes:
+        raise ConfigError(
+            f"{option} {path}: the command writes {what}, and the name ends in "
+            f"{path.suffix or 'no suffix'}; give a name ending in {' or '.join(suffixes)}"
+        )
+    if force is False and path.exists():
+        raise ConfigError(f"{option} {path} exists; choose another name or pass --force to replace it")
+    _make_parent(path, option)
+
+
+def check_output_dir(path: Path, *, option: str = "--out", force: bool | None = None) -> None:
+    """Refuse an output directory path that is a file (or, when ``force`` is False, that exists).
+
+    Args:
+        path: the directory the command will create or fill.
+        option: the option that named it.
+        force: ``None`` when the command writes into an existing directory; otherwise an existing
+            one is refused unless ``force`` is True.
+
+    Raises:
+        ConfigError: the path is a file (or exists without ``force``), or its parent cannot be created.
+    """
+    if path.exists() and not path.is_dir():
+        raise ConfigError(
+            f"{option} {path} is a file, but the command writes a directory of files there; give a "
+            "directory path (a new one is created)"
+        )
+    if force is False and path.exists():
+        raise ConfigError(f"{option} {path} exists; choose another directory or pass --force to replace it")
+    _make_parent(path, option)
+
+
+def _make_parent(path: Path, option: str) -> None:
+    parent = path.parent
+    if parent.exists() and not parent.is_dir():
+        raise ConfigError(f"{option} {path}: {parent} is a file, not a directory; choose another path")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"{option} {path}: cannot create the directory {parent} ({exc.strerror or exc}); "
+            "choose a writable path"
+        ) from exc
 
 
 # -- the deployment fingerprint on the command line (docs/fingerprint.md) ------------------------

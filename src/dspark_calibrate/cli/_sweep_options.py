@@ -65,6 +65,7 @@ __all__ = [
     "SweepOptions",
     "ThrottlePolicyOption",
     "UntilRoundOption",
+    "VerboseFlag",
     "WarmupOption",
     "WorkloadOption",
 ]
@@ -311,6 +312,14 @@ ClockPolicyOption = Annotated[
 ]
 PlotFlag = Annotated[bool, typer.Option("--plot/--no-plot", help="Write <stem>.png (needs matplotlib).")]
 RequirePrecisionFlag = Annotated[bool, typer.Option(help="Exit 1 unless every cell reached precision.")]
+VerboseFlag = Annotated[
+    bool,
+    typer.Option(
+        "--verbose",
+        "-v",
+        help="Print every cell's row (the default prints one row per G; every cell is in the summary Parquet).",
+    ),
+]
 MixedFlag = Annotated[
     bool,
     typer.Option(
@@ -435,6 +444,7 @@ class SweepOptions:
     clock_policy: str | None
     plot: bool
     require_precision: bool
+    verbose: bool
     mixed: bool
     mixed_workload: Path | None
     mixed_grid: Path | None

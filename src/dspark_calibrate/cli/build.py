@@ -22,15 +22,18 @@ from dspark_calibrate.cli._common import (
     AllowSyntheticFlag,
     JsonFlag,
     TrustRootOption,
+    check_output_dir,
     command,
     err_console,
     exit_with,
     fail,
     fail_error,
+    fail_usage,
     json_mode,
     out_console,
     parse_expiry,
     print_json,
+    print_table,
     stage_line,
     utcnow,
 )
@@ -42,7 +45,7 @@ from dspark_calibrate.cli.trust import (
     load_root_or_exit,
     signers_from_keys,
 )
-from dspark_calibrate.errors import DsparkError
+from dspark_calibrate.errors import ConfigError, DsparkError
 
 if TYPE_CHECKING:
     from dspark_calibrate.calibrate.deployment.build import BuildResult
@@ -210,7 +213,7 @@ def _summary_table(result: BuildResult) -> Table:
     )
     table.add_row("decision", f"{r.decision.status.value} ({r.decision.reason}): {r.decision.detail}")
     table.add_row(
-        "workload", f"{s['workload_identity_sha256'][:16]}… approximate={s['workload_approximate']}"
+        "workload", f"{s['workload_identity_sha256']} approximate={s['workload_approximate']}"
     )
     return table
 
@@ -279,11 +282,11 @@ def _mixed_table(mixed: Mapping[str, Any]) -> Table:
 
 def render_build(result: BuildResult) -> None:
     """Print the build summary as rich tables."""
-    out_console.print(_summary_table(result))
-    out_console.print(_bucket_table(result))
-    out_console.print(_cells_table(result))
+    print_table(_summary_table(result))
+    print_table(_bucket_table(result))
+    print_table(_cells_table(result))
     if result.mixed_summary is not None:
-        out_console.print(_mixed_table(result.mixed_summary))
+        print_table(_mixed_table(result.mixed_summary))
     for note in result.notes:
         out_console.print(f"note: {note}")
 
@@ -326,9 +329,12 @@ def build(
     from dspark_calibrate.calibrate.deployment.build import BuildOptions, load_overhead_evidence
     from dspark_calibrate.calibrate.deployment.replay import BootstrapSettings
 
+    if version < 1:
+        fail_usage(f"--version {version}: artifact versions start at 1; give 1 for a new series")
     root = load_root_or_exit(trust_root)
     now = utcnow()
     try:
+        check_output_dir(out, force=force)
         evidence = load_overhead_evidence(overhead) if overhead is not None else None
         options = BuildOptions(
             version=version,
@@ -357,11 +363,31 @@ def build(
         signers = signers_from_keys(
             key, passphrase_env, signer_uris=signer_uri, signer_public_keys=signer_public_key
         )
+        _check_signers_trusted(signers, root, trust_root)
     except (DsparkError, OSError) as exc:
         fail_error(exc)
     inputs = _BuildInputs(sweep, calibration, workload, mixed_sweep)
     result = _run_build(inputs, out, signers, root, options, quiet=json_out or json_mode())
     _report_build(result, out, json_out)
+
+
+def _check_signers_trusted(signers: Any, root: Any, trust_root: Path) -> None:
+    """Refuse, before any work, signing keys the trust root would not accept on an artifact.
+
+    Raises:
+        ConfigError: fewer distinct keys than the root's artifact threshold are artifact keys.
+    """
+    from dspark_calibrate.artifacts import public_key_of
+
+    given = sorted({public_key_of(s).keyid for s in signers})
+    trusted = [k for k in given if k in root.artifact_keys]
+    if len(trusted) < root.artifact_threshold:
+        raise ConfigError(
+            f"--trust-root {trust_root}: its artifact signers are {', '.join(sorted(root.artifact_keys))} "
+            f"(threshold {root.artifact_threshold}), and the signing key(s) given are {', '.join(given)} "
+            f"({len(trusted)} trusted); sign with the key(s) the trust root lists, or add this key to "
+            "the root with `dspark-calibrate trust rotate --add-artifact-key PUB.pem`"
+        )
 
 
 @dataclass(frozen=True, slots=True)

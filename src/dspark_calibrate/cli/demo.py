@@ -17,6 +17,7 @@ from dspark_calibrate.cli._common import (
     fail_error,
     out_console,
     print_json,
+    print_table,
 )
 from dspark_calibrate.errors import DsparkError
 
@@ -61,7 +62,7 @@ def demo(
     ]
     for name, value in rows:
         table.add_row(name, value)
-    out_console.print(table)
+    print_table(table)
     out_console.print(
         f"verify: dspark-verify {result.cost_table} --trust-root {result.trust_root} --allow-synthetic"
     )

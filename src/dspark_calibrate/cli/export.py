@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from dspark_calibrate.cli._common import (
     EXIT_OK,
@@ -21,6 +20,7 @@ from dspark_calibrate.cli._common import (
     AllowSyntheticFlag,
     JsonFlag,
     TrustRootOption,
+    check_output_dir,
     command,
     err_console,
     exit_with,
@@ -132,6 +132,7 @@ def trtllm(
     identity_hex = _check_invocation(bundle, selector_identity)
     root = load_root_or_exit(trust_root)
     try:
+        check_output_dir(out, force=force)
         live = read_fingerprint(live_fingerprint) if live_fingerprint is not None else None
     except DsparkError as exc:
         fail_error(exc)
@@ -272,13 +273,13 @@ def _merge_base_options(out: Path, base_options: Path) -> str:
 
 
 def _print_package(exported: Any, out: Path, merged_note: str | None) -> None:
-    """The human summary: the files and their digests, the receipt, admission and notes."""
-    table = Table(title=f"TensorRT-LLM package {out}", title_justify="left")
-    table.add_column("file")
-    table.add_column("sha256")
+    """The human summary: the files and their digests, the receipt, admission and notes.
+
+    The digests are printed whole, one file a line in ``sha256sum`` format (``sha256sum -c``
+    checks the copied package with them)."""
+    out_console.print(f"TensorRT-LLM package {out}/ (sha256sum format):")
     for name, digest in exported.to_dict()["files"].items():
-        table.add_row(name, digest)
-    out_console.print(table)
+        out_console.print(f"{digest}  {out / name}")
     out_console.print(f"confidence_admission_receipt_sha256: {exported.receipt_sha256}")
     out_console.print(f"admitted: {'yes' if exported.admitted else 'no (TensorRT-LLM will run static K)'}")
     for note in exported.notes:

@@ -18,6 +18,9 @@ from dspark_calibrate.cli._common import (
     EXIT_OK,
     EXIT_REJECTED,
     JsonFlag,
+    StageDisplay,
+    check_output_dir,
+    check_output_file,
     command,
     err_console,
     exit_with,
@@ -27,6 +30,7 @@ from dspark_calibrate.cli._common import (
     make_app,
     out_console,
     print_json,
+    print_table,
     stage_line,
     utcnow,
 )
@@ -97,7 +101,7 @@ def _render_fit(result: Any, outputs: Any, read_seconds: float) -> None:
             f"{_fmt(b.ece.value)} → {_fmt(a.ece.value)}",
             f"{_fmt(b.brier)} → {_fmt(a.brier)}",
         )
-    out_console.print(table)
+    print_table(table)
     out_console.print(
         f"NLL(accepted length) {_fmt_ci(result.before.nll)} → {_fmt_ci(result.after.nll)} nats/round; "
         f"E[A] error {_fmt_ci(result.before.ea_error)} → {_fmt_ci(result.after.ea_error)} "
@@ -133,7 +137,7 @@ def _render_drift(report: Any) -> None:
         table.add_column(col)
     for c in report.checks:
         table.add_row(c.name, _fmt_ci(c.value), _fmt(c.threshold), c.decision.status.value)
-    out_console.print(table)
+    print_table(table)
     out_console.print(f"{report.decision.status.value}: {report.decision.detail}")
 
 
@@ -224,8 +228,8 @@ def fit(
         fail_usage(
             "--out is required with --traces; pass --out DIR for calibration.parquet, sts.json, the report and plots"
         )
-    stage_line("fit", "reading traces and fitting", ", ".join(str(t) for t in traces))
     try:
+        check_output_dir(out)
         options = FitOptions(
             method=method,
             holdout=holdout,
@@ -297,14 +301,16 @@ def _fit(traces: list[Path], out: Path, *, fingerprint: Path | None, json_out: b
 
     try:
         fp = load_fingerprint(fingerprint) if fingerprint is not None else None
-        result, outputs, read_seconds = run_fit(
-            traces,
-            out,
-            fingerprint=fp,
-            tool_version=dspark_calibrate.__version__,
-            created_at=utcnow().isoformat(),
-            **options,
-        )
+        with StageDisplay("fit", quiet=json_out) as stages:
+            result, outputs, read_seconds = run_fit(
+                traces,
+                out,
+                fingerprint=fp,
+                tool_version=dspark_calibrate.__version__,
+                created_at=utcnow().isoformat(),
+                on_stage=stages,
+                **options,
+            )
     except (DsparkError, OSError) as exc:
         fail_error(exc)
     stage_line("fit", "done", str(outputs.calibration))
@@ -367,8 +373,7 @@ def synth(
     from dspark_calibrate.calibrate.confidence.synth_traces import SynthSpec, write_synth_traces
 
     try:
-        if out.suffix.lower() not in (".parquet", ".pq"):
-            raise ConfigError(f"--out {out}: synthetic traces are written as Parquet; use a .parquet name")
+        check_output_file(out, suffixes=(".parquet", ".pq"), what="synthetic traces (a Parquet file)")
         spec = SynthSpec(
             rounds=rounds,
             k=k,
@@ -380,7 +385,6 @@ def synth(
             seed=seed,
             sampling=sampling,
         )
-        out.parent.mkdir(parents=True, exist_ok=True)
         summary = write_synth_traces(out, spec)
     except (DsparkError, OSError) as exc:
         fail_error(exc)

@@ -12,9 +12,10 @@ page lists blockers; 2 usage or I/O error (an unreadable input or trust root sti
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.markup import escape
@@ -26,9 +27,11 @@ from dspark_calibrate.cli._common import (
     AllowSyntheticFlag,
     JsonFlag,
     TrustRootOption,
+    check_output_file,
     command,
     err_console,
     exit_with,
+    fail,
     fail_error,
     fail_usage,
     out_console,
@@ -37,6 +40,7 @@ from dspark_calibrate.cli._common import (
     stage_line,
     utcnow,
 )
+from dspark_calibrate.cli.trust import not_a_trust_root
 from dspark_calibrate.errors import DsparkError
 
 if TYPE_CHECKING:
@@ -50,6 +54,28 @@ class ReportFormatOption(enum.StrEnum):
 
     HTML = "html"
     MD = "md"
+
+
+TrtllmPackageOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--trtllm",
+        help="The package `export trtllm` wrote for this bundle: the first screen shows its receipt's "
+        "sha256 (what extra_llm_api_options.yaml pins), and a package of another bundle is a blocker.",
+        metavar="DIR",
+        show_default=False,
+    ),
+]
+SelectorIdentityOption = Annotated[
+    str | None,
+    typer.Option(
+        "--selector-identity",
+        help="The engine's EXACT_SPS_SELECTOR_IDENTITY_SHA256: states the receipt's sha256 without a package.",
+        metavar="HEX",
+        show_default=False,
+    ),
+]
+ForceFlag = Annotated[bool, typer.Option("--force", help="Replace an existing --out page.")]
 
 
 def report(
@@ -86,6 +112,9 @@ def report(
         bool,
         typer.Option("--strict", help="Exit 1 when the page lists a blocker, even if the input verified."),
     ] = False,
+    trtllm: TrtllmPackageOption = None,
+    selector_identity: SelectorIdentityOption = None,
+    force: ForceFlag = False,
     json_out: JsonFlag = False,
 ) -> None:
     """Verify INPUTS and write the release report; its first line is the deploy verdict.
@@ -97,8 +126,24 @@ def report(
             f"--max-age-days {max_age_days:g} is not positive; give the largest acceptable age in days"
         )
     target = out if out is not None else Path(f"report.{fmt.value}")
+    _check_arguments(target, fmt, trust_root, force=force)
+    _check_package(trtllm, selector_identity)
     stage_line("report", "verifying and rendering", str(target))
-    result = _write(inputs, trust_root, target, fmt, expect_fingerprint, allow_synthetic, max_age_days, plots)
+    result = _write(
+        inputs,
+        trust_root,
+        target,
+        fmt,
+        _Expect(expect_fingerprint, allow_synthetic, max_age_days),
+        plots,
+        package=(trtllm, selector_identity),
+    )
+    _finish(result, target, strict=strict, json_out=json_out)
+
+
+def _finish(result: Report, target: Path, *, strict: bool, json_out: bool) -> NoReturn:
+    """Print the first screen (or ``--json``) and exit: 0 verified, 1 rejected or ``--strict`` with
+    a blocker, 2 an unreadable input or trust root."""
     if result.io_error:
         code = EXIT_USAGE
     elif not result.verified or (strict and result.blockers):
@@ -116,28 +161,75 @@ def report(
     exit_with(code)
 
 
+def _check_arguments(target: Path, fmt: ReportFormatOption, trust_root: Path, *, force: bool) -> None:
+    """Exit 2 before any verification when the page cannot be written where asked (a directory,
+    another format's suffix, an existing page without ``--force``) or the trust root is
+    recognisably something else (a key, a Parquet file)."""
+    suffixes = (".html", ".htm") if fmt is ReportFormatOption.HTML else (".md", ".markdown")
+    try:
+        check_output_file(target, suffixes=suffixes, what=f"the {fmt.value} page", force=force)
+    except DsparkError as exc:
+        fail_error(exc)
+    wrong = not_a_trust_root(trust_root)
+    if wrong is not None:
+        fail(wrong, code="NOT_A_TRUST_ROOT")
+
+
+def _check_package(trtllm: Path | None, selector_identity: str | None) -> None:
+    """Exit 2 before any verification on a --trtllm that is no package or a malformed selector identity."""
+    from dspark_calibrate.artifacts import RECEIPT_FILE, is_sha256_hex
+
+    if trtllm is not None and not (trtllm / RECEIPT_FILE).is_file():
+        fail_usage(
+            f"--trtllm {trtllm}: no {RECEIPT_FILE} in it; give the directory `dspark-calibrate export trtllm` wrote"
+        )
+    if selector_identity is not None and not is_sha256_hex(selector_identity):
+        fail_usage(
+            f"--selector-identity {selector_identity!r} is not 64 lowercase hex characters; copy "
+            "EXACT_SPS_SELECTOR_IDENTITY_SHA256 from tensorrt_llm/_torch/speculative/dspark_planner.py"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Expect:
+    """What the evidence must be: bound to a fingerprint file, synthetic allowed, not too old."""
+
+    fingerprint: Path | None
+    allow_synthetic: bool
+    max_age_days: float | None
+
+
 def _write(
     inputs: list[Path],
     trust_root: Path,
     target: Path,
     fmt: ReportFormatOption,
-    expect_fingerprint: Path | None,
-    allow_synthetic: bool,
-    max_age_days: float | None,
+    expect: _Expect,
     plots: bool,
+    *,
+    package: tuple[Path | None, str | None],
 ) -> Report:
     from dspark_calibrate.artifacts import Expectation, read_fingerprint
     from dspark_calibrate.calibrate.report import write_report
 
     try:
-        fingerprint = read_fingerprint(expect_fingerprint) if expect_fingerprint is not None else None
+        fingerprint = read_fingerprint(expect.fingerprint) if expect.fingerprint is not None else None
         expected = Expectation(
             fingerprint=fingerprint,
-            allow_synthetic=allow_synthetic,
-            max_age=timedelta(days=max_age_days) if max_age_days is not None else None,
+            allow_synthetic=expect.allow_synthetic,
+            max_age=timedelta(days=expect.max_age_days) if expect.max_age_days is not None else None,
         )
+        trtllm, selector_identity = package
         return write_report(
-            inputs, trust_root, target, now=utcnow(), fmt=fmt.value, expected=expected, plots=plots
+            inputs,
+            trust_root,
+            target,
+            now=utcnow(),
+            fmt=fmt.value,
+            expected=expected,
+            plots=plots,
+            trtllm=trtllm,
+            selector_identity=selector_identity,
         )
     except DsparkError as exc:
         fail_error(exc)
@@ -150,6 +242,10 @@ def _print_verdict(result: Report) -> None:
     for gate in verdict.gates:
         style = {"pass": "green", "fail": "red"}.get(gate.status, "dim")
         out_console.print(f"  [{style}]{gate.status:>11}[/]  {escape(gate.name)}: {escape(gate.detail)}")
+    for fact in result.facts:
+        style = {"warn": "yellow", "missing": "dim"}.get(fact.status, "")
+        label = f"[{style}]{fact.label:>17}[/]" if style else f"{fact.label:>17}"
+        out_console.print(f"  {label}  {escape(fact.text)}")
     for n, blocker in enumerate(verdict.blockers, 1):
         out_console.print(f"  [red]blocker {n}[/] ({escape(blocker.section)}) {escape(blocker.message)}")
     if verdict.warnings or verdict.notes:

@@ -57,13 +57,15 @@ def sign(
     from dspark_calibrate.artifacts import ArtifactReadError, read_artifact, sign_artifact
 
     try:
+        # The keys first: a wrong key is the cheaper mistake to report, and the table may be large.
+        signers = signers_from_keys(
+            key, passphrase_env, signer_uris=signer_uri, signer_public_keys=signer_public_key
+        )
         loaded = read_artifact(table)
         now = utcnow()
         signed = sign_artifact(
             loaded,
-            signers_from_keys(
-                key, passphrase_env, signer_uris=signer_uri, signer_public_keys=signer_public_key
-            ),
+            signers,
             version=version,
             expires_at=parse_expiry(expires, now=now),
             issued_at=now,

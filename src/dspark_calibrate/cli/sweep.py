@@ -23,7 +23,6 @@ from typing import Any
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
 from dspark_calibrate.cli._common import (
@@ -45,6 +44,7 @@ from dspark_calibrate.cli._common import (
     LiveSourceDir,
     LiveSourceHead,
     LiveTopology,
+    check_output_file,
     command,
     err_console,
     exit_with,
@@ -53,7 +53,7 @@ from dspark_calibrate.cli._common import (
     json_mode,
     out_console,
     print_json,
-    stage_line,
+    print_table,
 )
 from dspark_calibrate.cli._common import (
     parse_ladder as parse_option_ladder,
@@ -110,9 +110,11 @@ from dspark_calibrate.cli._sweep_options import (
     SweepOptions,
     ThrottlePolicyOption,
     UntilRoundOption,
+    VerboseFlag,
     WarmupOption,
     WorkloadOption,
 )
+from dspark_calibrate.cli._sweep_progress import SweepProgress, finish_line
 from dspark_calibrate.errors import ConfigError, DsparkError, MeasurementError
 
 __all__ = ["register"]
@@ -129,6 +131,36 @@ def _parse_options(pairs: list[str]) -> dict[str, Any]:
         except json.JSONDecodeError:
             out[key] = value
     return out
+
+
+def _per_g_table(result: Any) -> Table:
+    """One row per G: the native step, the best compact saving and how the cells stopped."""
+    from collections import Counter, defaultdict
+
+    by_g: dict[int, list[Any]] = defaultdict(list)
+    for c in result.cells:
+        by_g[c.spec.graph_batch_size].append(c)
+    table = Table(
+        title=f"sweep: K={result.config.k}, {len(result.cells)} cells over G={list(by_g)}, {result.rounds} rounds"
+    )
+    for name in ("G", "cells", "native ms (95%)", "best compact saving (95%)", "stopped"):
+        table.add_column(name, justify="right" if name in ("G", "cells") else "left")
+    for g, cells in by_g.items():
+        native = next((c.summary for c in cells if c.spec.kind.value == "native"), None)
+        compact = [c for c in cells if c.spec.kind.value == "compact" and c.summary is not None]
+        best = max(compact, key=lambda c: c.summary.saving, default=None)
+        reasons = Counter(c.decision.reason for c in cells)
+        table.add_row(
+            str(g),
+            str(len(cells)),
+            "-" if native is None else f"{native.median_ms:.4f} [{native.ci_low_ms:.4f}, {native.ci_high_ms:.4f}]",
+            "-"
+            if best is None
+            else f"{100 * best.summary.saving:+.2f}% [{100 * best.summary.saving_ci_low:+.2f}, "
+            f"{100 * best.summary.saving_ci_high:+.2f}] at V={best.spec.verifier_budget}",
+            ", ".join(f"{n} {reason}" for reason, n in reasons.most_common()),
+        )
+    return table
 
 
 def _summary_table(result: Any) -> Table:
@@ -302,76 +334,18 @@ def _run_in_passes(passes: int, rounds: int, resume: bool, as_json: bool, out: P
     exit_with(run_passes(commands, out=out))
 
 
-def _fmt_s(seconds: float) -> str:
-    seconds = max(0, round(seconds))
-    return f"{seconds // 60}:{seconds % 60:02d}"
-
-
-class _SweepProgress:
-    """What the sweep is doing, truthfully: cells done, visits this round, time per visit measured,
-    and the least time left (the minimum rounds the open cells still need, capped by the budget).
-
-    A live bar on a terminal; one line per round otherwise (logs, CI, pipes); nothing with --json.
-    """
-
-    def __init__(self, quiet: bool) -> None:
-        self.quiet = quiet
-        self.live = not quiet and err_console.is_terminal
-        self.progress = Progress(
-            TextColumn("[bold]sweep[/] round {task.fields[round]}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total} cells done"),
-            TextColumn("{task.fields[current]}"),
-            TextColumn("{task.fields[left]}"),
-            console=err_console,
-            transient=True,
-            disable=not self.live,
-        )
-        self.task = self.progress.add_task("sweep", total=None, round=0, current="", left="")
-        self.visits = 0
-        self.started: float | None = None
-        self.last_round = -1
-
-    def __call__(self, event: Any) -> None:
-        import time
-
-        if event.kind in ("estimate", "rewarm"):
-            if not self.quiet:
-                err_console.print(escape(f"sweep: {event.detail}"), highlight=False)
-            return
-        now = time.perf_counter()
-        if self.started is None:
-            self.started = now
-        if event.kind == "visit":
-            self.visits += 1
-        left = f"≥ {_fmt_s(event.eta_s)} left" if event.eta_s is not None else "measuring the first round"
-        current = ""
-        if event.cell is not None:
-            hw = f" ±{100 * event.half_width_rel:.2f}%" if event.half_width_rel is not None else ""
-            current = f"{event.cell.label()}{hw}"
-        self.progress.update(
-            self.task,
-            total=event.cells_total,
-            completed=event.cells_done,
-            round=event.round,
-            current=current,
-            left=left,
-        )
-        if event.kind == "round" and not self.live and not self.quiet and event.round != self.last_round:
-            self.last_round = event.round
-            elapsed = now - self.started
-            stage_line(
-                "sweep",
-                f"round {event.round}",
-                f"{event.cells_done}/{event.cells_total} cells done, {self.visits} visits in {elapsed:.1f} s, {left}",
-            )
-
-
 def _thresholds(protocol: str, preset: str, chosen: dict[str, Any]) -> Any:
     from dspark_calibrate.calibrate.measurement.stats import Thresholds
+    from dspark_calibrate.calibrate.measurement.telemetry import THROTTLE_POLICIES
 
     if preset not in ("default", "quick"):
         raise ConfigError(f"--preset {preset!r} is unknown; use default or quick")
+    policy = chosen.get("throttle_policy")
+    if policy is not None and policy not in THROTTLE_POLICIES:
+        raise ConfigError(
+            f"--throttle-policy {policy!r} is unknown; use one of {', '.join(THROTTLE_POLICIES)} "
+            "(serving keeps power-capped samples, the state a serving GPU runs in)"
+        )
     if protocol == "fixed":
         return Thresholds.fixed_protocol(**chosen)
     if preset == "quick":
@@ -519,11 +493,15 @@ def _measure_mixed(
         command=tuple(sys.argv),
         **common,
     )
-    progress = _SweepProgress(quiet=opts.as_json or json_mode())
+    progress = SweepProgress(
+        quiet=opts.as_json or json_mode(), precision_rel=common["thresholds"].precision_rel
+    )
     with progress.progress:
         result, maybe = execute_mixed(request, on_event=progress)
     if maybe is None:  # not rank 0: rank 0 reports
         exit_with(EXIT_OK)
+    if not progress.quiet:
+        err_console.print(escape(f"sweep: {finish_line(result, progress.elapsed(), progress.visits)}"))
     return result, maybe
 
 
@@ -532,7 +510,7 @@ def _report_mixed(result: Any, output: Any, *, as_json: bool, require_precision:
     if as_json:
         print_json(_mixed_json(result, output))
     else:
-        out_console.print(_mixed_table(result))
+        print_table(_mixed_table(result))
         out_console.print(f"wrote {output.output.summary_path} and {output.output.samples_path}")
     if not result.complete:
         missing = ", ".join(c.label() for c in result.unmeasured())
@@ -570,17 +548,17 @@ def _sweep_mixed(
         )
     except MeasurementError as exc:
         fail(str(exc), code=exc.code, exit_code=EXIT_REJECTED, label="measurement failed")
-    except DsparkError as exc:
+    except (DsparkError, OSError) as exc:
         fail_error(exc)
     _report_mixed(
         result, output, as_json=opts.as_json or json_mode(), require_precision=opts.require_precision
     )
 
 
-def _run(request: Any, *, as_json: bool, require_precision: bool) -> None:
+def _run(request: Any, *, as_json: bool, require_precision: bool, verbose: bool = False) -> None:
     from dspark_calibrate.calibrate.measurement.sweep import execute
 
-    progress = _SweepProgress(quiet=as_json)
+    progress = SweepProgress(quiet=as_json, precision_rel=request.thresholds.precision_rel)
     try:
         with progress.progress:
             result, output = execute(request, on_event=progress)
@@ -595,7 +573,7 @@ def _run(request: Any, *, as_json: bool, require_precision: bool) -> None:
         )
     except MeasurementError as exc:
         fail(str(exc), code=exc.code, exit_code=EXIT_REJECTED, label="measurement failed")
-    except DsparkError as exc:
+    except (DsparkError, OSError) as exc:
         fail_error(exc)
     if result.paused:
         err_console.print(
@@ -607,10 +585,17 @@ def _run(request: Any, *, as_json: bool, require_precision: bool) -> None:
         exit_with(EXIT_OK)
     if output is None:  # not rank 0: rank 0 reports
         exit_with(EXIT_OK)
+    if not as_json:
+        # The last line says how the sweep ended, on a terminal and in a log alike.
+        err_console.print(escape(f"sweep: {finish_line(result, progress.elapsed(), progress.visits)}"))
     if as_json:
         print_json(_json_report(result, output))
     else:
-        out_console.print(_summary_table(result))
+        print_table(_summary_table(result) if verbose else _per_g_table(result))
+        if not verbose:
+            out_console.print(
+                f"every cell's median, interval and saving: --verbose, or the table in {output.summary_path}"
+            )
         for line in _check_lines(result):
             out_console.print(escape(line), highlight=False)
         out_console.print(
@@ -671,6 +656,11 @@ def _sweep_backend_options(opts: SweepOptions) -> dict[str, Any]:
     if opts.backend == "trtllm" and opts.model is None and "model" not in " ".join(opts.backend_opt or []):
         raise ConfigError(
             "--backend trtllm needs a model; pass --model MODEL (the path or name tensorrt_llm.LLM loads)"
+        )
+    if opts.backend == "module" and opts.factory is None and "factory" not in " ".join(opts.backend_opt or []):
+        raise ConfigError(
+            "--backend module needs a factory; pass --factory pkg.mod:fn (a function returning the "
+            "engine's step for (G, V, K))"
         )
     return _backend_options(
         opts.backend_opt or [], {name: getattr(opts, name) for name in _NAMED_BACKEND_OPTIONS}
@@ -760,6 +750,13 @@ def run_sweep(opts: SweepOptions) -> None:
     from dspark_calibrate.calibrate.measurement.ladder import parse_ladder
 
     try:
+        # Outputs first: a sweep measures for minutes and must not learn at the end that it
+        # cannot write (the journal and the samples file go beside --out).
+        check_output_file(
+            opts.out, suffixes=(".parquet", ".pq"), what="the sweep summary (a Parquet file)"
+        )
+        if opts.journal is not None:
+            check_output_file(opts.journal, option="--journal", suffixes=(), what="the sweep journal")
         backend_options = _sweep_backend_options(opts)
         live = _sweep_live(opts)
         base_fp = read_fingerprint(opts.fingerprint) if opts.fingerprint is not None else None
@@ -782,7 +779,12 @@ def run_sweep(opts: SweepOptions) -> None:
             _run_in_passes(opts.passes, rounds, opts.resume, opts.as_json, opts.out)
     except DsparkError as exc:
         fail_error(exc)
-    _run(request, as_json=opts.as_json or json_mode(), require_precision=opts.require_precision)
+    _run(
+        request,
+        as_json=opts.as_json or json_mode(),
+        require_precision=opts.require_precision,
+        verbose=opts.verbose,
+    )
 
 
 def sweep_command(
@@ -844,6 +846,7 @@ def sweep_command(
     clock_policy: ClockPolicyOption = None,
     plot: PlotFlag = True,
     require_precision: RequirePrecisionFlag = False,
+    verbose: VerboseFlag = False,
     mixed: MixedFlag = False,
     mixed_workload: MixedWorkloadOption = None,
     mixed_grid: MixedGridOption = None,

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
 from dspark_calibrate.cli._common import (
     EXIT_OK,
@@ -102,6 +101,19 @@ def _passphrases(specs: list[str] | None) -> tuple[str | None, dict[Path, str]]:
     return common, per_key
 
 
+def _refuse_empty_key(path: Path) -> None:
+    """An empty key file holds no secret: say so, before the key reader complains of its mode."""
+    try:
+        empty = path.is_file() and path.stat().st_size == 0
+    except OSError:
+        return  # the key reader names what is wrong with the path
+    if empty:
+        raise ConfigError(
+            f"--key {path}: the file is empty; pass the private key that `dspark-calibrate keygen` "
+            "wrote (signing-key.pem)"
+        )
+
+
 def _env_secret(var: str, what: str) -> str:
     value = os.environ.get(var)
     if not value:
@@ -141,6 +153,7 @@ def signers_from_keys(
     common, per_key = _passphrases(passphrase_env)
     signers = []
     for path in paths or []:
+        _refuse_empty_key(path)
         var = per_key.pop(path.resolve(), common)
 
         def ask(_secret: str, var: str | None = var, path: Path = path) -> str:
@@ -166,10 +179,52 @@ def signers_from_keys(
     return signers
 
 
+#: Bytes read from the start of a file to tell a key or a Parquet file from a trust root.
+_HEAD_BYTES = 64
+
+
+def _file_head(path: Path) -> bytes:
+    """The first bytes of a regular file (empty for anything else: a FIFO is never opened)."""
+    try:
+        if not path.is_file():
+            return b""
+        with path.open("rb") as handle:
+            return handle.read(_HEAD_BYTES)
+    except OSError:
+        return b""
+
+
+def not_a_trust_root(path: Path) -> str | None:
+    """Why ``path`` is recognisably something other than a trust root (a PEM key, a Parquet
+    file), with the option to use instead; None when it may be one."""
+    head = _file_head(path)
+    if head.startswith(b"-----BEGIN PUBLIC KEY"):
+        return (
+            f"--trust-root {path}: a PEM public key, not a trust root (root.json); give the root.json "
+            f"that `dspark-calibrate trust init` wrote, or verify against this one key with "
+            f"`dspark-verify --key {path}`"
+        )
+    if head.startswith(b"-----BEGIN") and b"PRIVATE KEY" in head:
+        return (
+            f"--trust-root {path}: a private key, not a trust root (root.json); give the root.json "
+            "that `dspark-calibrate trust init` wrote (a private key belongs only to build and sign)"
+        )
+    if head.startswith(b"PAR1"):
+        return (
+            f"--trust-root {path}: a Parquet file, not a trust root (root.json); give the artifact as "
+            "the PATH argument and the root.json that `dspark-calibrate trust init` wrote as --trust-root"
+        )
+    return None
+
+
 def load_root_or_exit(path: Path) -> TrustRoot:
-    """Read and verify a trust root; exit 2 if unreadable, 1 if invalid or expired."""
+    """Read and verify a trust root; exit 2 if unreadable or not a trust root at all (a key, a
+    Parquet file), 1 if invalid or expired."""
     from dspark_calibrate.artifacts import TrustRootError, TrustRootUnreadable, read_trust_root
 
+    wrong = not_a_trust_root(path)
+    if wrong is not None:
+        fail(wrong, code="NOT_A_TRUST_ROOT")
     try:
         return read_trust_root(path, now=utcnow())
     except TrustRootUnreadable as exc:
@@ -204,10 +259,11 @@ def _describe(root: TrustRoot, path: Path, json_out: bool) -> None:
     if json_out:
         print_json(info)
         return
-    table = Table(title=f"trust root {path}", show_header=False)
+    # Plain lines, not a table: digests and keyids stay whole and copyable at any width.
+    out_console.print(f"trust root {path}")
     for key, value in info.items():
-        table.add_row(key, "\n".join(value) if isinstance(value, list) else str(value))
-    out_console.print(table)
+        for i, item in enumerate(value if isinstance(value, list) else [value]):
+            out_console.print(f"  {key if i == 0 else '':<19}{item}")
 
 
 @trust_app.command(
@@ -302,6 +358,9 @@ def rotate(
     passphrase_env: PassEnv = None,
     signer_uri: SignerUriOption = None,
     signer_public_key: SignerPublicKeyOption = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Overwrite an existing --out file (the current root included).")
+    ] = False,
     json_out: JsonFlag = False,
 ) -> None:
     """Rotate the root: version + 1, signed by the thresholds of both the old and the new root.
@@ -311,6 +370,13 @@ def rotate(
     """
     from dspark_calibrate.artifacts import rotate_root
 
+    if out.exists() and not force:
+        same = out.resolve() == root_path.resolve()
+        fail_usage(
+            f"--out {out} exists"
+            + (" and is the current root (--root): rotating would replace it" if same else "")
+            + "; write the new root to another file (e.g. root.v2.json) or pass --force to replace it"
+        )
     old = load_root_or_exit(root_path)
     try:
         now = utcnow()
@@ -329,10 +395,9 @@ def rotate(
         )
         _write_root(new, out)
     except DsparkError as exc:
-        reason = getattr(exc, "reason", None)
-        if reason is None:
-            fail_error(exc)
-        fail(str(exc), code=exc.code, label=exc.code, exit_code=EXIT_REJECTED)
+        # The current root verified above: what fails now is the rotation asked for (a threshold
+        # above the keys, too few signing keys), a usage error.
+        fail(str(exc), code=exc.code, label="error" if getattr(exc, "reason", None) is None else exc.code)
     except OSError as exc:
         fail_error(exc, exit_code=EXIT_USAGE)
     _describe(new, out, json_out)

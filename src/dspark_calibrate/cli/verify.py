@@ -47,6 +47,7 @@ from dspark_calibrate.cli._common import (
     make_app,
     out_console,
     print_json,
+    print_table,
     split_fix,
     utcnow,
 )
@@ -348,7 +349,7 @@ def _print_reports(reports: list[Any], *, verbose: bool, json_out: bool) -> None
                 err_console.print(f"  also {f.code}: {escape(f.message)}")
         diff = _diff_table(findings)
         if diff is not None:
-            err_console.print(diff)
+            print_table(diff, err_console)
 
 
 def _verify_offline(

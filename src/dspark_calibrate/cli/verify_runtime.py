@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
+from rich.markup import escape
 
 from dspark_calibrate.cli._common import (
     EXIT_OK,
@@ -120,7 +121,10 @@ def _render(
     out: Path | None,
     verbose: bool,
     json_out: bool,
+    files_dir: Path | None = None,
 ) -> None:
+    from dspark_calibrate.artifacts import Reason
+
     if decision.active and (options is None or options.active):
         if not json_out:  # stdout carries only the JSON report then
             out_console.print(f"[green]ADMITTED[/] {decision.message}")
@@ -132,7 +136,11 @@ def _render(
         elif m is not None:
             code = mixed_code or m.reason_code
             message = (options.mixed_message if options is not None and mixed_code else None) or m.message
-            err_console.print(f"[yellow]MIXED NATIVE[/] {code}: {message}")
+            if code == Reason.MIXED_ABSENT.value:
+                # Not a warning: a bundle built without mixed evidence keeps mixed steps native.
+                err_console.print(f"mixed: {escape(message)}")
+            else:
+                err_console.print(f"[yellow]MIXED NATIVE[/] {code}: {message}")
     elif decision.active and options is not None:
         err_console.print(f"[bold red]STATIC K[/] {options.reason_code}: {options.message}")
     else:
@@ -141,7 +149,8 @@ def _render(
             for f in decision.findings[1:]:
                 err_console.print(f"  also {f.code}: {f.message}")
     if out is not None:
-        err_console.print(f"wrote {out}")
+        files = files_dir if files_dir is not None and files_dir.is_dir() else None
+        err_console.print(f"wrote {out}" + (f" and the files it names in {files}/" if files else ""))
 
 
 def run_runtime(opts: VerifyOptions, trust_root: TrustRoot, live_options: LiveOptions) -> NoReturn:
@@ -165,7 +174,11 @@ def run_runtime(opts: VerifyOptions, trust_root: TrustRoot, live_options: LiveOp
     if opts.json_out:
         print_json(_runtime_json(decision, options, out, active=active, code=code))
     if decision is not None:
-        _render(decision, options, out, opts.verbose, opts.json_out)
+        files_dir = None
+        if out is not None:
+            # Where the engine reads the files the options name (the TensorRT-LLM package).
+            files_dir = trtllm_dir if trtllm_dir is not None else default_export_dir(out)
+        _render(decision, options, out, opts.verbose, opts.json_out, files_dir)
     exit_with(code)
 
 

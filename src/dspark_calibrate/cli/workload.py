@@ -14,6 +14,7 @@ import typer
 from dspark_calibrate.cli._common import (
     EXIT_OK,
     JsonFlag,
+    check_output_file,
     command,
     exit_with,
     fail_error,
@@ -27,6 +28,9 @@ from dspark_calibrate.errors import DsparkError
 __all__ = ["register", "workload_app"]
 
 workload_app = make_app(None, "Create workload traces (recorded serving steps) for build.")
+
+#: Suffixes of the workload file (a Parquet table, whatever name it is given).
+_PARQUET = (".parquet", ".pq")
 
 
 def _report(path: Path, describe: Mapping[str, Any], json_out: bool) -> None:
@@ -104,6 +108,7 @@ def synth(
             fail_usage(f"{option} {text!r} is not a list of integers; give e.g. 48,96")
 
     try:
+        check_output_file(out, suffixes=_PARQUET, what="the workload (a Parquet file)")
         if prefill_share > 0:
             w = synthesize_mixed_workload(
                 k=k,
@@ -121,7 +126,6 @@ def synth(
             w = synthesize_workload(
                 k=k, steps=steps, ranks=ranks, max_rows=max_rows, seed=seed, temperatures=temps
             )
-        out.parent.mkdir(parents=True, exist_ok=True)
         write_workload(out, w)
     except DsparkError as exc:
         fail_error(exc)
@@ -150,8 +154,8 @@ def import_trtllm(
     from dspark_calibrate.calibrate.deployment.workload import read_recorder_shards, write_workload
 
     try:
+        check_output_file(out, suffixes=_PARQUET, what="the workload (a Parquet file)")
         w = read_recorder_shards(shards)
-        out.parent.mkdir(parents=True, exist_ok=True)
         write_workload(out, w)
     except DsparkError as exc:
         fail_error(exc)

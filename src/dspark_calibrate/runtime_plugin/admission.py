@@ -511,11 +511,12 @@ def _decide_mixed(
     try:
         mixed = _verify_mixed_evidence(bundle, root, ctx, policy, now, report)
         if not mixed.present:
+            # Built without `build --mixed-sweep`: nothing is missing and nothing was refused.
             return _mixed_inactive(
                 Finding(
-                    Reason.BUNDLE_MEMBER_MISSING,
-                    f"{mixed.path}: the bundle has no mixed evidence; mixed steps stay native",
-                    field="mixed",
+                    Reason.MIXED_ABSENT,
+                    f"{bundle}: built without mixed evidence (no mixed/ directory); mixed "
+                    "prefill+decode steps run native, decode scheduling is unaffected",
                 )
             )
         if not mixed.ok:

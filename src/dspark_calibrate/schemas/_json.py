@@ -137,13 +137,42 @@ MIXED_ADMISSION_SUMMARY_KEYS: tuple[str, ...] = (
     "workload_identity_sha256",
 )
 
-#: Names of the JSON Schemas shipped (``<name>.schema.json``).
-JSON_SCHEMAS: tuple[str, ...] = ("fingerprint", "predicate", "bundle")
+#: Names of the JSON Schemas shipped (``<name>.schema.json``, draft 2020-12). Each has the ``$id``
+#: ``https://dspark-calibrate.dev/schemas/<name>/v1``: a name the schemas refer to each other by,
+#: resolved from the package (``schemas.schema_registry``), never fetched.
+JSON_SCHEMAS: tuple[str, ...] = (
+    "common",
+    "fingerprint",
+    "predicate",
+    "admission-summary",
+    "calibration-summary",
+    "mixed-summaries",
+    "bundle",
+    "statement",
+    "dsse-envelope",
+    "trust-root",
+    "rollback-state",
+    "sts",
+    "trtllm-live-fingerprint",
+    "trtllm-sps-table",
+    "admission-receipt",
+    "trtllm-mixed-live-fingerprint",
+    "trtllm-mixed-costs",
+    "trtllm-mixed-admission",
+    "mixed-result-accuracy",
+    "mixed-result-runtime-invariants",
+    "mixed-result-matched-workload",
+    "mixed-result-source-and-measurements",
+    "mixed-result-measurement-results",
+    "fit-report",
+    "build",
+    "admission-decision",
+)
 
 
 @cache
 def json_schema(name: str) -> dict[str, Any]:
-    """Return a shipped JSON Schema (draft 2020-12) by name: fingerprint, predicate or bundle.
+    """Return a shipped JSON Schema (draft 2020-12) by name (one of :data:`JSON_SCHEMAS`).
 
     Raises:
         InvalidValueError: unknown name.

@@ -369,7 +369,7 @@ def test_drift_tolerances_and_k_mismatch(fitted: tuple[Any, Any]) -> None:
 
 
 def test_load_calibration_refuses_other_files(traces_file: Path, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="no 'dspark' footer key"):
+    with pytest.raises(ConfigError, match=r"a draft-round trace table .* not a signed artifact"):
         load_calibration(traces_file)
     (tmp_path / "sts.json").write_text('{"sts_temperatures": [1.0, -2.0]}')
     with pytest.raises(ConfigError, match=r"sts_temperatures\[2\] is -2.0"):
@@ -568,7 +568,7 @@ CLI_ERRORS = [
         lambda d: ["fit", "--traces", str(_nan_traces(d / "n.parquet")), "--out", str(d), "--method", "x"],
         "--method 'x'",
     ),
-    ("synth_suffix", lambda d: ["traces", "synth", "--out", str(d / "t.csv")], "use a .parquet name"),
+    ("synth_suffix", lambda d: ["traces", "synth", "--out", str(d / "t.csv")], "give a name ending in .parquet"),
     (
         "synth_spec",
         lambda d: ["traces", "synth", "--out", str(d / "t.parquet"), "--k", "3", "--temperatures", "1,2"],

@@ -120,7 +120,9 @@ from dspark_calibrate.calibrate.measurement.sweep import SweepRequest, execute
 out, resume = Path(sys.argv[1]), sys.argv[2] == "1"
 started = []
 def on_event(event):
-    if not started:
+    # Started means the journal exists: the stages before the first round (loading the backend,
+    # probing the deployment) come earlier.
+    if not started and event.kind not in ("stage", "estimate"):
         started.append(1)
         print("started", flush=True)
 req = SweepRequest(backend="synthetic", backend_options={"seed": 4, "real_delay_s": 0.0004},

@@ -437,7 +437,7 @@ GOLDEN_HEADINGS: tuple[str, ...] = (
 
 def test_first_line_is_the_verdict(page: Page, html: str) -> None:
     assert page.lines[0].startswith("DEPLOY — no blockers: signatures verified (bundle v1, trust root v1)")
-    assert "gain test ACCEPT +12.3% (95% CI +8.1% … +16.4%)" in page.lines[0]
+    assert "gain test ACCEPT +12.3% (95% CI +8.1% .. +16.4%)" in page.lines[0]
     assert "<title>DEPLOY" in html
 
 
@@ -721,7 +721,7 @@ BAD_BUNDLES = [
     pytest.param(_tamper_table, {}, Reason.LOGICAL_HASH_MISMATCH, id="table-altered-after-signing"),
     pytest.param(_garbage, {}, Reason.NOT_PARQUET, id="member-not-parquet"),
     pytest.param(_drop_manifest, {}, Reason.BUNDLE_MEMBER_MISSING, id="no-manifest"),
-    pytest.param(_drop_member, {}, Reason.IO_ERROR, id="member-file-missing"),
+    pytest.param(_drop_member, {}, Reason.BUNDLE_MEMBER_MISSING, id="member-file-missing"),
     pytest.param(None, {"expires_at": NOW + timedelta(minutes=30)}, Reason.EXPIRED, id="expired"),
     pytest.param(
         None,

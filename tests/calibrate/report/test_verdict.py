@@ -91,7 +91,7 @@ def test_verdict_is_no_go_although_signatures_verify(blocked: Any) -> None:
     v = blocked.verdict
     assert blocked.verified and not v.deploy and v.status == "NO-GO"
     assert blocked.headline.startswith(
-        "DO NOT DEPLOY — 5 blocker(s): SYNTHETIC (cost-table, calibration, admission)"
+        "DO NOT DEPLOY — 3 blocker(s): SYNTHETIC (cost-table, calibration, admission)"
     )
     assert "Signatures verified" in blocked.headline
     gates = {g.section: g.status for g in v.gates}

@@ -18,7 +18,7 @@ import hashlib
 import math
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -730,8 +730,12 @@ def run_fit(
     sts_approx: bool = False,
     plots: bool = True,
     created_at: str | None = None,
+    on_stage: Callable[[str], None] | None = None,
 ) -> tuple[FitResult, FitOutputs, float]:
     """Read traces, fit, and write every output (the ``fit`` command's one library call).
+
+    ``on_stage`` is told each stage as it starts (reading, fitting, writing), so a display can
+    say what a fit on millions of rounds is doing.
 
     Returns:
         The result, the outputs, and the reading time in seconds.
@@ -740,10 +744,13 @@ def run_fit(
         ConfigError: bad traces, options or fingerprint.
         OSError: an output cannot be written.
     """
+    stage = on_stage or (lambda _name: None)
+    stage("reading traces")
     t0 = time.perf_counter()
     traces = read_traces(trace_paths, k=k, sampling=sampling)
     read_seconds = time.perf_counter() - t0
     opts = options or FitOptions()
+    stage(f"fitting {traces.rounds:,} rounds and scoring the held-out requests")
     result = fit_traces(traces, opts)
     provenance = Provenance(
         tool_version=tool_version,
@@ -756,6 +763,7 @@ def run_fit(
             "sampling": sampling,
         },
     )
+    stage("writing the calibration, its report" + (" and plots" if plots else ""))
     outputs = write_fit_outputs(
         result, out_dir, fingerprint=fingerprint, provenance=provenance, sts_approx=sts_approx, plots=plots
     )

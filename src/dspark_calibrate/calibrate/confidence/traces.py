@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dspark_calibrate.artifacts import atomic_write_bytes, canonical_json
+from dspark_calibrate.artifacts import TRACE_FOOTER_KEY, atomic_write_bytes, canonical_json
 from dspark_calibrate.errors import ConfigError, InvalidValueError
 from dspark_calibrate.schemas import SCHEMA_VERSION, arrow_schema
 
@@ -77,9 +77,6 @@ __all__ = [
 MAX_K = 64
 #: Rounds per streamed batch (rows); about 34 MiB of arrays at K=5.
 DEFAULT_BATCH_ROWS = 1 << 20
-#: Parquet schema-metadata key that marks a trace file written by this package (kind, version,
-#: whether it is synthetic, the generator's parameters). Absent from traces written elsewhere.
-TRACE_FOOTER_KEY = b"dspark.trace"
 #: The only pairing of recorder shards whose logits belong to the exact draft pass that was
 #: verified (TensorRT-LLM's DSpark recorder); any other pairing mislabels rounds (DESIGN §8).
 RECORDER_PAIRING = "draft_seq_ring"

@@ -324,8 +324,10 @@ class CellResult:
 @dataclass(frozen=True, slots=True)
 class SweepEvent:
     """Progress report for a UI: kind is ``estimate`` (before measuring; ``detail`` says what the
-    sweep needs), ``round``, ``visit``, ``cell_done``, ``rewarm`` (``detail`` says why the re-warm
-    grew) or ``end``. ``eta_s`` comes from the measured time per visit."""
+    sweep needs), ``stage`` (work outside the rounds: loading the backend, probing the deployment,
+    summarising, writing, plotting; ``detail`` names it), ``round``, ``visit``, ``cell_done``,
+    ``rewarm`` (``detail`` says why the re-warm grew) or ``end``. ``eta_s`` comes from the measured
+    time per visit."""
 
     kind: str
     round: int
@@ -1259,6 +1261,12 @@ def run_sweep(
 
 def _finish_sweep(config: SweepConfig, harness: _Harness, *, resumed: bool) -> SweepResult:
     """Summarize every cell, tell the progress display the sweep ended, and state the result."""
+    # Summarising (bootstrap intervals, between-run variation) takes seconds on a large sweep.
+    harness._emit(
+        SweepEvent(
+            "stage", harness.round, harness._done(), len(harness.states), detail=f"summarising {len(config.cells)} cells"
+        )
+    )
     results, between, carry = finish_cells(config, harness.states, passes=harness.pass_epoch is not None)
     table = _samples_table((harness.states[c] for c in config.cells), config.key_columns)
     harness._emit(SweepEvent("end", harness.round, harness._done(), len(harness.states)))
@@ -1558,8 +1566,20 @@ def sweep(
             "world_size": config.world_size,
         },
     )
+    _stage(on_event, result, f"writing {out}")
     output = write_sweep(result, out, fingerprint=fingerprint, provenance=provenance)
+    if plot:
+        _stage(on_event, result, "plotting")
     return result, _maybe_plot(result, output, plot)
+
+
+def _stage(on_event: Callable[[SweepEvent], None] | None, result: SweepResult | None, detail: str) -> None:
+    """Tell the progress display what the sweep does outside its rounds."""
+    if on_event is None:
+        return
+    done = sum(1 for c in result.cells if c.decision.stops) if result is not None else 0
+    total = len(result.cells) if result is not None else 0
+    on_event(SweepEvent("stage", result.rounds if result is not None else 0, done, total, detail=detail))
 
 
 def result_from_imported(config: SweepConfig, imported: Any) -> SweepResult:
@@ -1744,12 +1764,14 @@ def execute(
     options = dict(request.backend_options)
     if request.backend == "trtllm":
         options.setdefault("ladder", list(request.ladder))
+    _stage(on_event, None, f"loading the {request.backend} backend")
     backend = load_backend(request.backend, options)
     try:
         if request.forced_k and getattr(backend, "supports_forced_k", False):
             cells = _plan(request, forced_k=True)
         fields = backend.fingerprint_fields()
         context_len = fields.pop("context_len", None)
+        _stage(on_event, None, "probing the deployment fingerprint")
         fingerprint = build_fingerprint(
             k=request.k,
             ladder=request.ladder,

@@ -7,7 +7,8 @@ Three modules, split by what they touch:
   what it could read of them, labelled untrusted.
 - :mod:`.model` (pure): :func:`build_report` turns the evidence into a :class:`Report` — identity,
   cost-table analysis, calibration, admission economics and a "what to check" list. Only
-  verified members reach those sections.
+  verified members reach those sections. :mod:`.facts` (pure) states the first screen's release
+  facts: expiry, deployment, signer, the admission receipt's digest, the prediction's objective.
 - :mod:`.render` (presentation): fills the Jinja2 templates in ``templates/`` with the model and
   the PNGs of :mod:`.plots`; :func:`write_report` runs the three stages and writes the page.
 
@@ -29,10 +30,12 @@ Example:
 
 from dspark_calibrate.calibrate.report.evidence import (
     Evidence,
+    ReceiptEvidence,
     TrustRootInfo,
     UntrustedInput,
     collect_evidence,
 )
+from dspark_calibrate.calibrate.report.facts import Fact
 from dspark_calibrate.calibrate.report.model import (
     REPORT_SECTIONS,
     Check,
@@ -52,6 +55,8 @@ __all__ = [
     "REPORT_SECTIONS",
     "Check",
     "Evidence",
+    "Fact",
+    "ReceiptEvidence",
     "Report",
     "ReportFormat",
     "ReportThresholds",

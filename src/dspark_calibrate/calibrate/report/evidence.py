@@ -12,6 +12,7 @@ Verification needs ``cryptography``; it is loaded on first use, not when this mo
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,16 +24,19 @@ from dspark_calibrate.artifacts import (
     ArtifactReadError,
     Finding,
     Reason,
+    loads_strict,
     read_artifact,
+    read_regular_file,
 )
-from dspark_calibrate.errors import ConfigError
+from dspark_calibrate.errors import ConfigError, DsparkError
 
 if TYPE_CHECKING:
-    from dspark_calibrate.artifacts import Expectation, MixedReport, TrustRoot, VerifiedArtifact
+    from dspark_calibrate.artifacts import BundleReport, Expectation, MixedReport, TrustRoot, VerifiedArtifact
 
 __all__ = [
     "MEMBER_KINDS",
     "Evidence",
+    "ReceiptEvidence",
     "TrustRootInfo",
     "UntrustedInput",
     "collect_evidence",
@@ -44,6 +48,10 @@ MEMBER_KINDS: tuple[str, ...] = ("cost-table", "calibration", "admission")
 #: Files read per input directory when listing untrusted inputs (a bundle has at most three members;
 #: the cap keeps a mistaken directory argument from reading a whole data folder).
 _MAX_UNTRUSTED_FILES = 8
+#: Largest TensorRT-LLM package file read for the receipt check, in bytes (the receipt is ~1 KB).
+_MAX_PACKAGE_FILE_BYTES = 1 << 20
+#: The pin the options file carries (written by ``export trtllm`` and the runtime form).
+_RECEIPT_PIN = re.compile(r'confidence_admission_receipt_sha256:\s*"?([0-9a-f]{64})"?')
 #: Footer claims shown for untrusted inputs (enough to recognise a file; never used for a decision).
 _CLAIMED_FIELDS: tuple[str, ...] = (
     "gpu",
@@ -64,6 +72,34 @@ class TrustRootInfo:
     expires: datetime
     artifact_threshold: int
     artifact_keyids: tuple[str, ...]
+    key_schemes: tuple[tuple[str, str], ...] = ()  # (keyid, signature scheme) of every root key
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptEvidence:
+    """The admission receipt this bundle exports to, and whether a package on disk is it.
+
+    The receipt pins the engine's selector identity, so its SHA-256 (what
+    ``extra_llm_api_options.yaml`` pins as ``confidence_admission_receipt_sha256``) is known once
+    a selector identity is: given directly, or read from an exported package's receipt.
+
+    Attributes:
+        sha256: SHA-256 of the receipt this bundle exports to (None: it could not be rendered).
+        selector_identity: the selector identity it was rendered for.
+        source: where the selector identity came from (``--selector-identity`` or the package).
+        package: the exported package directory that was checked, if any.
+        file_sha256: SHA-256 of that package's ``admission_receipt.json`` bytes.
+        pinned_sha256: the digest that package's ``extra_llm_api_options.yaml`` pins.
+        problem: why the package is not this bundle's (or the receipt could not be rendered).
+    """
+
+    sha256: str | None
+    selector_identity: str | None
+    source: str
+    package: str | None = None
+    file_sha256: str | None = None
+    pinned_sha256: str | None = None
+    problem: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +151,7 @@ class Evidence:
     untrusted: tuple[UntrustedInput, ...] = ()
     trust_root_unreadable: bool = False
     mixed: MixedReport | None = None
+    receipt: ReceiptEvidence | None = None
 
     @property
     def ok(self) -> bool:
@@ -219,14 +256,23 @@ def _load_root(
         expires=root.expires,
         artifact_threshold=root.artifact_threshold,
         artifact_keyids=tuple(sorted(root.artifact_keys)),
+        key_schemes=tuple(
+            sorted({kid: key.scheme for kid, key in {**root.root_keys, **root.artifact_keys}.items()}.items())
+        ),
     )
     return root, info, None, False
 
 
 def _verify_bundle_dir(
-    paths: tuple[Path, ...], root: TrustRoot, info: TrustRootInfo, now: datetime, expect: Expectation
+    paths: tuple[Path, ...],
+    root: TrustRoot,
+    info: TrustRootInfo,
+    now: datetime,
+    expect: Expectation,
+    package: _Package,
 ) -> Evidence:
-    """A bundle directory: the manifest and every member, then its optional mixed evidence."""
+    """A bundle directory: the manifest and every member, then its optional mixed evidence and
+    the admission receipt it exports to."""
     from dspark_calibrate.artifacts import verify_bundle, verify_mixed
 
     bundle = verify_bundle(paths[0], root, now=now, expected=expect)
@@ -242,6 +288,82 @@ def _verify_bundle_dir(
         bundle_version=bundle.version,
         manifest_keyids=bundle.manifest_keyids,
         mixed=mixed if mixed.present else None,
+        receipt=_receipt(bundle, package) if "admission" in members else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Package:
+    """What the caller gave to find the receipt: an exported package, a selector identity, or neither."""
+
+    trtllm: Path | None = None
+    selector_identity: str | None = None
+
+
+def _read_small(path: Path) -> bytes:
+    return read_regular_file(path, _MAX_PACKAGE_FILE_BYTES)
+
+
+def _package_receipt(directory: Path) -> tuple[str, str, str | None]:
+    """``(selector identity, receipt file sha256, pinned sha256)`` of an exported package.
+
+    Raises:
+        ConfigError: the package's receipt or options file cannot be read or parsed.
+    """
+    from dspark_calibrate.artifacts import RECEIPT_FILE, YAML_FILE
+
+    receipt_path, options_path = directory / RECEIPT_FILE, directory / YAML_FILE
+    try:
+        data = _read_small(receipt_path)
+        body = loads_strict(data, what=str(receipt_path))["admission"]
+        selector = body["selector_identity_sha256"]
+        options = _read_small(options_path).decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise ConfigError(f"{exc.filename or directory}: cannot read ({exc.strerror or exc})") from exc
+    except (ValueError, KeyError, TypeError) as exc:  # JsonError is a ValueError
+        raise ConfigError(f"{receipt_path}: not an admission receipt ({exc})") from exc
+    if not isinstance(selector, str):
+        raise ConfigError(f"{receipt_path}: admission.selector_identity_sha256 is not a string")
+    pin = _RECEIPT_PIN.search(options)
+    return selector, hashlib.sha256(data).hexdigest(), pin.group(1) if pin else None
+
+
+def _receipt(bundle: BundleReport, package: _Package) -> ReceiptEvidence | None:
+    """The receipt the verified bundle exports to, checked against the package when one is given.
+
+    The receipt's bytes depend only on the signed members and the selector identity (not on where
+    the files will live), so rendering it again here gives the exact digest the options pin.
+    """
+    from dspark_calibrate.artifacts import TrtllmInputs, render_trtllm
+
+    if package.trtllm is None and package.selector_identity is None:
+        return None
+    file_sha = pinned = None
+    source = "--selector-identity"
+    selector = package.selector_identity
+    try:
+        if package.trtllm is not None:
+            found, file_sha, pinned = _package_receipt(package.trtllm)
+            selector = selector or found
+            source = f"the receipt in {package.trtllm}"
+        assert selector is not None
+        sha = render_trtllm(TrtllmInputs.from_bundle(bundle), selector_identity=selector).receipt_sha256
+    except DsparkError as exc:
+        where = str(package.trtllm) if package.trtllm is not None else None
+        return ReceiptEvidence(None, selector, source, where, file_sha, pinned, problem=str(exc))
+    problem = None
+    if file_sha is not None and file_sha != sha:
+        problem = (
+            f"{package.trtllm}: its admission receipt (sha256 {file_sha}) is not the one this bundle exports "
+            f"(sha256 {sha}); export the bundle again (dspark-calibrate export trtllm --force)"
+        )
+    elif package.trtllm is not None and pinned != file_sha:
+        problem = (
+            f"{package.trtllm}: extra_llm_api_options.yaml pins {pinned or 'no receipt'}, not its receipt "
+            f"(sha256 {file_sha}); export the bundle again"
+        )
+    return ReceiptEvidence(
+        sha, selector, source, str(package.trtllm) if package.trtllm else None, file_sha, pinned, problem
     )
 
 
@@ -314,6 +436,8 @@ def collect_evidence(
     *,
     now: datetime,
     expected: Expectation | None = None,
+    trtllm: Path | str | None = None,
+    selector_identity: str | None = None,
 ) -> Evidence:
     """Read and verify the inputs; the I/O edge of the report.
 
@@ -326,6 +450,10 @@ def collect_evidence(
         trust_root: the pinned ``root.json`` path, or an already-loaded trust root.
         now: the verification time (timezone-aware).
         expected: kind-independent expectations (fingerprint binding, synthetic policy, maximum age).
+        trtllm: the package ``export trtllm`` wrote for this bundle: its receipt's digest is shown,
+            and a receipt (or options pin) that is not this bundle's is a finding of the page.
+        selector_identity: the engine's selector identity, to show the receipt digest without a
+            package (a package's own receipt names it otherwise).
 
     Returns:
         The evidence; ``evidence.ok`` only when the trust root loaded and every input verified.
@@ -348,5 +476,6 @@ def collect_evidence(
             paths, None, (problem,), untrusted=_untrusted_inputs(paths), trust_root_unreadable=unreadable
         )
     if paths[0].is_dir():
-        return _verify_bundle_dir(paths, root, info, now, expect)
+        package = _Package(Path(trtllm) if trtllm is not None else None, selector_identity)
+        return _verify_bundle_dir(paths, root, info, now, expect, package)
     return _verify_files(paths, root, info, now, expect)

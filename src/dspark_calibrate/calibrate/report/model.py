@@ -36,6 +36,7 @@ from dspark_calibrate.calibrate.report.evidence import (
     UntrustedInput,
     display,
 )
+from dspark_calibrate.calibrate.report.facts import Fact, receipt_checks, release_facts
 from dspark_calibrate.calibrate.report.sweep_checks import sweep_bias_checks
 from dspark_calibrate.calibrate.report.verdict import (
     SEVERITY_ORDER,
@@ -624,6 +625,9 @@ class Report:
         checks: the "what to check" list, blockers first.
         untrusted: the inputs as read without verification (only when not verified).
         trust_root_unreadable: the trust root file could not be read.
+        mixed: the bundle's mixed evidence, when it has any.
+        facts: the first screen's release facts (expiry, deployment, signer, receipt, prediction);
+            empty when the input did not verify.
     """
 
     verified: bool
@@ -644,6 +648,7 @@ class Report:
     verdict: Verdict
     trust_root_unreadable: bool = False
     mixed: MixedSection | None = None
+    facts: tuple[Fact, ...] = ()
 
     @property
     def blockers(self) -> tuple[Check, ...]:
@@ -672,6 +677,7 @@ class Report:
             "generated_at": self.generated_at.isoformat(),
             "tool_version": self.tool_version,
             "inputs": list(self.inputs),
+            "facts": [f.to_dict() for f in self.facts],
             "findings": [f.to_dict() for f in self.findings],
             "runtime_findings": [f.to_dict() for f in self.runtime_findings],
             "what_to_check": [g.to_dict() for g in self.check_groups],
@@ -1824,11 +1830,12 @@ def _passed(
     """What each deploy gate says when it passes (a gate absent here had nothing to check)."""
     arts = evidence.artifacts
     what = f"bundle v{evidence.bundle_version}" if evidence.is_bundle else "loose artifacts"
-    signers = sorted({kid for a in arts.values() for kid in a.signer_keyids} | set(evidence.manifest_keyids))
+    signers = {kid for a in arts.values() for kid in a.signer_keyids} | set(evidence.manifest_keyids)
     root = evidence.trust_root
     out = {
+        # The keyids themselves, whole, are on the "signed by" line below the gates.
         "verification": f"signatures verified: {what} ({', '.join(k for k in MEMBER_KINDS if k in arts)}) "
-        f"signed by {', '.join(k[:16] for k in signers)} against trust root v{root.version if root else '?'}",
+        f"signed by {len(signers)} key(s) of trust root v{root.version if root else '?'}",
         "identity": "measured on a real deployment, "
         + ("all three members present" if len(arts) == len(MEMBER_KINDS) else "required members present"),
     }
@@ -1838,7 +1845,7 @@ def _passed(
         out["calibration"] = f"STS temperature for each of the {calibration.k} positions"
     if admission is not None:
         gain = (
-            f" {_spct(admission.predicted_gain)} (95% CI {_spct(admission.predicted_gain_ci_low)} … "
+            f" {_spct(admission.predicted_gain)} (95% CI {_spct(admission.predicted_gain_ci_low)} .. "
             f"{_spct(admission.predicted_gain_ci_high)})"
             if admission.predicted_gain is not None
             and admission.predicted_gain_ci_low is not None
@@ -1884,6 +1891,7 @@ def build_report(evidence: Evidence, *, now: datetime, thresholds: ReportThresho
     checks += _admission_checks(admission, cost) if admission is not None else []
     mixed = _mixed_section(evidence)
     checks += _mixed_checks(mixed) if mixed is not None else []
+    checks += receipt_checks(evidence.receipt)
     ordered = _sorted_checks(checks)
     passed = _passed(evidence, cost, calibration, admission)
     root = evidence.trust_root
@@ -1910,4 +1918,11 @@ def build_report(evidence: Evidence, *, now: datetime, thresholds: ReportThresho
         thresholds=th,
         verdict=verdict,
         mixed=mixed,
+        facts=release_facts(
+            evidence,
+            identity,
+            arts["admission"].summary if "admission" in arts else None,
+            now=now,
+            expiry_warning=th.expiry_warning,
+        ),
     )

@@ -161,6 +161,8 @@ def write_report(
     expected: Expectation | None = None,
     thresholds: ReportThresholds | None = None,
     plots: bool = True,
+    trtllm: Path | str | None = None,
+    selector_identity: str | None = None,
 ) -> Report:
     """Verify the inputs, build the report and write it atomically to ``out``.
 
@@ -175,6 +177,10 @@ def write_report(
         expected: fingerprint binding and synthetic policy for verification.
         thresholds: what the "what to check" list flags.
         plots: embed plots in the HTML form.
+        trtllm: the package ``export trtllm`` wrote: its receipt digest goes on the first screen,
+            and a package that is not this bundle's is a blocker.
+        selector_identity: the engine's selector identity, to state the receipt digest without a
+            package.
 
     Returns:
         The report model (``report.verified`` says whether the inputs verified).
@@ -184,7 +190,9 @@ def write_report(
     """
     if fmt not in ("html", "md"):
         raise ConfigError(f"--format {fmt!r}: choose html or md")
-    evidence = collect_evidence(inputs, trust_root, now=now, expected=expected)
+    evidence = collect_evidence(
+        inputs, trust_root, now=now, expected=expected, trtllm=trtllm, selector_identity=selector_identity
+    )
     report = build_report(evidence, now=now, thresholds=thresholds)
     text = render_html(report, plots=plots) if fmt == "html" else render_markdown(report)
     try:

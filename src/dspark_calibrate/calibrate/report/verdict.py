@@ -313,7 +313,8 @@ def make_verdict(
     gates = tuple(_gate(section, name, checks, passed) for section, name in GATES)
     to_review = f"{warnings} warning(s) and {notes} note(s) to review"
     if blockers:
-        n = sum(b.count for b in blockers)
+        # One blocker per line of the list below the verdict (items of one family fold into one).
+        n = len(blockers)
         headline = f"DO NOT DEPLOY — {n} blocker(s): " + "; ".join(
             f"{b.family} ({', '.join(b.subjects)})" if b.count > 1 else b.codes[0] for b in blockers
         )
