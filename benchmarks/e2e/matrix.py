@@ -46,6 +46,7 @@ and ``summary`` evaluates the targets over every run present.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import math
@@ -635,22 +636,14 @@ def part_decode(
         )
     planner = pipeline.planner_name(choice["kind"], choice.get("mode"))
     rec.stage("forced_arm", time.perf_counter() - t, planner=planner, choice=choice)
-    runs: list[Run] = []
-    trust = pipeline.make_trust(args.work / "decode")
-    try:
-        for seed in ms.seeds:
-            for c in ms.levels:
-                t = time.perf_counter()
-                r = decode_run(
-                    s, ms, engine, live, tk, trust, static, forced, planner, seed, c, corpus, args.work
-                )
-                runs.append(r)
-                rec.entries.append(judge(r))
-                rec.stage(f"setup {r.id}", time.perf_counter() - t, **_setup_line(r))
-                rec.log(_setup_log(r))
-    finally:
-        shutil.rmtree(trust.key_dir, ignore_errors=True)
-    return runs
+    jobs = [
+        functools.partial(
+            decode_run, s, ms, engine, live, tk, static, forced, planner, seed, c, corpus, args.work
+        )
+        for seed in ms.seeds
+        for c in ms.levels
+    ]
+    return set_up(jobs, args.work / "decode", rec)
 
 
 def decode_settings(ms: MatrixSettings, args: argparse.Namespace) -> run.Settings:
@@ -681,7 +674,6 @@ def decode_run(
     engine: serving.Engine,
     live: Any,
     tk: Path,
-    trust: pipeline.TrustMaterial,
     static: serving.StaticPolicy,
     forced: serving.Policy | None,
     planner: str,
@@ -689,6 +681,7 @@ def decode_run(
     c: int,
     corpus: data.Corpus,
     work: Path,
+    trust: pipeline.TrustMaterial,
 ) -> Run:
     """Record, bracket, build (gated), admit and arm one decode run."""
     rid = f"decode-c{c}-s{seed}"
@@ -801,33 +794,25 @@ def part_mixed(
     forced = (
         None if verifier is None else pipeline.PlannerPolicy(verifier, name="forced-host", force_native=True)
     )
-    runs: list[Run] = []
-    trust = pipeline.make_trust(args.work / "mixed")
-    try:
-        for seed in ms.seeds:
-            for name, period in ms.periods:
-                t = time.perf_counter()
-                r = mixed_run(
-                    replace(s, period=period),
-                    name,
-                    engine,
-                    steps,
-                    live,
-                    tk,
-                    trust,
-                    static,
-                    forced,
-                    seed,
-                    corpus,
-                    args.work,
-                )
-                runs.append(r)
-                rec.entries.append(judge(r))
-                rec.stage(f"setup {r.id}", time.perf_counter() - t, **_setup_line(r))
-                rec.log(_setup_log(r))
-    finally:
-        shutil.rmtree(trust.key_dir, ignore_errors=True)
-    return runs
+    jobs = [
+        functools.partial(
+            mixed_run,
+            replace(s, period=period),
+            name,
+            engine,
+            steps,
+            live,
+            tk,
+            static,
+            forced,
+            seed,
+            corpus,
+            args.work,
+        )
+        for seed in ms.seeds
+        for name, period in ms.periods
+    ]
+    return set_up(jobs, args.work / "mixed", rec)
 
 
 def mixed_run(
@@ -837,12 +822,12 @@ def mixed_run(
     steps: Any,
     live: Any,
     tk: Path,
-    trust: pipeline.TrustMaterial,
     static: MixedArm,
     forced: serving.Policy | None,
     seed: int,
     corpus: data.Corpus,
     work: Path,
+    trust: pipeline.TrustMaterial,
 ) -> Run:
     """Record, bracket, build (gated, decode-only evidence), admit and arm one mixed run."""
     rid = f"{name}-s{seed}"
@@ -890,6 +875,26 @@ def mixed_run(
     return r
 
 
+def set_up(
+    jobs: Sequence[Callable[[pipeline.TrustMaterial], Run]], where: Path, rec: MatrixRecorder
+) -> list[Run]:
+    """Set up every run with one ephemeral signing key and trust root in ``where`` (the private key
+    is deleted after the last build); each run's entry is written as soon as it is set up."""
+    runs: list[Run] = []
+    trust = pipeline.make_trust(where)
+    try:
+        for job in jobs:
+            t = time.perf_counter()
+            r = job(trust)
+            runs.append(r)
+            rec.entries.append(judge(r))
+            rec.stage(f"setup {r.id}", time.perf_counter() - t, **_setup_line(r))
+            rec.log(_setup_log(r))
+    finally:
+        shutil.rmtree(trust.key_dir, ignore_errors=True)
+    return runs
+
+
 def _setup_line(r: Run) -> dict[str, Any]:
     j = r.judged
     return {
@@ -922,9 +927,7 @@ def play_rounds(runs: Sequence[Run], ms: MatrixSettings, rec: MatrixRecorder, de
     ``ms.rounds`` or the budget (three rounds always); the result is rewritten after each round."""
     per_round: list[float] = []
     for i in range(ms.rounds):
-        left = deadline - time.perf_counter()
-        if i >= MIN_ROUNDS and per_round and left < 1.5 * max(per_round):
-            rec.log(f"stopping after {i} rounds: {left:.0f}s left, a round takes {max(per_round):.0f}s")
+        if run.out_of_time(i, per_round, deadline, rec.log):
             break
         t = time.perf_counter()
         gains = []

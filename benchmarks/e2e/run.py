@@ -39,7 +39,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -845,9 +845,7 @@ def stage_experiment(
             lv.host_policy = pipeline.PlannerPolicy(lv.verifier, name="dynamic-host")
     per_pair: list[float] = []
     for i in range(s.pairs):
-        left = deadline - time.perf_counter()
-        if i >= MIN_PAIRS and per_pair and left < 1.5 * max(per_pair):
-            rec.log(f"stopping after {i} pairs: {left:.0f}s left, a pair round takes {max(per_pair):.0f}s")
+        if out_of_time(i, per_pair, deadline, rec.log):
             break
         t = time.perf_counter()
         for lv in levels:
@@ -876,6 +874,16 @@ def stage_experiment(
             str(lv.concurrency): [[a.summary(), b.summary()] for a, b in lv.pairs] for lv in levels
         }
         rec.stage("experiment", sum(per_pair), pairs_done=i + 1)
+
+
+def out_of_time(done: int, durations: Sequence[float], deadline: float, log: Callable[[str], None]) -> bool:
+    """Whether another round (of ``durations``' longest) would overrun ``deadline``; never before
+    :data:`MIN_PAIRS` rounds are ``done``. Says so through ``log`` when it stops."""
+    left = deadline - time.perf_counter()
+    if done < MIN_PAIRS or not durations or left >= 1.5 * max(durations):
+        return False
+    log(f"stopping after {done} rounds: {left:.0f}s left, a round takes {max(durations):.0f}s")
+    return True
 
 
 def stage_analysis(

@@ -211,18 +211,24 @@ def test_tiny_mixed_proof_end_to_end(tmp_path: Path) -> None:
         assert outcome["planner"] == "host" and outcome["overhead"]["per_step_ms"] == overhead["per_step_ms"]
 
 
+def _built(bundle: MixedBundle) -> dict[str, Any]:
+    """The build outcome the experiment records for a built bundle."""
+    full = bundle.result.to_dict()
+    return {
+        "status": "built",
+        "bundle": str(bundle.bundle),
+        "summary": full["summary"],
+        "mixed": full["mixed"],
+    }
+
+
 def test_admitted_mixed_bundle_drives_the_arms_and_predictions(
     mixed_tp1: MixedBundle, tmp_path: Path
 ) -> None:
     """The experiment's admission, arms, predictions and mixed export over a real one-GPU bundle
     with mixed evidence (built from synthetic sweeps, so synthetic evidence is allowed here)."""
+    outcome = _built(mixed_tp1)
     full = mixed_tp1.result.to_dict()
-    outcome = {
-        "status": "built",
-        "bundle": str(mixed_tp1.bundle),
-        "summary": full["summary"],
-        "mixed": full["mixed"],
-    }
     fingerprint = mixed_tp1.files.fingerprint
     ladder = tuple(fingerprint.rank_local_graph_batch_sizes or ())
     k = int(fingerprint.max_draft_len or 0)
@@ -277,13 +283,7 @@ def test_ungated_arms_serve_the_bundles_cells_without_the_gain_test(
     from dspark_calibrate.runtime_plugin.engine import DynamicVerifier
     from tests.calibrate.build_factories import build_options
 
-    full = mixed_tp1.result.to_dict()
-    outcome = {
-        "status": "built",
-        "bundle": str(mixed_tp1.bundle),
-        "summary": full["summary"],
-        "mixed": full["mixed"],
-    }
+    outcome = _built(mixed_tp1)
     fp, root = mixed_tp1.files.fingerprint, mixed_tp1.root_file
     ladder, k = tuple(fp.rank_local_graph_batch_sizes or ()), int(fp.max_draft_len or 0)
     live = MixedLive(TP1_BUCKETS, MIXED_EXECUTION_MODE)
