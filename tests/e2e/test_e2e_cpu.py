@@ -253,6 +253,7 @@ def test_tiny_pipeline_end_to_end(tmp_path: Path) -> None:
         assert run.main(["--tiny", "--out", str(tmp_path)]) == 0
     finally:
         torch.set_num_threads(threads)
+        torch.set_flush_denormal(False)  # run.torch_device set it for the CPU run; later tests need it off
     result = json.loads((tmp_path / "e2e.json").read_text())
     assert result["status"] == "done"
     assert result["identical_outputs"] is True

@@ -172,6 +172,7 @@ def test_tiny_mixed_proof_end_to_end(tmp_path: Path) -> None:
         assert mixed.main(["--tiny", "--out", str(tmp_path)]) == 0
     finally:
         torch.set_num_threads(threads)
+        torch.set_flush_denormal(False)  # run.torch_device set it for the CPU run; later tests need it off
     result = json.loads((tmp_path / "e2e_mixed.json").read_text())
     assert result["status"] == "done", result.get("error")
     assert result["identical_outputs"] is True
