@@ -55,6 +55,7 @@ import platform
 import shutil
 import sys
 import time
+import traceback
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -450,10 +451,10 @@ def _previous(path: Path, header: dict[str, Any]) -> dict[str, Any]:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    same = doc.get("commit") == header["commit"] and (doc.get("gpu") or {}).get("name") == header["gpu"].get(
-        "name"
-    )
-    return doc if isinstance(doc, dict) and same else {}
+    if not isinstance(doc, dict) or doc.get("commit") != header["commit"]:
+        return {}
+    same_gpu = (doc.get("gpu") or {}).get("name") == header["gpu"].get("name")
+    return doc if same_gpu else {}
 
 
 def configs(ms: MatrixSettings) -> list[str]:
@@ -637,8 +638,11 @@ def part_decode(
     planner = pipeline.planner_name(choice["kind"], choice.get("mode"))
     rec.stage("forced_arm", time.perf_counter() - t, planner=planner, choice=choice)
     jobs = [
-        functools.partial(
-            decode_run, s, ms, engine, live, tk, static, forced, planner, seed, c, corpus, args.work
+        (
+            f"decode-c{c}-s{seed}",
+            functools.partial(
+                decode_run, s, ms, engine, live, tk, static, forced, planner, seed, c, corpus, args.work
+            ),
         )
         for seed in ms.seeds
         for c in ms.levels
@@ -795,19 +799,22 @@ def part_mixed(
         None if verifier is None else pipeline.PlannerPolicy(verifier, name="forced-host", force_native=True)
     )
     jobs = [
-        functools.partial(
-            mixed_run,
-            replace(s, period=period),
-            name,
-            engine,
-            steps,
-            live,
-            tk,
-            static,
-            forced,
-            seed,
-            corpus,
-            args.work,
+        (
+            f"{name}-s{seed}",
+            functools.partial(
+                mixed_run,
+                replace(s, period=period),
+                name,
+                engine,
+                steps,
+                live,
+                tk,
+                static,
+                forced,
+                seed,
+                corpus,
+                args.work,
+            ),
         )
         for seed in ms.seeds
         for name, period in ms.periods
@@ -876,16 +883,32 @@ def mixed_run(
 
 
 def set_up(
-    jobs: Sequence[Callable[[pipeline.TrustMaterial], Run]], where: Path, rec: MatrixRecorder
+    jobs: Sequence[tuple[str, Callable[[pipeline.TrustMaterial], Run]]], where: Path, rec: MatrixRecorder
 ) -> list[Run]:
     """Set up every run with one ephemeral signing key and trust root in ``where`` (the private key
-    is deleted after the last build); each run's entry is written as soon as it is set up."""
+    is deleted after the last build); each run's entry is written as soon as it is set up.
+
+    A run whose set-up raises is recorded (``failed_runs``, with its traceback) and left out, so
+    the others still measure; the summary then names it missing.
+    """
     runs: list[Run] = []
     trust = pipeline.make_trust(where)
     try:
-        for job in jobs:
+        for rid, job in jobs:
             t = time.perf_counter()
-            r = job(trust)
+            try:
+                r = job(trust)
+            except Exception as exc:  # one run's failure must not cost the part's other runs
+                rec.result.setdefault("failed_runs", []).append(
+                    {
+                        "id": rid,
+                        "error": f"{type(exc).__name__}: {exc}",
+                        "traceback": traceback.format_exc()[-4000:],
+                    }
+                )
+                rec.log(f"{rid}: set-up FAILED ({type(exc).__name__}: {exc}); the part goes on without it")
+                rec.write()
+                continue
             runs.append(r)
             rec.entries.append(judge(r))
             rec.stage(f"setup {r.id}", time.perf_counter() - t, **_setup_line(r))
