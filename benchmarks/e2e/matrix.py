@@ -892,6 +892,7 @@ def set_up(
     the others still measure; the summary then names it missing.
     """
     runs: list[Run] = []
+    where.mkdir(parents=True, exist_ok=True)
     trust = pipeline.make_trust(where)
     try:
         for rid, job in jobs:

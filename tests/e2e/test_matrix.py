@@ -360,3 +360,42 @@ def test_tiny_matrix_part_by_part(tmp_path: Path) -> None:
     for part in ("decode", "mixed"):
         assert (work / part / "toolkit" / "deployment.json").exists()
     assert (tmp_path / "two" / "prediction_matrix.png").exists()
+
+
+def test_a_run_whose_set_up_fails_is_recorded_and_the_others_go_on(tmp_path: Path) -> None:
+    from dspark_calibrate.calibrate.deployment.workload import synthesize_workload
+
+    ms = matrix.make_matrix_settings(matrix.build_parser().parse_args(["--tiny"]))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "work").mkdir()
+    rec = matrix.MatrixRecorder(
+        tmp_path / "out", tmp_path / "work", "decode", ms, {"commit": "c", "gpu": {"name": "CPU"}}
+    )
+    rec.result["command"] = "matrix.py --part decode"
+    judged = matrix.prediction_of(
+        {"status": "refused", "reason": "r"}, {"active": False}, synthesize_workload(steps=20)
+    )
+
+    keys = []
+
+    def good(trust: Any) -> matrix.Run:
+        assert trust.root_path.exists() and trust.private_key.exists()
+        keys.append(trust.key_dir)
+        return matrix.Run(
+            "decode-c8-s1", "decode", 1, 8, lambda arm: None, None, None, np.zeros((1, 1)), judged, {}
+        )
+
+    def bad(trust: Any) -> matrix.Run:
+        raise RuntimeError("the planner did not compile")
+
+    runs = matrix.set_up([("decode-c4-s1", bad), ("decode-c8-s1", good)], tmp_path / "keys", rec)
+    assert [r.id for r in runs] == ["decode-c8-s1"]
+    (failed,) = rec.result["failed_runs"]
+    assert (
+        failed["id"] == "decode-c4-s1"
+        and "did not compile" in failed["error"]
+        and "Traceback" in failed["traceback"]
+    )
+    doc = json.loads((tmp_path / "work" / matrix.RESULT).read_text())
+    assert "decode-c4-s1" in doc["summary"]["missing"] and [e["id"] for e in doc["runs"]] == ["decode-c8-s1"]
+    assert keys and not keys[0].exists()  # the private key is gone once the runs are set up
