@@ -596,20 +596,30 @@ def ungated_arm(
     )
 
 
-def prediction_of(outcome: dict[str, Any], decision: Any, *, part: str) -> dict[str, Any]:
+def prediction_of(
+    outcome: dict[str, Any], decision: Any, *, part: str, served: MixedArm | None = None
+) -> dict[str, Any]:
     """An arm's predicted gain and CI from build's signed summaries.
 
     ``part``: ``decode`` (the decode summary: decode policy, mixed steps native or left out) or
     ``mixed`` (the mixed admission summary: decode + mixed). A refused build or an inactive
-    decision deploys nothing: the prediction is exactly 0.
+    decision deploys nothing: the prediction is exactly 0. ``served`` (``--ungated``) is the arm
+    that runs instead of the decision's: what it runs (a decode planner, a mixed table) decides
+    which of the build's predictions applies.
     """
-    if outcome.get("status") != "built" or decision is None or not decision.active:
+    if served is not None:
+        decode_on = not isinstance(served.decode, serving.StaticPolicy)
+        mixed_on = served.table is not None
+    else:
+        decode_on = decision is not None and decision.active
+        mixed_on = decode_on and decision.mixed is not None and decision.mixed.active
+    if outcome.get("status") != "built" or not decode_on:
         why = outcome.get("reason") or (decision.reason_code if decision is not None else "no bundle")
         return {"predicted_gain": 0.0, "predicted_ci": [0.0, 0.0], "source": f"static K ({why})"}
     if part == "mixed":
         mixed = outcome.get("mixed") or {}
         summary = mixed.get("summary")
-        if summary is not None and decision.mixed is not None and decision.mixed.active:
+        if summary is not None and mixed_on:
             return {
                 "predicted_gain": float(summary["predicted_gain"]),
                 "predicted_ci": [
@@ -770,22 +780,24 @@ def stage_toolkit(
         arm_of("decode_only", d_decode, s.ladder, b.k, use_mixed=False),
         arm_of("decode_mixed", d_mixed, s.ladder, b.k, use_mixed=True),
     ]
+    ungated: list[MixedArm | None] = [None, None]
     if b.ungated:  # the bundles' own cells drive the dynamic arms, the gain tests bypassed
         fp, root = live.fingerprint, trust.root_path
-        x.arms[1:] = [
+        ungated = [
             ungated_arm("decode_only", builds["decode_only"], root, fp, None, s.ladder, b.k),
             ungated_arm("decode_mixed", builds["decode_mixed"], root, fp, route_live, s.ladder, b.k),
         ]
+        x.arms[1:] = [a for a in ungated if a is not None]
     return {
         "static": {"predicted_gain": 0.0, "predicted_ci": [0.0, 0.0], "source": "the baseline"},
         "decode_only": {
-            **prediction_of(builds["decode_only"], d_decode, part="decode"),
+            **prediction_of(builds["decode_only"], d_decode, part="decode", served=ungated[0]),
             "as_decode_only_table": True,
             # The same arm as the mixed-aware model prices it: the decode policy with mixed
             # steps native, over every step (the decode + mixed bundle's decode summary).
-            "mixed_aware": prediction_of(builds["decode_mixed"], d_decode, part="decode"),
+            "mixed_aware": prediction_of(builds["decode_mixed"], d_decode, part="decode", served=ungated[0]),
         },
-        "decode_mixed": prediction_of(builds["decode_mixed"], d_mixed, part="mixed"),
+        "decode_mixed": prediction_of(builds["decode_mixed"], d_mixed, part="mixed", served=ungated[1]),
     }
 
 

@@ -298,6 +298,12 @@ def test_ungated_arms_serve_the_bundles_cells_without_the_gain_test(
     assert arm.table == decision.mixed.table and not arm.plan_on_mixed
     plain = mixed.ungated_arm("x", outcome, root, fp, None, ladder, k, **kw)
     assert plain.table is None and plain.plan_on_mixed
+    # The prediction judged is the one of what the arm runs: with the mixed table, the mixed summary.
+    summary, mixed_summary = outcome["summary"], outcome["mixed"]["summary"]
+    got = mixed.prediction_of(outcome, None, part="mixed", served=arm)
+    assert got["predicted_gain"] == mixed_summary["predicted_gain"]
+    got = mixed.prediction_of(outcome, None, part="mixed", served=plain)
+    assert got["predicted_gain"] == summary["predicted_gain"]
     # Economics that refuse (an overhead far above what the cells save): admission keeps static K,
     # the ungated verifier still serves the bundle's compact cells behind its drain guard.
     files = mixed_tp1.files
@@ -317,6 +323,12 @@ def test_ungated_arms_serve_the_bundles_cells_without_the_gain_test(
     verifier = pipeline.ungated_verifier(refused, root, fp, **kw)
     table = verifier.cost_table
     assert table.drain_guard is not None and any(table.compact_budgets(g) for g in table.graph_batch_sizes)
+    # Gated, the deployment is static K (predicted 0); ungated, the build's own prediction is judged.
+    refused_outcome = {"status": "built", "bundle": str(refused), "summary": dict(built.summary)}
+    assert mixed.prediction_of(refused_outcome, d2, part="decode")["predicted_gain"] == 0.0
+    served = mixed.ungated_arm("x", refused_outcome, root, fp, None, ladder, k, **kw)
+    got = mixed.prediction_of(refused_outcome, d2, part="decode", served=served)
+    assert got["predicted_gain"] == built.summary["predicted_gain"]
     # A bundle that does not verify is not served.
     broken = tmp_path / "broken"
     shutil.copytree(refused, broken)
