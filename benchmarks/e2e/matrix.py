@@ -520,6 +520,7 @@ def deployment(
         tk / "traces.parquet", tk / "fit", live.fingerprint, k, seed=seed, force=tiny
     )
     rec.stage("traces_fit", time.perf_counter() - t, rounds=rounds, fit=fit_result.summary())
+    rec.log(f"traces and fit: {rounds} draft rounds in {time.perf_counter() - t:.1f}s")
     marker.write_text(
         json.dumps({"fingerprint_digest": digest, "deployment": run.json_safe(described)}, indent=2),
         encoding="utf-8",
@@ -614,6 +615,7 @@ def part_decode(
     ]
     engine, attention, _ = run.build_engine(s, trained, device, cells, graphs=not args.no_graphs, log=rec.log)
     rec.stage("engine", time.perf_counter() - t, cells=len(cells))
+    rec.log(f"decode engine: {len(cells)} cells in {time.perf_counter() - t:.1f}s")
     static = serving.StaticPolicy(s.ladder, s.k)
     tk = args.work / "decode" / "toolkit"
     budgets = pipeline.candidate_budgets(s.ladder, s.k, s.budget_multiples)
@@ -637,6 +639,9 @@ def part_decode(
         )
     planner = pipeline.planner_name(choice["kind"], choice.get("mode"))
     rec.stage("forced_arm", time.perf_counter() - t, planner=planner, choice=choice)
+    rec.log(
+        f"forced-K arm of the {planner} planner ready in {time.perf_counter() - t:.1f}s ({choice.get('kind')})"
+    )
     jobs = [
         (
             f"decode-c{c}-s{seed}",
@@ -777,6 +782,9 @@ def part_mixed(
     steps.prepare()
     rec.stage(
         "engine", time.perf_counter() - t, cells=len(engine.cells), mixed_buckets=len(s.traffic.buckets)
+    )
+    rec.log(
+        f"mixed engine: {len(s.traffic.buckets)} fixed-shape mixed steps ready in {time.perf_counter() - t:.1f}s"
     )
     b = s.base
     static = MixedArm("static", serving.StaticPolicy(s.ladder, b.k))
