@@ -27,7 +27,7 @@ interval reaches into the band: more pairs would decide). Pure functions over pl
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,7 +38,7 @@ from dspark_calibrate.runtime_plugin.planner import Calibration, CostTable, Step
 
 from .serving import RunResult, StepRecord
 
-__all__ = ["AGREEMENT_PP", "lag_report", "level_report", "step_logits", "t_interval"]
+__all__ = ["AGREEMENT_PP", "lag_report", "level_report", "native_overhead_ms", "step_logits", "t_interval"]
 
 #: The issue's aim: predicted within ±3 percentage points of realised.
 AGREEMENT_PP = 3.0
@@ -52,6 +52,26 @@ def t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float
         return mean, math.nan, math.nan
     half = float(stats.t.ppf(0.5 + confidence / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
     return mean, mean - half, mean + half
+
+
+def native_overhead_ms(
+    static: Mapping[Hashable, tuple[int, float]], dynamic: Mapping[Hashable, tuple[int, float]]
+) -> float:
+    """The confidence path's per-step cost as the arms themselves paid it, from one pair of runs.
+
+    Both maps give, per native step shape (a decode cell ``(G, 0)``, a native mixed step's
+    capacity), the steps run and their summed wall time (ms). A dynamic arm's native step runs
+    the same work as static K's in that shape plus the confidence path, so the difference of
+    their mean step times, averaged over the dynamic arm's native steps (shapes static K did not
+    run are left out), is what the path cost where it was paid. NaN without a shared shape.
+    """
+    diffs, weights = [], []
+    for key, (n, ms) in dynamic.items():
+        base = static.get(key)
+        if n > 0 and base is not None and base[0] > 0:
+            diffs.append(ms / n - base[1] / base[0])
+            weights.append(n)
+    return float(np.average(diffs, weights=weights)) if weights else math.nan
 
 
 def step_logits(records: Sequence[StepRecord]) -> list[np.ndarray]:

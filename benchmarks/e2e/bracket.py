@@ -12,8 +12,9 @@ apart. Steps ``i // m`` form cycle i; a cycle whose steps all ran the same G giv
 difference per planner arm, ``t_arm − t_static``. A run's estimate is the mean over its cycles;
 successive runs rotate the order of the arms, forwards then backwards (each arm at every place
 of a cycle equally often, :func:`cycle_order`), and the interval is a Student-t 95% interval over runs (the
-run, not the step, is the unit: it carries the process and drift variation). Its upper end is
-what ``build`` charges every policy step.
+run, not the step, is the unit: it carries the process and drift variation). ``build`` is handed
+the runs themselves (:func:`overhead_evidence`), one mean per run, and draws the overhead from
+them inside its joint replicates: the point and the spread, not a bound on top of a bound.
 
 Pure statistics here (plus :func:`run_bracket`, which serves); the coverage of the interval is
 tested on simulated runs with a known overhead.
@@ -23,14 +24,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .analysis import t_interval
-from .serving import CyclePolicy, Policy, RunResult
+from .serving import CyclePolicy, Plan, Policy, RunResult, StepOutput
 
-__all__ = ["STATIC_ARM", "cycle_order", "overhead_source", "run_bracket", "run_estimate", "summarize"]
+if TYPE_CHECKING:
+    from dspark_calibrate.calibrate.deployment.uncertainty import OverheadEvidence
+
+__all__ = [
+    "STATIC_ARM",
+    "ArmLog",
+    "cycle_order",
+    "overhead_evidence",
+    "overhead_source",
+    "run_bracket",
+    "run_estimate",
+    "summarize",
+]
 
 #: The arm every planner arm is paired with.
 STATIC_ARM = "static"
@@ -118,14 +131,52 @@ def summarize(
     return out
 
 
-def overhead_source(arm: str, summary: dict[str, Any], concurrency: int) -> str:
-    """The sentence that says how an overhead bound was measured (for build's economics)."""
+def overhead_source(arm: str, summary: dict[str, Any], where: str) -> str:
+    """The sentence that says how an arm's overhead was measured (for build's provenance);
+    ``where`` names the load, e.g. ``at concurrency 256``."""
+    lo, hi = summary["ci"]
     return (
-        f"measured: serving-loop release bracket at concurrency {concurrency}, arm {arm} (confidence path "
-        f"on, every window forced to K) minus static K, step-interleaved in {summary['runs']} runs "
-        f"({summary['cycles']} paired step cycles); upper end of the {summary['confidence']:.0%} Student-t "
-        f"interval over runs (mean {summary['overhead_ms']:.4f} ms)"
+        f"serving-loop release bracket {where}, arm {arm} (confidence path on, every "
+        f"window forced to K) minus static K, step-interleaved in {summary['runs']} runs "
+        f"({summary['cycles']} paired step cycles), one mean per run; mean {summary['overhead_ms']:.4f} ms, "
+        f"{summary['confidence']:.0%} Student-t interval over runs {lo:.4f}..{hi:.4f} ms"
     )
+
+
+def overhead_evidence(planner: str, arm: str, summary: dict[str, Any], where: str) -> OverheadEvidence | None:
+    """The runs of one arm as build's overhead evidence for ``planner`` (None below two runs);
+    ``where`` names the load it was measured under (:func:`overhead_source`)."""
+    from dspark_calibrate.calibrate.deployment.uncertainty import OverheadEvidence
+
+    runs = tuple(float(x) for x in summary.get("per_run_ms", ()) if math.isfinite(x))
+    if len(runs) < 2:
+        return None
+    return OverheadEvidence(planner, runs, overhead_source(arm, summary, where))
+
+
+class ArmLog:
+    """A :class:`CyclePolicy` that also notes which arm planned each step, for serving loops whose
+    own step log does not carry the arm (the mixed loop); ``arms[i]`` is the arm of the i-th
+    planned step."""
+
+    def __init__(self, cycle: CyclePolicy) -> None:
+        self.cycle = cycle
+        self.name = cycle.name
+        self.arms: list[int] = []
+
+    def plan(self, confidence: np.ndarray) -> Plan:
+        """The cycle's plan for this step, its arm noted."""
+        out = self.cycle.plan(confidence)
+        self.arms.append(self.cycle.arm)
+        return out
+
+    def observe(self, out: StepOutput) -> None:
+        """Hand the step's output to the arm that planned it."""
+        self.cycle.observe(out)
+
+    def finish(self) -> dict[str, Any]:
+        """The arms' statistics (the cycle's)."""
+        return self.cycle.finish()
 
 
 def run_bracket(

@@ -278,8 +278,13 @@ def write_mixed_workload(result: MixedRun, path: Path, fingerprint: Any, *, sour
             "bootstrap": pa.array([False] * (n_c + n_g), pa.bool_()),
         }
     )
+    # Per-step wall time and queue depth, keyed by the step id the rows carry (prefill-only
+    # steps have no rows and so no entry in the workload).
+    times = {e[0]: e[2] for e in result.step_log}
+    queued = dict(zip((e[0] for e in result.step_log), result.waiting, strict=True))
+    steps = [r.step for r in recs]
     workload = workload_from_arrays(
-        step=np.array([r.step for r in recs], dtype=np.int64),
+        step=np.array(steps, dtype=np.int64),
         rank=np.zeros(len(recs), dtype=np.int64),
         request_id=[pipeline.request_key(r.request) for r in recs],
         logits=np.stack([r.confidence for r in recs]).astype(np.float32),
@@ -293,53 +298,93 @@ def write_mixed_workload(result: MixedRun, path: Path, fingerprint: Any, *, sour
         source=source,
         fingerprint=fingerprint,
         mixed=mixed,
+        step_time_ms=np.array([times[i] for i in steps], dtype=np.float64),
+        waiting=np.array([queued[i] for i in steps], dtype=np.float64),
     )
     write_workload(path, workload, fingerprint=fingerprint)
     return workload
 
 
+def decode_records(result: MixedRun) -> list[serving.StepRecord]:
+    """A recorded run's generation rows (decode and mixed steps) as draft rounds for a trace file."""
+    return [
+        serving.StepRecord(r.step, r.request, r.round, r.confidence, r.accepted, r.verified, r.output_len)
+        for r in result.records
+    ]
+
+
 # -- stages -------------------------------------------------------------------------------------
-def stage_overhead(x: Experiment, verifier: Any, rec: run.Recorder) -> dict[str, Any]:
+def overhead_run(
+    x: Experiment, static: serving.Policy, forced: serving.Policy, run_index: int
+) -> dict[str, Any]:
+    """One run of the release bracket in the mixed serving loop: static K and ``forced`` (the
+    dynamic arms' planner, every window forced to K) take turns step by step, decode and mixed
+    steps alike (the planner runs on mixed steps and its plan is dropped, as in the dynamic arms).
+
+    A cycle pairs two steps of the same kind and shape (a decode G, or a mixed step's capacity);
+    prefill-only steps plan nothing and are left out. Returns :func:`bracket.run_estimate`'s dict.
+    """
+    from benchmarks.e2e import bracket
+
+    cycle = bracket.ArmLog(
+        serving.CyclePolicy([static, forced], order=bracket.cycle_order(run_index, 2), name="bracket")
+    )
+    result = x.serve(MixedArm("bracket", cycle, plan_on_mixed=True))
+    x.check(f"overhead {run_index}", result)
+    planned = [e for e in result.step_log if e[1] != "prefill"]
+    if len(planned) != len(cycle.arms):
+        raise RuntimeError(
+            f"{len(cycle.arms)} plans for {len(planned)} planned steps: the cycle lost its place"
+        )
+    # A decode step is keyed by its cell (G, V); a mixed one by its capacity, negated so that it
+    # never pairs with a decode G, and V 0 when it ran native (every step of both arms does).
+    log = [
+        (ms, g, v, arm) if kind == "decode" else (ms, -g, int(g != v), arm)
+        for (_, kind, ms, g, v, _), arm in zip(planned, cycle.arms, strict=True)
+    ]
+    names = [bracket.STATIC_ARM, forced.name]
+    est = bracket.run_estimate(log, names)
+    est["order"] = [names[i] for i in cycle.cycle.order]
+    return est
+
+
+def stage_overhead(x: Experiment, verifier: Any, rec: run.Recorder) -> tuple[dict[str, Any], Any]:
     """The confidence path's per-step cost in the serving loop, before build.
 
-    Static K and the host planner with every window forced to K (so steps, outputs and the mixed
-    steps are static K's; the planner runs on every step, mixed ones included) alternate for
-    ``overhead_runs`` runs each; a run's cost is its planning time per step, the overhead the
-    paired difference, with a Student-t 95% interval over runs. Build charges its upper bound.
+    The host planner (what the dynamic arms serve with) with every window forced to K, so steps,
+    outputs and the mixed steps are static K's, against static K, step-interleaved in
+    ``overhead_runs`` runs (:func:`overhead_run`); one mean per run. Build draws those runs.
+
+    Returns:
+        A JSON-ready record and the ``OverheadEvidence`` (None when not measured).
     """
+    from benchmarks.e2e import bracket
+
     t = time.perf_counter()
     if verifier is None:
         rec.stage("overhead", time.perf_counter() - t, note="no planner inputs: build's default")
-        return {"overhead_ms": None, "source": "not measured: the sweep lacks the largest native cell"}
-    static = MixedArm("static", serving.StaticPolicy(x.s.ladder, x.s.base.k))
-    forced = MixedArm(
-        "forced-host",
-        pipeline.PlannerPolicy(verifier, name="forced-host", force_native=True),
-        plan_on_mixed=True,
-    )
-    diffs, runs = [], []
-    for i in range(x.s.overhead_runs):
-        pair = [static, forced] if i % 2 == 0 else [forced, static]
-        got = {a.name: x.serve(a) for a in pair}
-        for name, r in got.items():
-            x.check(f"overhead {i} {name}", r)
-        per = {n: 1000.0 * r.plan_seconds / max(r.steps, 1) for n, r in got.items()}
-        diffs.append(per["forced-host"] - per["static"])
-        runs.append(per)
-    mean, lo, hi = analysis.t_interval(diffs)
+        return {"planner": "host", "source": "not measured: the sweep lacks the largest native cell"}, None
+    static = serving.StaticPolicy(x.s.ladder, x.s.base.k)
+    forced = pipeline.PlannerPolicy(verifier, name="forced-host", force_native=True)
+    runs = [overhead_run(x, static, forced, i) for i in range(x.s.overhead_runs)]
+    summary = bracket.summarize(runs, [bracket.STATIC_ARM, forced.name])[forced.name]
+    evidence = bracket.overhead_evidence("host", forced.name, summary, "under the prefill traffic")
     out = {
-        "overhead_ms": max(0.0, hi) if math.isfinite(hi) else None,
-        "estimate_ms": mean,
-        "ci_ms": [lo, hi],
+        "planner": "host",
+        "arm": forced.name,
+        "per_step_ms": summary["per_run_ms"],
+        "estimate_ms": summary["overhead_ms"],
+        "ci_ms": summary["ci"],
+        "cycles": summary["cycles"],
         "runs": runs,
-        "source": (
-            f"measured: host planner per-step time in the serving loop with prefill traffic (forced-K arm minus "
-            f"static K, upper 95% bound over {len(diffs)} runs)"
-        ),
+        "source": evidence.source if evidence is not None else "fewer than two usable runs: build's default",
     }
     rec.stage("overhead", time.perf_counter() - t, **out)
-    rec.log(f"confidence path: {mean * 1000:+.1f} us/step (CI {lo * 1000:+.1f}..{hi * 1000:+.1f})")
-    return out
+    lo, hi = summary["ci"]
+    rec.log(
+        f"confidence path: {summary['overhead_ms'] * 1000:+.1f} us/step (CI {lo * 1000:+.1f}..{hi * 1000:+.1f})"
+    )
+    return out, evidence
 
 
 def stage_mixed_sweep(
@@ -505,20 +550,84 @@ def arm_of(name: str, decision: Any, ladder: tuple[int, ...], k: int, *, use_mix
     )
 
 
-def prediction_of(outcome: dict[str, Any], decision: Any, *, part: str) -> dict[str, Any]:
+def ungated_arm(
+    name: str,
+    outcome: dict[str, Any],
+    root_path: Path,
+    fingerprint: Any,
+    mixed_live: Any,
+    ladder: tuple[int, ...],
+    k: int,
+    *,
+    now: datetime | None = None,
+    allow_synthetic: bool = False,
+) -> MixedArm:
+    """The arm a built bundle drives with the runtime's gain tests bypassed (``--ungated``): its
+    decode cells, drain guard and calibration (:func:`pipeline.ungated_verifier`) and, with
+    ``mixed_live``, its verified mixed cost table (mixed steps native without one). Static K when
+    nothing was built. ``now`` and ``allow_synthetic`` are the verification's."""
+    from dspark_calibrate.artifacts import (
+        Expectation,
+        MixedRoute,
+        load_trust_root,
+        verify_bundle,
+        verify_mixed,
+    )
+    from dspark_calibrate.runtime_plugin.mixed import MixedCostTable
+
+    if outcome.get("status") != "built":
+        return MixedArm(name, serving.StaticPolicy(ladder, k, name=f"{name}-static-fallback"))
+    bundle, now = Path(outcome["bundle"]), now or datetime.now(UTC)
+    verifier = pipeline.ungated_verifier(
+        bundle, root_path, fingerprint, now=now, allow_synthetic=allow_synthetic
+    )
+    table = None
+    if mixed_live is not None and (outcome.get("mixed") or {}).get("summary") is not None:
+        root = load_trust_root(root_path.read_bytes(), now=now)
+        expected = Expectation(fingerprint=fingerprint, mixed=mixed_live, allow_synthetic=allow_synthetic)
+        decode = verify_bundle(bundle, root, now=now, expected=expected)
+        report = verify_mixed(bundle, root, now=now, decode=decode, expected=expected)
+        costs = report.artifact("mixed-cost-table") if report.ok else None
+        if costs is not None:
+            table = MixedCostTable.from_rows(
+                costs.table.to_pylist(),
+                MixedRoute.from_dict(costs.summary["route"]),
+                minimum_predicted_gain=float(costs.summary["minimum_predicted_gain"]),
+            )
+    return MixedArm(
+        name,
+        pipeline.PlannerPolicy(verifier, name=f"{name}-host"),
+        table=table,
+        calibration=verifier.calibration if table is not None else None,
+        min_verify_len=1,
+        plan_on_mixed=table is None,
+    )
+
+
+def prediction_of(
+    outcome: dict[str, Any], decision: Any, *, part: str, served: MixedArm | None = None
+) -> dict[str, Any]:
     """An arm's predicted gain and CI from build's signed summaries.
 
     ``part``: ``decode`` (the decode summary: decode policy, mixed steps native or left out) or
     ``mixed`` (the mixed admission summary: decode + mixed). A refused build or an inactive
-    decision deploys nothing: the prediction is exactly 0.
+    decision deploys nothing: the prediction is exactly 0. ``served`` (``--ungated``) is the arm
+    that runs instead of the decision's: what it runs (a decode planner, a mixed table) decides
+    which of the build's predictions applies.
     """
-    if outcome.get("status") != "built" or decision is None or not decision.active:
+    if served is not None:
+        decode_on = not isinstance(served.decode, serving.StaticPolicy)
+        mixed_on = served.table is not None
+    else:
+        decode_on = decision is not None and decision.active
+        mixed_on = decode_on and decision.mixed is not None and decision.mixed.active
+    if outcome.get("status") != "built" or not decode_on:
         why = outcome.get("reason") or (decision.reason_code if decision is not None else "no bundle")
         return {"predicted_gain": 0.0, "predicted_ci": [0.0, 0.0], "source": f"static K ({why})"}
     if part == "mixed":
         mixed = outcome.get("mixed") or {}
         summary = mixed.get("summary")
-        if summary is not None and decision.mixed is not None and decision.mixed.active:
+        if summary is not None and mixed_on:
             return {
                 "predicted_gain": float(summary["predicted_gain"]),
                 "predicted_ci": [
@@ -576,12 +685,8 @@ def stage_toolkit(
     t = time.perf_counter()
     trace_prompts = data.sample_prompts(corpus.heldout, s.trace_requests, s.prompt_len, seed=b.seed + 101)
     traced = x.serve(static, prompts=trace_prompts, record=True)
-    rows = [
-        serving.StepRecord(r.step, r.request, r.round, r.confidence, r.accepted, r.verified, r.output_len)
-        for r in traced.records
-    ]
     rounds = pipeline.write_trace_file(
-        rows, tk / "traces.parquet", b.k, source="e2e mixed trace prompts, static K"
+        decode_records(traced), tk / "traces.parquet", b.k, source="e2e mixed trace prompts, static K"
     )
     rec.stage("traces", time.perf_counter() - t, rounds=rounds, mixed_share=traced.mixed_share)
 
@@ -611,30 +716,23 @@ def stage_toolkit(
     rec.stage("fit", time.perf_counter() - t, summary=fit_result.summary())
     calibration_path = tk / "fit" / "calibration.parquet"
     calibration = pipeline.fit_calibration(calibration_path)
-    overhead = stage_overhead(
+    overhead, evidence = stage_overhead(
         x, pipeline.bracket_verifier(s.ladder, b.k, table_ms, budgets, calibration), rec
     )
-    charged = overhead.get("overhead_ms")
 
     t = time.perf_counter()
     trust = pipeline.make_trust(tk)
     version = int(time.time())
 
-    def build(name: str, mixed_sweep: Path | None, *, ungated: bool, v: int) -> dict[str, Any]:
-        # Ungated (diagnostic): no overhead and no margin in the economics, so the bundle admits
-        # where the signed economics refuse; its predictions are not the ones judged.
+    def build(name: str, mixed_sweep: Path | None, *, v: int) -> dict[str, Any]:
         return pipeline.build_level(
-            trust, calibration_path, tk / "sweep.parquet", workload_path,
-            tk / f"bundle-{name}{'-ungated' if ungated else ''}", version=v,
-            overhead_ms=0.0 if ungated else charged,
-            overhead_source=None if ungated else overhead.get("source"),
-            safety_margin_ms=0.0 if ungated else None, resamples=b.build_resamples, seed=b.seed,
-            mixed_sweep=mixed_sweep,
+            trust, calibration_path, tk / "sweep.parquet", workload_path, tk / f"bundle-{name}", version=v,
+            overhead=evidence, planner="host", resamples=b.build_resamples, seed=b.seed, mixed_sweep=mixed_sweep,
         )  # fmt: skip
 
     builds: dict[str, dict[str, Any]] = {}
     try:
-        builds["decode_only"] = build("decode-only", None, ungated=False, v=version)
+        builds["decode_only"] = build("decode-only", None, v=version)
         rec.stage("build_decode_only", time.perf_counter() - t, outcome=builds["decode_only"])
         try:
             mixed_path, _ = stage_mixed_sweep(x, workload, live, tk, rec)
@@ -643,23 +741,16 @@ def stage_toolkit(
             rec.log(f"mixed sweep failed: {exc}")
             mixed_path = None
         t = time.perf_counter()
-        builds["decode_mixed"] = build("decode-mixed", mixed_path, ungated=False, v=version + 1)
+        builds["decode_mixed"] = build("decode-mixed", mixed_path, v=version + 1)
         rec.stage("build_decode_mixed", time.perf_counter() - t, outcome=builds["decode_mixed"])
-        served = builds
-        if b.ungated:
-            t = time.perf_counter()
-            served = {
-                "decode_only": build("decode-only", None, ungated=True, v=version + 2),
-                "decode_mixed": build("decode-mixed", mixed_path, ungated=True, v=version + 3),
-            }
-            rec.stage("build_ungated", time.perf_counter() - t, outcomes=served)
     finally:
         shutil.rmtree(trust.key_dir, ignore_errors=True)
     rec.result["charged"] = {
-        "overhead_ms": charged,
-        "source": overhead.get("source"),
+        **{key: overhead.get(key) for key in ("planner", "per_step_ms", "source")},
+        "overhead_ms": {name: pipeline.charged_overhead_ms(o) for name, o in builds.items()},
         "ungated": b.ungated,
-        "note": "the arms run bundles built with no overhead and no margin; predictions are the gated builds'"
+        "note": "the arms run the bundles' cells with the runtime's gain test bypassed; predictions are the "
+        "gated builds'"
         if b.ungated
         else "the arms run the gated bundles",
     }
@@ -683,10 +774,10 @@ def stage_toolkit(
 
     t = time.perf_counter()
     d_decode, r_decode = admit_bundle(
-        served["decode_only"], trust.root_path, live, tk / "state" / "decode-only.json", route_live
+        builds["decode_only"], trust.root_path, live, tk / "state" / "decode-only.json", route_live
     )
     d_mixed, r_mixed = admit_bundle(
-        served["decode_mixed"], trust.root_path, live, tk / "state" / "decode-mixed.json", route_live
+        builds["decode_mixed"], trust.root_path, live, tk / "state" / "decode-mixed.json", route_live
     )
     rec.stage("admit", time.perf_counter() - t, decode_only=r_decode, decode_mixed=r_mixed)
     rec.log(
@@ -697,16 +788,24 @@ def stage_toolkit(
         arm_of("decode_only", d_decode, s.ladder, b.k, use_mixed=False),
         arm_of("decode_mixed", d_mixed, s.ladder, b.k, use_mixed=True),
     ]
+    ungated: list[MixedArm | None] = [None, None]
+    if b.ungated:  # the bundles' own cells drive the dynamic arms, the gain tests bypassed
+        fp, root = live.fingerprint, trust.root_path
+        ungated = [
+            ungated_arm("decode_only", builds["decode_only"], root, fp, None, s.ladder, b.k),
+            ungated_arm("decode_mixed", builds["decode_mixed"], root, fp, route_live, s.ladder, b.k),
+        ]
+        x.arms[1:] = [a for a in ungated if a is not None]
     return {
         "static": {"predicted_gain": 0.0, "predicted_ci": [0.0, 0.0], "source": "the baseline"},
         "decode_only": {
-            **prediction_of(builds["decode_only"], d_decode, part="decode"),
+            **prediction_of(builds["decode_only"], d_decode, part="decode", served=ungated[0]),
             "as_decode_only_table": True,
             # The same arm as the mixed-aware model prices it: the decode policy with mixed
             # steps native, over every step (the decode + mixed bundle's decode summary).
-            "mixed_aware": prediction_of(builds["decode_mixed"], d_decode, part="decode"),
+            "mixed_aware": prediction_of(builds["decode_mixed"], d_decode, part="decode", served=ungated[0]),
         },
-        "decode_mixed": prediction_of(builds["decode_mixed"], d_mixed, part="mixed"),
+        "decode_mixed": prediction_of(builds["decode_mixed"], d_mixed, part="mixed", served=ungated[1]),
     }
 
 

@@ -334,6 +334,8 @@ class MixedRun:
             capacity, native capacity, reason)`` for mixed and prefill-only steps.
         reasons: the mixed selector's reasons over mixed steps, counted (``native`` without evidence).
         mixed_cells: geometry SHA-256 of each admitted cell a mixed step ran, counted.
+        waiting: per step (parallel to ``step_log``), the requests that had arrived and waited for
+            a slot when it started (the workload's queue depth).
     """
 
     arm: str
@@ -352,6 +354,7 @@ class MixedRun:
     mixed_cells: Counter[str] = field(default_factory=Counter)
     records: list[MixedRecord] = field(default_factory=list)
     chunks: list[ChunkRecord] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
 
     @property
     def goodput(self) -> float:
@@ -461,6 +464,7 @@ def serve_mixed(
             assert nxt < total, "nothing in flight, nothing queued, requests left: a scheduling bug"
             step = int(arrivals[nxt])  # idle until the next arrival
             continue
+        waiting = len(queue)
         t0 = time.perf_counter()
         if prefill:
             c_req = np.array([p[0] for p in prefill], dtype=np.int64)
@@ -531,6 +535,7 @@ def serve_mixed(
             run.mixed_seconds += elapsed
         run.steps += 1
         run.step_log.append((step, kind, 1000.0 * elapsed, g_or_cap, v, reason))
+        run.waiting.append(waiting)
         # Bookkeeping outside the step's time (as serving.serve keeps slot moves out of decode time):
         # finished requests leave, finished prompts join the decoding rows.
         fin = np.flatnonzero(produced[:n] >= max_new)

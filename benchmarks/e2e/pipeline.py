@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import math
 import os
 import shlex
 import subprocess
@@ -38,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -48,11 +47,20 @@ from dspark_calibrate import __version__ as TOOL_VERSION
 from dspark_calibrate.artifacts import Fingerprint, canonical_json, sha256_hex
 from dspark_calibrate.runtime_plugin import LiveContext, collect_live
 from dspark_calibrate.runtime_plugin.engine import DynamicVerifier, choose_planner
-from dspark_calibrate.runtime_plugin.planner import Calibration, CostTable, DrainGuard, StepRows
+from dspark_calibrate.runtime_plugin.planner import (
+    DEFAULT_MIN_VERIFY_LEN,
+    Calibration,
+    CostTable,
+    DrainGuard,
+    StepRows,
+)
 
 from . import serving
 from .model import Drafter, TargetLM
 from .serving import Engine, Plan, StepRecord
+
+if TYPE_CHECKING:
+    from dspark_calibrate.calibrate.deployment.uncertainty import OverheadEvidence
 
 __all__ = [
     "ENGINE_SOURCE_FILES",
@@ -67,11 +75,14 @@ __all__ = [
     "bracket_verifier",
     "build_level",
     "candidate_budgets",
+    "charged_overhead_ms",
     "deployment_live",
     "direct_policy",
     "export_level",
     "fit_calibration",
     "make_trust",
+    "per_row",
+    "planner_name",
     "planner_policy",
     "predicted_from_build",
     "request_key",
@@ -79,6 +90,7 @@ __all__ = [
     "run_sweep_stage",
     "selector_identity_sha256",
     "sweep_thresholds",
+    "ungated_verifier",
     "write_trace_file",
     "write_workload_file",
 ]
@@ -279,14 +291,33 @@ def write_trace_file(records: Sequence[StepRecord], path: Path, k: int, *, sourc
     return int(write_trace_parquet(path, [batch], footer=footer))
 
 
+def per_row(values: Sequence[float] | None, steps: np.ndarray) -> np.ndarray | None:
+    """A per-step series (indexed by step id) copied onto every row of its step (None: not recorded)."""
+    if values is None:
+        return None
+    out: np.ndarray = np.asarray(values, dtype=np.float64)[steps]
+    return out
+
+
 def write_workload_file(
-    records: Sequence[StepRecord], path: Path, fingerprint: Fingerprint, *, source: str
+    records: Sequence[StepRecord],
+    path: Path,
+    fingerprint: Fingerprint,
+    *,
+    source: str,
+    step_ms: Sequence[float] | None = None,
+    waiting: Sequence[int] | None = None,
 ) -> Any:
-    """Write the recorded static steps as a ``workload`` artifact; returns the toolkit ``Workload``."""
+    """Write the recorded static steps as a ``workload`` artifact; returns the toolkit ``Workload``.
+
+    ``step_ms`` and ``waiting`` (per step id, as :class:`serving.RunResult` records them) become the
+    workload's per-step wall time and queue depth: what build infers the load regime from.
+    """
     from dspark_calibrate.calibrate.deployment.workload import workload_from_arrays, write_workload
 
+    steps = np.array([r.step for r in records], dtype=np.int64)
     workload = workload_from_arrays(
-        step=np.array([r.step for r in records], dtype=np.int64),
+        step=steps,
         rank=np.zeros(len(records), dtype=np.int64),
         request_id=[request_key(r.request) for r in records],
         logits=np.stack([r.confidence for r in records]).astype(np.float32),
@@ -296,6 +327,8 @@ def write_workload_file(
         notes=(f"recorded by benchmarks/e2e under static K (full verification): {source}",),
         source=source,
         fingerprint=fingerprint,
+        step_time_ms=per_row(step_ms, steps),
+        waiting=per_row(waiting, steps),
     )
     write_workload(path, workload, fingerprint=fingerprint)
     return workload
@@ -628,23 +661,24 @@ def build_level(
     out_dir: Path,
     *,
     version: int,
-    overhead_ms: float | None,
     resamples: int,
     seed: int,
-    safety_margin_ms: float | None = None,
-    overhead_source: str | None = None,
+    overhead: OverheadEvidence | None,
+    planner: str | None,
     mixed_sweep: Path | None = None,
 ) -> dict[str, Any]:
     """``build`` one signed bundle for one recorded workload; a refused build is an outcome, not an error.
 
-    ``overhead_ms`` is the fixed confidence-path overhead per policy step (None: build's
-    conservative default); ``overhead_source`` says how it was measured (passed on when
-    ``BuildOptions`` takes a source, and recorded in the outcome either way). ``mixed_sweep`` (a
-    ``sweep --mixed`` summary) prices the workload's mixed steps with their measured cells.
+    ``overhead`` is the measured runs of the deployed planner's confidence path (one mean per
+    run, drawn in build's joint replicates; None: build's own default, which it states), and
+    ``planner`` the planner the dynamic arm serves with (build refuses evidence of another).
+    ``mixed_sweep`` (a ``sweep --mixed`` summary) prices the workload's mixed steps with their
+    measured cells.
 
     Returns:
         ``status`` (``built`` or ``refused``), the bundle path, the signed admission summary, the
-        cell selection, the replay report and, with a mixed sweep, the mixed part (JSON-ready).
+        cell selection, the replay report (``replay.overhead``: what was charged) and, with a
+        mixed sweep, the mixed part (JSON-ready).
     """
     import importlib.util
 
@@ -654,32 +688,37 @@ def build_level(
 
     now = datetime.now(UTC).replace(microsecond=0)
     root = load_trust_root(trust.root_path.read_bytes(), now=now)
-    overhead = overhead_ms if overhead_ms is not None and math.isfinite(overhead_ms) else None
-    options = BuildOptions(
-        version=version,
-        issued_at=now,
-        expires_at=now + timedelta(days=7),
-        overhead_ms=overhead,
-        overhead_source=overhead_source if overhead is not None else None,
-        safety_margin_ms=safety_margin_ms,
-        bootstrap=BootstrapSettings(resamples=resamples, seed=seed),
-        plots=importlib.util.find_spec("matplotlib") is not None,
-        force=True,
-        command=tuple(sys.argv),
-    )
+    evidence = None if overhead is None else overhead.to_dict()
     try:
+        options = BuildOptions(
+            version=version,
+            issued_at=now,
+            expires_at=now + timedelta(days=7),
+            planner=planner,
+            overhead_evidence=overhead,
+            bootstrap=BootstrapSettings(resamples=resamples, seed=seed),
+            plots=importlib.util.find_spec("matplotlib") is not None,
+            force=True,
+            command=tuple(sys.argv),
+        )
         inputs = load_build_inputs([sweep], calibration, workload, mixed_sweep=mixed_sweep)
         result = build_bundle(
             inputs, out_dir, signers=[load_signer(trust.private_key)], trust_root=root, options=options
         )
     except ConfigError as exc:
-        return {"status": "refused", "reason": str(exc), "version": version, "overhead_ms": overhead}
+        return {
+            "status": "refused",
+            "reason": str(exc),
+            "version": version,
+            "planner": planner,
+            "overhead": evidence,
+        }
     full = result.to_dict()
     return {
         "status": "built",
         "version": version,
-        "overhead_ms": overhead,
-        "overhead_source": overhead_source,
+        "planner": planner,
+        "overhead": evidence,
         "bundle": str(out_dir),
         "valid": full.get("valid"),
         "summary": full.get("summary"),
@@ -688,6 +727,66 @@ def build_level(
         "notes": full.get("notes"),
         "mixed": full.get("mixed"),
     }
+
+
+def charged_overhead_ms(outcome: dict[str, Any]) -> float | None:
+    """The confidence path's per-step point a build charged (its replay's mean over the planner's
+    runs); for a refused build, what it would have charged (the runs' mean, at least 0)."""
+    charged = ((outcome.get("replay") or {}).get("overhead") or {}).get("mean_ms")
+    if charged is not None:
+        return float(charged)
+    runs = (outcome.get("overhead") or {}).get("per_step_ms")
+    return max(0.0, float(np.mean(runs))) if runs else None
+
+
+def planner_name(kind: str, mode: str | None = None) -> str:
+    """The planner as build and the overhead evidence name it: ``host`` (the reference planner on
+    the host), ``fused`` (the device planner inside the engine's cell graphs) or ``device`` (the
+    device planner beside them, its own graphs)."""
+    if kind != "device":
+        return "host"
+    return "fused" if (mode or "").startswith("fused") else "device"
+
+
+def ungated_verifier(
+    bundle: Path,
+    root_path: Path,
+    fingerprint: Fingerprint,
+    *,
+    now: datetime | None = None,
+    allow_synthetic: bool = False,
+) -> DynamicVerifier:
+    """The selector/allocator of a built bundle with the runtime's gain test bypassed.
+
+    The bundle is verified (signatures, hashes, binding to ``fingerprint``) as admission verifies
+    it, and its deployed cells, drain guard, gain threshold and calibration drive the selector
+    exactly as an admitted decision's would; only the economics' verdict is not asked. A
+    diagnostic (``--ungated``, the prediction matrix): the dynamic arm then runs the policy the
+    build priced, also where the gate refuses it. ``now`` (default: the clock) and
+    ``allow_synthetic`` are the verification's.
+
+    Raises:
+        RuntimeError: the bundle does not verify (the message says why).
+    """
+    from dspark_calibrate.artifacts import Expectation, load_trust_root, verify_bundle
+    from dspark_calibrate.runtime_plugin import AdmissionEconomics
+    from dspark_calibrate.runtime_plugin.engine import planner_inputs
+
+    now = now or datetime.now(UTC)
+    root = load_trust_root(root_path.read_bytes(), now=now)
+    expected = Expectation(fingerprint=fingerprint, allow_synthetic=allow_synthetic)
+    report = verify_bundle(bundle, root, now=now, expected=expected)
+    cost, calib, admission = (report.artifact(k) for k in ("cost-table", "calibration", "admission"))
+    if not report.ok or cost is None or calib is None or admission is None:
+        raise RuntimeError(f"{bundle}: does not verify ({report.code}: {report.message})")
+    k = cost.fingerprint.max_draft_len
+    assert k is not None  # a verified cost table binds K
+    table, calibration = planner_inputs(
+        cost.table, calib.table, k, AdmissionEconomics.from_summary(admission.summary)
+    )
+    return DynamicVerifier(
+        table, calibration, digest=f"ungated:{report.version}", min_verify_len=DEFAULT_MIN_VERIFY_LEN
+    )
 
 
 def predicted_from_build(outcome: dict[str, Any]) -> dict[str, Any]:

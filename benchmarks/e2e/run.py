@@ -14,7 +14,7 @@ point still returns what was measured):
    full verification, one recorded static workload per concurrency level, ``fit``, the release
    bracket's overhead arm per level (the confidence path on, every window forced to K, minus
    static K; both planners; :mod:`bracket`), an ephemeral signing key and trust root, ``build``
-   per level charging the measured overhead bound, ``export`` (when the toolkit provides it),
+   per level drawing the dynamic arm's planner's measured runs, ``export`` (when the toolkit provides it),
    ``admit`` per level (:mod:`pipeline`);
 4. experiment: per level, static K and dynamic (the admitted selector/allocator: the device
    planner by default, ``--host-planner`` for the host one) on the same prompts, interleaved
@@ -39,7 +39,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -459,7 +459,8 @@ class Level:
     mismatches: list[dict[str, Any]] = field(default_factory=list)
     steps: list[np.ndarray] = field(default_factory=list)  # the recorded static run's logits per step
     bracket: dict[str, Any] = field(default_factory=dict)
-    overhead: dict[str, Any] = field(default_factory=dict)
+    overhead: dict[str, Any] = field(default_factory=dict)  # what build was handed (JSON-ready)
+    evidence: Any = None  # the dynamic arm's planner's bracket runs (OverheadEvidence), if measured
     verifier: Any = None  # the admitted DynamicVerifier (None when admission kept static K)
     host_policy: serving.Policy | None = None  # the host planner over the same deployment (comparison)
     host_runs: list[serving.RunResult] = field(default_factory=list)
@@ -600,7 +601,12 @@ def stage_toolkit(
         lv.steps = analysis.step_logits(run.records)
         lv.workload_path = tk / f"workload-c{lv.concurrency}.parquet"
         w = pipeline.write_workload_file(
-            run.records, lv.workload_path, live.fingerprint, source=f"concurrency {lv.concurrency}"
+            run.records,
+            lv.workload_path,
+            live.fingerprint,
+            source=f"concurrency {lv.concurrency}",
+            step_ms=run.step_ms,
+            waiting=run.waiting,
         )
         rec.log(
             f"workload C={lv.concurrency}: {w.steps} steps, {w.rows} rows, "
@@ -633,29 +639,11 @@ def stage_toolkit(
                 lv.workload_path,
                 tk / f"bundle-c{lv.concurrency}",
                 version=version,
-                overhead_ms=lv.overhead.get("overhead_ms"),
-                overhead_source=lv.overhead.get("source"),
+                overhead=lv.evidence,
+                planner=lv.overhead.get("planner"),
                 resamples=s.build_resamples,
                 seed=s.seed,
             )
-            if s.ungated and outcome.get("status") == "built":
-                # The gated verdict (measured selector overhead, default safety margin) is kept;
-                # the bundle the experiment runs is rebuilt with both set to zero, so the dynamic
-                # arm tests the prediction itself where the economics would have refused it.
-                gated = {k: outcome.get(k) for k in ("status", "summary") if k in outcome}
-                outcome = pipeline.build_level(
-                    trust,
-                    tk / "fit" / "calibration.parquet",
-                    tk / "sweep.parquet",
-                    lv.workload_path,
-                    tk / f"bundle-c{lv.concurrency}",
-                    version=version,
-                    overhead_ms=0.0,
-                    safety_margin_ms=0.0,
-                    resamples=s.build_resamples,
-                    seed=s.seed,
-                )
-                outcome["gated_verdict"] = gated
             lv.build = outcome
             lv.predicted = pipeline.predicted_from_build(outcome)
             rec.log(
@@ -689,7 +677,17 @@ def stage_toolkit(
         )
         lv.policy = policy
         lv.admission = record
-        if not record["active"] and lv.build.get("status") == "built":
+        if s.ungated and not record["active"] and lv.build.get("status") == "built":
+            # Diagnostic: the bundle's own cells, drain guard and calibration drive the dynamic arm
+            # with the gain test bypassed; the prediction judged stays the gated build's.
+            lv.verifier = pipeline.ungated_verifier(
+                Path(lv.build["bundle"]), trust.root_path, live.fingerprint
+            )
+            lv.policy, record["planner"] = pipeline.planner_policy(
+                lv.verifier, engine, s.planner, name="dynamic"
+            )
+            record["ungated"] = "the dynamic arm runs the bundle's cells with the gain test bypassed"
+        elif not record["active"] and lv.build.get("status") == "built":
             # The hook kept static K: the deployment's predicted gain is exactly 0. Build's own
             # replayed prediction stays in the result for comparison.
             lv.predicted = {
@@ -699,6 +697,14 @@ def stage_toolkit(
                 "build_predicted_gain": lv.predicted["predicted_gain"],
                 "build_predicted_ci": lv.predicted["predicted_ci"],
             }
+        served = record.get("planner")
+        if (
+            served is not None
+            and pipeline.planner_name(served["kind"], served.get("mode")) != lv.overhead["planner"]
+        ):
+            # Build charged another planner than the one the arm serves (a device planner that did
+            # not load here): the prediction's overhead is not this arm's.
+            record["planner_mismatch"] = f"build charged {lv.overhead['planner']!r}, the arm serves {served}"
         rec.log(
             f"admit C={lv.concurrency}: active={record['active']} "
             f"{record['reason_code']}: {record['message']}"
@@ -741,10 +747,11 @@ def stage_bracket(
     t = time.perf_counter()
     static = serving.StaticPolicy(s.ladder, s.k)
     if verifier is None:
+        planner = pipeline.planner_name(s.planner.prefer, s.planner.mode)
         for lv in levels:
             lv.overhead = {
-                "overhead_ms": None,
-                "source": "not measured: the sweep lacks the largest native cell",
+                "planner": planner,
+                "source": "not measured: the sweep lacks the largest native cell (build states its default)",
             }
         rec.stage("bracket", time.perf_counter() - t, levels={}, note="no planner inputs")
         return
@@ -776,24 +783,16 @@ def stage_bracket(
         rec.log(f"bracket round {i + 1}/{s.bracket_runs} done")
     device_arm = f"forced-device-{s.planner.mode}"
     dynamic_arm = device_arm if s.planner.prefer == "device" and device_arm in names else "forced-host"
+    # The planner the dynamic arm serves with, as build names it (what the arm really ran).
+    planner = pipeline.planner_name("device" if dynamic_arm == device_arm else "host", s.planner.mode)
     out = {}
     for lv in levels:
         summary = bracket.summarize(runs[lv.concurrency], names)
         lv.bracket = summary
         arm = summary.get(dynamic_arm, {})
-        bound = arm.get("upper_bound_ms", math.nan)
-        if bound is not None and math.isfinite(bound):
-            lv.overhead = {
-                "overhead_ms": max(0.0, float(bound)),
-                "arm": dynamic_arm,
-                "source": bracket.overhead_source(dynamic_arm, arm, lv.concurrency),
-            }
-        else:
-            lv.overhead = {
-                "overhead_ms": None,
-                "arm": dynamic_arm,
-                "source": "bracket gave no interval: build's default",
-            }
+        where = f"at concurrency {lv.concurrency}"
+        lv.evidence = bracket.overhead_evidence(planner, dynamic_arm, arm, where) if arm else None
+        lv.overhead = charged_record(planner, dynamic_arm, lv.evidence)
         out[str(lv.concurrency)] = {
             "arms": summary,
             "dynamic_arm": dynamic_arm,
@@ -805,8 +804,25 @@ def stage_bracket(
             for a, x in summary.items()
             if math.isfinite(x["overhead_ms"]) and all(math.isfinite(c) for c in x["ci"])
         )
-        rec.log(f"bracket C={lv.concurrency}: {parts}; build charges {lv.overhead['overhead_ms']} ms/step")
+        rec.log(f"bracket C={lv.concurrency}: {parts}; build draws {lv.overhead['source']}")
     rec.stage("bracket", time.perf_counter() - t, device_planner=choice, levels=out)
+
+
+def charged_record(planner: str, arm: str, evidence: Any) -> dict[str, Any]:
+    """What build is handed for the confidence path (JSON-ready): the planner and its runs."""
+    if evidence is None:
+        return {
+            "planner": planner,
+            "arm": arm,
+            "source": "the bracket gave fewer than two usable runs (build states its default)",
+        }
+    return {
+        "planner": planner,
+        "arm": arm,
+        "per_step_ms": list(evidence.per_step_ms),
+        "mean_ms": evidence.mean_ms,
+        "source": evidence.source,
+    }
 
 
 def stage_experiment(
@@ -829,9 +845,7 @@ def stage_experiment(
             lv.host_policy = pipeline.PlannerPolicy(lv.verifier, name="dynamic-host")
     per_pair: list[float] = []
     for i in range(s.pairs):
-        left = deadline - time.perf_counter()
-        if i >= MIN_PAIRS and per_pair and left < 1.5 * max(per_pair):
-            rec.log(f"stopping after {i} pairs: {left:.0f}s left, a pair round takes {max(per_pair):.0f}s")
+        if out_of_time(i, per_pair, deadline, rec.log):
             break
         t = time.perf_counter()
         for lv in levels:
@@ -860,6 +874,16 @@ def stage_experiment(
             str(lv.concurrency): [[a.summary(), b.summary()] for a, b in lv.pairs] for lv in levels
         }
         rec.stage("experiment", sum(per_pair), pairs_done=i + 1)
+
+
+def out_of_time(done: int, durations: Sequence[float], deadline: float, log: Callable[[str], None]) -> bool:
+    """Whether another round (of ``durations``' longest) would overrun ``deadline``; never before
+    :data:`MIN_PAIRS` rounds are ``done``. Says so through ``log`` when it stops."""
+    left = deadline - time.perf_counter()
+    if done < MIN_PAIRS or not durations or left >= 1.5 * max(durations):
+        return False
+    log(f"stopping after {done} rounds: {left:.0f}s left, a round takes {max(durations):.0f}s")
+    return True
 
 
 def stage_analysis(
@@ -938,8 +962,9 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     ap.add_argument(
         "--ungated",
         action="store_true",
-        help="diagnostic: also build each level with zero overhead and margin, so the dynamic arm runs "
-        "even where the signed economics refuse it; the gated verdict is kept in the result",
+        help="diagnostic: the dynamic arm runs each built bundle's cells with the runtime's gain test "
+        "bypassed, so it runs even where the signed economics refuse it; the gated verdict and prediction "
+        "are the ones kept and judged",
     )
     ap.add_argument(
         "--checkpoint", type=Path, default=None, help="load trained weights from / save them to this file"

@@ -908,6 +908,9 @@ class RunResult:
         records: per-row step records when recording.
         step_log: per decode step ``(ms, G, V, arm)`` when logging steps (arm: the policy's ``arm``).
         planner_stats: what the policy's ``finish`` returned (device planner counters).
+        step_ms: per decode step, its wall time (ms), when recording (the workload's step times).
+        waiting: per decode step, the requests still queued for a slot when it started, when
+            recording (the workload's queue depth: what tells a saturated engine from an idle one).
     """
 
     policy: str
@@ -925,6 +928,8 @@ class RunResult:
     records: list[StepRecord] = field(default_factory=list)
     step_log: list[tuple[float, int, int, int]] = field(default_factory=list)
     planner_stats: dict[str, Any] = field(default_factory=dict)
+    step_ms: list[float] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
 
     @property
     def goodput(self) -> float:
@@ -973,7 +978,8 @@ def serve(
         concurrency: maximum requests in flight (≤ the largest rung).
         max_new: tokens generated per request.
         policy: static or dynamic.
-        record: keep a :class:`StepRecord` per real row and step (needs host windows).
+        record: keep a :class:`StepRecord` per real row and step (needs host windows), and each
+            step's wall time and queue depth.
         log_steps: keep ``(ms, G, V, arm)`` per decode step.
 
     Returns:
@@ -1018,6 +1024,7 @@ def serve(
     result.prefill_seconds += time.perf_counter() - t_run
     while state["n"] > 0:
         n = state["n"]
+        waiting = total - state["next"]  # every request is queued from the start: not yet admitted
         t0 = time.perf_counter()
         plan = policy.plan(conf[:n])
         t1 = time.perf_counter()
@@ -1055,6 +1062,9 @@ def serve(
         result.cell_seconds[(plan.g, plan.v)] += elapsed
         if log_steps:
             result.step_log.append((1000.0 * elapsed, plan.g, plan.v, int(getattr(policy, "arm", 0))))
+        if record:
+            result.step_ms.append(1000.0 * elapsed)
+            result.waiting.append(waiting)
         done = np.flatnonzero(produced[:n] >= max_new)
         if done.size:
             t2 = time.perf_counter()

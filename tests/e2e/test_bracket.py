@@ -78,11 +78,17 @@ def test_cycles_mixing_graph_batch_sizes_or_compact_steps_are_not_paired() -> No
     assert empty["arm"]["runs"] == 0 and math.isnan(empty["arm"]["overhead_ms"])
 
 
-def test_overhead_source_says_how_it_was_measured() -> None:
-    summary = _bracket(np.random.default_rng(1), runs=3)
-    text = bracket.overhead_source("forced-device", summary["forced-device"], 256)
-    assert text.startswith("measured: serving-loop release bracket at concurrency 256")
+def test_overhead_evidence_hands_build_the_runs_and_says_how_they_were_measured() -> None:
+    arm = _bracket(np.random.default_rng(1), runs=3)["forced-device"]
+    text = bracket.overhead_source("forced-device", arm, "at concurrency 256")
+    assert text.startswith("serving-loop release bracket at concurrency 256")
     assert "3 runs" in text and "Student-t" in text
+    evidence = bracket.overhead_evidence("fused", "forced-device", arm, "at concurrency 256")
+    assert evidence is not None and evidence.planner == "fused" and evidence.source == text
+    assert evidence.per_step_ms == tuple(arm["per_run_ms"]) and len(evidence.per_step_ms) == 3
+    # A run without a usable cycle is left out; below two runs there is no spread to hand over.
+    one = {**arm, "per_run_ms": [0.04, math.nan]}
+    assert bracket.overhead_evidence("fused", "forced-device", one, "at concurrency 8") is None
 
 
 def test_level_report_compares_both_planners_on_the_same_static_runs() -> None:

@@ -253,6 +253,7 @@ def test_tiny_pipeline_end_to_end(tmp_path: Path) -> None:
         assert run.main(["--tiny", "--out", str(tmp_path)]) == 0
     finally:
         torch.set_num_threads(threads)
+        torch.set_flush_denormal(False)  # run.torch_device set it for the CPU run; later tests need it off
     result = json.loads((tmp_path / "e2e.json").read_text())
     assert result["status"] == "done"
     assert result["identical_outputs"] is True
@@ -278,15 +279,25 @@ def test_tiny_pipeline_end_to_end(tmp_path: Path) -> None:
     ):  # fmt: skip
         assert stage in result["stages"], stage
     # The overhead bracket ran both planners (the device one on the CPU here) before build, and
-    # build was handed the device arm's upper bound with its source.
+    # build was handed the dynamic arm's runs (one mean each) naming the planner it serves with.
     for c, lv in result["stages"]["bracket"]["levels"].items():
         assert set(lv["arms"]) == {"forced-host", "forced-device-fused+compile"}, c
         assert lv["dynamic_arm"] == "forced-device-fused+compile"
         arm = lv["arms"]["forced-device-fused+compile"]
         assert arm["runs"] >= 2 and arm["cycles"] > 0
         charged = result["stages"]["build"]["overhead"][c]
-        assert charged["overhead_ms"] == pytest.approx(max(0.0, arm["ci"][1]))
-        assert charged["source"].startswith("measured: serving-loop release bracket")
+        assert charged["planner"] == "fused"
+        assert charged["per_step_ms"] == pytest.approx(arm["per_run_ms"])
+        assert charged["source"].startswith(f"serving-loop release bracket at concurrency {c}")
+        built = result["stages"]["build"]["levels"][c]
+        assert built["planner"] == "fused" and built["overhead"]["per_step_ms"] == charged["per_step_ms"]
+    # Every recorded workload carries each step's wall time and queue depth (build's regime input).
+    from dspark_calibrate.calibrate.deployment.workload import read_workload
+
+    for c in result["levels"]:
+        values = read_workload(tmp_path / "toolkit" / f"workload-c{c}.parquet").step_values()
+        assert values.has_times and values.has_waiting, c
+        assert values.waiting[0] > 0 and values.waiting[-1] == 0  # queued at the start, drained at the end
     for c, lag in result["stages"]["lag"]["levels"].items():
         assert 0.0 <= lag["disagreement_rate"] <= 1.0 and lag["steps"] > 0, c
     toolkit = tmp_path / "toolkit"

@@ -10,7 +10,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from benchmarks.e2e import mixed, mixed_serving, serving
+from benchmarks.e2e import mixed, mixed_serving, pipeline, serving
 from benchmarks.e2e.mixed_serving import MixedArm, MixedRun, MixedTraffic
 
 from dspark_calibrate.artifacts import (
@@ -169,6 +172,7 @@ def test_tiny_mixed_proof_end_to_end(tmp_path: Path) -> None:
         assert mixed.main(["--tiny", "--out", str(tmp_path)]) == 0
     finally:
         torch.set_num_threads(threads)
+        torch.set_flush_denormal(False)  # run.torch_device set it for the CPU run; later tests need it off
     result = json.loads((tmp_path / "e2e_mixed.json").read_text())
     assert result["status"] == "done", result.get("error")
     assert result["identical_outputs"] is True
@@ -189,10 +193,34 @@ def test_tiny_mixed_proof_end_to_end(tmp_path: Path) -> None:
         "build_decode_mixed", "export", "admit", "experiment",
     ):  # fmt: skip
         assert stage in result["stages"], stage
-    # The workload build read is the recorded one, with its mixed companion table.
+    # The workload build read is the recorded one, with its mixed companion table, every step's
+    # wall time and the requests waiting for a slot (none waits long here: arrivals set the pace).
+    from dspark_calibrate.calibrate.deployment.regime import infer_regime
+    from dspark_calibrate.calibrate.deployment.workload import read_workload
+
     workload = result["stages"]["workload"]
     assert workload["mixed_steps"] > 0 and (tmp_path / "toolkit" / "workload.mixed.parquet").exists()
+    values = read_workload(tmp_path / "toolkit" / "workload.parquet").step_values()
+    assert values.has_times and values.has_waiting
+    assert infer_regime(values.waiting).regime.value == "arrival-bound"
     assert result["stages"]["mixed_sweep"]["cells"] > 0
+    # Both builds were handed the host planner's bracket runs in this loop, one mean per run.
+    overhead = result["stages"]["overhead"]
+    assert overhead["planner"] == "host" and len(overhead["per_step_ms"]) == 2 and overhead["cycles"] > 0
+    for name in ("build_decode_only", "build_decode_mixed"):
+        outcome = result["stages"][name]["outcome"]
+        assert outcome["planner"] == "host" and outcome["overhead"]["per_step_ms"] == overhead["per_step_ms"]
+
+
+def _built(bundle: MixedBundle) -> dict[str, Any]:
+    """The build outcome the experiment records for a built bundle."""
+    full = bundle.result.to_dict()
+    return {
+        "status": "built",
+        "bundle": str(bundle.bundle),
+        "summary": full["summary"],
+        "mixed": full["mixed"],
+    }
 
 
 def test_admitted_mixed_bundle_drives_the_arms_and_predictions(
@@ -200,13 +228,8 @@ def test_admitted_mixed_bundle_drives_the_arms_and_predictions(
 ) -> None:
     """The experiment's admission, arms, predictions and mixed export over a real one-GPU bundle
     with mixed evidence (built from synthetic sweeps, so synthetic evidence is allowed here)."""
+    outcome = _built(mixed_tp1)
     full = mixed_tp1.result.to_dict()
-    outcome = {
-        "status": "built",
-        "bundle": str(mixed_tp1.bundle),
-        "summary": full["summary"],
-        "mixed": full["mixed"],
-    }
     fingerprint = mixed_tp1.files.fingerprint
     ladder = tuple(fingerprint.rank_local_graph_batch_sizes or ())
     k = int(fingerprint.max_draft_len or 0)
@@ -250,6 +273,99 @@ def test_admitted_mixed_bundle_drives_the_arms_and_predictions(
     )
     assert exported["status"] == "refused", exported
     assert "world size" in exported["reason"] or "K=" in exported["reason"], exported["reason"]
+
+
+def test_ungated_arms_serve_the_bundles_cells_without_the_gain_test(
+    mixed_tp1: MixedBundle, tmp_path: Path
+) -> None:
+    """``--ungated`` and the prediction matrix: the dynamic arm runs what the bundle deploys (its
+    verified cells, drain guard, calibration and mixed table) whatever the economics decide."""
+    from dspark_calibrate.calibrate.deployment.build import build_bundle, load_build_inputs
+    from dspark_calibrate.runtime_plugin.engine import DynamicVerifier
+    from tests.calibrate.build_factories import build_options
+
+    outcome = _built(mixed_tp1)
+    fp, root = mixed_tp1.files.fingerprint, mixed_tp1.root_file
+    ladder, k = tuple(fp.rank_local_graph_batch_sizes or ()), int(fp.max_draft_len or 0)
+    live = MixedLive(TP1_BUCKETS, MIXED_EXECUTION_MODE)
+    kw: dict[str, Any] = {"now": LATER, "allow_synthetic": True}
+    decision, _ = mixed.admit_bundle(outcome, root, fp, tmp_path / "s1.json", live, **kw)
+    assert decision.active and decision.mixed.active
+    # Where admission admits, the ungated arm is exactly the admitted selector and mixed table.
+    arm = mixed.ungated_arm("x", outcome, root, fp, live, ladder, k, **kw)
+    assert isinstance(arm.decode, pipeline.PlannerPolicy)
+    assert arm.decode.planner.cost_table == DynamicVerifier.from_decision(decision).cost_table
+    assert arm.table == decision.mixed.table and not arm.plan_on_mixed
+    plain = mixed.ungated_arm("x", outcome, root, fp, None, ladder, k, **kw)
+    assert plain.table is None and plain.plan_on_mixed
+    # The prediction judged is the one of what the arm runs: with the mixed table, the mixed summary.
+    summary, mixed_summary = outcome["summary"], outcome["mixed"]["summary"]
+    got = mixed.prediction_of(outcome, None, part="mixed", served=arm)
+    assert got["predicted_gain"] == mixed_summary["predicted_gain"]
+    got = mixed.prediction_of(outcome, None, part="mixed", served=plain)
+    assert got["predicted_gain"] == summary["predicted_gain"]
+    # Economics that refuse (an overhead far above what the cells save): admission keeps static K,
+    # the ungated verifier still serves the bundle's compact cells behind its drain guard.
+    files = mixed_tp1.files
+    refused = tmp_path / "refused"
+    built = build_bundle(
+        load_build_inputs([files.sweep], files.calibration, files.workload),
+        refused,
+        signers=list(mixed_tp1.signers),
+        trust_root=mixed_tp1.root,
+        options=build_options(allow_synthetic=True, overhead_ms=50.0),
+    )
+    assert not built.summary["admitted"]
+    d2, r2 = mixed.admit_bundle(
+        {"status": "built", "bundle": str(refused)}, root, fp, tmp_path / "s2.json", live, **kw
+    )
+    assert d2 is not None and not d2.active, r2
+    verifier = pipeline.ungated_verifier(refused, root, fp, **kw)
+    table = verifier.cost_table
+    assert table.drain_guard is not None and any(table.compact_budgets(g) for g in table.graph_batch_sizes)
+    # Gated, the deployment is static K (predicted 0); ungated, the build's own prediction is judged.
+    refused_outcome = {"status": "built", "bundle": str(refused), "summary": dict(built.summary)}
+    assert mixed.prediction_of(refused_outcome, d2, part="decode")["predicted_gain"] == 0.0
+    served = mixed.ungated_arm("x", refused_outcome, root, fp, None, ladder, k, **kw)
+    got = mixed.prediction_of(refused_outcome, d2, part="decode", served=served)
+    assert got["predicted_gain"] == built.summary["predicted_gain"]
+    # A bundle that does not verify is not served.
+    broken = tmp_path / "broken"
+    shutil.copytree(refused, broken)
+    member = broken / "cost-table.parquet"
+    data = bytearray(member.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    member.write_bytes(bytes(data))
+    with pytest.raises(RuntimeError, match="does not verify"):
+        pipeline.ungated_verifier(broken, root, fp, **kw)
+    static = mixed.ungated_arm("x", {"status": "refused"}, root, fp, live, ladder, k, **kw)
+    assert isinstance(static.decode, serving.StaticPolicy)
+
+
+def test_the_overhead_bracket_takes_turns_on_decode_and_mixed_steps(pair: Pair, tmp_path: Path) -> None:
+    """The forced host planner and static K alternate step by step in the mixed loop (the planner
+    also on mixed steps, its plan dropped); outputs stay static K's and every run gives paired
+    cycles. The recorded workload carries each step's wall time and queue depth."""
+    from tests.e2e.test_e2e_cpu import _sloped_table
+
+    args = mixed.build_parser().parse_args(["--tiny"])
+    s = dataclasses.replace(mixed.make_settings(args), traffic=TRAFFIC, max_new=MAX_NEW)
+    x = mixed.Experiment(s, _engine(pair), pair.prompts, _arrivals(pair))
+    recorded = x.serve(_static(), record=True)
+    x.reference = recorded.outputs.copy()
+    forced = pipeline.PlannerPolicy(pipeline._Direct(*_sloped_table()), name="forced-host", force_native=True)
+    runs = [mixed.overhead_run(x, serving.StaticPolicy(LADDER, K), forced, i) for i in range(2)]
+    assert not x.mismatches
+    assert [r["order"] for r in runs] == [["static", "forced-host"], ["forced-host", "static"]]
+    assert all(
+        r["forced-host"]["cycles"] > 0 and math.isfinite(r["forced-host"]["mean_diff_ms"]) for r in runs
+    )
+    workload = mixed.write_mixed_workload(recorded, tmp_path / "w.parquet", None, source="test")
+    values = workload.step_values()
+    assert values.has_times and values.has_waiting
+    by_step = {e[0]: (e[2], q) for e, q in zip(recorded.step_log, recorded.waiting, strict=True)}
+    np.testing.assert_allclose(values.step_time_ms, [by_step[int(i)][0] for i in values.step])
+    np.testing.assert_array_equal(values.waiting, [by_step[int(i)][1] for i in values.step])
 
 
 def test_fixed_shape_mixed_steps_equal_the_eager_forward(pair: Pair) -> None:
