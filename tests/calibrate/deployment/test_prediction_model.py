@@ -416,3 +416,31 @@ def test_build_options_record_what_the_prediction_assumes() -> None:
     assert d["objective"] == "latency" and d["regime"] == "arrival-bound" and d["planner"] == "fused"
     assert d["overhead_evidence"] == RUNS.to_dict()
     assert isinstance(replace(options, planner=None), BuildOptions)
+
+
+@pytest.mark.parametrize(
+    ("bias", "widened", "upper", "per_g", "own"),
+    [
+        pytest.param(None, False, None, PER_G_SHIFT_FLOOR, PAIRED_SHIFT_FLOOR, id="no-checks"),
+        pytest.param(0.009, False, None, math.hypot(PER_G_SHIFT_FLOOR, 0.009), PAIRED_SHIFT_FLOOR, id="control-bias"),
+        pytest.param(0.009, True, None, PER_G_SHIFT_FLOOR, PAIRED_SHIFT_FLOOR, id="already-widened"),
+        pytest.param(None, False, 0.003, PER_G_SHIFT_FLOOR, math.sqrt(0.004**2 - 0.003**2), id="carried-part"),
+        pytest.param(None, False, 0.006, PER_G_SHIFT_FLOOR, 0.0, id="carried-all"),
+    ],
+)
+def test_the_sweeps_bias_checks_size_the_shifts(
+    bias: float | None, widened: bool, upper: float | None, per_g: float, own: float
+) -> None:
+    rows = paired_rows()
+    for r in rows:
+        if r["graph_batch_size"] == 16:
+            r.update(control_bias=bias, control_widened=widened)
+            if bias is not None:
+                r.update(control_bias_ci_low=bias - 0.002, control_bias_ci_high=bias + 0.002)
+        r.update(paired_rel=upper, paired_rel_upper=upper)
+    model = shift_model(CellGrid.from_rows(K, rows))
+    assert dict(model.per_g)[16] == pytest.approx(per_g)
+    assert dict(model.per_g)[8] == pytest.approx(PER_G_SHIFT_FLOOR)
+    assert model.own_sd((16, 32)) == pytest.approx(own)
+    if bias is not None and not widened:
+        assert "control bias" in model.source

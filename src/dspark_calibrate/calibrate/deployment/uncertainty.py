@@ -189,15 +189,25 @@ class ShiftModel:
     Attributes:
         common_sd: SD of one shift shared by every compact cell (decode and mixed).
         per_g: (G, SD) of the shift shared by the compact cells of one G, in ladder order.
-        paired_sd: SD of each compact cell's own between-process shift, where its interval does
-            not carry one (0 where it does).
+        paired_sd: SD of each compact cell's own between-process shift (the floor).
         source: where each size came from, in words.
+        carried: (G, V, u) of cells whose saving interval already carries a between-run paired
+            term of SD ``u`` (the sweep's ``paired_rel_upper``); their own shift only tops it up
+            to ``paired_sd``: ``sqrt(max(0, paired_sd² − u²))``.
     """
 
     common_sd: float
     per_g: tuple[tuple[int, float], ...]
     paired_sd: float
     source: str
+    carried: tuple[tuple[int, int, float], ...] = ()
+
+    def own_sd(self, cell: tuple[int, int]) -> float:
+        """The SD of one compact cell's own between-process shift."""
+        for g, v, u in self.carried:
+            if (g, v) == cell:
+                return math.sqrt(max(0.0, self.paired_sd**2 - u**2))
+        return self.paired_sd
 
     def __post_init__(self) -> None:
         sds = (self.common_sd, self.paired_sd, *(sd for _, sd in self.per_g))
@@ -210,6 +220,7 @@ class ShiftModel:
             "common_sd": self.common_sd,
             "per_g_sd": {str(g): sd for g, sd in self.per_g},
             "paired_sd": self.paired_sd,
+            "carried": {f"{g}/{v}": u for g, v, u in self.carried},
             "source": self.source,
         }
 
@@ -235,14 +246,46 @@ def shift_model(
         f"common {common:.2%}"
         + (f" ({common_source or 'given'})" if common_sd is not None and common_sd >= COMMON_SHIFT_FLOOR else " (floor)")
     ]
-    per_g = tuple((g, PER_G_SHIFT_FLOOR) for g in grid.ladder)
-    parts.append(f"per G {PER_G_SHIFT_FLOOR:.2%} (floor)")
-    parts.append(f"per cell between-process {PAIRED_SHIFT_FLOOR:.2%} (floor; the table's intervals carry none)")
-    return ShiftModel(common, per_g, PAIRED_SHIFT_FLOOR, "; ".join(parts))
+    per_g, raised = [], []
+    for g in grid.ladder:
+        bias = _control_bias(grid, g)
+        sd = math.hypot(PER_G_SHIFT_FLOOR, bias) if bias is not None else PER_G_SHIFT_FLOOR
+        per_g.append((g, sd))
+        if bias:
+            raised.append(f"G={g} {sd:.2%} (control bias {bias:+.2%})")
+    parts.append(f"per G {PER_G_SHIFT_FLOOR:.2%} (floor)" + (f", raised: {', '.join(raised)}" if raised else ""))
+    carried = tuple(
+        (c.graph_batch_size, c.verifier_budget, float(c.paired_rel_upper))
+        for g in grid.ladder
+        for c in grid.compact(g)
+        if c.paired_rel_upper is not None
+    )
+    if carried:
+        parts.append(
+            f"per cell between-process {PAIRED_SHIFT_FLOOR:.2%} (floor), less what {len(carried)} cells' intervals "
+            f"carry from the sweep's between-run estimate (up to {max(u for *_, u in carried):.2%})"
+        )
+    else:
+        parts.append(f"per cell between-process {PAIRED_SHIFT_FLOOR:.2%} (floor; the table's intervals carry none)")
+    return ShiftModel(common, tuple(per_g), PAIRED_SHIFT_FLOOR, "; ".join(parts), carried)
+
+
+def _control_bias(grid: CellGrid, g: int) -> float | None:
+    """The control-cell bias of G that the saving intervals do not already carry (None: none
+    measured, or the sweep widened that G's intervals by it)."""
+    for c in (grid.native(g), *grid.compact(g)):
+        if c.control_bias is not None:
+            return None if c.control_widened else float(c.control_bias)
+    return None
 
 
 def _shift_draws(
-    rng: np.random.Generator, shifts: ShiftModel | None, draws: int, cell_g: np.ndarray, ladder: Sequence[int]
+    rng: np.random.Generator,
+    shifts: ShiftModel | None,
+    draws: int,
+    cell_g: np.ndarray,
+    ladder: Sequence[int],
+    keys: Sequence[tuple[int, int]],
 ) -> tuple[np.ndarray, np.ndarray]:
     """(B, 1) common shift and (B, C) total shift of each compact cell (common + G + own)."""
     if shifts is None:
@@ -250,7 +293,7 @@ def _shift_draws(
     common = rng.standard_normal((draws, 1)) * shifts.common_sd
     sd_g = dict(shifts.per_g)
     per_g = rng.standard_normal((draws, len(ladder))) * np.array([sd_g.get(g, 0.0) for g in ladder])
-    own = rng.standard_normal((draws, cell_g.size)) * shifts.paired_sd
+    own = rng.standard_normal((draws, cell_g.size)) * np.array([shifts.own_sd(k) for k in keys])
     total: np.ndarray = common + per_g[:, cell_g] + own
     return common, total
 
@@ -510,7 +553,7 @@ def _draw_decode(
     own = rng.standard_normal((draws, len(ladder))) * np.array([c.level_rel for c in natives])
     native = native_point * np.exp(level + own)
     saving = _split_normal(rng, cells, draws, z)
-    common_shift, shift = _shift_draws(rng, shifts, draws, col, ladder)
+    common_shift, shift = _shift_draws(rng, shifts, draws, col, ladder, compact)
     saving = np.minimum(saving + shift, 1.0 - 1e-9)
     compact_draws = native[:, col] * (1.0 - saving)
     if overhead.runs:
