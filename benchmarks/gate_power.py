@@ -357,7 +357,8 @@ def run_trial(name: str, trial: int, settings: Settings = Settings()) -> list[di
     if scenario.mixed:
         # The recording's times come from the process that recorded it (the truth's level).
         wl = _recorded(wl, seed, truth.native, scenario.model)
-    objective = infer_regime(wl.step_values().waiting).objective
+    values = wl.step_values()
+    objective = infer_regime(values.waiting, drain=values.drain).objective
     evidence = prepare_evidence(wl, final, cal, per_row=True)
     out = []
     for target_name, target in TARGETS.items():

@@ -271,7 +271,8 @@ def prediction_of(outcome: dict[str, Any], admission: dict[str, Any], workload: 
             "dynamic_ran": True,
             "source": "the gated build's replay of the recorded static workload",
         }
-    finding = infer_regime(workload.step_values().waiting)
+    values = workload.step_values()
+    finding = infer_regime(values.waiting, drain=values.drain)
     mixed_steps = {int(i) for i in workload.mixed_step_ids()}
     all_steps = mixed_steps | {int(i) for i in workload.step_values().step}
     return {

@@ -97,7 +97,7 @@ def simulate_rows(
                     SampleRow(r, 0, len(st.rows), ms, 2, None, None, None, None, True, r // ROUNDS_PER_EPOCH)
                 )
             st.visits += 1
-    results, between = finish_cells(config, states)
+    results, between, _ = finish_cells(config, states)
     samples = _samples_table(states.values(), config.key_columns)
     result = SweepResult(config, results, samples, rounds, 0.0, False, between=between)
     return mixed_summary_table(result, plan, {}).to_pylist()

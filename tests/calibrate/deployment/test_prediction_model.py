@@ -85,6 +85,24 @@ RUNS = OverheadEvidence("fused", (0.10, 0.11, 0.09, 0.10, 0.105, 0.095), "six fo
 # ---------------------------------------------------------------------------------------------
 
 
+def test_a_closed_batch_drains_saturated() -> None:
+    """No request is still to arrive after the last one is admitted: a lost token lengthens the run."""
+    waiting = np.array([3, 2, 1, 0, 0, 0, 0])
+    finding = infer_regime(waiting, drain=np.array([0, 0, 0, 1, 1, 1, 1], dtype=bool))
+    assert finding.regime is Regime.SATURATED and finding.saturated_share == 1.0
+    assert "none was still to arrive" in finding.source
+    assert infer_regime(waiting).regime is Regime.ARRIVAL_BOUND
+
+
+def test_the_drain_is_read_from_when_requests_first_appear() -> None:
+    w = synthesize_workload(k=K, steps=200, ranks=1, max_rows=8, seed=3, temperatures=TEMPERATURES)
+    v = w.step_values()
+    a = w.arrays()
+    last = max(int(a.step[a.request == r].min()) for r in np.unique(a.request))
+    assert np.array_equal(v.drain, v.step > last)
+    assert v.drain.any() and not v.drain.all()
+
+
 @pytest.mark.parametrize(
     ("waiting", "declared", "objective", "regime", "goal", "assumed", "says"),
     [

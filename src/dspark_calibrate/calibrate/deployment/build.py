@@ -530,7 +530,8 @@ def admission_summary(
     the runtime reads) followed by :data:`ADMISSION_PREDICTION_KEYS` (what the prediction assumes:
     objective, regime, planner, mixed share, both objectives' gains)."""
     e = report.economics
-    finding = regime or infer_regime(workload.step_values().waiting, objective=report.objective)
+    values = workload.step_values()
+    finding = regime or infer_regime(values.waiting, drain=values.drain, objective=report.objective)
     summary = {
         "predicted_gain": report.predicted_gain,
         "predicted_gain_ci_low": report.predicted_gain_ci_low,
@@ -824,8 +825,9 @@ def _replay_deployed(
             minimum_predicted_gain=options.mixed_gain,
             diverged=diverged,
         )
+    values = inputs.workload.step_values()
     regime = infer_regime(
-        inputs.workload.step_values().waiting, declared=options.regime, objective=options.objective
+        values.waiting, drain=values.drain, declared=options.regime, objective=options.objective
     )
     report = replay(
         evidence,

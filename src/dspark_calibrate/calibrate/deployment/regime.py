@@ -8,7 +8,9 @@ inside steps that run anyway: the gain is a latency gain (per-step time at the r
 with no token-loss price.
 
 The workload carries what decides it: the requests waiting for a slot at every step (workload
-schema v2 ``waiting``). Without it the regime is declared (``--regime``) or assumed saturated,
+schema v2 ``waiting``). A step is saturated when a request waits, or when no request is still to
+arrive (the drain of a closed batch: the run ends when its last request does, so a lost token
+lengthens the run). Without it the regime is declared (``--regime``) or assumed saturated,
 the choice that prices lost tokens and so never overstates a gain; either way the build says which
 and why. Pure: no I/O.
 """
@@ -98,6 +100,7 @@ def _parse(value: str | Regime | Objective | None, kind: type[Regime] | type[Obj
 def infer_regime(
     waiting: np.ndarray,
     *,
+    drain: np.ndarray | None = None,
     declared: str | Regime | None = None,
     objective: str | Objective | None = None,
 ) -> RegimeFinding:
@@ -105,6 +108,8 @@ def infer_regime(
 
     Args:
         waiting: (S,) requests waiting for a slot at each step, NaN where not recorded.
+        drain: (S,) the steps after the last request arrived (``StepValues.drain``); they count
+            as saturated.
         declared: ``--regime`` (overrides the recording; a disagreement is stated).
         objective: ``--objective`` (default: the regime's own).
 
@@ -115,12 +120,15 @@ def infer_regime(
     objective_text = _parse(objective, Objective)
     w = np.asarray(waiting, dtype=np.float64)
     recorded = bool(w.size) and bool(np.isfinite(w).all())
-    share = float(np.mean(w > 0)) if recorded else None
+    busy = w > 0
+    if drain is not None and recorded:
+        busy = busy | np.asarray(drain, dtype=bool)
+    share = float(np.mean(busy)) if recorded else None
     measured = None
     if share is not None:
         measured = Regime.SATURATED if share >= SATURATED_STEP_SHARE else Regime.ARRIVAL_BOUND
     evidence = (
-        f"requests waited for a slot on {share:.0%} of {w.size} recorded steps "
+        f"requests waited for a slot, or none was still to arrive, on {share:.0%} of {w.size} recorded steps "
         f"(saturated at >= {SATURATED_STEP_SHARE:.0%})"
         if share is not None and math.isfinite(share)
         else "the workload records no queue depth"
@@ -146,3 +154,4 @@ def infer_regime(
     else:
         source += f"; objective {chosen.value} (--objective)"
     return RegimeFinding(regime, chosen, source, share, assumed)
+

@@ -108,11 +108,13 @@ class StepValues:
         step: (S,) step ids.
         step_time_ms: (S,) the step's recorded wall time, NaN where not recorded.
         waiting: (S,) requests waiting for a slot when the step started, NaN where not recorded.
+        drain: (S,) the step comes after the last request's first step (nothing is still to arrive).
     """
 
     step: np.ndarray
     step_time_ms: np.ndarray
     waiting: np.ndarray
+    drain: np.ndarray
 
     @property
     def has_times(self) -> bool:
@@ -135,7 +137,12 @@ def _step_values(table: pa.Table) -> StepValues:
         out: np.ndarray = np.asarray(values, dtype=np.float64)[first]
         return out
 
-    return StepValues(step[first].astype(np.int64), column("step_time_ms"), column("waiting"))
+    ids = step[first].astype(np.int64)
+    request = table.column("request_id").combine_chunks()
+    firsts = pa.table({"r": request, "s": table.column("step")}).group_by("r").aggregate([("s", "min")])
+    arrived = firsts.column("s_min").to_numpy()
+    drain = ids > int(arrived.max()) if arrived.size else np.zeros(ids.size, dtype=bool)
+    return StepValues(ids, column("step_time_ms"), column("waiting"), drain)
 
 
 @dataclass(frozen=True, eq=False)
