@@ -1,9 +1,15 @@
 """Atomic, durable file writes: a reader sees the old file or the whole new one, never a part.
 
 The one primitive every writer in the package uses (Parquet artifacts, envelopes, keys, the trust
-root, the rollback state). It imports only the standard library, so ``calibrate`` can use it on GPU
-images without ``cryptography`` (DESIGN §3). It does not lock: callers that read-modify-write (the
-rollback state) hold their own lock around it.
+root, the rollback state, engine options). It imports only the standard library, so ``calibrate``
+can use it on GPU images without ``cryptography`` (DESIGN §3). It does not lock: callers that
+read-modify-write (the rollback state) hold their own lock around it.
+
+A write replaces a regular file, or creates one; it never replaces anything else. A rename over a
+device node, a FIFO or a socket would silently remove it (``--emit-trtllm-options /dev/full`` run
+as root once turned the device into a YAML file), so :func:`check_output_path` refuses them, and
+refuses a symlink to another directory (the write would replace the link, not the file the user
+meant); a symlink to a file in the same directory is written through (versioned configs).
 """
 
 from __future__ import annotations
@@ -12,9 +18,10 @@ import errno
 import os
 import secrets
 import shutil
+import stat
 from pathlib import Path
 
-__all__ = ["atomic_write_bytes", "publish_directory"]
+__all__ = ["atomic_write_bytes", "check_output_path", "publish_directory"]
 
 # Errors from os.link() that mean "this filesystem has no hard links" (FAT, some FUSE and network
 # mounts), as opposed to "the target exists" or a real I/O fault.
@@ -51,6 +58,45 @@ def _create_exclusive(path: Path, mode: int) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def _not_a_file(path: Path, what: str, code: int = errno.EINVAL) -> OSError:
+    # OSError(errno, ...) is the errno's own subclass (EISDIR: IsADirectoryError).
+    return OSError(code, f"{what}; give the path of a regular file (or of a new one)", str(path))
+
+
+def check_output_path(path: str | os.PathLike[str]) -> Path:
+    """Where a write to ``path`` lands: ``path`` itself, or the file a symlink in the same
+    directory names.
+
+    Returns:
+        The path to write (missing, or an existing regular file).
+
+    Raises:
+        OSError: ``EISDIR`` for a directory; ``EINVAL`` for a device, FIFO or socket, or a symlink
+            to one of those or to another directory.
+    """
+    target = Path(path)
+    try:
+        info = os.lstat(target)
+    except FileNotFoundError:
+        return target
+    if stat.S_ISREG(info.st_mode):
+        return target
+    if stat.S_ISDIR(info.st_mode):
+        raise _not_a_file(target, "a directory", errno.EISDIR)
+    if not stat.S_ISLNK(info.st_mode):
+        raise _not_a_file(target, "not a regular file (a device, FIFO or socket)")
+    resolved = Path(os.path.realpath(target))
+    if resolved.parent != Path(os.path.realpath(target.parent)):
+        raise _not_a_file(target, f"a symlink out of its directory (to {resolved})")
+    try:
+        info = os.lstat(resolved)
+    except FileNotFoundError:
+        return resolved
+    if not stat.S_ISREG(info.st_mode):
+        raise _not_a_file(target, f"a symlink to {resolved}, which is not a regular file")
+    return resolved
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -114,13 +160,16 @@ def atomic_write_bytes(
 
     Raises:
         FileExistsError: ``overwrite`` is False and ``path`` exists.
-        OSError: the directory is missing or unwritable, the disk is full, ... (the caller maps it
-            to its own error type with the path and the fix).
+        OSError: ``overwrite`` and ``path`` is not a regular file (:func:`check_output_path`), the directory is
+            missing or unwritable, the disk is full, ... (the caller maps it to its own error type
+            with the path and the fix).
         TypeError: ``data`` is not bytes-like.
     """
     if not isinstance(data, bytes | bytearray | memoryview):
         raise TypeError(f"atomic_write_bytes needs bytes, got {type(data).__name__}")
-    target = Path(path)
+    # Without overwrite nothing existing is touched (link() fails on any name that exists, a
+    # dangling symlink included), so only a replacing write needs to know what it would replace.
+    target = check_output_path(path) if overwrite else Path(path)
     directory = target.parent
     # A random suffix, not the pid: two threads of one process must not collide either.
     tmp = directory / f".{target.name}.{secrets.token_hex(8)}.tmp"
@@ -160,10 +209,22 @@ def publish_directory(staged: Path, out: Path) -> None:
     one is put back.
 
     Raises:
-        OSError: a rename failed (``staged`` is left for the caller to remove).
+        OSError: ``out`` exists and is not a directory (a file, a device, a symlink: refused
+            before anything moves), or a rename failed (``staged`` is left for the caller to
+            remove).
     """
     backup = None
-    if out.exists():
+    try:
+        info = os.lstat(out)
+    except FileNotFoundError:
+        info = None
+    if info is not None and not stat.S_ISDIR(info.st_mode):
+        raise OSError(
+            errno.ENOTDIR,
+            "not a directory (or a symlink); give a new path or an existing directory",
+            str(out),
+        )
+    if info is not None:
         backup = out.parent / f".{out.name}.old-{secrets.token_hex(6)}"
         os.replace(out, backup)
     try:
