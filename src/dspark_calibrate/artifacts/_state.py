@@ -25,11 +25,21 @@ whole fingerprint) is read as ``legacy_series``: those entries keep refusing wha
 (an artifact is also checked against its signed ``series`` key), nothing new is written under old
 keys, and the next update writes schema 2. Older tools refuse a schema-2 file (fail closed).
 
-Updates are read-modify-write under an exclusive kernel lock (``<path>.lock``, released if the
-holder dies) with a bounded wait, and replace the file atomically, so concurrent verifiers on one
-host never lose an update or see a partial file, and nothing stored is ever lowered. Any doubt
-(corrupt file, lock not obtained in time, disk full) raises :class:`StateError`; callers fail
-closed. Reads are bounded (a FIFO or device at the path is refused, never waited on).
+Updates are read-modify-write under an exclusive kernel lock (``flock`` on ``<path>.lock``,
+released if the holder dies) with a bounded wait, and replace the file atomically, so concurrent
+verifiers on one host never lose an update or see a partial file, and nothing stored is ever
+lowered. Any doubt (corrupt file, lock not obtained in time, disk full) raises
+:class:`StateError`; callers fail closed. Reads are bounded (a FIFO or device at the path is
+refused, never waited on).
+
+**Who may touch it.** Whoever can delete or rewrite the state resets rollback protection, and
+whoever can open the lock file can hold it forever (``flock`` needs only read access), so the
+state is private to the verifier's user, whatever the umask: missing directories are created 0700,
+the state file and the lock 0600 (a lock this user owns with wider bits, as older versions made
+it, is narrowed when opened). A state, a lock or a directory that another user could have changed
+is refused with ``STATE_INSECURE`` before it is trusted: the state or lock owned by another user or
+writable by group or others, or its directory writable by group or others without the sticky bit
+(which would let them delete or replace it), or owned by another user than this one or root.
 
 This module does the state file's I/O and nothing else: it does not decide *whether* to record
 (the verification pipeline records only fully verified artifacts and roots).
@@ -38,19 +48,21 @@ This module does the state file's I/O and nothing else: it does not decide *whet
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import math
+import os
+import stat
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
-
 from dspark_calibrate.artifacts._atomic import atomic_write_bytes
 from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict, sha256_hex
-from dspark_calibrate.artifacts._files import FileTooLarge, read_regular_file
+from dspark_calibrate.artifacts._files import FileTooLarge, read_regular_file_stat
+from dspark_calibrate.artifacts._limits import MAX_STATE_BYTES
 from dspark_calibrate.artifacts._reasons import Finding, Reason
 from dspark_calibrate.errors import DsparkError, InvalidValueError
 
@@ -67,24 +79,24 @@ __all__ = [
 #: Version of the state file format (1: keyed by the whole fingerprint's digest; read as legacy).
 STATE_SCHEMA_VERSION = 2
 _LEGACY_SCHEMA_VERSION = 1
-#: Largest state file read, in bytes. One series entry is ~1 KiB with its binding values and a
-#: trust root a few KiB; 16 MiB is far beyond any deployment and keeps a wrong path from being
-#: read into memory.
-MAX_STATE_BYTES = 16 << 20
 #: Default wait for the state lock, in seconds. Admission runs inside a serving start whose
 #: budget is 100 ms; waiting longer for another verifier is worse than failing closed to static K.
 DEFAULT_STATE_LOCK_TIMEOUT_S = 0.1
 #: How often a waiting verifier retries the lock, in seconds (one non-blocking flock call each):
 #: a fraction of the wait, so a lock released mid-wait is taken within a few ms.
 _LOCK_POLL_S = 0.002
+#: Permission bits of what the state creates: only its user may read, write or enter.
+_DIR_MODE, _FILE_MODE = 0o700, 0o600
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 class StateError(DsparkError):
     """The rollback state cannot be read or updated; the verifier must fail closed.
 
     Attributes:
-        reason: ``STATE_LOCKED``, ``STATE_CORRUPT``, ``STATE_UNWRITABLE`` or ``IO_ERROR`` (the
-            file exists but cannot be read).
+        reason: ``STATE_LOCKED``, ``STATE_CORRUPT``, ``STATE_UNWRITABLE``, ``STATE_INSECURE``
+            (another user could have changed it) or ``IO_ERROR`` (the file exists but cannot be
+            read).
     """
 
     def __init__(self, reason: Reason, message: str) -> None:
@@ -219,9 +231,13 @@ class RollbackState:
 
         No lock is needed to read: writers replace the file atomically, so a reader sees one
         complete version or the other.
+
+        Raises:
+            StateError: ``STATE_INSECURE``, ``STATE_CORRUPT`` or ``IO_ERROR``.
         """
+        self._check_directory()
         try:
-            data = read_regular_file(self._path, MAX_STATE_BYTES)
+            data, info = read_regular_file_stat(self._path, MAX_STATE_BYTES)
         except FileNotFoundError:
             return _Contents()
         except FileTooLarge as big:
@@ -232,6 +248,7 @@ class RollbackState:
                 f"{self._path}: cannot read the rollback state ({exc.strerror or exc}); it must be a "
                 "regular file: check the path and its permissions",
             ) from exc
+        self._check_private(info, self._path, "rollback state")
         if self._memo is not None and self._memo[0] == data:
             return self._memo[1].copy()
         try:
@@ -241,6 +258,41 @@ class RollbackState:
         contents = self._validate(obj)
         self._memo = (data, contents)
         return contents.copy()
+
+    def _insecure(self, detail: str) -> StateError:
+        return StateError(
+            Reason.STATE_INSECURE,
+            f"{detail}: another user could delete or change the rollback state and so reset rollback "
+            "protection; keep it in a directory only this user (or root) owns and can write, e.g. "
+            "`install -d -m 700 DIR`, and let the verifier create the state there",
+        )
+
+    def _check_private(self, info: os.stat_result, path: Path, what: str) -> None:
+        """Refuse a state or lock file another user owns or may write."""
+        mode = stat.S_IMODE(info.st_mode)
+        if info.st_uid != os.geteuid():
+            raise self._insecure(
+                f"{path}: the {what} is owned by uid {info.st_uid}, not by this user (uid {os.geteuid()})"
+            )
+        if mode & 0o022:
+            raise self._insecure(f"{path}: the {what} is writable by group or others (mode {mode:o})")
+
+    def _check_directory(self) -> None:
+        """Refuse a state directory another user may write (and so delete the state from)."""
+        directory = self._path.parent
+        try:
+            info = os.stat(directory)
+        except FileNotFoundError:
+            return  # created private by the first update
+        except OSError:
+            return  # reading the state reports what is wrong with the path
+        mode = stat.S_IMODE(info.st_mode)
+        if info.st_uid not in (os.geteuid(), 0):
+            raise self._insecure(f"{directory}: the state directory is owned by uid {info.st_uid}")
+        if mode & 0o022 and not mode & stat.S_ISVTX:
+            raise self._insecure(
+                f"{directory}: the state directory is writable by group or others (mode {mode:o})"
+            )
 
     def _corrupt(self, detail: str) -> StateError:
         return StateError(
@@ -323,7 +375,7 @@ class RollbackState:
         under ``identity.legacy``.
 
         Raises:
-            StateError: ``STATE_CORRUPT`` or ``IO_ERROR``.
+            StateError: ``STATE_INSECURE``, ``STATE_CORRUPT`` or ``IO_ERROR``.
         """
         contents = self._read()
         bound = tuple(identity.binding if bound is None else bound)
@@ -344,7 +396,7 @@ class RollbackState:
         An equal version is accepted: re-admitting the same artifact (a restart) is not a rollback.
 
         Raises:
-            StateError: ``STATE_CORRUPT`` or ``IO_ERROR``.
+            StateError: ``STATE_INSECURE``, ``STATE_CORRUPT`` or ``IO_ERROR``.
             ValueError: a negative/non-integer version (a caller bug).
         """
         _check_version(version)
@@ -364,7 +416,7 @@ class RollbackState:
         """The newest trust root recorded, or None.
 
         Raises:
-            StateError: ``STATE_CORRUPT`` or ``IO_ERROR``.
+            StateError: ``STATE_INSECURE``, ``STATE_CORRUPT`` or ``IO_ERROR``.
         """
         return self._read().root
 
@@ -417,11 +469,13 @@ class RollbackState:
 
         Holds ``<path>.lock`` (waiting at most the lock timeout) while reading, comparing and
         atomically replacing the file; the old file stays intact when anything fails. When the
-        file already holds everything, it is neither locked nor rewritten. A stored version or root is never lowered: a
-        root is replaced only by one of a higher version.
+        file already holds everything, it is neither locked nor rewritten. A stored version or
+        root is never lowered: a root is replaced only by one of a higher version. Missing
+        directories are created 0700, the file and its lock 0600.
 
         Raises:
             StateError: ``STATE_LOCKED`` (lock not obtained within the timeout),
+                ``STATE_INSECURE`` (state, lock or directory another user could change),
                 ``STATE_CORRUPT`` (the existing file is not a valid state; it is left untouched),
                 ``STATE_UNWRITABLE`` (directory, lock or file cannot be written: ENOSPC, EACCES, ...),
                 ``IO_ERROR`` (the existing file cannot be read).
@@ -439,33 +493,97 @@ class RollbackState:
         except StateError:
             pass  # reported below, under the lock, with the directory's own error if it has one
         try:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
+            _make_private_dirs(self._path.parent)
         except OSError as exc:
             raise self._unwritable(exc, "create the state directory") from exc
-        # A kernel lock (flock), not a marker file: it vanishes with a crashed holder, so a dead
-        # verifier cannot wedge the others. The lock file is kept between uses so that every
-        # process locks the same inode.
-        lock = FileLock(self._lock_path, preserve_lock_file=True, fallback_to_soft=False)
-        started = time.monotonic()
-        try:
-            lock.acquire(timeout=self._lock_timeout_s, poll_interval=min(_LOCK_POLL_S, self._lock_timeout_s))
-        except Timeout as exc:  # before OSError: filelock's Timeout subclasses it
-            raise StateError(
-                Reason.STATE_LOCKED,
-                f"{self._lock_path}: rollback state is locked by another process for more than "
-                f"{self._lock_timeout_s:g}s (waited {time.monotonic() - started:.3f}s); retry, or check for "
-                "a stuck verifier",
-            ) from exc
-        except OSError as exc:
-            raise self._unwritable(exc, "create or lock the lock file") from exc
+        self._check_directory()
+        fd = self._lock()
         try:
             contents = self._read()
             if not self._apply(contents, accepted, root):
                 return
             data = canonical_json(contents.to_json())
             try:
-                atomic_write_bytes(self._path, data, mode=0o644)
+                atomic_write_bytes(self._path, data, mode=_FILE_MODE)
             except OSError as exc:
                 raise self._unwritable(exc, "write the rollback state") from exc
         finally:
-            lock.release()
+            os.close(fd)  # closing the descriptor releases the flock
+
+    def _lock(self) -> int:
+        """Open ``<path>.lock`` (0600, never through a symlink) and hold its exclusive ``flock``,
+        waiting at most the lock timeout; returns the descriptor (closing it unlocks).
+
+        A kernel lock, not a marker file: it vanishes with a crashed holder, so a dead verifier
+        cannot wedge the others. The lock file is kept between uses so that every process locks the
+        same inode.
+
+        Raises:
+            StateError: ``STATE_LOCKED`` (not obtained in time), ``STATE_INSECURE`` (the lock is
+                another user's, or not a regular file), ``STATE_UNWRITABLE`` (it cannot be created).
+        """
+        try:
+            fd = os.open(self._lock_path, _LOCK_FLAGS, _FILE_MODE)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
+                raise self._insecure(f"{self._lock_path}: the state lock is a symlink") from exc
+            raise self._unwritable(exc, "create or open the lock file") from exc
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise self._insecure(f"{self._lock_path}: the state lock is not a regular file")
+            if info.st_uid != os.geteuid():
+                raise self._insecure(f"{self._lock_path}: the state lock is owned by uid {info.st_uid}")
+            if stat.S_IMODE(info.st_mode) != _FILE_MODE:
+                os.fchmod(fd, _FILE_MODE)  # os.open's mode is narrowed by the umask; and old locks were 0644
+            self._wait_for_lock(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _wait_for_lock(self, fd: int) -> None:
+        """Take the ``flock`` on ``fd``, retrying every few ms until the lock timeout."""
+        started = time.monotonic()
+        deadline = started + self._lock_timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                pass
+            except OSError as exc:
+                raise self._unwritable(exc, "lock the lock file") from exc
+            now = time.monotonic()
+            if now >= deadline:
+                raise StateError(
+                    Reason.STATE_LOCKED,
+                    f"{self._lock_path}: rollback state is locked by another process for more than "
+                    f"{self._lock_timeout_s:g}s (waited {now - started:.3f}s); retry, or check for a stuck "
+                    "verifier",
+                )
+            time.sleep(min(_LOCK_POLL_S, deadline - now))
+
+
+def _make_private_dirs(directory: Path) -> None:
+    """Create ``directory`` and any missing parents 0700, whatever the umask (``mkdir -p`` would
+    give the parents the umask's mode, 0777 under ``umask 000``); existing ones are left as they are.
+
+    Raises:
+        OSError: a level cannot be created, or exists and is not a directory.
+    """
+    missing: list[Path] = []
+    level = directory
+    while not level.is_dir():
+        missing.append(level)
+        if level.parent == level:
+            break
+        level = level.parent
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, _DIR_MODE)
+        except FileExistsError:
+            if not path.is_dir():
+                raise
+            continue  # made by a concurrent verifier: checked like any existing directory
+        os.chmod(path, _DIR_MODE)  # mkdir's mode is narrowed by the umask; make it exact
