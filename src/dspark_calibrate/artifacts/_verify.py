@@ -55,7 +55,7 @@ from dspark_calibrate.artifacts._parquet import (
 from dspark_calibrate.artifacts._reasons import Finding, FindingsOutcome, Reason
 from dspark_calibrate.artifacts._sign import parse_time, series_of
 from dspark_calibrate.artifacts._state import RollbackState, SeriesIdentity, StateError, StoredRoot
-from dspark_calibrate.artifacts._trust import TrustRoot, TrustRootError, check_root_rollback
+from dspark_calibrate.artifacts._trust import TrustRoot, TrustRootError, check_root_rollback, load_seen_root
 from dspark_calibrate.errors import ArtifactRejected
 from dspark_calibrate.schemas import ARTIFACT_KINDS, SCHEMA_VERSION, SUPPORTED_SCHEMA_VERSIONS
 
@@ -612,14 +612,33 @@ def check_trust_root_freshness(
         return None
     try:
         stored = state.trust_root()
-        check_root_rollback(root, stored.raw if stored is not None else None, chain, now)
+        seen = _stored_root(state, stored.raw) if stored is not None and stored.raw != root.raw else None
+        check_root_rollback(root, seen, chain, now)
         if record and (stored is None or stored.version < root.version):
             state.update(root=StoredRoot(root.version, root.raw))
     except TrustRootError as exc:
         return Finding(exc.reason, f"{where}: {exc}", field="trust_root")
-    except StateError as exc:
-        return Finding(exc.reason, f"{where}: {exc}")
+    except StateError as exc:  # the state's own defect: its message names the state file
+        return Finding(exc.reason, str(exc))
     return None
+
+
+def _stored_root(state: RollbackState, raw: bytes) -> TrustRoot:
+    """The newest root the state keeps, loaded; a stored root that is not a valid root is the
+    state's defect (``STATE_CORRUPT`` naming the state file), not the pinned root's.
+
+    Raises:
+        StateError: ``STATE_CORRUPT``.
+    """
+    try:
+        return load_seen_root(raw)
+    except TrustRootError as exc:
+        raise StateError(
+            Reason.STATE_CORRUPT,
+            f"{state.path}: the trust root stored in the rollback state is not a valid root ({exc}); "
+            "restore the state from a backup, or delete it only if you accept that older artifacts and "
+            "trust roots become admissible again",
+        ) from exc
 
 
 def check_binding(
