@@ -28,6 +28,7 @@ from dspark_calibrate.artifacts._files import FileTooLarge, read_regular_file
 from dspark_calibrate.artifacts._limits import DEFAULT_TABLE_LIMIT, TABLE_LIMITS, TableLimit, table_size
 from dspark_calibrate.artifacts._logical_hash import canonical_order, logical_sha256
 from dspark_calibrate.artifacts._models import Fingerprint, ModelError, Provenance
+from dspark_calibrate.artifacts._parquet_pages import footer_start, list_value_counts
 from dspark_calibrate.artifacts._reasons import Reason
 from dspark_calibrate.errors import ConfigError, DsparkError
 from dspark_calibrate.schemas import SCHEMA_VERSION, SchemaMismatch, conform_table
@@ -369,7 +370,11 @@ def _check_table(
         ArtifactReadError: TABLE_TOO_LARGE.
     """
     try:
-        size = table_size(pf.metadata)
+        schema = pf.metadata.schema
+        leaves = [schema.column(j) for j in range(len(schema))]
+        lists = [c.path for c in leaves if c.max_repetition_level > 0]
+        counts = list_value_counts(data, footer_start(data), [c.path for c in leaves], lists)
+        size = table_size(pf.metadata, counts)
     except (pa.ArrowException, OSError, ValueError) as exc:  # e.g. a column name that is not UTF-8
         raise _corrupt(path, exc) from exc
     if kind is None:
@@ -377,6 +382,12 @@ def _check_table(
     limit = limits.table_limit(kind)
     if size.rows > limit.max_rows:
         raise _too_large(path, kind, f"{size.rows} rows", f"{limit.max_rows}-row")
+    # Each list column alone, named: its values are the one part of a table a small file can blow
+    # up without bound (run-length-encoded levels), counted from its page headers.
+    for column, nbytes in size.list_bytes.items():
+        if nbytes > limit.max_decoded_bytes:
+            what = f"{size.list_values[column]} values in list column {column} ({nbytes} bytes once decoded)"
+            raise _too_large(path, kind, what, f"{limit.max_decoded_bytes}-byte")
     if size.decoded_bytes > limit.max_decoded_bytes:
         raise _too_large(
             path, kind, f"at least {size.decoded_bytes} bytes once decoded", f"{limit.max_decoded_bytes}-byte"
