@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import pyarrow as pa
@@ -35,6 +36,7 @@ from dspark_calibrate.schemas import SCHEMA_VERSION, SchemaMismatch, conform_tab
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "FOOTER_FIELDS",
     "FOOTER_KEY",
     "FORMAT",
     "ArtifactReadError",
@@ -52,6 +54,20 @@ __all__ = [
 FOOTER_KEY = b"dspark"
 FORMAT = "dspark-calibrate/artifact"
 FORMAT_VERSION = 1
+#: The fields of a format-1 ``dspark`` footer document (:func:`footer_metadata` writes exactly these).
+FOOTER_FIELDS = frozenset(
+    {
+        "format",
+        "format_version",
+        "kind",
+        "schema_version",
+        "logical_sha256",
+        "fingerprint",
+        "provenance",
+        "summary",
+        "envelope",
+    }
+)
 _MAGIC = b"PAR1"
 
 
@@ -102,6 +118,7 @@ class LoadedArtifact:
         metadata: the parsed ``dspark`` footer JSON (untrusted).
         envelope: the embedded DSSE envelope (JSON form), or ``None``.
         detached_envelope: bytes of ``<file>.dsse.json`` when present, else ``None``.
+        file_metadata: the Parquet footer's key-value metadata (``dspark`` and any other).
     """
 
     path: Path
@@ -111,6 +128,7 @@ class LoadedArtifact:
     detached_envelope: bytes | None = None
     file_bytes: int = 0
     extra: Mapping[str, Any] = field(default_factory=dict)
+    file_metadata: Mapping[bytes, bytes] = field(default_factory=dict)
 
     @property
     def kind(self) -> str | None:
@@ -461,6 +479,7 @@ class OpenedArtifact:
     detached_envelope: bytes | None
     file_bytes: int
     pending: _PendingTable
+    file_metadata: Mapping[bytes, bytes] = field(default_factory=dict)
 
     def table(self) -> pa.Table:
         """Wait for the table (same as ``LoadedArtifact.table`` once loaded).
@@ -483,6 +502,7 @@ class OpenedArtifact:
             envelope=self.envelope,
             detached_envelope=self.detached_envelope,
             file_bytes=self.file_bytes,
+            file_metadata=self.file_metadata,
         )
 
 
@@ -575,6 +595,7 @@ def open_artifact(
         detached_envelope=detached,
         file_bytes=size,
         pending=pending,
+        file_metadata=MappingProxyType(dict(kv)),
     )
 
 

@@ -46,6 +46,8 @@ from dspark_calibrate.artifacts._models import (
 )
 from dspark_calibrate.artifacts._parquet import (
     DEFAULT_LIMITS,
+    FOOTER_FIELDS,
+    FOOTER_KEY,
     ArtifactReadError,
     LoadedArtifact,
     OpenedArtifact,
@@ -499,12 +501,34 @@ def _step5_hash(table: pa.Table, kind: str, digest: str, where: Path) -> None:
 def _step5_footer_consistent(
     loaded: LoadedArtifact | OpenedArtifact, predicate: Mapping[str, Any], digest: str, where: Path
 ) -> None:
-    """The untrusted footer copy must say what the signed predicate says.
+    """The untrusted footer copy must say what the signed predicate says, and nothing more.
 
     Verification never *reads* the footer copy, but tools outside this pipeline (pandas users,
-    dashboards) do; a footer that disagrees with the signature is tampering and is refused.
+    dashboards) do; a footer that disagrees with the signature is tampering and is refused. So is
+    a field the format does not have, or a Parquet key-value pair besides ``dspark``: the signature
+    covers neither, and an edited copy must not pass as the signed file.
     """
     meta = loaded.metadata
+    extra = sorted(set(meta) - FOOTER_FIELDS)
+    other = sorted(k.decode("utf-8", "replace") for k in loaded.file_metadata if k != FOOTER_KEY)
+    arrow = loaded.file_metadata.get(ARROW_SCHEMA_KEY)
+    if other == [ARROW_SCHEMA_KEY.decode()] and arrow is not None and _arrow_schema_agrees(arrow, loaded):
+        other = []
+    for name, unsigned, what in (
+        ("footer", extra, "'dspark' footer fields"),
+        ("key_value_metadata", other, "Parquet key-value metadata keys"),
+    ):
+        if unsigned:
+            raise _Stop(
+                [
+                    Finding(
+                        Reason.METADATA_MISMATCH,
+                        f"{where}: {what} {unsigned[:5]} are not part of the format and not signed; the file "
+                        "was edited after signing: sign the artifact again, or copy it from its source",
+                        field=name,
+                    )
+                ]
+            )
     claims = {
         "kind": predicate["kind"],
         "schema_version": predicate["schema_version"],
@@ -525,6 +549,31 @@ def _step5_footer_consistent(
                 )
             ]
         )
+
+
+#: pyarrow's own copy of the Arrow schema in a Parquet footer (``pq.write_table`` adds it).
+ARROW_SCHEMA_KEY = b"ARROW:schema"
+
+
+def _arrow_schema_agrees(encoded: bytes, loaded: LoadedArtifact | OpenedArtifact) -> bool:
+    """True when ``ARROW:schema`` (a re-encoding by pyarrow keeps one) says nothing the file does
+    not: its schema metadata is exactly the footer's ``dspark`` value, and no field carries
+    metadata of its own (the types it restores are covered by the logical hash)."""
+    import base64
+
+    try:
+        schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(encoded, validate=True)))
+    except (ValueError, pa.ArrowException):
+        return False
+    if dict(schema.metadata or {}) != {FOOTER_KEY: loaded.file_metadata.get(FOOTER_KEY)}:
+        return False
+    fields = list(schema)
+    while fields:
+        f = fields.pop()
+        if f.metadata:
+            return False
+        fields.extend(f.type.field(i) for i in range(f.type.num_fields))
+    return True
 
 
 def check_freshness(
