@@ -37,6 +37,7 @@ from dspark_calibrate.cli._common import (
     stage_line,
     utcnow,
 )
+from dspark_calibrate.cli._numeric import check_max_age_days
 from dspark_calibrate.errors import DsparkError
 
 if TYPE_CHECKING:
@@ -79,6 +80,7 @@ def report(
             help="Refuse artifacts issued longer ago than this (default: no limit).",
             metavar="DAYS",
             show_default=False,
+            callback=check_max_age_days,
         ),
     ] = None,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Embed plots in the HTML page.")] = True,

@@ -218,10 +218,6 @@ def run_verify(opts: VerifyOptions) -> None:
         fail_usage(
             f"--unbind {', '.join(bad_unbind)}: not binding fields; choose from {', '.join(BINDING_FIELDS)}"
         )
-    if opts.max_age_days is not None and opts.max_age_days <= 0:
-        fail_usage(
-            f"--max-age-days {opts.max_age_days:g} must be positive; give the largest acceptable age in days"
-        )
     if runtime_requested(opts.emit_trtllm_options, opts.fail_open_to_static):
         # The runtime form reads the root itself, after it has written the fail-open options.
         run_runtime(opts, lambda: _trust(opts.trust_root, opts.key)[0], live_options)

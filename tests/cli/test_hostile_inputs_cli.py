@@ -1,0 +1,335 @@
+"""Hostile values on the command line and in the files the commands read, one row each: every row
+ends with the documented exit code and one clean error (no traceback), and with ``--json`` the one
+error shape.
+
+- numeric options that Python accepts as floats or huge counts (``nan``, ``inf``, ``1e308``,
+  ``999999999d``) are usage errors, refused while the command line is parsed (exit 2);
+- a rollback state or a trust root nested deeper than the document limit is the file's own error
+  (``STATE_CORRUPT``, ``TRUST_ROOT_INVALID``: exit 1), never a traceback;
+- a garbage root stored in the state is reported as the state's defect, naming the state file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from dspark_calibrate.artifacts import write_unsigned_artifact
+from dspark_calibrate.cli import build_calibrate_app
+from dspark_calibrate.cli.verify import verify_app
+from tests.factories import make_cost_table, make_fingerprint, make_provenance
+
+runner = CliRunner()
+APP = build_calibrate_app()
+DEEP = 40  # levels: past the 32-level document limit
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = {"x": value}
+    return value
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("hostile")
+    keys = d / "keys"
+    assert runner.invoke(APP, ["keygen", "--out", str(keys)]).exit_code == 0
+    key = keys / "signing-key.pem"
+    root = d / "root.json"
+    r = runner.invoke(APP, ["trust", "init", "--key", str(key), "--out", str(root)])
+    assert r.exit_code == 0, r.output
+    table = d / "cost-table.parquet"
+    write_unsigned_artifact(
+        table,
+        make_cost_table(),
+        kind="cost-table",
+        fingerprint=make_fingerprint(),
+        provenance=make_provenance(),
+    )
+    assert runner.invoke(APP, ["sign", str(table), "--key", str(key), "--version", "1"]).exit_code == 0
+    states = d / "states"
+    states.mkdir(mode=0o700)
+    for name, trust_root, series in (
+        ("root-40-deep", {"version": 1, "sha256": _digest(_nested(DEEP)), "root": _nested(DEEP)}, {}),
+        (
+            "binding-40-deep",
+            None,
+            {
+                f"cost-table:{_digest({'gpu': _nested(DEEP)})}": {
+                    "kind": "cost-table",
+                    "binding": {"gpu": _nested(DEEP)},
+                    "version": 1,
+                }
+            },
+        ),
+        (
+            "garbage-root",
+            {
+                "version": 2,
+                "sha256": _digest({"signed": {"_type": "root"}}),
+                "root": {"signed": {"_type": "root"}},
+            },
+            {},
+        ),
+    ):
+        doc = {"schema_version": 2, "series": series, "legacy_series": {}, "trust_root": trust_root}
+        (states / f"{name}.json").write_text(json.dumps(doc))
+    # A validly signed root whose key carries a 40-deep extra keyval entry.
+    from tuf.api.metadata import Metadata
+
+    from dspark_calibrate.artifacts import load_signer
+
+    md = Metadata.from_bytes(root.read_bytes())
+    for k in md.signed.keys.values():
+        k.keyval["extra"] = _nested(DEEP)
+    md.signatures.clear()
+    md.sign(load_signer(key))
+    (d / "deep-root.json").write_bytes(md.to_bytes())
+    return {"d": d, "key": key, "root": root, "table": table, "states": states}
+
+
+W = dict[str, Path]
+BUILD = [
+    "build",
+    "--sweep",
+    "s.parquet",
+    "--calibration",
+    "c.parquet",
+    "--workload",
+    "w.parquet",
+    "--version",
+    "1",
+]
+
+#: (id, app, argv builder, exit code, text the error names)
+CASES: list[tuple[str, str, Callable[[W], list[str]], int, str]] = [
+    # numeric options: refused while parsing (exit 2), whatever the command would do next
+    *(
+        (
+            f"verify-max-age-days-{v}",
+            "verify",
+            lambda w, v=v: [str(w["table"]), "--trust-root", str(w["root"]), "--max-age-days", v],
+            2,
+            "--max-age-days",
+        )
+        for v in ("nan", "inf", "-inf", "1e308", "0", "-1")
+    ),
+    (
+        "verify-runtime-max-age-days-nan",
+        "verify",
+        lambda w: [
+            str(w["d"]),
+            "--trust-root",
+            str(w["root"]),
+            "--max-age-days",
+            "nan",
+            "--emit-trtllm-options",
+            str(w["d"] / "o.yaml"),
+            "--fail-open-to-static",
+        ],
+        2,
+        "--max-age-days",
+    ),
+    (
+        "report-max-age-days-inf",
+        "calib",
+        lambda w: ["report", str(w["d"]), "--trust-root", str(w["root"]), "--max-age-days", "inf"],
+        2,
+        "--max-age-days",
+    ),
+    (
+        "sign-expires-999999999d",
+        "calib",
+        lambda w: [
+            "sign",
+            str(w["table"]),
+            "--key",
+            str(w["key"]),
+            "--version",
+            "2",
+            "--expires",
+            "999999999d",
+        ],
+        2,
+        "--expires",
+    ),
+    (
+        "sign-expires-10000-years-of-weeks",
+        "calib",
+        lambda w: [
+            "sign",
+            str(w["table"]),
+            "--key",
+            str(w["key"]),
+            "--version",
+            "2",
+            "--expires",
+            "999999999999w",
+        ],
+        2,
+        "--expires",
+    ),
+    (
+        "sign-expires-end-of-calendar",
+        "calib",
+        lambda w: [
+            "sign",
+            str(w["table"]),
+            "--key",
+            str(w["key"]),
+            "--version",
+            "2",
+            "--expires",
+            "9999-12-31T23:59:59-12:00",
+        ],
+        2,
+        "--expires",
+    ),
+    (
+        "trust-init-expires-999999999d",
+        "calib",
+        lambda w: [
+            "trust",
+            "init",
+            "--key",
+            str(w["key"]),
+            "--out",
+            str(w["d"] / "r2.json"),
+            "--expires",
+            "999999999d",
+        ],
+        2,
+        "--expires",
+    ),
+    (
+        "trust-rotate-expires-999999999d",
+        "calib",
+        lambda w: [
+            "trust",
+            "rotate",
+            "--root",
+            str(w["root"]),
+            "--key",
+            str(w["key"]),
+            "--out",
+            str(w["d"] / "r3.json"),
+            "--expires",
+            "999999999d",
+        ],
+        2,
+        "--expires",
+    ),
+    (
+        "build-expires-999999999d",
+        "calib",
+        lambda w: [
+            *BUILD,
+            "--key",
+            str(w["key"]),
+            "--trust-root",
+            str(w["root"]),
+            "--expires",
+            "999999999d",
+            "--out",
+            str(w["d"] / "b"),
+        ],
+        2,
+        "--expires",
+    ),
+    # files nested deeper than the reader accepts: the file's own reason, exit 1
+    (
+        "verify-state-root-40-deep",
+        "verify",
+        lambda w: [
+            str(w["table"]),
+            "--trust-root",
+            str(w["root"]),
+            "--state",
+            str(w["states"] / "root-40-deep.json"),
+        ],
+        1,
+        "STATE_CORRUPT",
+    ),
+    (
+        "verify-state-binding-40-deep",
+        "verify",
+        lambda w: [
+            str(w["table"]),
+            "--trust-root",
+            str(w["root"]),
+            "--state",
+            str(w["states"] / "binding-40-deep.json"),
+        ],
+        1,
+        "STATE_CORRUPT",
+    ),
+    (
+        "verify-state-garbage-root",
+        "verify",
+        lambda w: [
+            str(w["table"]),
+            "--trust-root",
+            str(w["root"]),
+            "--state",
+            str(w["states"] / "garbage-root.json"),
+        ],
+        1,
+        "garbage-root.json",
+    ),
+    (
+        "verify-root-keyval-40-deep",
+        "verify",
+        lambda w: [str(w["table"]), "--trust-root", str(w["d"] / "deep-root.json")],
+        1,
+        "TRUST_ROOT_INVALID",
+    ),
+    (
+        "trust-show-root-keyval-40-deep",
+        "calib",
+        lambda w: ["trust", "show", str(w["d"] / "deep-root.json")],
+        1,
+        "TRUST_ROOT_INVALID",
+    ),
+]
+
+
+def _invoke(app: str, argv: list[str]) -> Any:
+    return runner.invoke(APP if app == "calib" else verify_app, argv)
+
+
+@pytest.mark.parametrize(("name", "app", "argv", "code", "named"), CASES, ids=[c[0] for c in CASES])
+def test_hostile_input(
+    world: W, name: str, app: str, argv: Callable[[W], list[str]], code: int, named: str
+) -> None:
+    args = argv(world)
+    r = _invoke(app, args)
+    assert r.exit_code == code, (name, r.stdout, r.stderr)
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    assert "Traceback" not in r.output
+    assert named in r.stderr, r.stderr
+    j = _invoke(app, [*args, "--json"])
+    assert j.exit_code == code, (name, j.stdout, j.stderr)
+    doc = json.loads(j.stdout)
+    assert doc["ok"] is False, doc
+
+
+def test_garbage_state_root_is_the_state_defect(world: W) -> None:
+    state = world["states"] / "garbage-root.json"
+    r = _invoke(
+        "verify", [str(world["table"]), "--trust-root", str(world["root"]), "--state", str(state), "--json"]
+    )
+    report = json.loads(r.stdout)["reports"][0]
+    assert report["reason"] == "STATE_CORRUPT", report
+    assert str(state) in report["message"] and str(world["root"]) not in report["message"]
