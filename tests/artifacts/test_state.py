@@ -540,3 +540,18 @@ def test_another_user_cannot_open_the_lock() -> None:
         assert [result.get(timeout=5), result.get(timeout=5)] == ["opened", "refused"]
     finally:
         shutil.rmtree(shared)
+
+
+def test_a_snapshot_reads_once_and_its_update_loses_nothing(tmp_path: Path) -> None:
+    """One admission checks against one reading of the state; its update re-reads under the lock,
+    so what another verifier recorded meanwhile is kept (and seen from then on)."""
+    path = tmp_path / "state.json"
+    RollbackState(path).record(ident("a"), 1)
+    mine = RollbackState(path, snapshot=True)
+    assert mine.highest(ident("a")) == 1
+    RollbackState(path).record(ident("a"), 5)  # another verifier, meanwhile
+    assert mine.highest(ident("a")) == 1  # the snapshot
+    mine.record(ident("b"), 2)
+    assert RollbackState(path).highest(ident("a")) == 5 and RollbackState(path).highest(ident("b")) == 2
+    assert mine.highest(ident("a")) == 5  # its own update read the file again
+    assert RollbackState(path).highest(ident("a")) == 5

@@ -21,7 +21,7 @@ import shutil
 import stat
 from pathlib import Path
 
-__all__ = ["atomic_write_bytes", "check_output_path", "publish_directory"]
+__all__ = ["atomic_write_bytes", "check_output_path", "fsync_directory", "publish_directory"]
 
 # Errors from os.link() that mean "this filesystem has no hard links" (FAT, some FUSE and network
 # mounts), as opposed to "the target exists" or a real I/O fault.
@@ -99,7 +99,7 @@ def check_output_path(path: str | os.PathLike[str]) -> Path:
     return resolved
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_directory(directory: Path) -> None:
     """Make a rename or link in ``directory`` durable.
 
     Some filesystems refuse fsync on a directory (EINVAL); the rename is still atomic there, only
@@ -139,6 +139,7 @@ def atomic_write_bytes(
     *,
     mode: int = 0o644,
     overwrite: bool = True,
+    sync_directory: bool = True,
 ) -> None:
     """Write ``data`` to ``path`` atomically and durably.
 
@@ -157,6 +158,9 @@ def atomic_write_bytes(
         overwrite: when False, refuse to replace an existing ``path`` (``FileExistsError``). The
             file is published with ``os.link``, which fails instead of replacing, so two writers
             racing for a new name cannot silently overwrite each other.
+        sync_directory: fsync the directory after the rename (default). A caller that holds a
+            lock around the write may pass False and call :func:`fsync_directory` after
+            releasing it, before relying on the write.
 
     Raises:
         FileExistsError: ``overwrite`` is False and ``path`` exists.
@@ -194,7 +198,8 @@ def atomic_write_bytes(
                     raise
                 _write_in_place_exclusive(target, data, mode)
         published = True
-        _fsync_dir(directory)
+        if sync_directory:
+            fsync_directory(directory)
     finally:
         # After os.replace the temporary name is gone; in every other case it is still ours.
         if not (published and overwrite):
@@ -233,6 +238,6 @@ def publish_directory(staged: Path, out: Path) -> None:
         if backup is not None:
             os.replace(backup, out)
         raise
-    _fsync_dir(out.parent)
+    fsync_directory(out.parent)
     if backup is not None:
         shutil.rmtree(backup, ignore_errors=True)

@@ -26,6 +26,7 @@ __all__ = [
     "JsonError",
     "canonical_json",
     "check_document",
+    "encode_checked",
     "loads_strict",
     "sha256_hex",
 ]
@@ -42,10 +43,8 @@ class JsonError(InvalidValueError):
     default_code = "JSON_INVALID"
 
 
-def _walk(obj: Any, depth: int) -> int:
-    """Check one value and everything under it; returns how many values that is (itself included)."""
-    if depth > MAX_JSON_DEPTH:
-        raise JsonError(f"JSON nests deeper than {MAX_JSON_DEPTH} levels")
+def _leaf(obj: Any) -> int:
+    """Check a value that is not an array or object; returns 1 (one value)."""
     if isinstance(obj, str) or obj is None or isinstance(obj, bool):
         return 1
     if isinstance(obj, float):
@@ -58,17 +57,42 @@ def _walk(obj: Any, depth: int) -> int:
                 f"an integer of {obj.bit_length()} bits has more than {MAX_JSON_INT_DIGITS} digits"
             )
         return 1
-    nodes = 1
+    raise JsonError(f"type {type(obj).__name__} is not JSON")
+
+
+def _walk(obj: Any, depth: int) -> int:
+    """Check one value and everything under it; returns how many values that is (itself included).
+
+    Every read and write of a document runs this (admission reads a few dozen per bundle and
+    the state on each update), so plain scalars are checked inline, without a call each.
+    """
+    if depth > MAX_JSON_DEPTH:
+        raise JsonError(f"JSON nests deeper than {MAX_JSON_DEPTH} levels")
+    values: Any
     if isinstance(obj, dict):
-        for key, value in obj.items():
+        for key in obj:
             if not isinstance(key, str):
                 raise JsonError(f"JSON object key {key!r} is not a string")
-            nodes += _walk(value, depth + 1)
+        values = obj.values()
     elif isinstance(obj, list | tuple):
-        for value in obj:
-            nodes += _walk(value, depth + 1)
+        values = obj
     else:
-        raise JsonError(f"type {type(obj).__name__} is not JSON")
+        return _leaf(obj)
+    if depth == MAX_JSON_DEPTH and len(values):  # its values would be one level too deep
+        raise JsonError(f"JSON nests deeper than {MAX_JSON_DEPTH} levels")
+    nodes = 1
+    for value in values:
+        kind = type(value)
+        if (
+            kind is str
+            or kind is bool
+            or value is None
+            or (kind is int and -_INT_BOUND < value < _INT_BOUND)
+            or (kind is float and math.isfinite(value))
+        ):
+            nodes += 1
+        else:  # a container, a subclass, or a value to refuse
+            nodes += _walk(value, depth + 1)
     return nodes
 
 
@@ -94,6 +118,13 @@ def canonical_json(obj: Any) -> bytes:
         JsonError: the object holds NaN/Infinity, a non-string key, or a non-JSON type.
     """
     check_document(obj)
+    return encode_checked(obj)
+
+
+def encode_checked(obj: Any) -> bytes:
+    """:func:`canonical_json` of a value already known to be within the limits (it came from
+    :func:`loads_strict`, or was checked with :func:`check_document`): the same bytes, without
+    walking the value again."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 

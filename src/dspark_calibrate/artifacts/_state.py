@@ -59,8 +59,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dspark_calibrate.artifacts._atomic import atomic_write_bytes
-from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict, sha256_hex
+from dspark_calibrate.artifacts._atomic import atomic_write_bytes, fsync_directory
+from dspark_calibrate.artifacts._canonical import (
+    JsonError,
+    canonical_json,
+    encode_checked,
+    loads_strict,
+    sha256_hex,
+)
 from dspark_calibrate.artifacts._files import FileTooLarge, read_regular_file_stat
 from dspark_calibrate.artifacts._limits import MAX_STATE_BYTES
 from dspark_calibrate.artifacts._reasons import Finding, Reason
@@ -128,7 +134,7 @@ class SeriesIdentity:
     @property
     def key(self) -> str:
         """The entry's key in the state file: ``<kind>:<sha256 of the binding values>``."""
-        return f"{self.kind}:{sha256_hex(canonical_json(dict(self.binding)))}"
+        return _series_key(self.kind, canonical_json(dict(self.binding)))
 
     def matches(self, kind: str, binding: Mapping[str, Any], bound: Iterable[str]) -> bool:
         """True when ``(kind, binding)`` is this series as seen by a verifier binding ``bound``."""
@@ -137,15 +143,27 @@ class SeriesIdentity:
 
 @dataclass(frozen=True, slots=True)
 class StoredRoot:
-    """The newest trust root a verifier accepted (canonical ``root.json`` bytes and version)."""
+    """The newest trust root a verifier accepted (canonical ``root.json`` bytes and version).
+
+    Attributes:
+        version: its version.
+        raw: its canonical bytes.
+        doc: the same document parsed, when at hand (saves parsing ``raw`` on every write).
+    """
 
     version: int
     raw: bytes = field(repr=False)
+    doc: Any = field(default=None, repr=False, compare=False)
 
     @property
     def sha256(self) -> str:
         """SHA-256 of :attr:`raw`."""
         return hashlib.sha256(self.raw).hexdigest()
+
+
+def _series_key(kind: str, binding: bytes) -> str:
+    """``<kind>:<sha256 of the canonical binding values>``."""
+    return f"{kind}:{sha256_hex(binding)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +196,7 @@ class _Contents:
             else {
                 "version": self.root.version,
                 "sha256": self.root.sha256,
-                "root": loads_strict(self.root.raw, what="trust root"),
+                "root": self.root.doc if self.root.doc is not None else loads_strict(self.root.raw),
             },
         }
 
@@ -198,11 +216,20 @@ class RollbackState:
     Args:
         path: the state file (created on first update, with its parent directory).
         lock_timeout_s: how long an update waits for the lock before ``STATE_LOCKED`` (seconds).
+        snapshot: checks read the file once and keep using what they read (with this object's
+            own updates), instead of re-reading it on every check. For an object that lives for
+            one verification run (an admission): it then checks all its artifacts against one
+            state, and under contention does not parse the file again for each artifact as
+            other verifiers change it. An update always re-reads the file under the lock, so
+            nothing stored is ever lost or lowered; a version another verifier records meanwhile
+            is seen by the next run (as it would be had it been recorded a moment later).
     """
 
-    __slots__ = ("_lock_path", "_lock_timeout_s", "_memo", "_path")
+    __slots__ = ("_lock_path", "_lock_timeout_s", "_memo", "_path", "_snapshot")
 
-    def __init__(self, path: Path, *, lock_timeout_s: float = DEFAULT_STATE_LOCK_TIMEOUT_S) -> None:
+    def __init__(
+        self, path: Path, *, lock_timeout_s: float = DEFAULT_STATE_LOCK_TIMEOUT_S, snapshot: bool = False
+    ) -> None:
         if not (
             isinstance(lock_timeout_s, int | float) and math.isfinite(lock_timeout_s) and lock_timeout_s >= 0
         ):
@@ -213,6 +240,7 @@ class RollbackState:
         # The last bytes read and what they hold: one admission reads the state once per member
         # and parses it once (the bytes are compared; a changed file is parsed again).
         self._memo: tuple[bytes, _Contents] | None = None
+        self._snapshot = snapshot
 
     @property
     def path(self) -> Path:
@@ -226,15 +254,18 @@ class RollbackState:
     # reading
     # ----------------------------------------------------------------------------------------
 
-    def _read(self) -> _Contents:
+    def _read(self, *, fresh: bool = False) -> _Contents:
         """The stored contents; empty when the file does not exist yet.
 
         No lock is needed to read: writers replace the file atomically, so a reader sees one
-        complete version or the other.
+        complete version or the other. With ``snapshot`` (and not ``fresh``) the contents read
+        before are returned without reading the file again.
 
         Raises:
             StateError: ``STATE_INSECURE``, ``STATE_CORRUPT`` or ``IO_ERROR``.
         """
+        if self._snapshot and not fresh and self._memo is not None:
+            return self._memo[1].copy()
         self._check_directory()
         try:
             data, info = read_regular_file_stat(self._path, MAX_STATE_BYTES)
@@ -335,8 +366,8 @@ class RollbackState:
                 raise self._corrupt(
                     f"series entry {key!r} must be {{kind: non-empty string, binding: object, version: integer >= 0}}"
                 )
-            identity = SeriesIdentity(entry["kind"], entry["binding"])
-            if identity.key != key:
+            # The document passed loads_strict: its parts are within the limits already.
+            if _series_key(entry["kind"], encode_checked(entry["binding"])) != key:
                 raise self._corrupt(f"series entry {key!r} does not match its kind and binding values")
             out.series[key] = _Entry(entry["kind"], entry["binding"], entry["version"])
         root = obj["trust_root"]
@@ -350,8 +381,7 @@ class RollbackState:
                 raise self._corrupt(
                     "trust_root must be null or {version: integer >= 1, sha256, root: object}"
                 )
-            raw = canonical_json(root["root"])
-            stored = StoredRoot(root["version"], raw)
+            stored = StoredRoot(root["version"], encode_checked(root["root"]), root["root"])
             if stored.sha256 != root["sha256"]:
                 raise self._corrupt("trust_root.sha256 does not match the stored root")
             out.root = stored
@@ -499,16 +529,23 @@ class RollbackState:
         self._check_directory()
         fd = self._lock()
         try:
-            contents = self._read()
+            contents = self._read(fresh=True)
             if not self._apply(contents, accepted, root):
                 return
             data = canonical_json(contents.to_json())
             try:
-                atomic_write_bytes(self._path, data, mode=_FILE_MODE)
+                # The lock is held only while reading, merging and renaming; the rename is made
+                # durable (directory fsync) after it is released, before this update returns.
+                atomic_write_bytes(self._path, data, mode=_FILE_MODE, sync_directory=False)
             except OSError as exc:
                 raise self._unwritable(exc, "write the rollback state") from exc
+            self._memo = (data, contents.copy())
         finally:
             os.close(fd)  # closing the descriptor releases the flock
+        try:
+            fsync_directory(self._path.parent)
+        except OSError as exc:
+            raise self._unwritable(exc, "make the rollback state durable") from exc
 
     def _lock(self) -> int:
         """Open ``<path>.lock`` (0600, never through a symlink) and hold its exclusive ``flock``,
