@@ -237,8 +237,8 @@ class RollbackState:
         self._path = Path(path)
         self._lock_path = Path(f"{self._path}.lock")
         self._lock_timeout_s = float(lock_timeout_s)
-        # The last bytes read and what they hold: one admission reads the state once per member
-        # and parses it once (the bytes are compared; a changed file is parsed again).
+        # The last bytes read and what they hold: a file read again is parsed again only when its
+        # bytes changed (with ``snapshot``, checks do not read it again at all).
         self._memo: tuple[bytes, _Contents] | None = None
         self._snapshot = snapshot
 
@@ -565,6 +565,7 @@ class RollbackState:
             if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
                 raise self._insecure(f"{self._lock_path}: the state lock is a symlink") from exc
             raise self._unwritable(exc, "create or open the lock file") from exc
+        held = False
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
@@ -574,9 +575,10 @@ class RollbackState:
             if stat.S_IMODE(info.st_mode) != _FILE_MODE:
                 os.fchmod(fd, _FILE_MODE)  # os.open's mode is narrowed by the umask; and old locks were 0644
             self._wait_for_lock(fd)
-        except BaseException:
-            os.close(fd)
-            raise
+            held = True
+        finally:
+            if not held:  # whatever stopped us (an error, an interrupt): no descriptor is leaked
+                os.close(fd)
         return fd
 
     def _wait_for_lock(self, fd: int) -> None:
