@@ -69,15 +69,20 @@ class _Reader:
         return value
 
     def varint(self) -> int:
+        # Locals, not byte(): admission reads a list column's footer on every calibration table.
+        data, pos, end = self.data, self.pos, self.end
         shift = result = 0
-        while True:
-            b = self.byte()
+        while pos < end:
+            b = data[pos]
+            pos += 1
             result |= (b & 0x7F) << shift
             if not b & 0x80:
+                self.pos = pos
                 return result
             shift += 7
             if shift > 63:
                 raise PageHeaderError("Thrift varint longer than 64 bits")
+        raise PageHeaderError("truncated Thrift data")
 
     def zigzag(self) -> int:
         n = self.varint()

@@ -124,6 +124,7 @@ class SeriesIdentity:
     kind: str
     binding: Mapping[str, Any]
     legacy: str | None = None
+    _key: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str) or not self.kind:
@@ -134,7 +135,10 @@ class SeriesIdentity:
     @property
     def key(self) -> str:
         """The entry's key in the state file: ``<kind>:<sha256 of the binding values>``."""
-        return _series_key(self.kind, canonical_json(dict(self.binding)))
+        if self._key is None:  # computed once: an update asks for it before and under the lock
+            object.__setattr__(self, "_key", _series_key(self.kind, canonical_json(dict(self.binding))))
+        assert self._key is not None
+        return self._key
 
     def matches(self, kind: str, binding: Mapping[str, Any], bound: Iterable[str]) -> bool:
         """True when ``(kind, binding)`` is this series as seen by a verifier binding ``bound``."""
