@@ -24,7 +24,7 @@ from dspark_calibrate.artifacts._atomic import atomic_write_bytes, check_output_
 from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict, sha256_hex
 from dspark_calibrate.artifacts._content import LEGACY_UNPAIRED_COSTS, ArtifactNotice
 from dspark_calibrate.artifacts._files import FileTooLarge, read_regular_file
-from dspark_calibrate.artifacts._inputs import read_fingerprint
+from dspark_calibrate.artifacts._inputs import MAX_FINGERPRINT_FILE_BYTES, read_fingerprint
 from dspark_calibrate.artifacts._limits import (
     MAX_DOCUMENT_DEPTH,
     MAX_INT_DIGITS,
@@ -170,6 +170,7 @@ __all__ = [
     "GEOMETRY_FEATURES",
     "GEOMETRY_RULES",
     "MAX_DOCUMENT_DEPTH",
+    "MAX_FINGERPRINT_FILE_BYTES",
     "MAX_INT_DIGITS",
     "MAX_JSON_NODES",
     "MAX_OPTIONS_YAML_BYTES",
