@@ -21,7 +21,13 @@ import shutil
 import stat
 from pathlib import Path
 
-__all__ = ["atomic_write_bytes", "check_output_path", "fsync_directory", "publish_directory"]
+__all__ = [
+    "atomic_write_bytes",
+    "check_output_path",
+    "fsync_directory",
+    "make_private_dirs",
+    "publish_directory",
+]
 
 # Errors from os.link() that mean "this filesystem has no hard links" (FAT, some FUSE and network
 # mounts), as opposed to "the target exists" or a real I/O fault.
@@ -204,6 +210,34 @@ def atomic_write_bytes(
         # After os.replace the temporary name is gone; in every other case it is still ours.
         if not (published and overwrite):
             tmp.unlink(missing_ok=True)
+
+
+def make_private_dirs(directory: Path) -> None:
+    """Create ``directory`` and any missing parents with mode exactly 0700, whatever the umask.
+
+    ``mkdir(mode=...)`` is narrowed by the umask, and ``mkdir -p`` (``parents=True``) gives the
+    parents the umask's default mode (0777 under ``umask 000``): a directory holding a private key
+    or the rollback state must never be writable or listable by others, so each level created
+    here is chmod-ed to 0700. Existing directories are left as they are (their callers check them).
+
+    Raises:
+        OSError: a level cannot be created, or exists and is not a directory.
+    """
+    missing: list[Path] = []
+    level = Path(directory)
+    while not level.is_dir():
+        missing.append(level)
+        if level.parent == level:
+            break
+        level = level.parent
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            if not path.is_dir():
+                raise
+            continue  # made concurrently by another process: checked like any existing directory
+        os.chmod(path, 0o700)  # mkdir's mode is narrowed by the umask; make it exact
 
 
 def publish_directory(staged: Path, out: Path) -> None:

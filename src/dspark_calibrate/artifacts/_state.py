@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dspark_calibrate.artifacts._atomic import atomic_write_bytes, fsync_directory
+from dspark_calibrate.artifacts._atomic import atomic_write_bytes, fsync_directory, make_private_dirs
 from dspark_calibrate.artifacts._canonical import (
     JsonError,
     canonical_json,
@@ -91,8 +91,8 @@ DEFAULT_STATE_LOCK_TIMEOUT_S = 0.1
 #: How often a waiting verifier retries the lock, in seconds (one non-blocking flock call each):
 #: a fraction of the wait, so a lock released mid-wait is taken within a few ms.
 _LOCK_POLL_S = 0.002
-#: Permission bits of what the state creates: only its user may read, write or enter.
-_DIR_MODE, _FILE_MODE = 0o700, 0o600
+#: Permission bits of the state and its lock: only their user may read or write them.
+_FILE_MODE = 0o600
 _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -527,7 +527,7 @@ class RollbackState:
         except StateError:
             pass  # reported below, under the lock, with the directory's own error if it has one
         try:
-            _make_private_dirs(self._path.parent)
+            make_private_dirs(self._path.parent)
         except OSError as exc:
             raise self._unwritable(exc, "create the state directory") from exc
         self._check_directory()
@@ -606,27 +606,3 @@ class RollbackState:
                     "verifier",
                 )
             time.sleep(min(_LOCK_POLL_S, deadline - now))
-
-
-def _make_private_dirs(directory: Path) -> None:
-    """Create ``directory`` and any missing parents 0700, whatever the umask (``mkdir -p`` would
-    give the parents the umask's mode, 0777 under ``umask 000``); existing ones are left as they are.
-
-    Raises:
-        OSError: a level cannot be created, or exists and is not a directory.
-    """
-    missing: list[Path] = []
-    level = directory
-    while not level.is_dir():
-        missing.append(level)
-        if level.parent == level:
-            break
-        level = level.parent
-    for path in reversed(missing):
-        try:
-            os.mkdir(path, _DIR_MODE)
-        except FileExistsError:
-            if not path.is_dir():
-                raise
-            continue  # made by a concurrent verifier: checked like any existing directory
-        os.chmod(path, _DIR_MODE)  # mkdir's mode is narrowed by the umask; make it exact
