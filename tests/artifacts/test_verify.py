@@ -49,6 +49,8 @@ from tests.factories import (
     make_fingerprint,
     make_provenance,
     make_table,
+    nested,
+    unchecked_digest,
 )
 from tests.hangs import HANG_S, fifo_watchdog
 from tests.signing import envelope_of, make_root, make_signers, put_envelope, resign, sign_table
@@ -738,30 +740,16 @@ CASES += [
 
 # --- hardening, round two: nesting, list columns, unsigned footer content ---
 
-DEEP = 40  # levels: past the 32-level document limit that reader and writer share
-
-
-def _nested(depth: int) -> Any:
-    value: Any = 1
-    for _ in range(depth):
-        value = {"x": value}
-    return value
-
 
 def _deep_state(ctx: Ctx, where: str) -> None:
     """A ~1 KB schema-2 state whose stored trust root or series binding nests 40 deep, with its
     digests made the way the state makes them (so only the depth is wrong)."""
-    import hashlib
-
-    def digest(obj: Any) -> str:
-        return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
     doc: dict[str, Any] = {"schema_version": 2, "series": {}, "legacy_series": {}, "trust_root": None}
     if where == "root":
-        doc["trust_root"] = {"version": 1, "sha256": digest(_nested(DEEP)), "root": _nested(DEEP)}
+        doc["trust_root"] = {"version": 1, "sha256": unchecked_digest(nested()), "root": nested()}
     else:
-        binding = {"gpu": _nested(DEEP)}
-        key = f"cost-table:{digest(binding)}"
+        binding = {"gpu": nested()}
+        key = f"cost-table:{unchecked_digest(binding)}"
         doc["series"][key] = {"kind": "cost-table", "binding": binding, "version": 1}
     _state_file(ctx, json.dumps(doc).encode())
 

@@ -11,7 +11,6 @@ error shape.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -23,22 +22,10 @@ from typer.testing import CliRunner
 from dspark_calibrate.artifacts import write_unsigned_artifact
 from dspark_calibrate.cli import build_calibrate_app
 from dspark_calibrate.cli.verify import verify_app
-from tests.factories import make_cost_table, make_fingerprint, make_provenance
+from tests.factories import make_cost_table, make_fingerprint, make_provenance, nested, unchecked_digest
 
 runner = CliRunner()
 APP = build_calibrate_app()
-DEEP = 40  # levels: past the 32-level document limit
-
-
-def _nested(depth: int) -> Any:
-    value: Any = 1
-    for _ in range(depth):
-        value = {"x": value}
-    return value
-
-
-def _digest(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -62,14 +49,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     states = d / "states"
     states.mkdir(mode=0o700)
     for name, trust_root, series in (
-        ("root-40-deep", {"version": 1, "sha256": _digest(_nested(DEEP)), "root": _nested(DEEP)}, {}),
+        ("root-40-deep", {"version": 1, "sha256": unchecked_digest(nested()), "root": nested()}, {}),
         (
             "binding-40-deep",
             None,
             {
-                f"cost-table:{_digest({'gpu': _nested(DEEP)})}": {
+                f"cost-table:{unchecked_digest({'gpu': nested()})}": {
                     "kind": "cost-table",
-                    "binding": {"gpu": _nested(DEEP)},
+                    "binding": {"gpu": nested()},
                     "version": 1,
                 }
             },
@@ -78,7 +65,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "garbage-root",
             {
                 "version": 2,
-                "sha256": _digest({"signed": {"_type": "root"}}),
+                "sha256": unchecked_digest({"signed": {"_type": "root"}}),
                 "root": {"signed": {"_type": "root"}},
             },
             {},
@@ -93,7 +80,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
     md = Metadata.from_bytes(root.read_bytes())
     for k in md.signed.keys.values():
-        k.keyval["extra"] = _nested(DEEP)
+        k.keyval["extra"] = nested()
     md.signatures.clear()
     md.sign(load_signer(key))
     (d / "deep-root.json").write_bytes(md.to_bytes())

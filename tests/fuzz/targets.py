@@ -58,7 +58,7 @@ from dspark_calibrate.artifacts._envelope import sign_envelope
 from dspark_calibrate.errors import DsparkError
 from dspark_calibrate.runtime_plugin.admission import AdmissionPolicy, admit
 from dspark_calibrate.schemas import arrow_schema
-from tests.factories import NOW, make_cost_table, make_fingerprint
+from tests.factories import NOW, make_cost_table, make_fingerprint, nested, unchecked_digest
 from tests.fuzz.mutations import (
     INTERESTING_JSON,
     apply_bytes,
@@ -653,20 +653,6 @@ _workload_fields = st.dictionaries(
 )
 
 
-def _canonical_digest(obj: Any) -> str:
-    """SHA-256 of canonical JSON, computed without the document limits (a mutant may break them)."""
-    import hashlib
-
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def _nest(depth: int, container: str, leaf: Any) -> Any:
-    value = leaf
-    for _ in range(depth):
-        value = [value] if container == "list" else {"x": value}
-    return value
-
-
 #: (where, depth, container, recompute the digests that cover it, leaf): a nested value put where
 #: the state keeps documents, digests made right half the time so the nesting itself is reached.
 _state_nesting = st.tuples(
@@ -682,11 +668,11 @@ def _state_nesting_target(corpus: Corpus, mutation: Any) -> str:
     where, depth, container, fix, leaf = mutation
     bundle, root, state = _bundle_copy(corpus, "state-nesting")
     doc = json.loads(corpus.state_bytes)
-    deep = _nest(depth, container, leaf)
+    deep = nested(depth, leaf, container)
     if where == "trust-root":
         doc["trust_root"]["root"] = {**doc["trust_root"]["root"], "extra": deep}
         if fix:
-            doc["trust_root"]["sha256"] = _canonical_digest(doc["trust_root"]["root"])
+            doc["trust_root"]["sha256"] = unchecked_digest(doc["trust_root"]["root"])
     elif where in ("binding", "binding-value", "entry"):
         key, entry = next(iter(doc["series"].items()))
         del doc["series"][key]
@@ -697,7 +683,7 @@ def _state_nesting_target(corpus: Corpus, mutation: Any) -> str:
         else:
             entry["extra"] = deep
         if fix:
-            key = f"{entry['kind']}:{_canonical_digest(entry['binding'])}"
+            key = f"{entry['kind']}:{unchecked_digest(entry['binding'])}"
         doc["series"][key] = entry
     elif where == "legacy":
         doc["legacy_series"]["cost-table:" + "0" * 64] = deep

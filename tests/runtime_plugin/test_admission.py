@@ -51,7 +51,15 @@ from dspark_calibrate.runtime_plugin.admission import (
 from dspark_calibrate.runtime_plugin.live import GpuInfo, collect_live
 from dspark_calibrate.runtime_plugin.sentinel import SentinelPolicy
 from dspark_calibrate.runtime_plugin.trtllm import decoding_fields, static_decoding_fields
-from tests.factories import NOW, calibration_rows, cost_rows, make_fingerprint, make_provenance
+from tests.factories import (
+    NOW,
+    calibration_rows,
+    cost_rows,
+    make_fingerprint,
+    make_provenance,
+    nested,
+    unchecked_digest,
+)
 from tests.hangs import fifo_watchdog
 from tests.runtime_plugin.bundles import LATER, admission_rows, admission_summary, make_bundle
 from tests.signing import make_root, make_signers
@@ -470,21 +478,7 @@ def root_skips_versions(c: Ctx) -> dict[str, Any]:
 
 # --- hardening, round two: nesting, list columns, state permissions, live precedence ---
 
-DEEP = 40  # levels: past the 32-level document limit that reader and writer share
 OTHER_UID = 65534  # nobody
-
-
-def _nested(depth: int) -> Any:
-    value: Any = 1
-    for _ in range(depth):
-        value = {"x": value}
-    return value
-
-
-def _digest(obj: Any) -> str:
-    import hashlib
-
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def state_holding(where: str) -> Callable[[Ctx], dict[str, Any]]:
@@ -493,13 +487,17 @@ def state_holding(where: str) -> Callable[[Ctx], dict[str, Any]]:
     def inject(c: Ctx) -> dict[str, Any]:
         doc: dict[str, Any] = {"schema_version": 2, "series": {}, "legacy_series": {}, "trust_root": None}
         if where == "root-40-deep":
-            doc["trust_root"] = {"version": 1, "sha256": _digest(_nested(DEEP)), "root": _nested(DEEP)}
+            doc["trust_root"] = {"version": 1, "sha256": unchecked_digest(nested()), "root": nested()}
         elif where == "binding-40-deep":
-            binding = {"gpu": _nested(DEEP)}
-            doc["series"][f"bundle:{_digest(binding)}"] = {"kind": "bundle", "binding": binding, "version": 1}
+            binding = {"gpu": nested()}
+            doc["series"][f"bundle:{unchecked_digest(binding)}"] = {
+                "kind": "bundle",
+                "binding": binding,
+                "version": 1,
+            }
         else:  # a stored root that is no TUF root at all, of a later version than the pinned one
             garbage = {"signed": {"_type": "root", "version": 2}, "signatures": []}
-            doc["trust_root"] = {"version": 2, "sha256": _digest(garbage), "root": garbage}
+            doc["trust_root"] = {"version": 2, "sha256": unchecked_digest(garbage), "root": garbage}
         c.state.parent.mkdir(mode=0o700, parents=True)
         c.state.write_bytes(json.dumps(doc).encode())
         return {}
@@ -513,7 +511,7 @@ def root_keyval_nested(c: Ctx) -> dict[str, Any]:
 
     md = Metadata.from_bytes(c.root_path.read_bytes())
     for key in md.signed.keys.values():
-        key.keyval["extra"] = _nested(DEEP)
+        key.keyval["extra"] = nested()
     md.signatures.clear()
     md.sign(c.keys[0])
     c.root_path.write_bytes(md.to_bytes())
