@@ -1,22 +1,31 @@
-"""Admission time under rollback-state contention: 8 processes admitting at once.
+"""Admission under rollback-state contention: 8 processes admitting new versions at once.
 
-Scenarios, each repeated for several rounds with a fresh state file, the 8 processes released
-together by a barrier:
+The headline scenario, ``new_versions``: eight deployments (eight series, one per process) share
+one state file; in every round each process admits the next version of its own deployment, all
+eight released together by a barrier, so every admission must take the state lock and write.
+After each round the state is read back: ``lost_or_lowered`` counts deployments whose recorded
+version is below the newest version admitted for them (an update lost to a concurrent writer) or
+below what an earlier round recorded. ``state_locked`` counts admissions that failed closed
+because the lock was not obtained within the default wait (0.1 s).
 
-- ``no_state``: 8 processes admit with no rollback state at all: the floor that 8 processes
-  sharing the CPUs cost, with no lock involved;
-- ``first_start``: 8 processes admit the same bundle into an empty state (one of them records the
-  root and the four series; the others find them recorded);
-- ``rolling``: half admit bundle v1 and half v2 into a state that holds v1 (the v2 admissions
-  write, and the v1 admissions may see v2 first and fail closed with ROLLBACK);
-- ``lock_held``: another process holds the state lock the whole time, so every admission that
-  must record fails closed with STATE_LOCKED; measured with the default lock wait (0.1 s) and
-  with the old default (2 s) side by side.
+Beside it, in the same rounds (the machine is shared, so scenarios are compared within one run):
 
-Each process reports its admit() wall time and reason code; the script records p50/p95/max over
-all processes and rounds, and what each scenario adds to ``no_state``'s p95 (on a 2-core machine
-eight admitting processes queue for the CPUs, which no lock setting changes). Run: ``.venv/bin/python benchmarks/state_lock.py`` ->
-``benchmarks/results/state_lock.json``. Target: the state and its lock add <= 100 ms to the p95, with the default wait.
+- ``no_state``: the same eight admissions without a state: the floor that eight processes
+  sharing the CPUs cost, with no lock and no write;
+- ``lock_held``: another process holds the lock the whole time: every admission that must record
+  fails closed with STATE_LOCKED within the bounded wait.
+
+``--compare-src DIR`` runs ``new_versions`` with another version of the package (e.g.
+``git archive <commit> src | tar -x -C /tmp/base``) in the same rounds, alternating, on its own
+state file and the same bundles, and records both and their ratio.
+
+Each round runs in a fresh interpreter (``--round``, with the package under test on its path)
+that loads its imports with one admission and then forks the eight workers; each worker warms
+itself with the same admission without a state before the barrier.
+
+Run: ``.venv/bin/python benchmarks/state_lock.py [--rounds 20] [--compare-src DIR]`` ->
+``benchmarks/results/state_lock.json``. Target (``new_versions``): p95 <= 100 ms on 2 cores,
+``lost_or_lowered`` == 0.
 """
 
 from __future__ import annotations
@@ -25,7 +34,9 @@ import argparse
 import json
 import logging
 import multiprocessing as mp
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,58 +44,77 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks._common import write_result
-from filelock import FileLock
-from tests.factories import make_fingerprint
-from tests.runtime_plugin.bundles import LATER, make_bundle
-from tests.signing import make_root, make_signers
-
-from dspark_calibrate.artifacts import DEFAULT_STATE_LOCK_TIMEOUT_S
-from dspark_calibrate.runtime_plugin.admission import AdmissionPolicy, admit
-
+ROOT = Path(__file__).resolve().parent.parent
 PROCESSES = 8
 TARGET_P95_MS = 100.0
-OLD_DEFAULT_WAIT_S = 2.0
+#: One admission: (process index, wall ms, reason code, CPU ms of the process during it).
+Sample = tuple[int, float, str, float]
 
 
-def _worker(bundle: str, root: str, state: str, wait_s: float, barrier: Any, out: Any) -> None:
-    policy = AdmissionPolicy(state_path=Path(state) if state else None, state_lock_timeout_s=wait_s)
-    admit(bundle, root, live=make_fingerprint(), policy=AdmissionPolicy(), now=LATER)  # warm imports
+# -- one round, in a fresh interpreter ---------------------------------------------------------
+
+
+def _worker(job: dict[str, Any], i: int, barrier: Any, out: Any) -> None:
+    from dspark_calibrate.artifacts import Fingerprint
+    from dspark_calibrate.runtime_plugin.admission import AdmissionPolicy, admit
+
+    state = job["state"]
+    policy = AdmissionPolicy(state_path=Path(state) if state else None)
+    live = Fingerprint.from_dict(job["fingerprints"][i])
+    now = _now(job)
+    # Warm this process (as a serving rank that has imported and admitted once): the same
+    # admission without a state, so nothing is recorded and the timed one must write.
+    admit(job["bundles"][i], job["root"], live=live, policy=AdmissionPolicy(), now=now)
     barrier.wait(timeout=120)
-    started = time.perf_counter()
-    decision = admit(bundle, root, live=make_fingerprint(), policy=policy, now=LATER)
-    out.put(((time.perf_counter() - started) * 1e3, decision.reason_code))
+    started, cpu = time.perf_counter(), time.process_time()
+    decision = admit(job["bundles"][i], job["root"], live=live, policy=policy, now=now)
+    wall, cpu = (time.perf_counter() - started) * 1e3, (time.process_time() - cpu) * 1e3
+    out.put((i, wall, decision.reason_code, cpu))
 
 
-def _hold(lock_path: str, ready: Any, release: Any) -> None:
-    with FileLock(lock_path):
-        ready.set()
-        release.wait(600)
+def _now(job: dict[str, Any]) -> Any:
+    from datetime import datetime
+
+    return datetime.fromisoformat(job["now"])
 
 
-def _round(
-    bundles: list[Path], root: Path, state: Path, wait_s: float, *, hold: bool
-) -> list[tuple[float, str]]:
+def _hold(lock: str, ready: Any, release: Any) -> None:
+    import fcntl
+
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    ready.set()
+    release.wait(600)
+    os.close(fd)
+
+
+def run_round(job: dict[str, Any]) -> list[Sample]:
+    """Fork one process per bundle, release them together, return ``(index, ms, reason code)``."""
+    logging.disable(logging.CRITICAL)  # admit() logs every decision; the timings are the output
+    from dspark_calibrate.artifacts import Fingerprint
+    from dspark_calibrate.runtime_plugin.admission import AdmissionPolicy, admit
+
+    # Load the lazy imports (signing libraries) once, before forking the workers.
+    admit(
+        job["bundles"][0],
+        job["root"],
+        live=Fingerprint.from_dict(job["fingerprints"][0]),
+        policy=AdmissionPolicy(),
+        now=_now(job),
+    )
     ctx = mp.get_context("fork")
-    barrier, out = ctx.Barrier(len(bundles)), ctx.Queue()
+    barrier, out, release = ctx.Barrier(len(job["bundles"])), ctx.Queue(), ctx.Event()
     holder = None
-    release = ctx.Event()
-    if hold:
-        assert state is not None
-        state.parent.mkdir(parents=True, exist_ok=True)
+    if job.get("hold"):
+        Path(job["state"]).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         ready = ctx.Event()
-        holder = ctx.Process(target=_hold, args=(f"{state}.lock", ready, release))
+        holder = ctx.Process(target=_hold, args=(f"{job['state']}.lock", ready, release))
         holder.start()
         assert ready.wait(30)
-    procs = [
-        ctx.Process(target=_worker, args=(str(b), str(root), str(state), wait_s, barrier, out))
-        for b in bundles
-    ]
+    procs = [ctx.Process(target=_worker, args=(job, i, barrier, out)) for i in range(len(job["bundles"]))]
     for p in procs:
         p.start()
-    results = [out.get(timeout=300) for _ in procs]
+    results = sorted(out.get(timeout=300) for _ in procs)
     for p in procs:
         p.join(timeout=60)
     release.set()
@@ -93,79 +123,169 @@ def _round(
     return results
 
 
-def _summary(samples: list[tuple[float, str]]) -> dict[str, Any]:
-    times = sorted(t for t, _ in samples)
+def _in_fresh_interpreter(src: Path, job: dict[str, Any]) -> list[Sample]:
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    done = subprocess.run(
+        [sys.executable, __file__, "--round", json.dumps(job)],
+        env=env,
+        capture_output=True,
+        check=True,
+        timeout=600,
+    )
+    return [tuple(r) for r in json.loads(done.stdout)]  # type: ignore[misc]
+
+
+# -- the orchestration ---------------------------------------------------------------------------
+
+
+def _recorded(state: Path, heads: list[str]) -> list[int]:
+    """The version the state records for each deployment's bundle series (0: none)."""
+    if not state.exists():
+        return [0] * len(heads)
+    doc = json.loads(state.read_bytes())
+    out = []
+    for head in heads:
+        versions = [
+            e["version"]
+            for e in doc["series"].values()
+            if e["kind"] == "bundle" and e["binding"].get("source_head") == head
+        ]
+        out.append(max(versions, default=0))
+    return out
+
+
+def _summary(samples: list[Sample]) -> dict[str, Any]:
+    times = sorted(t for _, t, _, _ in samples)
     return {
         "admissions": len(times),
         "p50_ms": round(statistics.median(times), 2),
         "p95_ms": round(times[min(len(times) - 1, round(0.95 * (len(times) - 1)))], 2),
         "max_ms": round(times[-1], 2),
-        "reasons": dict(sorted(Counter(code for _, code in samples).items())),
+        # CPU the admitting process used (all its threads): what the 2 cores are shared out by
+        "cpu_p50_ms": round(statistics.median(c for _, _, _, c in samples), 2),
+        "reasons": dict(sorted(Counter(code for _, _, code, _ in samples).items())),
     }
+
+
+class _Series:
+    """One source tree's ``new_versions`` runs: its state file and the versions it must keep."""
+
+    def __init__(self, src: Path, state: Path, heads: list[str]) -> None:
+        self.src, self.state, self.heads = src, state, heads
+        self.samples: list[Sample] = []
+        self.admitted = [1] * len(heads)  # every deployment's v1 is recorded before round 1
+        self.before = [1] * len(heads)
+        self.lost_or_lowered = 0
+
+    def round(self, job: dict[str, Any], version: int) -> None:
+        results = _in_fresh_interpreter(self.src, {**job, "state": str(self.state)})
+        self.samples += results
+        for i, _, code, _ in results:
+            if code == "OK":
+                self.admitted[i] = version
+        now = _recorded(self.state, self.heads)
+        self.lost_or_lowered += sum(
+            1 for i in range(len(now)) if now[i] < self.admitted[i] or now[i] < self.before[i]
+        )
+        self.before = now
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=10, help="rounds per scenario (default 10)")
+    parser.add_argument("--rounds", type=int, default=20, help="rounds (default 20)")
+    parser.add_argument("--compare-src", type=Path, help="another package's src/ to run side by side")
+    parser.add_argument("--round", help=argparse.SUPPRESS)  # internal: one round, JSON job
     args = parser.parse_args()
-    logging.disable(logging.CRITICAL)  # admit() logs every decision; the timings are the output
+    if args.round is not None:
+        print(json.dumps(run_round(json.loads(args.round))))
+        return
+
+    sys.path.insert(0, str(ROOT))
+    logging.disable(logging.CRITICAL)
+    from benchmarks._common import write_result
+    from tests.factories import make_fingerprint
+    from tests.runtime_plugin.bundles import LATER, make_bundle
+    from tests.signing import make_root, make_signers
+
+    src = ROOT / "src"
     tmp = Path(tempfile.mkdtemp(prefix="dspark-bench-lock-"))
     keys = make_signers(tmp / "keys", 1)
     root = tmp / "root.json"
     root.write_bytes(make_root(keys).to_bytes())
-    v1 = make_bundle(tmp / "v1", keys, version=1)
-    v2 = make_bundle(tmp / "v2", keys, version=2)
-    scenarios: dict[str, list[tuple[float, str]]] = {
-        "no_state": [],
-        "first_start": [],
-        "rolling": [],
-        "lock_held_default_wait": [],
-        "lock_held_old_2s_wait": [],
+    fps = [make_fingerprint(source_head=f"{i + 1:040x}") for i in range(PROCESSES)]
+    heads = [str(fp.source_head) for fp in fps]
+    print(f"making {PROCESSES * (args.rounds + 1)} bundles ...", flush=True)
+    bundles = {
+        (i, v): str(make_bundle(tmp / f"d{i}" / f"v{v}", keys, version=v, fingerprint=fps[i]))
+        for i in range(PROCESSES)
+        for v in range(1, args.rounds + 2)
     }
-    for r in range(args.rounds):
-        scenarios["no_state"] += _round(
-            [v1] * PROCESSES, root, None, DEFAULT_STATE_LOCK_TIMEOUT_S, hold=False
+    base = {"root": str(root), "fingerprints": [fp.to_dict() for fp in fps], "now": LATER.isoformat()}
+    runs = {"new_versions": _Series(src, tmp / "state" / "new.json", heads)}
+    if args.compare_src is not None:
+        runs["compare_new_versions"] = _Series(
+            args.compare_src.resolve(), tmp / "state-b" / "new.json", heads
         )
-        state = tmp / f"r{r}" / "first" / "state.json"
-        scenarios["first_start"] += _round(
-            [v1] * PROCESSES, root, state, DEFAULT_STATE_LOCK_TIMEOUT_S, hold=False
-        )
-        state = tmp / f"r{r}" / "rolling" / "state.json"
-        _round([v1], root, state, DEFAULT_STATE_LOCK_TIMEOUT_S, hold=False)  # v1 recorded first
-        mixed = [v2 if i % 2 else v1 for i in range(PROCESSES)]
-        scenarios["rolling"] += _round(mixed, root, state, DEFAULT_STATE_LOCK_TIMEOUT_S, hold=False)
-        state = tmp / f"r{r}" / "held" / "state.json"
-        scenarios["lock_held_default_wait"] += _round(
-            [v1] * PROCESSES, root, state, DEFAULT_STATE_LOCK_TIMEOUT_S, hold=True
-        )
-        if r < max(1, args.rounds // 5):  # the old wait is slow to measure; a few rounds show it
-            state = tmp / f"r{r}" / "held-old" / "state.json"
-            scenarios["lock_held_old_2s_wait"] += _round(
-                [v1] * PROCESSES, root, state, OLD_DEFAULT_WAIT_S, hold=True
+    first = {**base, "bundles": [bundles[(i, 1)] for i in range(PROCESSES)]}
+    for series in runs.values():  # every deployment's v1, recorded one after the other
+        for i in range(PROCESSES):
+            job = {**first, "bundles": [first["bundles"][i]], "fingerprints": [base["fingerprints"][i]]}
+            _in_fresh_interpreter(series.src, {**job, "state": str(series.state)})
+    no_state: list[Sample] = []
+    held: list[Sample] = []
+    load = []
+    for r in range(1, args.rounds + 1):
+        load.append(os.getloadavg()[0])
+        job = {**base, "bundles": [bundles[(i, r + 1)] for i in range(PROCESSES)]}
+        order = list(runs.values()) if r % 2 else list(reversed(runs.values()))
+        for series in order:
+            series.round(job, r + 1)
+        no_state += _in_fresh_interpreter(src, {**job, "state": ""})
+        if r % 4 == 1:  # the bounded fallback needs few rounds to show
+            held += _in_fresh_interpreter(
+                src, {**job, "state": str(tmp / f"held{r}" / "s.json"), "hold": True}
             )
+        head = runs["new_versions"]
         print(
-            f"round {r + 1}/{args.rounds}: "
-            + json.dumps({k: _summary(v)["p95_ms"] for k, v in scenarios.items() if v})
+            f"round {r}/{args.rounds}: new_versions p95 {_summary(head.samples)['p95_ms']} ms, "
+            f"no_state p95 {_summary(no_state)['p95_ms']} ms, load {load[-1]:.1f}",
+            flush=True,
         )
-    summaries = {name: _summary(samples) for name, samples in scenarios.items()}
-    floor = summaries["no_state"]["p95_ms"]
-    results = {
+    new = runs["new_versions"]
+    summary = _summary(new.samples)
+    results: dict[str, Any] = {
         "processes": PROCESSES,
         "rounds": args.rounds,
-        "default_lock_wait_s": DEFAULT_STATE_LOCK_TIMEOUT_S,
-        "scenarios": summaries,
-        # what the state and its lock add to the p95 over the CPU-sharing floor
-        "p95_over_no_state_ms": {
-            name: round(s["p95_ms"] - floor, 2) for name, s in summaries.items() if name != "no_state"
+        "scenario": "new_versions: 8 deployments, each process admits the next version of its own at once",
+        "p50_ms": summary["p50_ms"],
+        "p95_ms": summary["p95_ms"],
+        "max_ms": summary["max_ms"],
+        "state_locked": summary["reasons"].get("STATE_LOCKED", 0),
+        "lost_or_lowered": new.lost_or_lowered,
+        "scenarios": {
+            "new_versions": summary,
+            "no_state": _summary(no_state),
+            "lock_held": _summary(held),
         },
-        "target_p95_ms": TARGET_P95_MS,
-        "meets_target": all(
-            summaries[n]["p95_ms"] - floor <= TARGET_P95_MS
-            for n in ("first_start", "rolling", "lock_held_default_wait")
-        ),
-        "notes": "admit() wall time per process after a barrier (imports warm, bundle as in the "
-        "admission tests: K=5, 9 cells); the machine is shared, so compare scenarios within this run",
+        "p95_over_no_state_ms": round(summary["p95_ms"] - _summary(no_state)["p95_ms"], 2),
+        "load_average_1min": {"median": round(statistics.median(load), 2), "max": round(max(load), 2)},
+        "cpu_count": os.cpu_count(),
+        "target": {"p95_ms": TARGET_P95_MS, "lost_or_lowered": 0},
+        "meets_target": summary["p95_ms"] <= TARGET_P95_MS and new.lost_or_lowered == 0,
+        "notes": "admit() wall time per process after a barrier (imports warm, bundle as in the admission "
+        "tests: K=5, 9 cells), every admission writing the state; the machine is shared: compare "
+        "scenarios (and --compare-src) within this run, and see load_average_1min",
     }
+    if args.compare_src is not None:
+        other = runs["compare_new_versions"]
+        b = _summary(other.samples)
+        results["compare"] = {
+            "src": str(args.compare_src),
+            "new_versions": b,
+            "lost_or_lowered": other.lost_or_lowered,
+            "p95_ratio": round(summary["p95_ms"] / b["p95_ms"], 3),
+            "p50_ratio": round(summary["p50_ms"] / b["p50_ms"], 3),
+        }
     path = write_result("state_lock", results)
     print(json.dumps(results, indent=2, sort_keys=True))
     print(f"wrote {path}")

@@ -153,3 +153,24 @@ Mutator = Callable[[pa.Table], pa.Table]
 def future(days: int = 30) -> datetime:
     """A time ``days`` after NOW."""
     return NOW + timedelta(days=days)
+
+
+#: Levels a hostile document nests: past the 32-level limit reader and writer share.
+DEEP = 40
+
+
+def nested(depth: int = DEEP, leaf: Any = 1, container: str = "dict") -> Any:
+    """``leaf`` inside ``depth`` levels of ``{"x": ...}`` (or ``[...]``)."""
+    value = leaf
+    for _ in range(depth):
+        value = [value] if container == "list" else {"x": value}
+    return value
+
+
+def unchecked_digest(obj: Any) -> str:
+    """SHA-256 of ``obj``'s canonical JSON, made without the document limits (so a test can give
+    a state file a consistent digest over a document the package refuses)."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

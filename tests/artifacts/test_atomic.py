@@ -10,11 +10,12 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from dspark_calibrate.artifacts import _atomic
-from dspark_calibrate.artifacts._atomic import atomic_write_bytes
+from dspark_calibrate.artifacts._atomic import atomic_write_bytes, check_output_path, publish_directory
 
 
 def _mode(path: Path) -> int:
@@ -252,3 +253,55 @@ def test_publish_directory_replaces_whole(tmp_path: Path) -> None:
     fresh.mkdir()
     publish_directory(fresh, tmp_path / "fresh")
     assert (tmp_path / "fresh").is_dir() and not fresh.exists()
+
+
+# --- a write replaces a regular file or creates one, never anything else ---
+
+
+def _device(path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("making a device node needs root")
+    os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 7))  # /dev/full's numbers
+
+
+NOT_REGULAR = [
+    ("character-device", _device, OSError),
+    ("fifo", lambda p: os.mkfifo(p), OSError),
+    ("directory", lambda p: p.mkdir(), IsADirectoryError),
+    ("symlink-to-another-directory", lambda p: p.symlink_to(p.parent.parent / "outside"), OSError),
+    ("symlink-to-a-fifo", lambda p: (os.mkfifo(p.with_name("f")), p.symlink_to("f")), OSError),
+]
+
+
+@pytest.mark.parametrize(("name", "make", "error"), NOT_REGULAR, ids=[c[0] for c in NOT_REGULAR])
+def test_what_is_not_a_regular_file_is_never_replaced(
+    tmp_path: Path, name: str, make: Any, error: type[OSError]
+) -> None:
+    target = tmp_path / "d" / "out.yaml"
+    target.parent.mkdir()
+    make(target)
+    before = os.lstat(target)
+    with pytest.raises(error):
+        atomic_write_bytes(target, b"x")
+    after = os.lstat(target)
+    assert (after.st_ino, after.st_mode) == (before.st_ino, before.st_mode)
+    assert _leftovers(target.parent) == []
+    assert not (tmp_path / "outside").exists()
+
+
+def test_a_symlink_in_the_same_directory_is_written_through(tmp_path: Path) -> None:
+    (tmp_path / "opts.v1.yaml").write_bytes(b"old")
+    (tmp_path / "opts.yaml").symlink_to("opts.v1.yaml")
+    atomic_write_bytes(tmp_path / "opts.yaml", b"new")
+    assert (tmp_path / "opts.yaml").is_symlink() and (tmp_path / "opts.v1.yaml").read_bytes() == b"new"
+    assert check_output_path(tmp_path / "opts.yaml") == (tmp_path / "opts.v1.yaml").resolve()
+
+
+def test_publish_directory_never_moves_a_non_directory(tmp_path: Path) -> None:
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    out = tmp_path / "out"
+    os.mkfifo(out)
+    with pytest.raises(NotADirectoryError):
+        publish_directory(staged, out)
+    assert stat.S_ISFIFO(os.lstat(out).st_mode) and staged.is_dir()

@@ -97,3 +97,39 @@ def test_property_round_trip_and_idempotence(obj: Any) -> None:
 def test_property_key_order_irrelevant(d: dict[str, int]) -> None:
     reversed_d = dict(reversed(list(d.items())))
     assert canonical_json(d) == canonical_json(reversed_d)
+
+
+def _nested_text(depth: int) -> str:
+    """``depth`` levels of alternating arrays and objects around 1 (the top-level value is level 0)."""
+    opens = "".join('{"x":' if i % 2 else "[" for i in range(depth))
+    return opens + "1" + "".join("}" if i % 2 else "]" for i in reversed(range(depth)))
+
+
+@pytest.mark.parametrize("depth", [0, 1, 31, 32, 33, 40, 2000])
+def test_reader_and_writer_share_the_depth_limit(depth: int) -> None:
+    """What canonical_json writes, loads_strict reads: a document the writer refuses (nested past
+    32 levels) is refused by the reader as the document's own error, never accepted and then
+    crashing the first writer that re-encodes it."""
+    from dspark_calibrate.artifacts import MAX_DOCUMENT_DEPTH
+
+    text = _nested_text(depth)
+    if depth <= MAX_DOCUMENT_DEPTH:
+        doc = loads_strict(text)
+        assert doc == json.loads(text) and canonical_json(doc) == text.encode()
+    else:
+        with pytest.raises(JsonError, match="nest"):
+            loads_strict(text, what="state.json")
+        if depth < 900:  # beyond that Python's own parser and encoder give up first
+            with pytest.raises(JsonError, match="deeper"):
+                canonical_json(json.loads(text))
+
+
+def test_reader_and_writer_share_the_node_limit() -> None:
+    from dspark_calibrate.artifacts import MAX_JSON_NODES
+
+    fits = [0] * (MAX_JSON_NODES - 1)  # with the list itself: exactly the limit
+    assert loads_strict(json.dumps(fits)) == fits and canonical_json(fits)
+    with pytest.raises(JsonError, match="values"):
+        loads_strict(json.dumps([*fits, 0]))
+    with pytest.raises(JsonError, match="values"):
+        canonical_json([*fits, 0])

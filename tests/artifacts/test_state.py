@@ -424,3 +424,134 @@ def test_repr_names_the_file(tmp_path: Path) -> None:
     assert state.path == tmp_path / "state.json"
     with pytest.raises(ValueError):
         RollbackState(tmp_path / "x", lock_timeout_s=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# who may touch the state: created private whatever the umask, refused when another user could
+# ---------------------------------------------------------------------------------------------
+
+OTHER_UID = 65534  # nobody
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o022, 0o077])
+def test_state_and_new_directories_are_private_whatever_the_umask(tmp_path: Path, umask: int) -> None:
+    path = tmp_path / "new" / "sub" / "state.json"
+    old = os.umask(umask)
+    try:
+        RollbackState(path).record(ident(), 1)
+    finally:
+        os.umask(old)
+    modes = {p: stat.S_IMODE(os.stat(p).st_mode) for p in (path.parent.parent, path.parent)}
+    assert modes == {path.parent.parent: 0o700, path.parent: 0o700}
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(f"{path}.lock").st_mode) == 0o600
+
+
+def test_an_old_public_lock_is_made_private(tmp_path: Path) -> None:
+    """Older versions left the lock 0644: anyone could open it and hold it."""
+    path = tmp_path / "state.json"
+    Path(f"{path}.lock").touch(mode=0o644)
+    os.chmod(f"{path}.lock", 0o644)
+    RollbackState(path).record(ident(), 1)
+    assert stat.S_IMODE(os.stat(f"{path}.lock").st_mode) == 0o600
+
+
+@pytest.mark.parametrize(
+    ("name", "spoil"),
+    [
+        ("state-world-writable", lambda p: os.chmod(p, 0o666)),
+        ("state-group-writable", lambda p: os.chmod(p, 0o660)),
+        ("directory-world-writable", lambda p: os.chmod(p.parent, 0o777)),
+        ("directory-group-writable", lambda p: os.chmod(p.parent, 0o770)),
+    ],
+)
+def test_a_state_others_may_change_is_insecure(
+    tmp_path: Path, name: str, spoil: Callable[[Path], None]
+) -> None:
+    path = tmp_path / "d" / "state.json"
+    state = RollbackState(path)
+    state.record(ident(), 2)
+    spoil(path)
+    assert _reason(lambda: state.highest(ident())) is Reason.STATE_INSECURE
+    assert _reason(lambda: state.record(ident(), 3)) is Reason.STATE_INSECURE
+    assert json.loads(path.read_bytes())["series"]  # left as it was
+
+
+def test_a_sticky_shared_directory_is_accepted(tmp_path: Path) -> None:
+    """With the sticky bit (/tmp), others cannot delete or rename this user's files."""
+    path = tmp_path / "shared" / "state.json"
+    path.parent.mkdir()
+    os.chmod(path.parent, 0o1777)
+    RollbackState(path).record(ident(), 1)
+    assert RollbackState(path).highest(ident()) == 1
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="handing a file to another user needs root")
+@pytest.mark.parametrize("what", ["state", "lock", "directory"])
+def test_a_state_another_user_owns_is_insecure(tmp_path: Path, what: str) -> None:
+    path = tmp_path / "d" / "state.json"
+    RollbackState(path).record(ident(), 1)
+    target = {"state": path, "lock": Path(f"{path}.lock"), "directory": path.parent}[what]
+    os.chown(target, OTHER_UID, OTHER_UID)
+    state = RollbackState(path)
+    assert _reason(lambda: state.record(ident(), 2)) is Reason.STATE_INSECURE
+
+
+def test_a_lock_that_is_a_symlink_is_never_followed(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    os.symlink(victim, f"{path}.lock")
+    assert _reason(lambda: RollbackState(path).record(ident(), 1)) is Reason.STATE_INSECURE
+    assert victim.read_bytes() == b"precious"
+
+
+def _open_as_other(paths: list[str], result: multiprocessing.queues.Queue) -> None:  # type: ignore[type-arg]
+    os.setgid(OTHER_UID)
+    os.setuid(OTHER_UID)
+    for path in paths:
+        try:
+            os.close(os.open(path, os.O_RDONLY))
+        except PermissionError:
+            result.put("refused")
+        else:
+            result.put("opened")
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="acting as another user needs root")
+def test_another_user_cannot_open_the_lock() -> None:
+    """flock needs only read access: a lock others can open is a lock others can hold forever."""
+    import shutil
+    import tempfile
+
+    shared = Path(tempfile.mkdtemp(prefix="dspark-lock-", dir="/tmp"))  # reachable by others
+    try:
+        os.chmod(shared, 0o755)
+        path = shared / "state.json"
+        RollbackState(path).record(ident(), 1)
+        control = shared / "readable"
+        control.touch()
+        os.chmod(control, 0o644)  # the old lock's mode: the other user can open that
+        ctx = multiprocessing.get_context("fork")
+        result = ctx.Queue()
+        child = ctx.Process(target=_open_as_other, args=([str(control), f"{path}.lock"], result))
+        child.start()
+        child.join(30)
+        assert [result.get(timeout=5), result.get(timeout=5)] == ["opened", "refused"]
+    finally:
+        shutil.rmtree(shared)
+
+
+def test_a_snapshot_reads_once_and_its_update_loses_nothing(tmp_path: Path) -> None:
+    """One admission checks against one reading of the state; its update re-reads under the lock,
+    so what another verifier recorded meanwhile is kept (and seen from then on)."""
+    path = tmp_path / "state.json"
+    RollbackState(path).record(ident("a"), 1)
+    mine = RollbackState(path, snapshot=True)
+    assert mine.highest(ident("a")) == 1
+    RollbackState(path).record(ident("a"), 5)  # another verifier, meanwhile
+    assert mine.highest(ident("a")) == 1  # the snapshot
+    mine.record(ident("b"), 2)
+    assert RollbackState(path).highest(ident("a")) == 5 and RollbackState(path).highest(ident("b")) == 2
+    assert mine.highest(ident("a")) == 5  # its own update read the file again
+    assert RollbackState(path).highest(ident("a")) == 5

@@ -30,6 +30,7 @@ from dspark_calibrate.artifacts import (
     RollbackState,
     VerificationReport,
     _parquet,
+    canonical_json,
     detached_envelope_path,
     read_artifact,
     require_valid,
@@ -48,6 +49,8 @@ from tests.factories import (
     make_fingerprint,
     make_provenance,
     make_table,
+    nested,
+    unchecked_digest,
 )
 from tests.hangs import HANG_S, fifo_watchdog
 from tests.signing import envelope_of, make_root, make_signers, put_envelope, resign, sign_table
@@ -735,6 +738,92 @@ CASES += [
 ]
 
 
+# --- hardening, round two: nesting, list columns, unsigned footer content ---
+
+
+def _deep_state(ctx: Ctx, where: str) -> None:
+    """A ~1 KB schema-2 state whose stored trust root or series binding nests 40 deep, with its
+    digests made the way the state makes them (so only the depth is wrong)."""
+    doc: dict[str, Any] = {"schema_version": 2, "series": {}, "legacy_series": {}, "trust_root": None}
+    if where == "root":
+        doc["trust_root"] = {"version": 1, "sha256": unchecked_digest(nested()), "root": nested()}
+    else:
+        binding = {"gpu": nested()}
+        key = f"cost-table:{unchecked_digest(binding)}"
+        doc["series"][key] = {"kind": "cost-table", "binding": binding, "version": 1}
+    _state_file(ctx, json.dumps(doc).encode())
+
+
+def _footer_with(ctx: Ctx, key: bytes, value: bytes) -> None:
+    """The signed file with one more Parquet key-value pair beside ``dspark`` (unsigned)."""
+    loaded = read_artifact(ctx.path)
+    sink = io.BytesIO()
+    with pq.ParquetWriter(sink, loaded.table.schema, store_schema=False) as writer:
+        writer.write_table(loaded.table)
+        writer.add_key_value_metadata({b"dspark": canonical_json(dict(loaded.metadata)), key: value})
+    ctx.path.write_bytes(sink.getvalue())
+
+
+def _arrow_schema_with_more(ctx: Ctx) -> None:
+    """pyarrow's ARROW:schema copy carrying schema metadata the footer does not (unsigned)."""
+    loaded = read_artifact(ctx.path)
+    raw = canonical_json(dict(loaded.metadata))
+    sink = io.BytesIO()
+    table = loaded.table.replace_schema_metadata({b"dspark": raw, b"note": b"x" * 1000})
+    pq.write_table(table, sink)  # stores ARROW:schema (with both keys) and both key-value pairs
+    data = sink.getvalue()
+    ctx.path.write_bytes(data)
+
+
+def _calibration_params_expanding(ctx: Ctx) -> None:
+    """A signed calibration table whose ``params`` list is swapped (signed footer kept) for one
+    row of 3 million equal doubles: under 2 kB stored, 24 MB once decoded (a 128-million-value
+    one is 50 kB and gigabytes)."""
+    path = sign_table(
+        ctx.tmp / "calibration.parquet",
+        "calibration",
+        make_table("calibration", calibration_rows()),
+        ctx.signers,
+    )
+    loaded = read_artifact(path)
+    t = loaded.table
+    params = pa.array([[0.5] * 3_000_000] + [[0.5]] * (t.num_rows - 1), t.schema.field("params").type)
+    table = t.set_column(t.schema.get_field_index("params"), t.schema.field("params"), params)
+    path.write_bytes(encode_artifact(table, dict(loaded.metadata)))
+    ctx.path = path
+    ctx.expected = dataclasses.replace(ctx.expected, kind="calibration")
+
+
+CASES += [
+    ("state_trust_root_nested_40_deep", lambda c: _deep_state(c, "root"), Reason.STATE_CORRUPT, None),
+    ("state_binding_nested_40_deep", lambda c: _deep_state(c, "binding"), Reason.STATE_CORRUPT, None),
+    (
+        "calibration_params_expand_past_decoded_limit",
+        _calibration_params_expanding,
+        Reason.TABLE_TOO_LARGE,
+        None,
+    ),
+    (
+        "footer_unknown_field",
+        lambda c: _edit_footer(c, lambda m: m.update(note="unsigned")),
+        Reason.METADATA_MISMATCH,
+        "footer",
+    ),
+    (
+        "footer_extra_key_value_pair_100_kb",
+        lambda c: _footer_with(c, b"note", b"x" * 100_000),
+        Reason.METADATA_MISMATCH,
+        "key_value_metadata",
+    ),
+    (
+        "arrow_schema_with_unsigned_metadata",
+        _arrow_schema_with_more,
+        Reason.METADATA_MISMATCH,
+        "key_value_metadata",
+    ),
+]
+
+
 @pytest.mark.parametrize(("name", "mutate", "reason", "field_name"), CASES, ids=[c[0] for c in CASES])
 def test_tamper_matrix(
     ctx: Ctx,
@@ -997,3 +1086,18 @@ def test_a_nan_saving_bound_cannot_even_be_written(tmp_path: Path) -> None:
             fingerprint=make_fingerprint(),
             provenance=make_provenance(),
         )
+
+
+def test_a_pyarrow_rewrite_with_its_schema_copy_still_verifies(ctx: Ctx) -> None:
+    """``pq.write_table`` keeps an ARROW:schema copy of the footer: allowed when it says exactly
+    what the file says (re-encoding invariance, DESIGN §4)."""
+    loaded = read_artifact(ctx.path)
+    sink = io.BytesIO()
+    pq.write_table(
+        loaded.table.replace_schema_metadata({b"dspark": canonical_json(dict(loaded.metadata))}),
+        sink,
+        compression="gzip",
+    )
+    ctx.path.write_bytes(sink.getvalue())
+    assert b"ARROW:schema" in (pq.ParquetFile(ctx.path).metadata.metadata or {})
+    assert run(ctx).ok

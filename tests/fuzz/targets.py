@@ -58,7 +58,7 @@ from dspark_calibrate.artifacts._envelope import sign_envelope
 from dspark_calibrate.errors import DsparkError
 from dspark_calibrate.runtime_plugin.admission import AdmissionPolicy, admit
 from dspark_calibrate.schemas import arrow_schema
-from tests.factories import NOW, make_cost_table, make_fingerprint
+from tests.factories import NOW, make_cost_table, make_fingerprint, nested, unchecked_digest
 from tests.fuzz.mutations import (
     INTERESTING_JSON,
     apply_bytes,
@@ -652,6 +652,156 @@ _workload_fields = st.dictionaries(
     _workload_field, _tensor_like | st.sampled_from(INTERESTING_JSON), max_size=4
 )
 
+
+#: (where, depth, container, recompute the digests that cover it, leaf): a nested value put where
+#: the state keeps documents, digests made right half the time so the nesting itself is reached.
+_state_nesting = st.tuples(
+    st.sampled_from(("trust-root", "binding", "binding-value", "legacy", "top-level", "entry")),
+    st.integers(1, 80),
+    st.sampled_from(("list", "dict")),
+    st.booleans(),
+    st.sampled_from((1, "x", None, 1.5, [], {}, 10**30)),
+)
+
+
+def _state_nesting_target(corpus: Corpus, mutation: Any) -> str:
+    where, depth, container, fix, leaf = mutation
+    bundle, root, state = _bundle_copy(corpus, "state-nesting")
+    doc = json.loads(corpus.state_bytes)
+    deep = nested(depth, leaf, container)
+    if where == "trust-root":
+        doc["trust_root"]["root"] = {**doc["trust_root"]["root"], "extra": deep}
+        if fix:
+            doc["trust_root"]["sha256"] = unchecked_digest(doc["trust_root"]["root"])
+    elif where in ("binding", "binding-value", "entry"):
+        key, entry = next(iter(doc["series"].items()))
+        del doc["series"][key]
+        if where == "binding":
+            entry["binding"] = {**entry["binding"], "extra": deep}
+        elif where == "binding-value":
+            entry["binding"] = {**entry["binding"], "gpu": deep}
+        else:
+            entry["extra"] = deep
+        if fix:
+            key = f"{entry['kind']}:{unchecked_digest(entry['binding'])}"
+        doc["series"][key] = entry
+    elif where == "legacy":
+        doc["legacy_series"]["cost-table:" + "0" * 64] = deep
+    else:
+        doc["extra"] = deep
+    state.write_bytes(json.dumps(doc).encode())
+    outcome = _admit_outcome(corpus, bundle, root, state)
+    return "accepted" if outcome.startswith("accepted") else outcome
+
+
+#: A valid engine options file (``--base-options``) to mutate.
+OPTIONS_SEED = (
+    "max_batch_size: 64\nkv_cache_config:\n  free_gpu_memory_fraction: 0.85\n"
+    "speculative_config:\n  decoding_type: DSpark\n  max_draft_len: 5\n"
+    "  speculative_model_dir: /models/drafter\n"
+)
+#: YAML scalars (as text) that probe the loader's limits and constructors.
+_YAML_SCALARS = (
+    "1",
+    "-1",
+    "9" * 5000,
+    "0x" + "f" * 200,
+    "1_0" * 60,
+    ":".join(["59"] * 300),
+    "1e999",
+    ".nan",
+    "~",
+    "true",
+    "'x'",
+    '"\\ud800"',
+    "2024-13-45",
+    "2024-01-01",
+    "!!binary AAAA",
+    "!!binary ###",
+    "!!python/object:os.system x",
+    "!!set {a, b}",
+    "!!omap [a: 1, a: 2]",
+    "*undefined",
+    "[",
+    "{a: 1, a: 2}",
+    "DSpark",
+    "Eagle",
+)
+_yaml_value: st.SearchStrategy[str] = st.recursive(
+    st.sampled_from(_YAML_SCALARS) | st.text(alphabet="abc01:-[]{}&*!, ", max_size=6),
+    lambda inner: (
+        st.lists(inner, max_size=4).map(lambda xs: "[" + ", ".join(xs) + "]")
+        | st.dictionaries(
+            st.sampled_from(("a", "b", "decoding_type", "max_draft_len")), inner, max_size=3
+        ).map(lambda d: "{" + ", ".join(f"{k}: {v}" for k, v in d.items()) + "}")
+    ),
+    max_leaves=12,
+)
+_options_mutation = st.one_of(
+    st.tuples(
+        st.just("value"),
+        st.sampled_from(("speculative_config", "max_batch_size", "kv_cache_config", "new_key")),
+        _yaml_value,
+    ),
+    st.tuples(st.just("deep"), st.integers(1, 3000), st.sampled_from(("[", "{a: "))),
+    st.tuples(st.just("aliases"), st.integers(1, 12), st.integers(2, 16)),
+    st.tuples(st.just("long-list"), st.integers(1, 120_000)),
+    st.tuples(st.just("bytes"), byte_ops()),
+)
+
+
+def _options_text(mutation: Any) -> bytes:
+    how = mutation[0]
+    if how == "value":
+        _, key, value = mutation
+        if key == "new_key":
+            return (OPTIONS_SEED + f"extra: {value}\n").encode()
+        lines = [line for line in OPTIONS_SEED.splitlines() if not line.startswith(f"{key}:")]
+        kept = [line for line in lines if not (key != "max_batch_size" and line.startswith("  "))]
+        return ("\n".join(kept) + f"\n{key}: {value}\n").encode()
+    if how == "deep":
+        _, depth, opener = mutation
+        closer = "]" if opener == "[" else "}"
+        return (OPTIONS_SEED + "extra: " + opener * depth + "1" + closer * depth + "\n").encode()
+    if how == "aliases":
+        _, levels, width = mutation
+        lines = ["a0: &a0 [1, 2]"]
+        lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * width) + "]" for i in range(1, levels)]
+        return (OPTIONS_SEED + "\n".join(lines) + "\n").encode()
+    if how == "long-list":
+        return (OPTIONS_SEED + "batch_sizes: [" + ", ".join(["1"] * mutation[1]) + "]\n").encode()
+    return apply_bytes(OPTIONS_SEED.encode(), mutation[1])
+
+
+def _options_yaml(corpus: Corpus, mutation: Any) -> str:
+    """``--base-options`` through the bounded loader and the merge, then written and read back."""
+    from dspark_calibrate.errors import ConfigError
+    from dspark_calibrate.runtime_plugin.trtllm import (
+        dump_options_yaml,
+        llm_api_options,
+        load_options_yaml,
+        read_options_yaml,
+        static_decoding_fields,
+    )
+
+    path = corpus.scratch("options-yaml") / "base.yaml"
+    path.write_bytes(_options_text(mutation))
+    try:
+        base = read_options_yaml(path)
+        merged = llm_api_options(static_decoding_fields(), base, max_draft_len=5)
+    except ConfigError as exc:
+        return f"rejected:{exc.code}"
+    section = merged.get("speculative_config")
+    if not isinstance(section, dict) or section.get("decoding_type") != "DSpark":
+        return "accepted-changed"  # a merge that does not configure DSpark static K
+    if section.get("enable_confidence_scheduling") is not False:
+        return "accepted-changed"
+    text = dump_options_yaml(merged)  # what the runtime form writes must read back the same
+    if dump_options_yaml(load_options_yaml(text)) != text:
+        raise Finding("the merged options do not read back as written")
+    return "accepted"
+
+
 _FOOTER_KEYS = ("format", "kind", "schema_version", "logical_sha256", "fingerprint", "envelope", "summary")
 _ENVELOPE_KEYS = ("payload", "payloadType", "signatures", "keyid", "sig")
 _STATEMENT_KEYS = ("_type", "subject", "predicateType", "predicate", "version", "series", "expires_at")
@@ -675,6 +825,18 @@ TARGETS: tuple[Target, ...] = (
     Target("member-bytes", byte_ops(), _member, "bundle member, byte edits -> admit"),
     Target("trust-root", _json_mutation(_ROOT_KEYS), _trust_root, "root.json -> admit"),
     Target("state", _json_mutation(_STATE_KEYS), _state, "rollback state file -> admit"),
+    Target(
+        "state-nesting",
+        _state_nesting,
+        _state_nesting_target,
+        "rollback state nested deep where it keeps documents (root, bindings), digests kept right -> admit",
+    ),
+    Target(
+        "options-yaml",
+        _options_mutation,
+        _options_yaml,
+        "--base-options YAML: values, nesting, aliases, long lists, bytes -> bounded loader and merge",
+    ),
     Target(
         "trace-jsonl",
         st.tuples(st.integers(0, 64), st.just("json"), json_ops(("logits", "round", "request_id")))

@@ -35,5 +35,13 @@ def test_seeded_fuzz_run(corpus: Corpus, target: Target) -> None:
 
 def test_targets_cover_every_untrusted_input() -> None:
     names = {t.name for t in TARGETS}
-    assert {"envelope", "footer", "manifest", "trust-root", "state"} <= names  # verify_path / admit
+    assert {
+        "envelope",
+        "footer",
+        "manifest",
+        "trust-root",
+        "state",
+        "state-nesting",
+    } <= names  # verify / admit
+    assert "options-yaml" in names  # --base-options: the bounded YAML loader and the merge
     assert {"trace-jsonl", "trace-parquet", "trace-pt", "workload-pt"} <= names  # every trace reader

@@ -51,7 +51,15 @@ from dspark_calibrate.runtime_plugin.admission import (
 from dspark_calibrate.runtime_plugin.live import GpuInfo, collect_live
 from dspark_calibrate.runtime_plugin.sentinel import SentinelPolicy
 from dspark_calibrate.runtime_plugin.trtllm import decoding_fields, static_decoding_fields
-from tests.factories import NOW, calibration_rows, cost_rows, make_fingerprint, make_provenance
+from tests.factories import (
+    NOW,
+    calibration_rows,
+    cost_rows,
+    make_fingerprint,
+    make_provenance,
+    nested,
+    unchecked_digest,
+)
 from tests.hangs import fifo_watchdog
 from tests.runtime_plugin.bundles import LATER, admission_rows, admission_summary, make_bundle
 from tests.signing import make_root, make_signers
@@ -468,6 +476,156 @@ def root_skips_versions(c: Ctx) -> dict[str, Any]:
     return {"trust_root": v3}  # v2 is not given: v3 cannot be chained to v1
 
 
+# --- hardening, round two: nesting, list columns, state permissions, live precedence ---
+
+OTHER_UID = 65534  # nobody
+
+
+def state_holding(where: str) -> Callable[[Ctx], dict[str, Any]]:
+    """A ~1 KB state whose stored root (or a series binding) nests 40 deep, digests made right."""
+
+    def inject(c: Ctx) -> dict[str, Any]:
+        doc: dict[str, Any] = {"schema_version": 2, "series": {}, "legacy_series": {}, "trust_root": None}
+        if where == "root-40-deep":
+            doc["trust_root"] = {"version": 1, "sha256": unchecked_digest(nested()), "root": nested()}
+        elif where == "binding-40-deep":
+            binding = {"gpu": nested()}
+            doc["series"][f"bundle:{unchecked_digest(binding)}"] = {
+                "kind": "bundle",
+                "binding": binding,
+                "version": 1,
+            }
+        else:  # a stored root that is no TUF root at all, of a later version than the pinned one
+            garbage = {"signed": {"_type": "root", "version": 2}, "signatures": []}
+            doc["trust_root"] = {"version": 2, "sha256": unchecked_digest(garbage), "root": garbage}
+        c.state.parent.mkdir(mode=0o700, parents=True)
+        c.state.write_bytes(json.dumps(doc).encode())
+        return {}
+
+    return inject
+
+
+def root_keyval_nested(c: Ctx) -> dict[str, Any]:
+    """A validly signed root whose key carries a 40-deep extra ``keyval`` entry."""
+    from tuf.api.metadata import Metadata
+
+    md = Metadata.from_bytes(c.root_path.read_bytes())
+    for key in md.signed.keys.values():
+        key.keyval["extra"] = nested()
+    md.signatures.clear()
+    md.sign(c.keys[0])
+    c.root_path.write_bytes(md.to_bytes())
+    return {}
+
+
+def calibration_params_expanding(c: Ctx) -> dict[str, Any]:
+    """``params`` swapped (signed footer kept) for 3 million equal doubles in one row: ~1 kB
+    stored, 24 MB decoded; the same file with 128 million is 50 kB and gigabytes."""
+    path = c.bundle / "calibration.parquet"
+    loaded = read_artifact(path)
+    t = loaded.table
+    field = t.schema.field("params")
+    params = pa.array([[0.5] * 3_000_000] + [[0.5, 0.5]] * (t.num_rows - 1), field.type)
+    path.write_bytes(
+        encode_artifact(
+            t.set_column(t.schema.get_field_index("params"), field, params), dict(loaded.metadata)
+        )
+    )
+    return {}
+
+
+def _recorded(c: Ctx) -> None:
+    """The state as a first admission leaves it."""
+    assert run_admit(c).active
+
+
+def _as_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("changing a file's owner needs root")
+
+
+def state_mode(mode: int) -> Callable[[Ctx], dict[str, Any]]:
+    def inject(c: Ctx) -> dict[str, Any]:
+        _recorded(c)
+        os.chmod(c.state, mode)
+        return {}
+
+    return inject
+
+
+def state_dir_mode(mode: int) -> Callable[[Ctx], dict[str, Any]]:
+    def inject(c: Ctx) -> dict[str, Any]:
+        _recorded(c)
+        os.chmod(c.state.parent, mode)
+        return {}
+
+    return inject
+
+
+def owned_by_other(name: str) -> Callable[[Ctx], dict[str, Any]]:
+    """The state, its lock or its directory handed to another user (a new state must be written)."""
+
+    def inject(c: Ctx) -> dict[str, Any]:
+        _as_root()
+        if name == "state":
+            _recorded(c)
+            os.chown(c.state, OTHER_UID, OTHER_UID)
+        elif name == "lock":
+            c.state.parent.mkdir(mode=0o700, parents=True)
+            lock = Path(f"{c.state}.lock")
+            lock.touch(mode=0o600)
+            os.chown(lock, OTHER_UID, OTHER_UID)
+        else:
+            c.state.parent.mkdir(mode=0o700, parents=True)
+            os.chown(c.state.parent, OTHER_UID, OTHER_UID)
+        return {}
+
+    return inject
+
+
+def lock_is_a_symlink(c: Ctx) -> dict[str, Any]:
+    c.state.parent.mkdir(mode=0o700, parents=True)
+    os.symlink(c.tmp / "elsewhere", f"{c.state}.lock")  # opening it would create or truncate that file
+    return {}
+
+
+class _Environment(_ProbeFailing):
+    """A host without GPUs whose environment and engine source tree are given."""
+
+    def __init__(self, variables: Mapping[str, str], git: tuple[str, str]) -> None:
+        self.variables, self.tree = variables, git
+
+    def gpus(self) -> tuple[tuple[GpuInfo, ...] | None, str]:
+        return None, "no GPU"
+
+    def getenv(self, name: str) -> str | None:
+        return self.variables.get(name)
+
+    def git(self, source_dir: Path) -> tuple[str | None, str | None, str]:
+        return self.tree[0], self.tree[1], f"git:{source_dir}"
+
+
+def environment_over(request: str) -> Callable[[Ctx], dict[str, Any]]:
+    """The signed deployment's values in ``DSPARK_*`` variables, while the probe the operator asked
+    for finds something else: a dirty engine tree, another runtime. The probe must win."""
+
+    def inject(c: Ctx) -> dict[str, Any]:
+        fp = {k: v for k, v in make_fingerprint().to_dict().items() if v is not None}
+        variables = {
+            "DSPARK_SOURCE_HEAD": fp["source_head"],
+            "DSPARK_SOURCE_DIFF_SHA256": fp["source_diff_sha256"],
+            "DSPARK_RUNTIME_SNAPSHOT": fp["runtime_snapshot"],
+        }
+        env = _Environment(variables, git=(fp["source_head"], "f" * 64))  # uncommitted changes
+        if request == "source-dir":
+            given = {k: v for k, v in fp.items() if k not in ("source_head", "source_diff_sha256")}
+            return {"live": {"overrides": given, "source_dir": c.tmp, "env": env}}
+        given = {k: v for k, v in fp.items() if k != "runtime_snapshot"}
+        return {"live": {"overrides": given, "runtime_packages": ("tensorrt_llm",), "env": env}}
+
+    return inject
+
+
 GAIN_NOT_PROVEN = "GAIN_NOT_PROVEN:predicted_gain_ci_low"
 NOT_ADMITTED = {"gross_compact_value_ms_lower_bound": 120.0, "net_value_ms": -30.0, "admitted": False}
 calibration_without_temperature = [
@@ -617,6 +775,33 @@ FAULTS: list[tuple[str, Callable[[Ctx], dict[str, Any]], str]] = [
     # trust-root rollback: never older than the newest root seen, newer only through a chain
     ("trust-root-rolled-back", root_rolled_back, "TRUST_ROOT_ROLLBACK:trust_root"),
     ("trust-root-skips-versions", root_skips_versions, "TRUST_ROOT_ROTATION_INVALID:trust_root"),
+    # nesting the writer would refuse is refused by the reader too, as the file's own error
+    ("state-trust-root-nested-40-deep", state_holding("root-40-deep"), "STATE_CORRUPT"),
+    ("state-binding-nested-40-deep", state_holding("binding-40-deep"), "STATE_CORRUPT"),
+    ("trust-root-keyval-nested-40-deep", root_keyval_nested, "TRUST_ROOT_INVALID:trust_root"),
+    # a garbage root in the state is the state's defect, not the pinned root's
+    ("state-trust-root-garbage", state_holding("garbage-root"), "STATE_CORRUPT"),
+    # a list column's values, counted from its page headers before decoding
+    ("calibration-params-expand-past-decoded-limit", calibration_params_expanding, "TABLE_TOO_LARGE"),
+    # a state another user could delete, rewrite or lock
+    ("state-world-writable", state_mode(0o646), "STATE_INSECURE"),
+    ("state-group-writable", state_mode(0o620), "STATE_INSECURE"),
+    ("state-directory-world-writable", state_dir_mode(0o777), "STATE_INSECURE"),
+    ("state-owned-by-another-user", owned_by_other("state"), "STATE_INSECURE"),
+    ("state-lock-owned-by-another-user", owned_by_other("lock"), "STATE_INSECURE"),
+    ("state-directory-owned-by-another-user", owned_by_other("directory"), "STATE_INSECURE"),
+    ("state-lock-is-a-symlink", lock_is_a_symlink, "STATE_INSECURE"),
+    # explicit options beat environment variables: a requested probe is never overridden
+    (
+        "env-source-head-over-source-dir",
+        environment_over("source-dir"),
+        "FINGERPRINT_MISMATCH:source_diff_sha256",
+    ),
+    (
+        "env-runtime-snapshot-over-packages",
+        environment_over("packages"),
+        "FINGERPRINT_MISMATCH:runtime_snapshot",
+    ),
     # anything unexpected
     ("metrics-callback-raises", callback_raises, "INTERNAL_ERROR:metrics_callback"),
     ("rank-collective-fails", collective_fails, "INTERNAL_ERROR:rank_agreement"),

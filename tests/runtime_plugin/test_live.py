@@ -82,6 +82,85 @@ def test_environment_used_when_no_argument() -> None:
     assert ctx.fingerprint.global_graph_batch_sizes == (32,)
 
 
+ENV = {
+    "DSPARK_TOPOLOGY": "DEP8",
+    "DSPARK_SOURCE_HEAD": "feed",
+    "DSPARK_SOURCE_DIFF_SHA256": "e" * 64,
+    "DSPARK_RUNTIME_SNAPSHOT": "tensorrt_llm=9.9",
+    "WORLD_SIZE": "8",
+}
+#: (id, collect_live arguments, host, field, value, source): explicit options beat environment
+#: variables beat probes (docs/fingerprint.md), and a probe the operator asked for is an option.
+PRECEDENCE = [
+    ("topology-argument-over-env", {"topology": "TP2"}, {}, "topology", "TP2", "argument"),
+    ("topology-env", {}, {}, "topology", "DEP8", "env:DSPARK_TOPOLOGY"),
+    ("source-head-argument-over-env", {"source_head": "cafe"}, {}, "source_head", "cafe", "argument"),
+    ("source-dir-over-env-head", {"source_dir": Path("/src")}, {}, "source_head", "0123abc", "git:/src"),
+    (
+        "source-dir-over-env-diff",
+        {"source_dir": Path("/src")},
+        {},
+        "source_diff_sha256",
+        "d" * 64,
+        "git:/src",
+    ),
+    ("source-head-env-without-source-dir", {}, {}, "source_head", "feed", "env:DSPARK_SOURCE_HEAD"),
+    (
+        "failed-source-dir-is-not-replaced-by-env",
+        {"source_dir": Path("/src")},
+        {"head": None},
+        "source_head",
+        None,
+        None,
+    ),
+    (
+        "runtime-argument-over-env",
+        {"runtime_snapshot": "tensorrt_llm=1.3.0"},
+        {},
+        "runtime_snapshot",
+        "tensorrt_llm=1.3.0",
+        "argument",
+    ),
+    (
+        "requested-packages-over-env",
+        {"runtime_packages": ("tensorrt_llm",)},
+        {},
+        "runtime_snapshot",
+        "tensorrt_llm=1.3.0",
+        "installed package versions",
+    ),
+    (
+        "runtime-env-over-default-packages",
+        {},
+        {},
+        "runtime_snapshot",
+        "tensorrt_llm=9.9",
+        "env:DSPARK_RUNTIME_SNAPSHOT",
+    ),
+    ("gpu-count-argument-over-env", {"gpu_count": 2}, {}, "gpu_count", 2, "argument"),
+    ("gpu-count-env-over-visible-devices", {}, {}, "gpu_count", 8, "env:WORLD_SIZE"),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments", "host", "field_name", "value", "source"), PRECEDENCE, ids=[r[0] for r in PRECEDENCE]
+)
+def test_precedence(
+    name: str,
+    arguments: dict[str, object],
+    host: dict[str, object],
+    field_name: str,
+    value: object,
+    source: str | None,
+) -> None:
+    env = FakeEnvironment(env=dict(ENV), **host)  # type: ignore[arg-type]
+    ctx = collect_live(rank_local_graph_batch_sizes=[8], env=env, **arguments)  # type: ignore[arg-type]
+    assert getattr(ctx.fingerprint, field_name) == value
+    assert ctx.sources.get(field_name) == source
+    if value is None:
+        assert field_name in ctx.missing
+
+
 def test_nothing_guessed_without_gpu() -> None:
     ctx = collect_live(env=FakeEnvironment(devices=None, head=None), source_dir=Path("/x"))
     fp = ctx.fingerprint

@@ -19,6 +19,7 @@ from dspark_calibrate.runtime_plugin.trtllm import (
     CONFIDENCE_FIELDS,
     EXPORTED_FILES,
     PACKAGE_DIR,
+    check_options,
     decoding_fields,
     dump_options_yaml,
     llm_api_options,
@@ -246,6 +247,30 @@ def test_load_options_yaml_refuses_non_mappings() -> None:
         load_options_yaml("- a\n- b\n")
     with pytest.raises(ConfigError):
         load_options_yaml("a: [\n")
+
+
+#: (id, base options, the key the error names): shapes no DSpark fields can be merged into.
+UNMERGEABLE = [
+    ("top-level-list", [1, 2], "mapping at the top"),
+    ("speculative-config-list", {"speculative_config": [1, 2]}, "speculative_config must be a mapping"),
+    ("speculative-config-string", {"speculative_config": "DSpark"}, "speculative_config must be a mapping"),
+    ("speculative-config-int-key", {"speculative_config": {1: 2}}, "speculative_config keys"),
+    ("int-option-name", {1: "x"}, "option names"),
+    ("other-decoding-type", {"speculative_config": {"decoding_type": "Eagle"}}, "decoding_type"),
+]
+
+
+@pytest.mark.parametrize(("name", "base", "named"), UNMERGEABLE, ids=[c[0] for c in UNMERGEABLE])
+def test_merge_refuses_what_it_cannot_merge_into(name: str, base: Any, named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        check_options(base, "base.yaml")
+    with pytest.raises(ConfigError, match=named):
+        llm_api_options(static_decoding_fields(), base, max_draft_len=5)
+
+
+def test_null_speculative_config_is_created() -> None:
+    merged = llm_api_options(static_decoding_fields(), {"speculative_config": None}, max_draft_len=5)
+    assert merged["speculative_config"]["decoding_type"] == "DSpark"
 
 
 def test_tensorrt_llm_classes_only_when_importable() -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -12,6 +15,7 @@ from typer.testing import CliRunner
 
 from dspark_calibrate.artifacts._export_trtllm import TRTLLM_FILES, export_trtllm
 from dspark_calibrate.cli.verify import verify_app
+from dspark_calibrate.cli.verify_runtime import default_export_dir
 from dspark_calibrate.runtime_plugin import trtllm
 from dspark_calibrate.runtime_plugin.trtllm import CONFIDENCE_FIELDS, load_options_yaml
 from tests.factories import make_fingerprint
@@ -203,3 +207,195 @@ def test_a_bundle_without_mixed_evidence_is_not_a_missing_member(
         ).stdout
     )
     assert doc["decision"]["mixed"]["reason_code"] == "MIXED_ABSENT"
+
+
+# --- hardening, round two: hostile base options, output paths, anything failing after admission ---
+
+#: (id, --base-options content, what the error names): each once exhausted or crashed the parser
+#: or the merge (a traceback, and no options written even under --fail-open-to-static).
+BAD_BASE_OPTIONS = [
+    ("speculative-config-a-list", "speculative_config: [1, 2]\n", "speculative_config"),
+    ("speculative-config-a-string", "speculative_config: DSpark\n", "speculative_config"),
+    ("nested-2000-deep", "a: " + "[" * 2000 + "]" * 2000 + "\n", "nest"),
+    ("integer-of-5000-digits", "max_batch_size: " + "9" * 5000 + "\n", "digit"),
+    ("list-of-1-mib", "batch_sizes: [" + "1, " * 350_000 + "1]\n", "limit"),
+    ("list-of-150-kib", "batch_sizes: [" + "1, " * 50_000 + "1]\n", "nodes"),
+    (
+        "alias-bomb",
+        "a: &a [1,1,1,1,1,1,1,1,1,1]\n"
+        + "".join(
+            f"{chr(98 + i)}: &{chr(98 + i)} [" + ", ".join([f"*{chr(97 + i)}"] * 10) + "]\n" for i in range(7)
+        ),
+        "nodes",
+    ),
+    ("repeated-key", "max_batch_size: 1\nmax_batch_size: 2\n", "repeats"),
+    ("not-a-mapping", "- a\n- b\n", "mapping"),
+    ("other-decoding-type", "speculative_config:\n  decoding_type: Eagle\n", "decoding_type"),
+    ("not-utf8", "max_batch_size: \xff\n", "UTF-8"),
+]
+
+
+def _base(tmp_path: Path, content: str) -> Path:
+    path = tmp_path / "base.yaml"
+    path.write_bytes(content.encode("latin-1"))
+    return path
+
+
+@pytest.mark.parametrize(("name", "content", "named"), BAD_BASE_OPTIONS, ids=[c[0] for c in BAD_BASE_OPTIONS])
+def test_bad_base_options_exit_2_cleanly(
+    deployment: dict[str, Path], tmp_path: Path, name: str, content: str, named: str
+) -> None:
+    base, out = _base(tmp_path, content), tmp_path / "opts.yaml"
+    started = time.monotonic()
+    result = invoke(
+        deployment,
+        "--emit-trtllm-options",
+        str(out),
+        "--selector-identity",
+        SELECTOR,
+        "--base-options",
+        str(base),
+    )
+    assert time.monotonic() - started < 10
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit), result.exception  # no traceback
+    assert str(base) in result.stderr and named in result.stderr, result.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("name", "content", "named"), BAD_BASE_OPTIONS, ids=[c[0] for c in BAD_BASE_OPTIONS])
+def test_bad_base_options_fail_open_to_static(
+    deployment: dict[str, Path], tmp_path: Path, name: str, content: str, named: str
+) -> None:
+    base, out = _base(tmp_path, content), tmp_path / "opts.yaml"
+    result = invoke(
+        deployment,
+        "--emit-trtllm-options",
+        str(out),
+        "--selector-identity",
+        SELECTOR,
+        "--base-options",
+        str(base),
+        "--fail-open-to-static",
+        "--json",
+    )
+    assert result.exit_code == 0, result.output
+    assert isinstance(result.exception, SystemExit) or result.exception is None
+    assert json.loads(result.stdout)["error"] == "CONFIG_INVALID:base_options"
+    section = load_options_yaml(out.read_text())["speculative_config"]
+    assert section["enable_confidence_scheduling"] is False
+    assert not any(f in section for f in CONFIDENCE_FIELDS)
+
+
+@pytest.mark.parametrize(("name", "content", "named"), BAD_BASE_OPTIONS, ids=[c[0] for c in BAD_BASE_OPTIONS])
+def test_export_refuses_bad_base_options_cleanly(
+    deployment: dict[str, Path], tmp_path: Path, name: str, content: str, named: str
+) -> None:
+    from dspark_calibrate.cli import build_calibrate_app
+
+    base = _base(tmp_path, content)
+    args = ["export", "trtllm", str(deployment["bundle"]), "--trust-root", str(deployment["root"])]
+    args += ["--selector-identity", SELECTOR, "--out", str(tmp_path / "pkg"), "--base-options", str(base)]
+    result = runner.invoke(build_calibrate_app(), args)
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert str(base) in result.stderr and named in result.stderr, result.stderr
+
+
+def _char_device(path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("making a device node needs root")
+    os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 7))  # /dev/full's numbers
+
+
+#: (id, make OUT): paths that are not a regular file; a rename over them would replace them.
+NOT_A_FILE = [
+    ("character-device", _char_device),
+    ("fifo", lambda p: os.mkfifo(p)),
+    ("directory", lambda p: p.mkdir()),
+    ("symlink-out-of-its-directory", lambda p: p.symlink_to(p.parent.parent / "elsewhere.yaml")),
+    ("symlink-to-a-fifo", lambda p: (os.mkfifo(p.with_name("f")), p.symlink_to(p.with_name("f")))),
+]
+
+
+@pytest.mark.parametrize("fail_open", [False, True])
+@pytest.mark.parametrize(("name", "make"), NOT_A_FILE, ids=[c[0] for c in NOT_A_FILE])
+def test_output_that_is_not_a_regular_file_is_refused(
+    deployment: dict[str, Path], tmp_path: Path, name: str, make: Any, fail_open: bool
+) -> None:
+    out = tmp_path / "d" / "opts.yaml"
+    out.parent.mkdir()
+    make(out)
+    before = os.lstat(out)
+    state = tmp_path / "state" / "rollback.json"
+    flags = ["--fail-open-to-static"] if fail_open else []
+    result = invoke(
+        deployment,
+        "--emit-trtllm-options",
+        str(out),
+        "--selector-identity",
+        SELECTOR,
+        "--state",
+        str(state),
+        *flags,
+    )
+    assert result.exit_code == 2, result.output
+    assert "--emit-trtllm-options" in result.stderr
+    assert "regular file" in result.stderr or "symlink" in result.stderr or "directory" in result.stderr
+    after = os.lstat(out)
+    assert (after.st_ino, after.st_mode) == (before.st_ino, before.st_mode)  # untouched
+    assert not default_export_dir(out).exists() and not state.exists()  # nothing exported or admitted
+
+
+def test_symlink_within_its_directory_is_written_through(deployment: dict[str, Path], tmp_path: Path) -> None:
+    target = tmp_path / "opts.v2.yaml"
+    out = tmp_path / "opts.yaml"
+    out.symlink_to(target.name)
+    result = invoke(deployment, "--emit-trtllm-options", str(out), "--selector-identity", SELECTOR)
+    assert result.exit_code == 0, result.output
+    assert out.is_symlink() and load_options_yaml(target.read_text())["speculative_config"]
+
+
+def test_whatever_fails_after_admission_leaves_static_options(
+    deployment: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stale OUT from an earlier admitted run must never survive: under --fail-open-to-static the
+    static options are on disk before anything can fail."""
+    out = tmp_path / "opts.yaml"
+    assert (
+        invoke(deployment, "--emit-trtllm-options", str(out), "--selector-identity", SELECTOR).exit_code == 0
+    )
+    assert load_options_yaml(out.read_text())["speculative_config"]["enable_confidence_scheduling"] is True
+
+    def crash(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the exporter's disk vanished")
+
+    monkeypatch.setattr(trtllm, "decoding_fields", crash)
+    result = invoke(
+        deployment,
+        "--emit-trtllm-options",
+        str(out),
+        "--selector-identity",
+        SELECTOR,
+        "--fail-open-to-static",
+    )
+    assert isinstance(result.exception, RuntimeError)  # an unforeseen failure still propagates
+    section = load_options_yaml(out.read_text())["speculative_config"]
+    assert section["enable_confidence_scheduling"] is False
+    assert not any(f in section for f in CONFIDENCE_FIELDS)
+
+
+def test_bad_trust_root_fails_open_to_static(deployment: dict[str, Path], tmp_path: Path) -> None:
+    out, root = tmp_path / "opts.yaml", tmp_path / "root.json"
+    root.write_text('{"signed": ')
+    args = [
+        str(deployment["bundle"]),
+        "--trust-root",
+        str(root),
+        "--expect-fingerprint",
+        str(deployment["live"]),
+    ]
+    result = runner.invoke(verify_app, [*args, "--emit-trtllm-options", str(out), "--fail-open-to-static"])
+    assert result.exit_code == 0, result.output
+    assert "TRUST_ROOT_INVALID" in result.stderr
+    assert load_options_yaml(out.read_text())["speculative_config"]["enable_confidence_scheduling"] is False

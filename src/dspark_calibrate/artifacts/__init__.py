@@ -20,11 +20,19 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from dspark_calibrate.artifacts._atomic import atomic_write_bytes, publish_directory
+from dspark_calibrate.artifacts._atomic import atomic_write_bytes, check_output_path, publish_directory
 from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict, sha256_hex
 from dspark_calibrate.artifacts._content import LEGACY_UNPAIRED_COSTS, ArtifactNotice
 from dspark_calibrate.artifacts._files import FileTooLarge, read_regular_file
-from dspark_calibrate.artifacts._inputs import read_fingerprint
+from dspark_calibrate.artifacts._inputs import MAX_FINGERPRINT_FILE_BYTES, read_fingerprint
+from dspark_calibrate.artifacts._limits import (
+    MAX_DOCUMENT_DEPTH,
+    MAX_INT_DIGITS,
+    MAX_JSON_NODES,
+    MAX_OPTIONS_YAML_BYTES,
+    MAX_STATE_BYTES,
+    MAX_YAML_NODES,
+)
 from dspark_calibrate.artifacts._logical_hash import (
     LogicalHashError,
     canonical_table_bytes,
@@ -95,6 +103,7 @@ from dspark_calibrate.artifacts._state import (
     StoredRoot,
 )
 from dspark_calibrate.artifacts._trtllm_mixed import TRTLLM_MIXED_FILES, validate_mixed
+from dspark_calibrate.artifacts._yaml import YamlError, load_yaml
 
 # Names served lazily from modules that import cryptography / securesystemslib / tuf.
 _LAZY: dict[str, str] = {
@@ -173,6 +182,13 @@ __all__ = [
     "FINGERPRINT_FLAGS",
     "GEOMETRY_FEATURES",
     "GEOMETRY_RULES",
+    "MAX_DOCUMENT_DEPTH",
+    "MAX_FINGERPRINT_FILE_BYTES",
+    "MAX_INT_DIGITS",
+    "MAX_JSON_NODES",
+    "MAX_OPTIONS_YAML_BYTES",
+    "MAX_STATE_BYTES",
+    "MAX_YAML_NODES",
     "MIXED_EXECUTION_MODE",
     "TRACE_FOOTER_KEY",
     "TRTLLM_BODY_BUCKETS",
@@ -219,12 +235,15 @@ __all__ = [
     "SeriesIdentity",
     "StateError",
     "StoredRoot",
+    "YamlError",
     "atomic_write_bytes",
     "canonical_json",
     "canonical_table_bytes",
+    "check_output_path",
     "detached_envelope_path",
     "fingerprint_flag",
     "is_sha256_hex",
+    "load_yaml",
     "loads_strict",
     "logical_sha256",
     "logical_sha256_keys",

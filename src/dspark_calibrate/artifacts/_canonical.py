@@ -3,9 +3,11 @@
 Canonical JSON here is exactly what TensorRT-LLM hashes (DESIGN §6):
 ``json.dumps(obj, sort_keys=True, separators=(",", ":"))`` with the default ASCII escaping,
 encoded as UTF-8, with NaN and ±Infinity refused. The strict parser refuses duplicate keys,
-NaN/Infinity literals, integer literals longer than a fixed number of digits and nesting deeper
-than a fixed limit, because an attacker-chosen payload must have exactly one meaning and must not
-reach Python's own integer-conversion limit (a bare ``ValueError``).
+NaN/Infinity literals, integer literals longer than a fixed number of digits, nesting deeper than
+a fixed limit and more values than a fixed count, because an attacker-chosen payload must have
+exactly one meaning and must not reach Python's own integer-conversion or recursion limits (a bare
+``ValueError`` or ``RecursionError``). Reader and writer apply the same limits (``_limits``), so
+anything written can be read back.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import math
 from typing import Any
 
+from dspark_calibrate.artifacts._limits import MAX_DOCUMENT_DEPTH, MAX_INT_DIGITS, MAX_JSON_NODES
 from dspark_calibrate.errors import InvalidValueError
 
 __all__ = [
@@ -22,17 +25,15 @@ __all__ = [
     "MAX_JSON_INT_DIGITS",
     "JsonError",
     "canonical_json",
+    "check_document",
+    "encode_checked",
     "loads_strict",
     "sha256_hex",
 ]
 
-#: Deepest nesting accepted from untrusted JSON; our documents nest fewer than 8 levels.
-MAX_JSON_DEPTH = 32
-#: Longest integer literal accepted or written, in decimal digits (sign not counted). Every integer
-#: our documents hold fits in 64 bits (at most 20 digits); Python refuses to convert literals of
-#: more than 4,300 digits with a bare ValueError, so a longer literal is refused here first, as
-#: the document's own error.
-MAX_JSON_INT_DIGITS = 64
+#: The document limits of ``_limits`` under the names this module has always exported.
+MAX_JSON_DEPTH = MAX_DOCUMENT_DEPTH
+MAX_JSON_INT_DIGITS = MAX_INT_DIGITS
 _INT_BOUND = 10**MAX_JSON_INT_DIGITS
 
 
@@ -42,26 +43,72 @@ class JsonError(InvalidValueError):
     default_code = "JSON_INVALID"
 
 
-def _check_finite(obj: Any, depth: int = 0) -> None:
-    if depth > MAX_JSON_DEPTH:
-        raise JsonError(f"JSON nests deeper than {MAX_JSON_DEPTH} levels")
+def _leaf(obj: Any) -> int:
+    """Check a value that is not an array or object; returns 1 (one value)."""
+    if isinstance(obj, str) or obj is None or isinstance(obj, bool):
+        return 1
     if isinstance(obj, float):
         if not math.isfinite(obj):
             raise JsonError(f"non-finite number {obj!r} cannot be written as canonical JSON")
-    elif isinstance(obj, int) and not isinstance(obj, bool) and not -_INT_BOUND < obj < _INT_BOUND:
-        raise JsonError(f"an integer of {obj.bit_length()} bits has more than {MAX_JSON_INT_DIGITS} digits")
-    elif isinstance(obj, dict):
-        for key, value in obj.items():
+        return 1
+    if isinstance(obj, int):
+        if not -_INT_BOUND < obj < _INT_BOUND:
+            raise JsonError(
+                f"an integer of {obj.bit_length()} bits has more than {MAX_JSON_INT_DIGITS} digits"
+            )
+        return 1
+    raise JsonError(f"type {type(obj).__name__} is not JSON")
+
+
+def _walk(obj: Any, depth: int) -> int:
+    """Check one value and everything under it; returns how many values that is (itself included).
+
+    Every read and write of a document runs this (admission reads a few dozen per bundle and
+    the state on each update), so plain scalars are checked inline, without a call each.
+    """
+    if depth > MAX_JSON_DEPTH:
+        raise JsonError(f"JSON nests deeper than {MAX_JSON_DEPTH} levels")
+    values: Any
+    if isinstance(obj, dict):
+        for key in obj:
             if not isinstance(key, str):
                 raise JsonError(f"JSON object key {key!r} is not a string")
-            _check_finite(value, depth + 1)
+        values = obj.values()
     elif isinstance(obj, list | tuple):
-        for value in obj:
-            _check_finite(value, depth + 1)
-    elif obj is None or isinstance(obj, bool | int | str):
-        return
+        values = obj
     else:
-        raise JsonError(f"type {type(obj).__name__} is not JSON")
+        return _leaf(obj)
+    if depth == MAX_JSON_DEPTH and len(values):  # its values would be one level too deep
+        raise JsonError(f"JSON nests deeper than {MAX_JSON_DEPTH} levels")
+    nodes = 1
+    for value in values:
+        kind = type(value)
+        if (
+            kind is str
+            or kind is bool
+            or value is None
+            or (kind is int and -_INT_BOUND < value < _INT_BOUND)
+            or (kind is float and math.isfinite(value))
+        ):
+            nodes += 1
+        else:  # a container, a subclass, or a value to refuse
+            nodes += _walk(value, depth + 1)
+    return nodes
+
+
+def check_document(obj: Any) -> None:
+    """Refuse a value that is not within the document limits (``_limits``): nesting deeper than
+    :data:`MAX_JSON_DEPTH`, more than ``MAX_JSON_NODES`` values, an integer of more than
+    :data:`MAX_JSON_INT_DIGITS` digits, NaN/Infinity, a non-string key or a non-JSON type.
+
+    The one definition of an acceptable document, for what is written and what is read.
+
+    Raises:
+        JsonError: the first limit broken.
+    """
+    nodes = _walk(obj, 0)
+    if nodes > MAX_JSON_NODES:
+        raise JsonError(f"JSON holds {nodes} values, more than the {MAX_JSON_NODES}-value limit")
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -70,7 +117,14 @@ def canonical_json(obj: Any) -> bytes:
     Raises:
         JsonError: the object holds NaN/Infinity, a non-string key, or a non-JSON type.
     """
-    _check_finite(obj)
+    check_document(obj)
+    return encode_checked(obj)
+
+
+def encode_checked(obj: Any) -> bytes:
+    """:func:`canonical_json` of a value already known to be within the limits (it came from
+    :func:`loads_strict`, or was checked with :func:`check_document`): the same bytes, without
+    walking the value again."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
@@ -105,7 +159,8 @@ def _bounded_int(text: str) -> int:
 
 def loads_strict(data: bytes | str, *, what: str = "JSON document") -> Any:
     """Parse untrusted JSON, refusing duplicate keys, NaN/Infinity, overflowing numbers, integer
-    literals longer than :data:`MAX_JSON_INT_DIGITS`, deep nesting.
+    literals longer than :data:`MAX_JSON_INT_DIGITS`, nesting deeper than :data:`MAX_JSON_DEPTH`
+    and more values than ``MAX_JSON_NODES`` (the limits :func:`canonical_json` writes within).
 
     Args:
         data: UTF-8 bytes or text.
@@ -116,14 +171,18 @@ def loads_strict(data: bytes | str, *, what: str = "JSON document") -> Any:
     """
     try:
         text = data.decode("utf-8") if isinstance(data, bytes | bytearray) else data
-        # The hooks run during parsing, so no second walk over the result is needed.
-        return json.loads(
+        # The hooks refuse duplicates, constants and huge literals while parsing; depth and size
+        # are checked by one walk over the result (the parser's own recursion stops near 1,000
+        # levels with RecursionError, handled below).
+        obj = json.loads(
             text,
             object_pairs_hook=_no_duplicates,
             parse_constant=_refuse_constant,
             parse_float=_finite_float,
             parse_int=_bounded_int,
         )
+        check_document(obj)
+        return obj
     except JsonError as exc:
         raise JsonError(f"{what}: {exc}") from None
     except RecursionError:

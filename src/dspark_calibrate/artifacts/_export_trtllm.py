@@ -64,6 +64,7 @@ from dspark_calibrate.artifacts._trtllm_mixed import (
     render_mixed,
     validate_mixed,
 )
+from dspark_calibrate.artifacts._yaml import YamlError, load_yaml
 from dspark_calibrate.errors import ArtifactRejected, ConfigError
 from dspark_calibrate.schemas import MAX_COMPACT_CELLS_PER_G, MAX_COMPACT_CELLS_TOTAL, MIXED_RESULTS
 
@@ -1005,12 +1006,10 @@ def _check_yaml(
     f = YAML_FILE
     if data is None:
         return
-    import yaml
-
     try:
-        doc = yaml.safe_load(data.decode("ascii"))
-    except yaml.YAMLError as exc:
-        c.fail(f, "parse", f"not valid YAML ({exc})")
+        doc = load_yaml(data, what="options")
+    except YamlError as exc:
+        c.fail(f, "parse", str(exc))
         return
     spec = doc.get("speculative_config") if isinstance(doc, dict) else None
     if not isinstance(doc, dict) or set(doc) != {"speculative_config"} or not isinstance(spec, dict):

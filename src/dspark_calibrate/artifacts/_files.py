@@ -18,7 +18,7 @@ from pathlib import Path
 
 from dspark_calibrate.errors import DsparkError
 
-__all__ = ["FileTooLarge", "read_regular_file"]
+__all__ = ["FileTooLarge", "read_regular_file", "read_regular_file_stat"]
 
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
 _CHUNK = 1 << 20  # bytes per read() call
@@ -58,6 +58,16 @@ def read_regular_file(path: Path | str, max_bytes: int) -> bytes:
         OSError: missing (``FileNotFoundError``), unreadable, or not a regular file (``EINVAL``:
             a FIFO, socket, device or directory).
     """
+    return read_regular_file_stat(path, max_bytes)[0]
+
+
+def read_regular_file_stat(path: Path | str, max_bytes: int) -> tuple[bytes, os.stat_result]:
+    """:func:`read_regular_file`, with the ``fstat`` of the descriptor read (owner and mode of
+    exactly the file whose bytes are returned).
+
+    Raises:
+        FileTooLarge, OSError: as :func:`read_regular_file`.
+    """
     fd = os.open(path, _READ_FLAGS)
     try:
         info = os.fstat(fd)
@@ -76,6 +86,6 @@ def read_regular_file(path: Path | str, max_bytes: int) -> bytes:
         data = b"".join(chunks)
         if len(data) > max_bytes:
             raise FileTooLarge(path, len(data), max_bytes)
-        return data
+        return data, info
     finally:
         os.close(fd)

@@ -48,7 +48,7 @@ from securesystemslib.signer import (
     SSlibKey,
 )
 
-from dspark_calibrate.artifacts._atomic import atomic_write_bytes
+from dspark_calibrate.artifacts._atomic import atomic_write_bytes, make_private_dirs
 from dspark_calibrate.errors import ConfigError, InvalidValueError
 
 __all__ = [
@@ -279,29 +279,6 @@ def _generate_private(algorithm: KeyAlgorithm) -> ed25519.Ed25519PrivateKey | ec
     )
 
 
-def _make_private_dirs(directory: Path) -> None:
-    """Create ``directory`` and any missing parents with mode exactly 0700 (the umask ignored).
-
-    ``mkdir(mode=...)`` is narrowed by the umask and ``parents=True`` creates parents with the
-    umask's default mode (0755, or 0777 under umask 000); a key directory must never be listable
-    by others, so each directory created here is chmod-ed to 0700. Existing directories are left
-    as they are (the private key inside is 0600 either way).
-    """
-    missing = []
-    current = directory
-    while not current.exists():
-        missing.append(current)
-        if current.parent == current:
-            break
-        current = current.parent
-    for path in reversed(missing):
-        try:
-            path.mkdir(mode=0o700)
-        except FileExistsError:  # created concurrently: treat as existing
-            continue
-        os.chmod(path, 0o700)
-
-
 def generate_keypair(
     out_dir: Path,
     *,
@@ -354,7 +331,7 @@ def generate_keypair(
     signer = CryptoSigner(private_key, SSlibKey.from_crypto(private_key.public_key()))
 
     try:
-        _make_private_dirs(out_dir)
+        make_private_dirs(out_dir)
     except OSError as exc:
         raise ConfigError(
             f"{out_dir}: cannot create the key directory ({exc.strerror}); check the path"

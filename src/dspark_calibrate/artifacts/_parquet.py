@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import pyarrow as pa
@@ -28,12 +29,14 @@ from dspark_calibrate.artifacts._files import FileTooLarge, read_regular_file
 from dspark_calibrate.artifacts._limits import DEFAULT_TABLE_LIMIT, TABLE_LIMITS, TableLimit, table_size
 from dspark_calibrate.artifacts._logical_hash import canonical_order, logical_sha256
 from dspark_calibrate.artifacts._models import Fingerprint, ModelError, Provenance
+from dspark_calibrate.artifacts._parquet_pages import footer_start, list_value_counts
 from dspark_calibrate.artifacts._reasons import Reason
 from dspark_calibrate.errors import ConfigError, DsparkError
 from dspark_calibrate.schemas import SCHEMA_VERSION, SchemaMismatch, conform_table
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "FOOTER_FIELDS",
     "FOOTER_KEY",
     "FORMAT",
     "ArtifactReadError",
@@ -55,7 +58,23 @@ FOOTER_KEY = b"dspark"
 TRACE_FOOTER_KEY = b"dspark.trace"
 FORMAT = "dspark-calibrate/artifact"
 FORMAT_VERSION = 1
+#: The fields of a format-1 ``dspark`` footer document (:func:`footer_metadata` writes exactly these).
+FOOTER_FIELDS = frozenset(
+    {
+        "format",
+        "format_version",
+        "kind",
+        "schema_version",
+        "logical_sha256",
+        "fingerprint",
+        "provenance",
+        "summary",
+        "envelope",
+    }
+)
 _MAGIC = b"PAR1"
+#: Rows above which a table is decoded with Arrow's thread pool.
+_THREADED_ROWS = 1 << 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +124,7 @@ class LoadedArtifact:
         metadata: the parsed ``dspark`` footer JSON (untrusted).
         envelope: the embedded DSSE envelope (JSON form), or ``None``.
         detached_envelope: bytes of ``<file>.dsse.json`` when present, else ``None``.
+        file_metadata: the Parquet footer's key-value metadata (``dspark`` and any other).
     """
 
     path: Path
@@ -114,6 +134,7 @@ class LoadedArtifact:
     detached_envelope: bytes | None = None
     file_bytes: int = 0
     extra: Mapping[str, Any] = field(default_factory=dict)
+    file_metadata: Mapping[bytes, bytes] = field(default_factory=dict)
 
     @property
     def kind(self) -> str | None:
@@ -287,7 +308,10 @@ class _Measure:
 def _decode(pf: pq.ParquetFile, path: Path, measure: _Measure | None = None) -> pa.Table:
     try:
         if measure is None:
-            return pf.read().replace_schema_metadata(None)
+            # Arrow's own threads only pay off on large tables; a bundle member is a few
+            # hundred rows, decoded here while eight ranks start at once on a few cores.
+            threads = pf.metadata.num_rows > _THREADED_ROWS
+            return pf.read(use_threads=threads).replace_schema_metadata(None)
         return _decode_measured(path, measure)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise _corrupt(path, exc) from exc
@@ -373,7 +397,11 @@ def _check_table(
         ArtifactReadError: TABLE_TOO_LARGE.
     """
     try:
-        size = table_size(pf.metadata)
+        schema = pf.metadata.schema
+        leaves = [schema.column(j) for j in range(len(schema))]
+        lists = [c.path for c in leaves if c.max_repetition_level > 0]
+        counts = list_value_counts(data, footer_start(data), [c.path for c in leaves], lists)
+        size = table_size(pf.metadata, counts)
     except (pa.ArrowException, OSError, ValueError) as exc:  # e.g. a column name that is not UTF-8
         raise _corrupt(path, exc) from exc
     if kind is None:
@@ -381,6 +409,12 @@ def _check_table(
     limit = limits.table_limit(kind)
     if size.rows > limit.max_rows:
         raise _too_large(path, kind, f"{size.rows} rows", f"{limit.max_rows}-row")
+    # Each list column alone, named: its values are the one part of a table a small file can blow
+    # up without bound (run-length-encoded levels), counted from its page headers.
+    for column, nbytes in size.list_bytes.items():
+        if nbytes > limit.max_decoded_bytes:
+            what = f"{size.list_values[column]} values in list column {column} ({nbytes} bytes once decoded)"
+            raise _too_large(path, kind, what, f"{limit.max_decoded_bytes}-byte")
     if size.decoded_bytes > limit.max_decoded_bytes:
         raise _too_large(
             path, kind, f"at least {size.decoded_bytes} bytes once decoded", f"{limit.max_decoded_bytes}-byte"
@@ -454,6 +488,7 @@ class OpenedArtifact:
     detached_envelope: bytes | None
     file_bytes: int
     pending: _PendingTable
+    file_metadata: Mapping[bytes, bytes] = field(default_factory=dict)
 
     def table(self) -> pa.Table:
         """Wait for the table (same as ``LoadedArtifact.table`` once loaded).
@@ -476,6 +511,7 @@ class OpenedArtifact:
             envelope=self.envelope,
             detached_envelope=self.detached_envelope,
             file_bytes=self.file_bytes,
+            file_metadata=self.file_metadata,
         )
 
 
@@ -574,6 +610,7 @@ def open_artifact(
         detached_envelope=detached,
         file_bytes=size,
         pending=pending,
+        file_metadata=MappingProxyType(dict(kv)),
     )
 
 

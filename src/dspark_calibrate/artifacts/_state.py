@@ -25,11 +25,21 @@ whole fingerprint) is read as ``legacy_series``: those entries keep refusing wha
 (an artifact is also checked against its signed ``series`` key), nothing new is written under old
 keys, and the next update writes schema 2. Older tools refuse a schema-2 file (fail closed).
 
-Updates are read-modify-write under an exclusive kernel lock (``<path>.lock``, released if the
-holder dies) with a bounded wait, and replace the file atomically, so concurrent verifiers on one
-host never lose an update or see a partial file, and nothing stored is ever lowered. Any doubt
-(corrupt file, lock not obtained in time, disk full) raises :class:`StateError`; callers fail
-closed. Reads are bounded (a FIFO or device at the path is refused, never waited on).
+Updates are read-modify-write under an exclusive kernel lock (``flock`` on ``<path>.lock``,
+released if the holder dies) with a bounded wait, and replace the file atomically, so concurrent
+verifiers on one host never lose an update or see a partial file, and nothing stored is ever
+lowered. Any doubt (corrupt file, lock not obtained in time, disk full) raises
+:class:`StateError`; callers fail closed. Reads are bounded (a FIFO or device at the path is
+refused, never waited on).
+
+**Who may touch it.** Whoever can delete or rewrite the state resets rollback protection, and
+whoever can open the lock file can hold it forever (``flock`` needs only read access), so the
+state is private to the verifier's user, whatever the umask: missing directories are created 0700,
+the state file and the lock 0600 (a lock this user owns with wider bits, as older versions made
+it, is narrowed when opened). A state, a lock or a directory that another user could have changed
+is refused with ``STATE_INSECURE`` before it is trusted: the state or lock owned by another user or
+writable by group or others, or its directory writable by group or others without the sticky bit
+(which would let them delete or replace it), or owned by another user than this one or root.
 
 This module does the state file's I/O and nothing else: it does not decide *whether* to record
 (the verification pipeline records only fully verified artifacts and roots).
@@ -38,19 +48,27 @@ This module does the state file's I/O and nothing else: it does not decide *whet
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import math
+import os
+import stat
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
-
-from dspark_calibrate.artifacts._atomic import atomic_write_bytes
-from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict, sha256_hex
-from dspark_calibrate.artifacts._files import FileTooLarge, read_regular_file
+from dspark_calibrate.artifacts._atomic import atomic_write_bytes, fsync_directory, make_private_dirs
+from dspark_calibrate.artifacts._canonical import (
+    JsonError,
+    canonical_json,
+    encode_checked,
+    loads_strict,
+    sha256_hex,
+)
+from dspark_calibrate.artifacts._files import FileTooLarge, read_regular_file_stat
+from dspark_calibrate.artifacts._limits import MAX_STATE_BYTES
 from dspark_calibrate.artifacts._reasons import Finding, Reason
 from dspark_calibrate.errors import DsparkError, InvalidValueError
 
@@ -67,24 +85,24 @@ __all__ = [
 #: Version of the state file format (1: keyed by the whole fingerprint's digest; read as legacy).
 STATE_SCHEMA_VERSION = 2
 _LEGACY_SCHEMA_VERSION = 1
-#: Largest state file read, in bytes. One series entry is ~1 KiB with its binding values and a
-#: trust root a few KiB; 16 MiB is far beyond any deployment and keeps a wrong path from being
-#: read into memory.
-MAX_STATE_BYTES = 16 << 20
 #: Default wait for the state lock, in seconds. Admission runs inside a serving start whose
 #: budget is 100 ms; waiting longer for another verifier is worse than failing closed to static K.
 DEFAULT_STATE_LOCK_TIMEOUT_S = 0.1
 #: How often a waiting verifier retries the lock, in seconds (one non-blocking flock call each):
 #: a fraction of the wait, so a lock released mid-wait is taken within a few ms.
 _LOCK_POLL_S = 0.002
+#: Permission bits of the state and its lock: only their user may read or write them.
+_FILE_MODE = 0o600
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 class StateError(DsparkError):
     """The rollback state cannot be read or updated; the verifier must fail closed.
 
     Attributes:
-        reason: ``STATE_LOCKED``, ``STATE_CORRUPT``, ``STATE_UNWRITABLE`` or ``IO_ERROR`` (the
-            file exists but cannot be read).
+        reason: ``STATE_LOCKED``, ``STATE_CORRUPT``, ``STATE_UNWRITABLE``, ``STATE_INSECURE``
+            (another user could have changed it) or ``IO_ERROR`` (the file exists but cannot be
+            read).
     """
 
     def __init__(self, reason: Reason, message: str) -> None:
@@ -106,6 +124,7 @@ class SeriesIdentity:
     kind: str
     binding: Mapping[str, Any]
     legacy: str | None = None
+    _key: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str) or not self.kind:
@@ -116,7 +135,10 @@ class SeriesIdentity:
     @property
     def key(self) -> str:
         """The entry's key in the state file: ``<kind>:<sha256 of the binding values>``."""
-        return f"{self.kind}:{sha256_hex(canonical_json(dict(self.binding)))}"
+        if self._key is None:  # computed once: an update asks for it before and under the lock
+            object.__setattr__(self, "_key", _series_key(self.kind, canonical_json(dict(self.binding))))
+        assert self._key is not None
+        return self._key
 
     def matches(self, kind: str, binding: Mapping[str, Any], bound: Iterable[str]) -> bool:
         """True when ``(kind, binding)`` is this series as seen by a verifier binding ``bound``."""
@@ -125,15 +147,27 @@ class SeriesIdentity:
 
 @dataclass(frozen=True, slots=True)
 class StoredRoot:
-    """The newest trust root a verifier accepted (canonical ``root.json`` bytes and version)."""
+    """The newest trust root a verifier accepted (canonical ``root.json`` bytes and version).
+
+    Attributes:
+        version: its version.
+        raw: its canonical bytes.
+        doc: the same document parsed, when at hand (saves parsing ``raw`` on every write).
+    """
 
     version: int
     raw: bytes = field(repr=False)
+    doc: Any = field(default=None, repr=False, compare=False)
 
     @property
     def sha256(self) -> str:
         """SHA-256 of :attr:`raw`."""
         return hashlib.sha256(self.raw).hexdigest()
+
+
+def _series_key(kind: str, binding: bytes) -> str:
+    """``<kind>:<sha256 of the canonical binding values>``."""
+    return f"{kind}:{sha256_hex(binding)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +200,7 @@ class _Contents:
             else {
                 "version": self.root.version,
                 "sha256": self.root.sha256,
-                "root": loads_strict(self.root.raw, what="trust root"),
+                "root": self.root.doc if self.root.doc is not None else loads_strict(self.root.raw),
             },
         }
 
@@ -186,11 +220,20 @@ class RollbackState:
     Args:
         path: the state file (created on first update, with its parent directory).
         lock_timeout_s: how long an update waits for the lock before ``STATE_LOCKED`` (seconds).
+        snapshot: checks read the file once and keep using what they read (with this object's
+            own updates), instead of re-reading it on every check. For an object that lives for
+            one verification run (an admission): it then checks all its artifacts against one
+            state, and under contention does not parse the file again for each artifact as
+            other verifiers change it. An update always re-reads the file under the lock, so
+            nothing stored is ever lost or lowered; a version another verifier records meanwhile
+            is seen by the next run (as it would be had it been recorded a moment later).
     """
 
-    __slots__ = ("_lock_path", "_lock_timeout_s", "_memo", "_path")
+    __slots__ = ("_lock_path", "_lock_timeout_s", "_memo", "_path", "_snapshot")
 
-    def __init__(self, path: Path, *, lock_timeout_s: float = DEFAULT_STATE_LOCK_TIMEOUT_S) -> None:
+    def __init__(
+        self, path: Path, *, lock_timeout_s: float = DEFAULT_STATE_LOCK_TIMEOUT_S, snapshot: bool = False
+    ) -> None:
         if not (
             isinstance(lock_timeout_s, int | float) and math.isfinite(lock_timeout_s) and lock_timeout_s >= 0
         ):
@@ -198,9 +241,10 @@ class RollbackState:
         self._path = Path(path)
         self._lock_path = Path(f"{self._path}.lock")
         self._lock_timeout_s = float(lock_timeout_s)
-        # The last bytes read and what they hold: one admission reads the state once per member
-        # and parses it once (the bytes are compared; a changed file is parsed again).
+        # The last bytes read and what they hold: a file read again is parsed again only when its
+        # bytes changed (with ``snapshot``, checks do not read it again at all).
         self._memo: tuple[bytes, _Contents] | None = None
+        self._snapshot = snapshot
 
     @property
     def path(self) -> Path:
@@ -214,14 +258,21 @@ class RollbackState:
     # reading
     # ----------------------------------------------------------------------------------------
 
-    def _read(self) -> _Contents:
+    def _read(self, *, fresh: bool = False) -> _Contents:
         """The stored contents; empty when the file does not exist yet.
 
         No lock is needed to read: writers replace the file atomically, so a reader sees one
-        complete version or the other.
+        complete version or the other. With ``snapshot`` (and not ``fresh``) the contents read
+        before are returned without reading the file again.
+
+        Raises:
+            StateError: ``STATE_INSECURE``, ``STATE_CORRUPT`` or ``IO_ERROR``.
         """
+        if self._snapshot and not fresh and self._memo is not None:
+            return self._memo[1].copy()
+        self._check_directory()
         try:
-            data = read_regular_file(self._path, MAX_STATE_BYTES)
+            data, info = read_regular_file_stat(self._path, MAX_STATE_BYTES)
         except FileNotFoundError:
             return _Contents()
         except FileTooLarge as big:
@@ -232,6 +283,7 @@ class RollbackState:
                 f"{self._path}: cannot read the rollback state ({exc.strerror or exc}); it must be a "
                 "regular file: check the path and its permissions",
             ) from exc
+        self._check_private(info, self._path, "rollback state")
         if self._memo is not None and self._memo[0] == data:
             return self._memo[1].copy()
         try:
@@ -241,6 +293,41 @@ class RollbackState:
         contents = self._validate(obj)
         self._memo = (data, contents)
         return contents.copy()
+
+    def _insecure(self, detail: str) -> StateError:
+        return StateError(
+            Reason.STATE_INSECURE,
+            f"{detail}: another user could delete or change the rollback state and so reset rollback "
+            "protection; keep it in a directory only this user (or root) owns and can write, e.g. "
+            "`install -d -m 700 DIR`, and let the verifier create the state there",
+        )
+
+    def _check_private(self, info: os.stat_result, path: Path, what: str) -> None:
+        """Refuse a state or lock file another user owns or may write."""
+        mode = stat.S_IMODE(info.st_mode)
+        if info.st_uid != os.geteuid():
+            raise self._insecure(
+                f"{path}: the {what} is owned by uid {info.st_uid}, not by this user (uid {os.geteuid()})"
+            )
+        if mode & 0o022:
+            raise self._insecure(f"{path}: the {what} is writable by group or others (mode {mode:o})")
+
+    def _check_directory(self) -> None:
+        """Refuse a state directory another user may write (and so delete the state from)."""
+        directory = self._path.parent
+        try:
+            info = os.stat(directory)
+        except FileNotFoundError:
+            return  # created private by the first update
+        except OSError:
+            return  # reading the state reports what is wrong with the path
+        mode = stat.S_IMODE(info.st_mode)
+        if info.st_uid not in (os.geteuid(), 0):
+            raise self._insecure(f"{directory}: the state directory is owned by uid {info.st_uid}")
+        if mode & 0o022 and not mode & stat.S_ISVTX:
+            raise self._insecure(
+                f"{directory}: the state directory is writable by group or others (mode {mode:o})"
+            )
 
     def _corrupt(self, detail: str) -> StateError:
         return StateError(
@@ -283,8 +370,8 @@ class RollbackState:
                 raise self._corrupt(
                     f"series entry {key!r} must be {{kind: non-empty string, binding: object, version: integer >= 0}}"
                 )
-            identity = SeriesIdentity(entry["kind"], entry["binding"])
-            if identity.key != key:
+            # The document passed loads_strict: its parts are within the limits already.
+            if _series_key(entry["kind"], encode_checked(entry["binding"])) != key:
                 raise self._corrupt(f"series entry {key!r} does not match its kind and binding values")
             out.series[key] = _Entry(entry["kind"], entry["binding"], entry["version"])
         root = obj["trust_root"]
@@ -298,8 +385,7 @@ class RollbackState:
                 raise self._corrupt(
                     "trust_root must be null or {version: integer >= 1, sha256, root: object}"
                 )
-            raw = canonical_json(root["root"])
-            stored = StoredRoot(root["version"], raw)
+            stored = StoredRoot(root["version"], encode_checked(root["root"]), root["root"])
             if stored.sha256 != root["sha256"]:
                 raise self._corrupt("trust_root.sha256 does not match the stored root")
             out.root = stored
@@ -323,7 +409,7 @@ class RollbackState:
         under ``identity.legacy``.
 
         Raises:
-            StateError: ``STATE_CORRUPT`` or ``IO_ERROR``.
+            StateError: ``STATE_INSECURE``, ``STATE_CORRUPT`` or ``IO_ERROR``.
         """
         contents = self._read()
         bound = tuple(identity.binding if bound is None else bound)
@@ -344,7 +430,7 @@ class RollbackState:
         An equal version is accepted: re-admitting the same artifact (a restart) is not a rollback.
 
         Raises:
-            StateError: ``STATE_CORRUPT`` or ``IO_ERROR``.
+            StateError: ``STATE_INSECURE``, ``STATE_CORRUPT`` or ``IO_ERROR``.
             ValueError: a negative/non-integer version (a caller bug).
         """
         _check_version(version)
@@ -364,7 +450,7 @@ class RollbackState:
         """The newest trust root recorded, or None.
 
         Raises:
-            StateError: ``STATE_CORRUPT`` or ``IO_ERROR``.
+            StateError: ``STATE_INSECURE``, ``STATE_CORRUPT`` or ``IO_ERROR``.
         """
         return self._read().root
 
@@ -417,11 +503,13 @@ class RollbackState:
 
         Holds ``<path>.lock`` (waiting at most the lock timeout) while reading, comparing and
         atomically replacing the file; the old file stays intact when anything fails. When the
-        file already holds everything, it is neither locked nor rewritten. A stored version or root is never lowered: a
-        root is replaced only by one of a higher version.
+        file already holds everything, it is neither locked nor rewritten. A stored version or
+        root is never lowered: a root is replaced only by one of a higher version. Missing
+        directories are created 0700, the file and its lock 0600.
 
         Raises:
             StateError: ``STATE_LOCKED`` (lock not obtained within the timeout),
+                ``STATE_INSECURE`` (state, lock or directory another user could change),
                 ``STATE_CORRUPT`` (the existing file is not a valid state; it is left untouched),
                 ``STATE_UNWRITABLE`` (directory, lock or file cannot be written: ENOSPC, EACCES, ...),
                 ``IO_ERROR`` (the existing file cannot be read).
@@ -439,33 +527,82 @@ class RollbackState:
         except StateError:
             pass  # reported below, under the lock, with the directory's own error if it has one
         try:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
+            make_private_dirs(self._path.parent)
         except OSError as exc:
             raise self._unwritable(exc, "create the state directory") from exc
-        # A kernel lock (flock), not a marker file: it vanishes with a crashed holder, so a dead
-        # verifier cannot wedge the others. The lock file is kept between uses so that every
-        # process locks the same inode.
-        lock = FileLock(self._lock_path, preserve_lock_file=True, fallback_to_soft=False)
-        started = time.monotonic()
+        self._check_directory()
+        fd = self._lock()
         try:
-            lock.acquire(timeout=self._lock_timeout_s, poll_interval=min(_LOCK_POLL_S, self._lock_timeout_s))
-        except Timeout as exc:  # before OSError: filelock's Timeout subclasses it
-            raise StateError(
-                Reason.STATE_LOCKED,
-                f"{self._lock_path}: rollback state is locked by another process for more than "
-                f"{self._lock_timeout_s:g}s (waited {time.monotonic() - started:.3f}s); retry, or check for "
-                "a stuck verifier",
-            ) from exc
-        except OSError as exc:
-            raise self._unwritable(exc, "create or lock the lock file") from exc
-        try:
-            contents = self._read()
+            contents = self._read(fresh=True)
             if not self._apply(contents, accepted, root):
                 return
             data = canonical_json(contents.to_json())
             try:
-                atomic_write_bytes(self._path, data, mode=0o644)
+                # The lock is held only while reading, merging and renaming; the rename is made
+                # durable (directory fsync) after it is released, before this update returns.
+                atomic_write_bytes(self._path, data, mode=_FILE_MODE, sync_directory=False)
             except OSError as exc:
                 raise self._unwritable(exc, "write the rollback state") from exc
+            self._memo = (data, contents.copy())
         finally:
-            lock.release()
+            os.close(fd)  # closing the descriptor releases the flock
+        try:
+            fsync_directory(self._path.parent)
+        except OSError as exc:
+            raise self._unwritable(exc, "make the rollback state durable") from exc
+
+    def _lock(self) -> int:
+        """Open ``<path>.lock`` (0600, never through a symlink) and hold its exclusive ``flock``,
+        waiting at most the lock timeout; returns the descriptor (closing it unlocks).
+
+        A kernel lock, not a marker file: it vanishes with a crashed holder, so a dead verifier
+        cannot wedge the others. The lock file is kept between uses so that every process locks the
+        same inode.
+
+        Raises:
+            StateError: ``STATE_LOCKED`` (not obtained in time), ``STATE_INSECURE`` (the lock is
+                another user's, or not a regular file), ``STATE_UNWRITABLE`` (it cannot be created).
+        """
+        try:
+            fd = os.open(self._lock_path, _LOCK_FLAGS, _FILE_MODE)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
+                raise self._insecure(f"{self._lock_path}: the state lock is a symlink") from exc
+            raise self._unwritable(exc, "create or open the lock file") from exc
+        held = False
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise self._insecure(f"{self._lock_path}: the state lock is not a regular file")
+            if info.st_uid != os.geteuid():
+                raise self._insecure(f"{self._lock_path}: the state lock is owned by uid {info.st_uid}")
+            if stat.S_IMODE(info.st_mode) != _FILE_MODE:
+                os.fchmod(fd, _FILE_MODE)  # os.open's mode is narrowed by the umask; and old locks were 0644
+            self._wait_for_lock(fd)
+            held = True
+        finally:
+            if not held:  # whatever stopped us (an error, an interrupt): no descriptor is leaked
+                os.close(fd)
+        return fd
+
+    def _wait_for_lock(self, fd: int) -> None:
+        """Take the ``flock`` on ``fd``, retrying every few ms until the lock timeout."""
+        started = time.monotonic()
+        deadline = started + self._lock_timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                pass
+            except OSError as exc:
+                raise self._unwritable(exc, "lock the lock file") from exc
+            now = time.monotonic()
+            if now >= deadline:
+                raise StateError(
+                    Reason.STATE_LOCKED,
+                    f"{self._lock_path}: rollback state is locked by another process for more than "
+                    f"{self._lock_timeout_s:g}s (waited {now - started:.3f}s); retry, or check for a stuck "
+                    "verifier",
+                )
+            time.sleep(min(_LOCK_POLL_S, deadline - now))

@@ -24,8 +24,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
 from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict, sha256_hex
 from dspark_calibrate.artifacts._mixed_geometry import (
     GEOMETRY_FEATURES,
@@ -40,6 +38,7 @@ from dspark_calibrate.artifacts._mixed_geometry import (
 )
 from dspark_calibrate.artifacts._models import is_sha256_hex
 from dspark_calibrate.artifacts._reasons import Finding, Reason
+from dspark_calibrate.artifacts._yaml import YamlError, load_yaml
 from dspark_calibrate.errors import ConfigError
 from dspark_calibrate.schemas import MAX_MIXED_CELLS, MIXED_GATES, MIXED_RESULTS
 
@@ -590,27 +589,12 @@ def _receipt(
             )
 
 
-class _UniqueKeys(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no type hints
-    """A safe loader that refuses a mapping repeating a key."""
-
-
-def _no_duplicate_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
-    keys = [loader.construct_object(k, deep=deep) for k, _ in node.value]
-    dupes = sorted({str(k) for k in keys if keys.count(k) > 1})
-    if dupes:
-        raise yaml.constructor.ConstructorError(None, None, f"repeated key(s) {dupes}", node.start_mark)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeys.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicate_mapping)
-
-
 def config_from_yaml(r: _Rules, data: bytes, file: str) -> tuple[dict[str, Any] | None, Any]:
     """``(speculative_config, confidence_mixed_evidence)`` of an options file (None where absent)."""
     try:
-        doc = yaml.load(data.decode("utf-8"), Loader=_UniqueKeys)
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        r.fail(file, "yaml", f"not valid YAML ({exc})")
+        doc = load_yaml(data, what="options")
+    except YamlError as exc:
+        r.fail(file, "yaml", str(exc))
         return None, None
     spec = doc.get("speculative_config") if isinstance(doc, dict) else None
     if not isinstance(spec, dict):

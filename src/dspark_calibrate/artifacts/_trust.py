@@ -53,6 +53,7 @@ __all__ = [
     "TrustRootUnreadable",
     "check_root_rollback",
     "init_root",
+    "load_seen_root",
     "load_trust_root",
     "read_trust_root",
     "rotate_root",
@@ -494,8 +495,18 @@ def verify_root_chain(pinned: TrustRoot, chain: Sequence[bytes], now: datetime) 
     return current
 
 
+def load_seen_root(data: bytes) -> TrustRoot:
+    """A root accepted before (the one the rollback state keeps): parsed and its own signatures
+    checked; expiry does not matter, it was trusted in its time.
+
+    Raises:
+        TrustRootError: ``TRUST_ROOT_INVALID`` (the stored bytes are not a valid root).
+    """
+    return _verify(_parse(data), None)
+
+
 def check_root_rollback(
-    presented: TrustRoot, newest_seen: bytes | None, chain: Sequence[bytes], now: datetime
+    presented: TrustRoot, newest_seen: bytes | TrustRoot | None, chain: Sequence[bytes], now: datetime
 ) -> TrustRoot:
     """Refuse a pinned root older than the newest one accepted before, TUF-client style.
 
@@ -506,8 +517,8 @@ def check_root_rollback(
 
     Args:
         presented: the pinned root, already verified on its own (signatures, expiry).
-        newest_seen: canonical bytes of the newest root accepted before, or None (first use:
-            ``presented`` is trusted as pinned).
+        newest_seen: the newest root accepted before (its canonical bytes, or as loaded by
+            :func:`load_seen_root`), or None (first use: ``presented`` is trusted as pinned).
         chain: ``root.json`` bytes of intermediate versions; elements outside
             (newest_seen.version, presented.version) are ignored.
         now: the current time (timezone-aware).
@@ -521,9 +532,10 @@ def check_root_rollback(
             ``TRUST_ROOT_INVALID`` (a malformed chain element).
     """
     _aware(now, "now")
-    if newest_seen is None or newest_seen == presented.raw:
+    raw = newest_seen.raw if isinstance(newest_seen, TrustRoot) else newest_seen
+    if raw is None or raw == presented.raw:
         return presented  # first use, or the root accepted before (every start but a rotation)
-    seen = _verify(_parse(newest_seen), None)  # expiry does not matter: it was trusted in its time
+    seen = newest_seen if isinstance(newest_seen, TrustRoot) else load_seen_root(raw)
     if presented.version < seen.version:
         raise TrustRootError(
             Reason.TRUST_ROOT_ROLLBACK,

@@ -46,6 +46,8 @@ from dspark_calibrate.artifacts._models import (
 )
 from dspark_calibrate.artifacts._parquet import (
     DEFAULT_LIMITS,
+    FOOTER_FIELDS,
+    FOOTER_KEY,
     ArtifactReadError,
     LoadedArtifact,
     OpenedArtifact,
@@ -55,7 +57,7 @@ from dspark_calibrate.artifacts._parquet import (
 from dspark_calibrate.artifacts._reasons import Finding, FindingsOutcome, Reason
 from dspark_calibrate.artifacts._sign import parse_time, series_of
 from dspark_calibrate.artifacts._state import RollbackState, SeriesIdentity, StateError, StoredRoot
-from dspark_calibrate.artifacts._trust import TrustRoot, TrustRootError, check_root_rollback
+from dspark_calibrate.artifacts._trust import TrustRoot, TrustRootError, check_root_rollback, load_seen_root
 from dspark_calibrate.errors import ArtifactRejected
 from dspark_calibrate.schemas import (
     ADMISSION_PREDICTION_KEYS,
@@ -510,12 +512,34 @@ def _step5_hash(table: pa.Table, kind: str, digest: str, where: Path) -> None:
 def _step5_footer_consistent(
     loaded: LoadedArtifact | OpenedArtifact, predicate: Mapping[str, Any], digest: str, where: Path
 ) -> None:
-    """The untrusted footer copy must say what the signed predicate says.
+    """The untrusted footer copy must say what the signed predicate says, and nothing more.
 
     Verification never *reads* the footer copy, but tools outside this pipeline (pandas users,
-    dashboards) do; a footer that disagrees with the signature is tampering and is refused.
+    dashboards) do; a footer that disagrees with the signature is tampering and is refused. So is
+    a field the format does not have, or a Parquet key-value pair besides ``dspark``: the signature
+    covers neither, and an edited copy must not pass as the signed file.
     """
     meta = loaded.metadata
+    extra = sorted(set(meta) - FOOTER_FIELDS)
+    other = sorted(k.decode("utf-8", "replace") for k in loaded.file_metadata if k != FOOTER_KEY)
+    arrow = loaded.file_metadata.get(ARROW_SCHEMA_KEY)
+    if other == [ARROW_SCHEMA_KEY.decode()] and arrow is not None and _arrow_schema_agrees(arrow, loaded):
+        other = []
+    for name, unsigned, what in (
+        ("footer", extra, "'dspark' footer fields"),
+        ("key_value_metadata", other, "Parquet key-value metadata keys"),
+    ):
+        if unsigned:
+            raise _Stop(
+                [
+                    Finding(
+                        Reason.METADATA_MISMATCH,
+                        f"{where}: {what} {unsigned[:5]} are not part of the format and not signed; the file "
+                        "was edited after signing: sign the artifact again, or copy it from its source",
+                        field=name,
+                    )
+                ]
+            )
     claims = {
         "kind": predicate["kind"],
         "schema_version": predicate["schema_version"],
@@ -536,6 +560,31 @@ def _step5_footer_consistent(
                 )
             ]
         )
+
+
+#: pyarrow's own copy of the Arrow schema in a Parquet footer (``pq.write_table`` adds it).
+ARROW_SCHEMA_KEY = b"ARROW:schema"
+
+
+def _arrow_schema_agrees(encoded: bytes, loaded: LoadedArtifact | OpenedArtifact) -> bool:
+    """True when ``ARROW:schema`` (a re-encoding by pyarrow keeps one) says nothing the file does
+    not: its schema metadata is exactly the footer's ``dspark`` value, and no field carries
+    metadata of its own (the types it restores are covered by the logical hash)."""
+    import base64
+
+    try:
+        schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(encoded, validate=True)))
+    except (ValueError, pa.ArrowException):
+        return False
+    if dict(schema.metadata or {}) != {FOOTER_KEY: loaded.file_metadata.get(FOOTER_KEY)}:
+        return False
+    fields = list(schema)
+    while fields:
+        f = fields.pop()
+        if f.metadata:
+            return False
+        fields.extend(f.type.field(i) for i in range(f.type.num_fields))
+    return True
 
 
 def check_freshness(
@@ -623,14 +672,33 @@ def check_trust_root_freshness(
         return None
     try:
         stored = state.trust_root()
-        check_root_rollback(root, stored.raw if stored is not None else None, chain, now)
+        seen = _stored_root(state, stored.raw) if stored is not None and stored.raw != root.raw else None
+        check_root_rollback(root, seen, chain, now)
         if record and (stored is None or stored.version < root.version):
             state.update(root=StoredRoot(root.version, root.raw))
     except TrustRootError as exc:
         return Finding(exc.reason, f"{where}: {exc}", field="trust_root")
-    except StateError as exc:
-        return Finding(exc.reason, f"{where}: {exc}")
+    except StateError as exc:  # the state's own defect: its message names the state file
+        return Finding(exc.reason, str(exc))
     return None
+
+
+def _stored_root(state: RollbackState, raw: bytes) -> TrustRoot:
+    """The newest root the state keeps, loaded; a stored root that is not a valid root is the
+    state's defect (``STATE_CORRUPT`` naming the state file), not the pinned root's.
+
+    Raises:
+        StateError: ``STATE_CORRUPT``.
+    """
+    try:
+        return load_seen_root(raw)
+    except TrustRootError as exc:
+        raise StateError(
+            Reason.STATE_CORRUPT,
+            f"{state.path}: the trust root stored in the rollback state is not a valid root ({exc}); "
+            "restore the state from a backup, or delete it only if you accept that older artifacts and "
+            "trust roots become admissible again",
+        ) from exc
 
 
 def check_binding(

@@ -399,18 +399,26 @@ def example(*lines: str) -> str:
 
 
 _DURATION = re.compile(r"^(\d+)\s*([smhdw])$")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+#: The furthest expiry accepted, from now: a century. Far beyond any signing policy, and far below
+#: where the clock arithmetic of verifiers overflows (year 9999).
+MAX_EXPIRY = timedelta(days=36_500)
 
 
 def parse_expiry(text: str, *, now: datetime, option: str = "--expires") -> datetime:
     """Parse ``30d``/``12h``/``2w`` (relative to ``now``) or an ISO-8601 time (UTC if no zone).
 
     Raises:
-        ConfigError: neither form, or not in the future.
+        ConfigError: neither form, not in the future, or more than :data:`MAX_EXPIRY` ahead.
     """
     m = _DURATION.match(text.strip())
+    too_far = f"{option} {text!r} is more than {MAX_EXPIRY.days} days ahead; give a nearer expiry, e.g. 365d"
     if m:
-        when = now + timedelta(**{_UNITS[m.group(2)]: int(m.group(1))})
+        # Compared as an integer first: a timedelta of a huge count overflows (a bare error).
+        digits, unit = m.groups()
+        if len(digits) > 12 or int(digits) * _UNIT_SECONDS[unit] > MAX_EXPIRY.total_seconds():
+            raise ConfigError(too_far)
+        when = now + timedelta(seconds=int(digits) * _UNIT_SECONDS[unit])
     else:
         try:
             when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
@@ -421,6 +429,12 @@ def parse_expiry(text: str, *, now: datetime, option: str = "--expires") -> date
             ) from None
         if when.tzinfo is None:
             when = when.replace(tzinfo=UTC)
+        try:
+            ahead = when - now
+        except OverflowError:  # a time at the end of the calendar in a far zone
+            raise ConfigError(too_far) from None
+        if ahead > MAX_EXPIRY:
+            raise ConfigError(too_far)
     if when <= now:
         raise ConfigError(f"{option} {text!r} is not in the future; give a later time or a duration like 30d")
     return when

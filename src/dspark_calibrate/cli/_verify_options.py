@@ -13,6 +13,8 @@ from typing import Annotated
 
 import typer
 
+from dspark_calibrate.cli._numeric import check_max_age_days
+
 __all__ = [
     "ArtifactsArgument",
     "ExpectFingerprintOption",
@@ -112,6 +114,7 @@ MaxAgeDaysOption = Annotated[
         help="Refuse artifacts issued longer ago than this (default: no limit; the runtime form: 30).",
         metavar="DAYS",
         show_default=False,
+        callback=check_max_age_days,
     ),
 ]
 VerboseFlag = Annotated[bool, typer.Option("--verbose", "-v", help="Print every finding.")]

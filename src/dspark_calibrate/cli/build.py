@@ -37,6 +37,7 @@ from dspark_calibrate.cli._common import (
     stage_line,
     utcnow,
 )
+from dspark_calibrate.cli._numeric import check_expires
 from dspark_calibrate.cli.trust import (
     KeyOption,
     PassEnv,
@@ -75,7 +76,9 @@ OutOption = Annotated[Path, typer.Option("--out", help="Bundle directory to crea
 VersionOption = Annotated[
     int, typer.Option("--version", help="Version of the artifacts in their series.", metavar="N")
 ]
-ExpiresOption = Annotated[str, typer.Option("--expires", help="Expiry: a duration (30d) or an ISO time.")]
+ExpiresOption = Annotated[
+    str, typer.Option("--expires", help="Expiry: a duration (30d) or an ISO time.", callback=check_expires)
+]
 MinGainOption = Annotated[
     float, typer.Option("--min-gain", help="Runtime minimum predicted gain (0.01 = 1%).")
 ]

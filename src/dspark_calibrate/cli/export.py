@@ -199,11 +199,17 @@ def _verified_bundle(bundle: Path, root: Any, live: Any, allow_synthetic: bool) 
 
 def _read_mixed_identity(path: Path | None) -> Any:
     """The ``--mixed-live-identity`` file's identity (None when not given); exits 2 when unreadable."""
-    from dspark_calibrate.artifacts import MixedIdentity, loads_strict
+    from dspark_calibrate.artifacts import (
+        MAX_FINGERPRINT_FILE_BYTES,
+        MixedIdentity,
+        loads_strict,
+        read_regular_file,
+    )
 
     try:
-        if path is not None:
-            return MixedIdentity.from_dict(loads_strict(path.read_bytes(), what=str(path)), where=str(path))
+        if path is not None:  # bounded: a FIFO or a huge file is refused, never waited on or read
+            data = read_regular_file(path, MAX_FINGERPRINT_FILE_BYTES)
+            return MixedIdentity.from_dict(loads_strict(data, what=str(path)), where=str(path))
     except (DsparkError, OSError) as exc:
         fail(f"--mixed-live-identity: {exc}", code="USAGE_ERROR")
     return None

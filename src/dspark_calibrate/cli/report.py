@@ -40,6 +40,7 @@ from dspark_calibrate.cli._common import (
     stage_line,
     utcnow,
 )
+from dspark_calibrate.cli._numeric import check_max_age_days
 from dspark_calibrate.cli.trust import not_a_trust_root
 from dspark_calibrate.errors import DsparkError
 
@@ -105,6 +106,7 @@ def report(
             help="Refuse artifacts issued longer ago than this (default: no limit).",
             metavar="DAYS",
             show_default=False,
+            callback=check_max_age_days,
         ),
     ] = None,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Embed plots in the HTML page.")] = True,

@@ -18,6 +18,7 @@ from dspark_calibrate.cli._common import (
     print_json,
     utcnow,
 )
+from dspark_calibrate.cli._numeric import check_expires
 from dspark_calibrate.cli.trust import (
     KeyOption,
     PassEnv,
@@ -43,7 +44,9 @@ def sign(
         int, typer.Option("--version", help="Version in the artifact's series (monotonic).", metavar="N")
     ],
     key: KeyOption = None,
-    expires: Annotated[str, typer.Option("--expires", help="Expiry: a duration (30d) or ISO time.")] = "30d",
+    expires: Annotated[
+        str, typer.Option("--expires", help="Expiry: a duration (30d) or ISO time.", callback=check_expires)
+    ] = "30d",
     kind: Annotated[
         str | None, typer.Option("--kind", help="Sign as this kind (default: the footer's).")
     ] = None,

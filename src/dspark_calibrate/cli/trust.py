@@ -24,6 +24,7 @@ from dspark_calibrate.cli._common import (
     print_json,
     utcnow,
 )
+from dspark_calibrate.cli._numeric import check_expires
 from dspark_calibrate.errors import ConfigError, DsparkError
 
 if TYPE_CHECKING:
@@ -279,7 +280,8 @@ def init(
     out: Annotated[Path, typer.Option("--out", help="Where to write root.json.", metavar="ROOT.json")],
     key: KeyOption = None,
     expires: Annotated[
-        str, typer.Option("--expires", help="Root expiry: a duration (365d) or ISO time.")
+        str,
+        typer.Option("--expires", help="Root expiry: a duration (365d) or ISO time.", callback=check_expires),
     ] = "365d",
     threshold: Annotated[int, typer.Option("--threshold", help="Root signatures needed for rotation.")] = 1,
     artifact_key: Annotated[
@@ -336,7 +338,9 @@ def rotate(
         Path, typer.Option("--out", help="Where to write the new root (version + 1).", metavar="ROOT.json")
     ],
     key: KeyOption = None,
-    expires: Annotated[str, typer.Option("--expires", help="New expiry: duration or ISO time.")] = "365d",
+    expires: Annotated[
+        str, typer.Option("--expires", help="New expiry: duration or ISO time.", callback=check_expires)
+    ] = "365d",
     add_root_key: Annotated[
         list[Path] | None, typer.Option("--add-root-key", help="Public key to add to root.")
     ] = None,

@@ -219,13 +219,10 @@ def run_verify(opts: VerifyOptions) -> None:
         fail_usage(
             f"--unbind {', '.join(bad_unbind)}: not binding fields; choose from {', '.join(BINDING_FIELDS)}"
         )
-    if opts.max_age_days is not None and opts.max_age_days <= 0:
-        fail_usage(
-            f"--max-age-days {opts.max_age_days:g} must be positive; give the largest acceptable age in days"
-        )
-    root, root_info = _trust(opts.trust_root, opts.key)
     if runtime_requested(opts.emit_trtllm_options, opts.fail_open_to_static):
-        run_runtime(opts, root, live_options)
+        # The runtime form reads the root itself, after it has written the fail-open options.
+        run_runtime(opts, lambda: _trust(opts.trust_root, opts.key)[0], live_options)
+    root, root_info = _trust(opts.trust_root, opts.key)
     _verify_offline(opts, root, root_info, live_options)
 
 

@@ -11,13 +11,18 @@ confidence scheduling with the exported deployment files when admitted, static K
 confidence field cleared otherwise.
 
 Exit codes: 0 admitted; 1 rejected (static options still written); 2 usage or I/O error (options
-not written). With ``--fail-open-to-static`` every rejection, and any bad live option, exits 0 after
-writing the static options, so a serving start is never blocked; only a failure to write OUT
-itself exits 2.
+not written). With ``--fail-open-to-static`` every rejection, and any bad live option, base options
+file or trust root, exits 0 after writing the static options, so a serving start is never blocked;
+only an OUT that cannot be written (or is not a regular file) exits 2. Under
+``--fail-open-to-static`` the static options are written *first*, before the trust root is read
+and anything is admitted, and replaced atomically by the final ones: whatever fails or stops the
+command later, OUT never holds a previous run's options (which may enable scheduling with older
+files) or nothing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
@@ -153,22 +158,37 @@ def _render(
         err_console.print(f"wrote {out}" + (f" and the files it names in {files}/" if files else ""))
 
 
-def run_runtime(opts: VerifyOptions, trust_root: TrustRoot, live_options: LiveOptions) -> NoReturn:
+def run_runtime(
+    opts: VerifyOptions, load_root: Callable[[], TrustRoot], live_options: LiveOptions
+) -> NoReturn:
     """The runtime form of ``dspark-verify`` (see the module docstring). Exits the command.
 
     Args:
         opts: the ``dspark-verify`` options; ``opts.artifacts`` must be one bundle directory (or
             manifest).
-        trust_root: the trust root to admit against.
+        load_root: reads the trust root to admit against (exits the command when it cannot).
         live_options: the ``--live-*`` values.
     """
+    from dspark_calibrate.artifacts import Reason
+    from dspark_calibrate.runtime_plugin.trtllm import static_options
+
     _check_runtime_invocation(opts)
     out, trtllm_dir = _absolute_paths(opts.emit_trtllm_options, opts.trtllm_dir)
-    base = _read_base_options(opts.base_options)
-    decision, options = _admit_or_static(opts, trust_root, live_options, out, trtllm_dir)
+    base, base_problem = _read_base_options(opts.base_options, fail_open=opts.fail_open_to_static)
+    if out is not None and opts.fail_open_to_static:
+        # Static first: OUT holds static K from here on, whatever happens to this command later.
+        reason = base_problem or "the admission has not finished"
+        _write_runtime_options(out, static_options(Reason.CONFIG_INVALID.value, reason), base)
+    trust_root = _load_root(load_root, opts.fail_open_to_static)
+    decision: AdmissionDecision | None
+    options: TrtllmOptions | None
+    if base_problem is not None:
+        decision, options = None, static_options(f"{Reason.CONFIG_INVALID.value}:base_options", base_problem)
+    else:
+        decision, options = _admit_or_static(opts, trust_root, live_options, out, trtllm_dir)
     if out is not None:
         assert options is not None
-        _write_runtime_options(out, options, base, opts.base_options)
+        options = _write_runtime_options(out, options, base, fail_open=opts.fail_open_to_static)
     active = bool(decision is not None and decision.active and (options is None or options.active))
     code = _runtime_exit_code(decision, active, opts.fail_open_to_static)
     if opts.json_out:
@@ -179,7 +199,21 @@ def run_runtime(opts: VerifyOptions, trust_root: TrustRoot, live_options: LiveOp
             # Where the engine reads the files the options name (the TensorRT-LLM package).
             files_dir = trtllm_dir if trtllm_dir is not None else default_export_dir(out)
         _render(decision, options, out, opts.verbose, opts.json_out, files_dir)
+    elif options is not None and out is not None:
+        err_console.print(f"wrote {out}")
     exit_with(code)
+
+
+def _load_root(load_root: Callable[[], TrustRoot], fail_open: bool) -> TrustRoot:
+    """The trust root; a root that cannot be used exits (0 under ``--fail-open-to-static``, whose
+    static options are already written, else the loader's 1 or 2)."""
+    try:
+        return load_root()
+    except typer.Exit as stop:
+        if fail_open and stop.exit_code != EXIT_OK:
+            err_console.print("falling back to static K (the static options are written)")
+            exit_with(EXIT_OK)
+        raise
 
 
 def _check_runtime_invocation(opts: VerifyOptions) -> None:
@@ -200,26 +234,44 @@ def _check_runtime_invocation(opts: VerifyOptions) -> None:
 
 
 def _absolute_paths(out: Path | None, trtllm_dir: Path | None) -> tuple[Path | None, Path | None]:
-    """``(OUT, --trtllm-dir)`` made absolute when options are emitted.
+    """``(OUT, --trtllm-dir)`` made absolute when options are emitted; exits 2 when OUT names
+    something other than a regular file (a device, a FIFO, a directory, a symlink out of its
+    directory), before anything is written or admitted.
 
     Written into the YAML as they are: relative paths would be relative to wherever the engine
     starts, not to here.
     """
+    from dspark_calibrate.artifacts import check_output_path
+
     if out is None:
         return None, trtllm_dir
+    try:
+        check_output_path(out)
+    except OSError as exc:
+        fail_usage(f"--emit-trtllm-options {out}: {exc.strerror or exc}")
     return out.absolute(), trtllm_dir.absolute() if trtllm_dir is not None else None
 
 
-def _read_base_options(path: Path | None) -> dict[str, Any]:
-    """The ``--base-options`` YAML (empty when not given); exits 2 when it cannot be read."""
+def _read_base_options(path: Path | None, *, fail_open: bool) -> tuple[dict[str, Any], str | None]:
+    """``(base options, problem)``: the ``--base-options`` YAML (empty when not given).
+
+    One that cannot be read or is not an options mapping exits 2, or under ``--fail-open-to-static``
+    gives empty options and the problem (the static options are then written without it).
+    """
     from dspark_calibrate.runtime_plugin.trtllm import read_options_yaml
 
     if path is None:
-        return {}
+        return {}, None
     try:
-        return read_options_yaml(path)
+        return read_options_yaml(path), None
     except ConfigError as exc:
-        fail_usage(str(exc))
+        if not fail_open:
+            fail_usage(str(exc))
+        err_console.print(
+            f"[bold red]error:[/] {escape(str(exc))}; falling back to static K without the base options",
+            highlight=False,
+        )
+        return {}, str(exc)
 
 
 def _runtime_policy(opts: VerifyOptions, live_options: LiveOptions) -> tuple[Any, AdmissionPolicy]:
@@ -285,19 +337,27 @@ def _admit_or_static(
 
 
 def _write_runtime_options(
-    out: Path, options: TrtllmOptions, base: dict[str, Any], base_path: Path | None
-) -> None:
-    """Write the engine options merged into the base options; exits 2 when that fails."""
-    from dspark_calibrate.runtime_plugin.trtllm import write_options_yaml
+    out: Path, options: TrtllmOptions, base: dict[str, Any], *, fail_open: bool = False
+) -> TrtllmOptions:
+    """Write the engine options merged into the base options; returns what was written.
+
+    Exits 2 when OUT cannot be written. Options that cannot be merged exit 2, or under
+    ``--fail-open-to-static`` leave the static options written before in place.
+    """
+    from dspark_calibrate.artifacts import Reason
+    from dspark_calibrate.runtime_plugin.trtllm import static_options, write_options_yaml
 
     try:
         merged = options.llm_api_options(base)
     except ConfigError as exc:
-        fail_usage(f"{base_path}: {exc}")
+        if not fail_open:
+            fail_usage(str(exc))
+        return static_options(f"{Reason.CONFIG_INVALID.value}:base_options", str(exc), options.max_draft_len)
     try:
         write_options_yaml(out, merged)
     except OSError as exc:
         fail_usage(f"{out}: cannot write the options ({exc.strerror or exc})")
+    return options
 
 
 def _runtime_exit_code(decision: AdmissionDecision | None, active: bool, fail_open: bool) -> int:

@@ -557,7 +557,7 @@ def _verify_mixed_evidence(
     from dspark_calibrate.artifacts import Expectation, verify_mixed
 
     state = (
-        RollbackState(policy.state_path, lock_timeout_s=policy.state_lock_timeout_s)
+        RollbackState(policy.state_path, lock_timeout_s=policy.state_lock_timeout_s, snapshot=True)
         if policy.state_path is not None
         else None
     )
@@ -801,7 +801,7 @@ def _decide(
         raise TypeError("now must be timezone-aware")
     bundle_path = Path(bundle)
     state = (
-        RollbackState(policy.state_path, lock_timeout_s=policy.state_lock_timeout_s)
+        RollbackState(policy.state_path, lock_timeout_s=policy.state_lock_timeout_s, snapshot=True)
         if policy.state_path is not None
         else None
     )

@@ -1,8 +1,18 @@
 """Collect the live deployment fingerprint (DESIGN §5).
 
-Explicit arguments (engine arguments such as K, graph ladder, topology) take precedence over
-probes; probes read what they can (NVML, then torch.cuda, the environment, a git source tree,
-installed package versions). A field that cannot be established stays ``None`` and is reported in
+Each field is established by the first of, in this order (docs/fingerprint.md):
+
+1. an explicit value (engine arguments such as K, graph ladder, topology; ``--live-*``);
+2. an explicitly requested probe: ``source_dir`` (``--live-source-dir``) decides ``source_head``
+   and ``source_diff_sha256``, an explicit ``runtime_packages`` list decides ``runtime_snapshot``;
+   when such a probe cannot tell, the field is reported missing, never taken from elsewhere;
+3. an environment variable (``DSPARK_TOPOLOGY``, ``DSPARK_SOURCE_HEAD``,
+   ``DSPARK_SOURCE_DIFF_SHA256``, ``DSPARK_RUNTIME_SNAPSHOT``, ``WORLD_SIZE``);
+4. a default probe (NVML, then torch.cuda; the versions of the default runtime packages).
+
+So a variable left in a serving node's environment can never override what the operator asked
+for (a stale ``DSPARK_SOURCE_HEAD`` would otherwise hide a dirty engine tree named by
+``--live-source-dir``). A field that cannot be established stays ``None`` and is reported in
 ``LiveContext.problems`` with the reason; nothing is guessed.
 
 The probes sit behind the ``LiveEnvironment`` protocol so the collection logic is tested on CPU
@@ -355,10 +365,12 @@ _ENVIRONMENT_FIELDS = (
 )
 
 
-def _probe_environment(found: _Found, env: LiveEnvironment) -> None:
-    """The ``DSPARK_*`` variables, and ``WORLD_SIZE`` for the GPU count."""
+def _probe_environment(found: _Found, env: LiveEnvironment, decided: frozenset[str]) -> None:
+    """The ``DSPARK_*`` variables, and ``WORLD_SIZE`` for the GPU count; fields in ``decided``
+    belong to an explicitly requested probe and are not read from the environment."""
     for name, var in _ENVIRONMENT_FIELDS:
-        found.put(name, env.getenv(var), f"env:{var}")
+        if name not in decided:
+            found.put(name, env.getenv(var), f"env:{var}")
     world = env.getenv("WORLD_SIZE")
     if world is not None and world.isdigit():
         found.put("gpu_count", int(world), "env:WORLD_SIZE")
@@ -406,6 +418,21 @@ def _probe_source(found: _Found, env: LiveEnvironment, source_dir: Path) -> None
         found.problems.setdefault("source_head", why)
 
 
+def _probe_requested(
+    found: _Found, env: LiveEnvironment, source_dir: Path | None, runtime_packages: Sequence[str] | None
+) -> frozenset[str]:
+    """The probes asked for explicitly; returns the fields they decide (whether or not they could
+    tell: the environment does not stand in for a requested probe)."""
+    decided: set[str] = set()
+    if source_dir is not None:
+        _probe_source(found, env, source_dir)
+        decided |= {"source_head", "source_diff_sha256"}
+    if runtime_packages is not None:
+        found.put("runtime_snapshot", _runtime_snapshot(env, runtime_packages), "installed package versions")
+        decided.add("runtime_snapshot")
+    return frozenset(decided)
+
+
 def collect_live(
     *,
     max_draft_len: int | None = None,
@@ -417,22 +444,27 @@ def collect_live(
     source_head: str | None = None,
     source_diff_sha256: str | None = None,
     runtime_snapshot: str | None = None,
-    runtime_packages: Sequence[str] = DEFAULT_RUNTIME_PACKAGES,
+    runtime_packages: Sequence[str] | None = None,
     model_config: Path | None = None,
     overrides: Mapping[str, Any] | None = None,
     env: LiveEnvironment | None = None,
 ) -> LiveContext:
-    """Establish the live fingerprint: explicit values first, then probes; report what is missing.
+    """Establish the live fingerprint: explicit values, then explicitly requested probes, then
+    environment variables, then default probes (the module docstring); report what is missing.
 
-    Environment variables read when no explicit value is given: ``DSPARK_TOPOLOGY``,
-    ``DSPARK_SOURCE_HEAD``, ``DSPARK_SOURCE_DIFF_SHA256``, ``DSPARK_RUNTIME_SNAPSHOT``, and
-    ``WORLD_SIZE`` for the GPU count.
+    Environment variables read when no explicit value or requested probe decides the field:
+    ``DSPARK_TOPOLOGY``, ``DSPARK_SOURCE_HEAD``, ``DSPARK_SOURCE_DIFF_SHA256``,
+    ``DSPARK_RUNTIME_SNAPSHOT``, and ``WORLD_SIZE`` for the GPU count.
 
     Args:
         max_draft_len, rank_local_graph_batch_sizes, topology, gpu, gpu_count, source_head,
             source_diff_sha256, runtime_snapshot: explicit values (engine arguments) that win.
-        source_dir: a git checkout of the engine source, probed for head and diff digest.
-        runtime_packages: packages whose versions form the runtime snapshot.
+        source_dir: a git checkout of the engine source, probed for head and diff digest (an
+            explicit request: ``DSPARK_SOURCE_*`` are then not read).
+        runtime_packages: packages whose versions form the runtime snapshot; given explicitly,
+            the probe wins over ``DSPARK_RUNTIME_SNAPSHOT``; by default
+            (:data:`DEFAULT_RUNTIME_PACKAGES`) the variable wins, for a verifier that runs beside
+            the engine's environment rather than in it.
         model_config: the model's ``config.json``, digested into ``model_config_sha256``.
         overrides: any other fingerprint fields given explicitly (e.g. ``kv_dtype``).
         env: the host probe (default: the real system).
@@ -456,11 +488,11 @@ def collect_live(
     found.put("runtime_snapshot", runtime_snapshot, "argument")
     for name, value in (overrides or {}).items():
         found.put(name, tuple(value) if isinstance(value, list) else value, "argument")
-    _probe_environment(found, env)
+    _probe_environment(found, env, _probe_requested(found, env, source_dir, runtime_packages))
     gpus = _probe_gpus(found, env)
-    if source_dir is not None:
-        _probe_source(found, env, source_dir)
-    found.put("runtime_snapshot", _runtime_snapshot(env, runtime_packages), "installed package versions")
+    found.put(
+        "runtime_snapshot", _runtime_snapshot(env, DEFAULT_RUNTIME_PACKAGES), "installed package versions"
+    )
     if model_config is not None:
         found.put("model_config_sha256", model_config_digest(model_config), f"file:{model_config}")
     rl, n = found.values.get("rank_local_graph_batch_sizes"), found.values.get("gpu_count")

@@ -35,12 +35,15 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from dspark_calibrate.artifacts import (
+    MAX_OPTIONS_YAML_BYTES,
     TRTLLM_FINGERPRINT_FIELDS,
     Finding,
     JsonError,
     Reason,
+    YamlError,
     atomic_write_bytes,
     is_sha256_hex,
+    load_yaml,
     loads_strict,
     read_regular_file,
     sha256_hex,
@@ -58,6 +61,7 @@ __all__ = [
     "PACKAGE_DIR",
     "Exporter",
     "TrtllmOptions",
+    "check_options",
     "decoding_fields",
     "dump_options_yaml",
     "llm_api_options",
@@ -426,16 +430,12 @@ def llm_api_options(
     fallback.
 
     Raises:
-        ConfigError: ``base`` configures another speculative decoding type.
+        ConfigError: ``base`` is not an options mapping (see :func:`check_options`) or configures
+            another speculative decoding type.
     """
-    options = copy.deepcopy(dict(base or {}))
+    options = copy.deepcopy(check_options(base if base is not None else {}, "base options"))
     section = dict(options.get(SPECULATIVE_CONFIG_KEY) or {})
-    kind = section.setdefault("decoding_type", DECODING_TYPE)
-    if kind != DECODING_TYPE:
-        raise ConfigError(
-            f"base options configure speculative decoding_type {kind!r}; "
-            "DSpark options cannot be merged into it"
-        )
+    section.setdefault("decoding_type", DECODING_TYPE)
     enabled = bool(fields.get("enable_confidence_scheduling", False))
     if max_draft_len is not None:
         if enabled:
@@ -459,21 +459,62 @@ def dump_options_yaml(options: Mapping[str, Any]) -> str:
     return text
 
 
-def load_options_yaml(text: str) -> dict[str, Any]:
-    """Parse options YAML (safe loader).
+def check_options(options: Any, what: str) -> dict[str, Any]:
+    """``options`` if it is an ``extra_llm_api_options`` mapping DSpark fields can be merged into.
+
+    A mapping with string keys at the top; ``speculative_config`` absent, null or a mapping with
+    string keys; its ``decoding_type``, if given, ``DSpark``.
+
+    Args:
+        options: the parsed document.
+        what: how to name it in errors (usually its path).
 
     Raises:
-        ConfigError: not YAML, or not a mapping at the top.
+        ConfigError: the first rule broken, naming ``what``, the key and the fix.
+    """
+    if not isinstance(options, Mapping):
+        raise ConfigError(
+            f"{what}: options YAML must be a mapping at the top, got {type(options).__name__}; "
+            "write `key: value` lines"
+        )
+    checked: dict[str, Any] = dict(options)
+    odd = sorted(repr(k) for k in checked if not isinstance(k, str))
+    if odd:
+        raise ConfigError(f"{what}: option names must be strings, got {', '.join(odd)}; quote them")
+    section = checked.get(SPECULATIVE_CONFIG_KEY)
+    if section is None:
+        return checked
+    if not isinstance(section, Mapping):
+        raise ConfigError(
+            f"{what}: {SPECULATIVE_CONFIG_KEY} must be a mapping, got {type(section).__name__}; write it as "
+            f"`{SPECULATIVE_CONFIG_KEY}:` followed by indented `key: value` lines, or remove it"
+        )
+    odd = sorted(repr(k) for k in section if not isinstance(k, str))
+    if odd:
+        raise ConfigError(f"{what}: {SPECULATIVE_CONFIG_KEY} keys must be strings, got {', '.join(odd)}")
+    kind = section.get("decoding_type", DECODING_TYPE)
+    if kind != DECODING_TYPE:
+        raise ConfigError(
+            f"{what}: {SPECULATIVE_CONFIG_KEY}.decoding_type is {kind!r}; DSpark options cannot be merged "
+            f"into another speculative decoding type: set it to {DECODING_TYPE} or remove it"
+        )
+    return checked
+
+
+def load_options_yaml(text: str | bytes, *, what: str = "options") -> dict[str, Any]:
+    """Parse options YAML with the bounded safe loader (``artifacts.load_yaml``) and check its shape.
+
+    Raises:
+        ConfigError: not UTF-8 YAML, beyond a document limit, or not an options mapping
+            (:func:`check_options`); the message names ``what``.
     """
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"options are not valid YAML ({exc})") from exc
+        data = load_yaml(text, what=what)
+    except YamlError as exc:
+        raise ConfigError(str(exc)) from exc
     if data is None:
         return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"options YAML must be a mapping at the top, got {type(data).__name__}")
-    return data
+    return check_options(data, what)
 
 
 def write_options_yaml(path: Path, options: Mapping[str, Any]) -> Path:
@@ -499,27 +540,19 @@ def to_decoding_config(fields: Mapping[str, Any], **extra: Any) -> Any | None:
     return config_class(**kwargs, **extra)
 
 
-#: Largest options YAML read, in bytes (engine option files are a few KiB).
-MAX_OPTIONS_YAML_BYTES = 1 << 20
-
-
 def read_options_yaml(path: Path) -> dict[str, Any]:
-    """An ``extra_llm_api_options`` YAML file (a bounded read: a FIFO is refused, never waited on).
+    """An ``extra_llm_api_options`` YAML file (a bounded read: a FIFO is refused, never waited on;
+    at most ``MAX_OPTIONS_YAML_BYTES``).
 
     Raises:
-        ConfigError: the file cannot be read, is not UTF-8, or is not an options mapping; the
-            message names the file.
+        ConfigError: the file cannot be read, is not UTF-8 YAML within the document limits, or is
+            not an options mapping; the message names the file (and the key).
     """
     try:
-        text = read_regular_file(path, MAX_OPTIONS_YAML_BYTES).decode("utf-8")
+        data = read_regular_file(path, MAX_OPTIONS_YAML_BYTES)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror or exc}); pass a regular YAML file") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason}); save it as UTF-8") from exc
-    try:
-        return load_options_yaml(text)
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
+    return load_options_yaml(data, what=str(path))
 
 
 def merge_into_base_options(exported_yaml: Path, base_path: Path) -> dict[str, Any]:
@@ -537,7 +570,4 @@ def merge_into_base_options(exported_yaml: Path, base_path: Path) -> dict[str, A
     section = dict(exported.get(SPECULATIVE_CONFIG_KEY) or {})
     k = section.pop("max_draft_len", None)
     section.pop("decoding_type", None)
-    try:
-        return llm_api_options(section, base, max_draft_len=k if isinstance(k, int) else None)
-    except ConfigError as exc:
-        raise ConfigError(f"{base_path}: {exc}") from exc
+    return llm_api_options(section, base, max_draft_len=k if isinstance(k, int) else None)

@@ -534,6 +534,7 @@ JSONL_CASES: list[tuple[str, str, str]] = [
         '{"request_id":"r","round":0,"logits":[0,0,0],"accepted":0,"verified":3,"sampling":"\\udc80"}',
         "'sampling' holds .* a lone surrogate",
     ),
+    ("nested_5000_deep", '{"request_id":"r","x":' + "[" * 5000 + "]" * 5000 + "}", "not valid JSON"),
 ]
 
 

@@ -822,7 +822,7 @@ def _iter_jsonl(path: Path, k: int | None, batch_rows: int) -> Iterator[TraceBat
                 where = f"{path}: line {lineno}"
                 try:
                     obj = json.loads(line, parse_constant=_refuse_constant)
-                except ValueError as exc:
+                except (ValueError, RecursionError) as exc:  # RecursionError: nested ~1,000 deep
                     raise ConfigError(f"{where}: not valid JSON ({exc}); one JSON object per line") from None
                 rec = parse_trace_record(obj, where=where)
                 if k is None:
@@ -891,7 +891,7 @@ def _parquet_footer(path: Path, pf: pq.ParquetFile) -> dict[str, Any]:
         return {}
     try:
         doc = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ConfigError(f"{path}: the 'dspark.trace' footer is not valid JSON ({exc})") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: the 'dspark.trace' footer must be a JSON object")

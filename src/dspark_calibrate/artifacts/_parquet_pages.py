@@ -1,0 +1,293 @@
+"""How many values each list column of a Parquet file decodes to, read before anything is decoded.
+
+A list column's values are not bounded by anything pyarrow's footer API exposes safely: the
+repetition and definition levels are run-length encoded, so a 50 KB file can hold one row whose
+list decodes to 128 million doubles (gigabytes in the decoder). The count is in the file, though:
+every data page header states its ``num_values`` (level slots: values, nulls and empty lists),
+and the decoder produces exactly the pages it reads. pyarrow's per-column-chunk metadata cannot
+be used to find the pages (it aborts the process on some malformed chunks, see ``_limits``), so
+this module reads the Thrift footer and the page headers itself: a minimal reader of Thrift's
+compact protocol that keeps the few fields it needs and skips the rest.
+
+It walks each list column chunk the way Arrow's page reader does (``ComputeColumnChunkRange``
+and ``SerializedPageReader::NextPage``): from the dictionary page (or the first data page) over
+``total_compressed_size`` bytes, padded by 100 bytes for files that claim an old parquet-mr
+writer, reading page headers while fewer values than the chunk declares have been seen. The sum of
+the data pages' ``num_values`` over that walk is what the decoder will produce, at most.
+
+Anything malformed raises :class:`PageHeaderError` (the reader reports ``NOT_PARQUET``). Performs
+no I/O: it reads the file's bytes, already in memory.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dspark_calibrate.errors import InvalidValueError
+
+__all__ = ["PageHeaderError", "footer_start", "list_value_counts"]
+
+
+class PageHeaderError(InvalidValueError):
+    """A Parquet footer or page header that cannot be read (truncated, out of range, malformed)."""
+
+    default_code = "NOT_PARQUET"
+
+
+# Thrift compact protocol type ids.
+_STOP, _TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY, _LIST, _SET, _MAP, _STRUCT = range(13)
+_FIXED = {_BYTE: 1, _DOUBLE: 8}
+#: Deepest struct/container nesting skipped (Parquet's metadata nests ~6 levels).
+_MAX_NESTING = 64
+#: Most elements in one Thrift list, set or map: a bound on work per container (a footer of the
+#: largest accepted size cannot hold more elements than bytes anyway).
+_MAX_ELEMENTS = 1 << 24
+# Page types (parquet.thrift PageType).
+_DATA_PAGE, _DATA_PAGE_V2 = 0, 3
+#: Arrow pads a column chunk's byte range by this much for files of parquet-mr 1.2.8 and older
+#: (PARQUET-816: their sizes left out the dictionary page header).
+_PARQUET_816_PADDING = 100
+_PARQUET_MR = re.compile(r"^\s*parquet-mr\b(?:\s+version\s+(\d+)\.(\d+)\.(\d+))?", re.IGNORECASE)
+
+
+class _Reader:
+    """Thrift compact protocol over ``data[pos:end]``."""
+
+    __slots__ = ("data", "end", "pos")
+
+    def __init__(self, data: bytes, pos: int, end: int) -> None:
+        self.data, self.pos, self.end = data, pos, end
+
+    def byte(self) -> int:
+        if self.pos >= self.end:
+            raise PageHeaderError("truncated Thrift data")
+        value = self.data[self.pos]
+        self.pos += 1
+        return value
+
+    def varint(self) -> int:
+        # Locals, not byte(): admission reads a list column's footer on every calibration table.
+        data, pos, end = self.data, self.pos, self.end
+        shift = result = 0
+        while pos < end:
+            b = data[pos]
+            pos += 1
+            result |= (b & 0x7F) << shift
+            if not b & 0x80:
+                self.pos = pos
+                return result
+            shift += 7
+            if shift > 63:
+                raise PageHeaderError("Thrift varint longer than 64 bits")
+        raise PageHeaderError("truncated Thrift data")
+
+    def zigzag(self) -> int:
+        n = self.varint()
+        return (n >> 1) ^ -(n & 1)
+
+    def skip_bytes(self, n: int) -> None:
+        if n < 0 or self.pos + n > self.end:
+            raise PageHeaderError("Thrift value runs past its data")
+        self.pos += n
+
+    def binary(self) -> bytes:
+        n = self.varint()
+        start = self.pos
+        self.skip_bytes(n)
+        return self.data[start : self.pos]
+
+    def field(self, last: int) -> tuple[int, int]:
+        """``(field id, type)`` of the next field of a struct (type ``_STOP`` at its end)."""
+        header = self.byte()
+        kind = header & 0x0F
+        if kind == _STOP:
+            return 0, _STOP
+        delta = header >> 4
+        return (last + delta if delta else self.zigzag()), kind
+
+    def container(self) -> tuple[int, int]:
+        """``(size, element type)`` of a list or set."""
+        header = self.byte()
+        size = header >> 4
+        if size == 15:
+            size = self.varint()
+        if size > _MAX_ELEMENTS:
+            raise PageHeaderError(f"Thrift list of {size} elements")
+        return size, header & 0x0F
+
+    def value(self, kind: int, depth: int = 0) -> Any:
+        """Read a value of ``kind``: ints and binaries are returned, containers and structs skipped
+        (None), except where :meth:`struct` asks for their fields."""
+        if depth > _MAX_NESTING:
+            raise PageHeaderError("Thrift data nests too deeply")
+        if kind in (_TRUE, _FALSE):
+            return kind == _TRUE
+        if kind in _FIXED:
+            self.skip_bytes(_FIXED[kind])
+            return None
+        if kind in (_I16, _I32, _I64):
+            return self.zigzag()
+        if kind == _BINARY:
+            return self.binary()
+        if kind in (_LIST, _SET):
+            size, element = self.container()
+            for _ in range(size):
+                if element in (_TRUE, _FALSE):
+                    self.skip_bytes(1)  # booleans inside containers take one byte each
+                else:
+                    self.value(element, depth + 1)
+            return None
+        if kind == _MAP:
+            size = self.varint()
+            if size > _MAX_ELEMENTS:
+                raise PageHeaderError(f"Thrift map of {size} entries")
+            if size:
+                types = self.byte()
+                for _ in range(size):
+                    self.value(types >> 4, depth + 1)
+                    self.value(types & 0x0F, depth + 1)
+            return None
+        if kind == _STRUCT:
+            self.struct({}, depth + 1)
+            return None
+        raise PageHeaderError(f"unknown Thrift type {kind}")
+
+    def struct(self, wanted: Mapping[int, Any], depth: int = 0) -> dict[int, Any]:
+        """Read a struct; returns the fields named in ``wanted`` (id -> what it must be: ``_INT``,
+        ``_BIN``, a mapping for a nested struct, ``("list", spec)`` for a list of ``spec``).
+
+        Raises:
+            PageHeaderError: a wanted field of another type, or malformed data.
+        """
+        out: dict[int, Any] = {}
+        last = 0
+        while True:
+            fid, kind = self.field(last)
+            if kind == _STOP:
+                return out
+            last = fid
+            spec = wanted.get(fid, _SKIP)
+            if spec is _SKIP:
+                self.value(kind, depth)
+            else:
+                out[fid] = self._typed(kind, spec, depth, fid)
+
+    def _typed(self, kind: int, spec: Any, depth: int, fid: int) -> Any:
+        if isinstance(spec, tuple):
+            if kind != _LIST:
+                raise PageHeaderError(f"Thrift field {fid} is not a list")
+            size, element = self.container()
+            return [self._typed(element, spec[1], depth + 1, fid) for _ in range(size)]
+        if isinstance(spec, Mapping):
+            if kind != _STRUCT:
+                raise PageHeaderError(f"Thrift field {fid} is not a struct")
+            return self.struct(spec, depth + 1)
+        if (spec is _INT and kind not in (_I16, _I32, _I64)) or (spec is _BIN and kind != _BINARY):
+            raise PageHeaderError(f"Thrift field {fid} has type {kind}")
+        return self.value(kind, depth)
+
+
+_SKIP, _INT, _BIN = object(), object(), object()
+# parquet.thrift, only the fields read here.
+_COLUMN_META = {3: ("list", _BIN), 5: _INT, 7: _INT, 9: _INT, 11: _INT}  # path, num_values, size, offsets
+_FILE_META = {4: ("list", {1: ("list", {3: _COLUMN_META})}), 6: _BIN}  # row_groups[].columns[]; created_by
+_PAGE_HEADER = {1: _INT, 2: _INT, 3: _INT, 5: {1: _INT}, 8: {1: _INT}}
+
+
+@dataclass(frozen=True, slots=True)
+class _Chunk:
+    path: str
+    num_values: int
+    start: int
+    length: int
+
+
+def _chunks(meta: dict[int, Any], leaves: Sequence[str], wanted: set[str]) -> list[_Chunk]:
+    out: list[_Chunk] = []
+    for group in meta.get(4) or []:
+        columns = group.get(1) or []
+        if len(columns) != len(leaves):
+            raise PageHeaderError(
+                f"a row group has {len(columns)} column chunks, the schema {len(leaves)} columns"
+            )
+        for leaf, column in zip(leaves, columns, strict=True):
+            if leaf not in wanted:
+                continue
+            cm = column.get(3)
+            if cm is None or any(k not in cm for k in (5, 7, 9)):
+                raise PageHeaderError(f"column chunk of {leaf} has no metadata")
+            path = ".".join(p.decode("utf-8", "replace") for p in cm.get(3) or [])
+            if path != leaf:
+                raise PageHeaderError(f"column chunk {path!r} is not the schema's column {leaf!r}")
+            start = cm[9]
+            if 11 in cm and cm[11] > 0 and start > cm[11]:
+                start = cm[11]
+            out.append(_Chunk(leaf, cm[5], start, cm[7]))
+    return out
+
+
+def _pads(created_by: bytes | None) -> bool:
+    """True when Arrow pads column ranges for this writer (parquet-mr older than 1.2.9)."""
+    m = _PARQUET_MR.match((created_by or b"").decode("utf-8", "replace"))
+    if m is None:
+        return False
+    if m.group(1) is None:
+        return True  # a parquet-mr without a version reads as version 0
+    return tuple(int(g) for g in m.groups()) < (1, 2, 9)
+
+
+def _walk(data: bytes, chunk: _Chunk, pad: bool) -> int:
+    """Level slots the decoder reads from one column chunk's pages."""
+    if chunk.start < 0 or chunk.length < 0 or chunk.start + chunk.length > len(data):
+        raise PageHeaderError(f"column chunk of {chunk.path} lies outside the file")
+    end = chunk.start + chunk.length
+    if pad:
+        end = min(len(data), end + _PARQUET_816_PADDING)
+    pos, seen = chunk.start, 0
+    while seen < chunk.num_values and pos < end:
+        reader = _Reader(data, pos, end)
+        header = reader.struct(_PAGE_HEADER)
+        kind, size = header.get(1), header.get(3)
+        if kind is None or size is None or size < 0 or (header.get(2) or 0) < 0:
+            raise PageHeaderError(f"malformed page header in {chunk.path}")
+        for page_type, field in ((_DATA_PAGE, 5), (_DATA_PAGE_V2, 8)):
+            if kind == page_type:
+                n = (header.get(field) or {}).get(1)
+                if n is None or n < 0:
+                    raise PageHeaderError(f"data page of {chunk.path} without a value count")
+                seen += n
+        pos = reader.pos + size
+    return seen
+
+
+def list_value_counts(
+    data: bytes, footer_start: int, leaves: Sequence[str], lists: Sequence[str]
+) -> dict[str, int]:
+    """Level slots (values, nulls, empty lists) each list column decodes to, over all row groups.
+
+    Args:
+        data: the whole Parquet file.
+        footer_start: offset of the Thrift ``FileMetaData`` (its length is checked by the caller).
+        leaves: every leaf column's dotted path, in schema order.
+        lists: the leaf paths inside a list.
+
+    Raises:
+        PageHeaderError: the footer or a page header cannot be read.
+    """
+    if not lists:
+        return {}
+    meta = _Reader(data, footer_start, len(data) - 8).struct(_FILE_META)
+    pad = _pads(meta.get(6))
+    counts = dict.fromkeys(lists, 0)
+    for chunk in _chunks(meta, leaves, set(lists)):
+        counts[chunk.path] += _walk(data, chunk, pad)
+    return counts
+
+
+def footer_start(data: bytes) -> int:
+    """Offset of the Thrift footer of a Parquet file whose magic and length were checked."""
+    length = int.from_bytes(data[-8:-4], "little")
+    return len(data) - 8 - length
