@@ -156,7 +156,7 @@ def test_the_terminal_first_screen_and_json_state_the_facts(demo: Path, tmp_path
     sha = _receipt_sha(demo / "trtllm")
     for label in ("expires", "deployment", "signed by", "admission receipt", "prediction"):
         assert f" {label} " in screen, label
-    assert f"admission receipt sha256 {sha}," in screen and "objective not stated" in screen
+    assert f"admission receipt sha256 {sha}," in screen and "objective throughput; regime saturated" in screen
     j = CliRunner().invoke(build_calibrate_app(), [*args, "--out", str(tmp_path / "r2.html"), "--json"])
     facts = {f["key"]: f for f in json.loads(j.stdout)["facts"]}
     assert list(facts) == list(FACT_KEYS) and facts["receipt"]["value"] == sha

@@ -177,7 +177,10 @@ def _prediction(summary: Mapping[str, Any] | None) -> Fact:
         else NOT_STATED
     )
     text = f"objective {objective or NOT_STATED}; regime {regime or NOT_STATED}"
-    text += f" ({source})" if source else ""
+    # The first screen says how the regime was established in a word; the sentence is in build.json.
+    if source:
+        how = source.split(":", 1)[0].split(" (", 1)[0].split(";", 1)[0]
+        text += f" ({how}{': no queue depth recorded' if how.startswith('assumed') else ''})"
     text += f"; planner overhead charged: {planner or NOT_STATED}; share of mixed steps: {mixed}"
     status = "ok" if objective and regime else "missing"
     return Fact("prediction", "prediction", text, status, objective)
