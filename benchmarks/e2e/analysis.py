@@ -86,16 +86,22 @@ def lag_report(table: CostTable, calibration: Calibration, steps: Sequence[np.nd
     """What the one-step lag costs on recorded steps: the lagged cell against the same-step one.
 
     Step t's same-step decision is ``planner.plan`` of its rows; the lagged cell is
-    ``device_planner.lagged_cell`` of step t-1's decision for step t's rows (what the device
-    planner commits in ``lagged`` mode). Reported: how often the two differ, and the relative
-    score (expected tokens per ms, the selector's own objective) the lagged cell gives up.
+    ``device_planner.lagged_cell`` of the newest decision for step t's rows: the decision of the
+    last earlier step that had a graph, which is what the serving planners (``lagged`` and
+    ``fused``) commit; a step without rows or above the ladder runs no graph, so it makes no
+    decision and leaves the newest one in force. Reported: how often the two differ, and the
+    relative score (expected tokens per ms, the selector's own objective) the lagged cell gives
+    up; rates are per recorded step.
     """
     previous: tuple[int, int] | None = None
-    differ, loss, compact_same, compact_lag = 0, 0.0, 0, 0
+    differ, loss, compact_same, compact_lag, no_graph = 0, 0.0, 0, 0, 0
     for x in steps:
         p = plan(table, calibration, StepRows.single_rank(np.asarray(x, dtype=np.float64)))
         same = (p.graph_batch_size, p.verifier_budget)
         lagged = lagged_cell(table, previous, [x.shape[0]])
+        if same[0] == 0:  # no graph: nothing to compare, and no decision
+            no_graph += 1
+            continue
         compact_same += same[1] != 0
         compact_lag += lagged[1] != 0
         if lagged != same:
@@ -108,6 +114,7 @@ def lag_report(table: CostTable, calibration: Calibration, steps: Sequence[np.nd
     n = max(len(steps), 1)
     return {
         "steps": len(steps),
+        "no_graph_steps": no_graph,
         "disagreements": differ,
         "disagreement_rate": differ / n,
         "mean_score_loss": loss / n,
