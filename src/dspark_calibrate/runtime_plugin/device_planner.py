@@ -37,14 +37,18 @@ committed cell differs from the same-step decision, and the relative score the l
 
 **Bad input.** A NaN or infinite confidence logit in a real row makes the step's decision native
 (reason ``non_finite``), counted, never raised. Under the lag the step that verifies such rows has
-already committed its cell: the allocation then ranks the bad candidates last (its windows still
-fill V exactly) and the next step runs native; ``mode="sync"`` runs that very step native.
+already committed its cell: the allocation then ranks the bad candidates (the bad logit's position
+and every later one of its row, under every calibration map) last, in (position, request) order
+(its windows still fill V exactly), and the next step runs native; ``mode="sync"`` runs that very
+step native.
 
 **Agreement with the reference.** In float64 every sum is the reference's sequential sum in the
 same order (``cumsum`` in position-major order, ranks in order) and every comparison the same
 IEEE operation, so given the same survivals every decision, yield and score is bit-identical
 (tested). The calibration maps use the device's own ``sigmoid``/``log`` (within an ulp or two of
-numpy's);
+numpy's); rows with equal logits up to a position share one survival there (the first such row's),
+so a kernel that rounds one copy an ulp differently cannot break a tie between identical requests
+against the (position, request) order;
 in float32 survivals carry about 1e-7 relative error and sums of hundreds of them about 1e-5. A
 decision can then differ only where the reference itself was within that distance of a threshold
 or a tie: a score against native or the margin, a group value against its minimum or another
@@ -255,6 +259,8 @@ class DeviceStep:
         floor = planner.min_verify_len
         cols = k - floor
         self._rows = torch.arange(width, device=dev)
+        # [., i, i', .]: row i' is row i (every row equals itself, a NaN row included)
+        self._self = torch.eye(width, dtype=torch.bool, device=dev)[None, :, :, None]
         places = torch.arange(cols * width, device=dev)
         self._before = places[None, :] < places[:, None]  # [i, j]: candidate j comes before i on a tie
         # Outputs of the ranking and the selection, read by the later parts (fixed addresses).
@@ -405,7 +411,21 @@ class DeviceStep:
         counts = self.ints[:r_count]
         x = self.logits.to(pl.dtype)
         valid = torch.lt(self._rows[None, :], counts[:, None], out=self._valid)  # (R, W) rows in use
-        surv = torch.cumprod(pl.probabilities(x), dim=2, out=self._surv)  # left to right, the engine's order
+        surv = torch.cumprod(pl.probabilities(x), dim=2)  # left to right, the engine's order
+        # A non-finite logit makes its position and every later one a bad candidate (NaN, ranked
+        # last below), whatever the map makes of it: an isotonic map sends NaN to a knot, STS
+        # sends +inf to 1, either of which would rank the bad row first.
+        bad = torch.cumsum(torch.isfinite(x).logical_not().to(torch.int32), dim=2) > 0
+        surv = torch.where(bad, math.nan, surv)
+        # Equal inputs, equal survivals: every row takes the survivals of the first row whose
+        # logits equal its own up to each position. A vectorised kernel may round the same
+        # input an ulp differently at another place in the tensor (torch's CPU sigmoid does in
+        # a vector's tail), and an ulp would break a tie between identical requests against
+        # the documented (position, request) order. Comparing inputs, not outputs, keeps it.
+        same = self.logits[:, :, None, :] == self.logits[:, None, :, :]  # [r, i, i', j]
+        prefix = (torch.cumsum(same.logical_not().to(torch.int32), dim=3) == 0) | self._self
+        first = prefix.to(torch.uint8).argmax(dim=2)  # (R, W, K): the first such row (i itself at most)
+        surv = torch.gather(surv, 1, first, out=self._surv)
         # Candidates above the floor, position-major (index = position * W + row: among equal
         # survivals that order is the tie-break); absent rows rank last, NaN survivals just above.
         cand = torch.where(valid[:, None, :], surv[:, :, floor:].permute(0, 2, 1), _PAD)
@@ -669,10 +689,13 @@ class DevicePlanner:
             flat = x.contiguous()
             at = torch.searchsorted(xs, flat, right=True) - 1  # xs[at] <= x < xs[at + 1]
             if m == 1:
-                return torch.zeros_like(flat) + ys[0]
-            i = at.clamp(0, m - 2)
-            inner = slopes[i] * (flat - xs[i]) + ys[i]
-            return torch.where(at < 0, ys[0], torch.where(at >= m - 1, ys[m - 1], inner))
+                out = torch.zeros_like(flat) + ys[0]
+            else:
+                i = at.clamp(0, m - 2)
+                inner = slopes[i] * (flat - xs[i]) + ys[i]
+                out = torch.where(at < 0, ys[0], torch.where(at >= m - 1, ys[m - 1], inner))
+            # searchsorted places NaN above every knot; numpy's interp (the reference) gives NaN.
+            return torch.where(torch.isnan(flat), flat, out)
         return torch.sigmoid(x)
 
     # -- steps -------------------------------------------------------------------------------------
