@@ -590,19 +590,21 @@ def planner_policy(
         verifier,
         prefer=settings.prefer,
         device=settings.device,
+        mode=mode,
         dtype=settings.dtype,
         compile=option == "compile",
+        force_native=force_native,
     )
     record = {"kind": choice.kind, "reason_code": choice.reason_code, "message": choice.message}
-    if choice.kind == "device":
-        record["mode"] = settings.mode
-        policy_name = f"{name}-device-{settings.mode}"
-        if mode == "fused":
-            fused = FusedServingPlanner(choice.planner, force_native=force_native)
-            return FusedPlannerPolicy(fused, engine, name=policy_name), record
-        sp = ServingPlanner(choice.planner, mode=mode, force_native=force_native)
-        return DevicePlannerPolicy(sp, engine, name=policy_name), record
-    return PlannerPolicy(verifier, name=f"{name}-host", force_native=force_native), record
+    planner = choice.planner
+    if isinstance(planner, DynamicVerifier):
+        return PlannerPolicy(verifier, name=f"{name}-host", force_native=force_native), record
+    record["mode"] = settings.mode
+    policy_name = f"{name}-device-{settings.mode}"
+    if isinstance(planner, FusedServingPlanner):
+        return FusedPlannerPolicy(planner, engine, name=policy_name), record
+    assert isinstance(planner, ServingPlanner)
+    return DevicePlannerPolicy(planner, engine, name=policy_name), record
 
 
 def bracket_verifier(

@@ -619,8 +619,9 @@ def _verifier() -> DynamicVerifier:
 def test_choose_planner_cpu_device_and_host() -> None:
     choice = choose_planner(_verifier(), device="cpu")
     assert choice.kind == "device" and choice.fallback is None
+    assert not isinstance(choice.planner, DynamicVerifier)
     rows = _rows(12, seed=3)
-    assert _decision(choice.planner.plan(rows)) == _decision(plan(staircase_table(), CAL, rows))
+    assert _decision(choice.planner.planner.plan(rows)) == _decision(plan(staircase_table(), CAL, rows))
     host = choose_planner(_verifier(), prefer="host")
     assert host.kind == "host" and host.fallback is None
     with pytest.raises(ConfigError, match="prefer"):

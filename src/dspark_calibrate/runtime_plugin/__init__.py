@@ -2,7 +2,9 @@
 
 Light by design: importing this package pulls in neither torch nor ``dspark_calibrate.calibrate``
 (a serving process must not pay for what it does not use); ``choose_planner`` loads the device
-selector (``runtime_plugin.device_planner``, torch) only when asked for it. ``admit`` never
+planners (``runtime_plugin.device_planner`` and ``fused_planner``, torch) only when asked for
+one, and so does reading ``DevicePlanner``, ``ServingPlanner`` or ``FusedServingPlanner`` from
+this package (``from dspark_calibrate.runtime_plugin import *`` therefore imports torch). ``admit`` never
 raises: on any doubt it returns an inactive decision with a reason code and the static-K engine configuration.
 
 May import: ``artifacts``, ``schemas``, ``decision`` and ``errors``; never ``calibrate``. What it
@@ -12,7 +14,8 @@ needs from above at run time is handed to it: a sentinel's backend comes from
 cannot disagree. Modules: ``admission`` (the hook), ``admission_decision`` (its record),
 ``economics`` (the signed summary and the gain test), ``planner`` (selector and allocator),
 ``engine`` and ``trtllm`` (adapters), ``device_planner`` (the selector and allocator on the
-device: torch, loaded by ``engine.choose_planner`` only), ``live``, ``sentinel``, ``ranks``.
+device: torch, loaded on request), ``fused_planner`` (the device planner inside the engine's cell
+graphs: the one ``choose_planner`` returns on CUDA), ``live``, ``sentinel``, ``ranks``.
 
 Example:
     >>> from dspark_calibrate.runtime_plugin import admit, collect_live
@@ -21,10 +24,14 @@ Example:
     (False, 'FINGERPRINT_MISSING:gpu')
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from dspark_calibrate.runtime_plugin.admission import AdmissionPolicy, admit
 from dspark_calibrate.runtime_plugin.admission_decision import STATIC_ENGINE_CONFIG, AdmissionDecision
 from dspark_calibrate.runtime_plugin.economics import AdmissionEconomics, GainStatus, GainVerdict
 from dspark_calibrate.runtime_plugin.engine import (
+    PLANNER_MODES,
     DynamicVerifier,
     PlannerChoice,
     choose_planner,
@@ -60,15 +67,29 @@ from dspark_calibrate.runtime_plugin.trtllm import (
     static_decoding_fields,
 )
 
+if TYPE_CHECKING:
+    from dspark_calibrate.runtime_plugin.device_planner import DevicePlanner, ServingPlanner
+    from dspark_calibrate.runtime_plugin.fused_planner import FusedServingPlanner
+
+#: The serving planners on the device, public here but loaded (with torch) on first access.
+_ON_REQUEST = {
+    "DevicePlanner": "dspark_calibrate.runtime_plugin.device_planner",
+    "ServingPlanner": "dspark_calibrate.runtime_plugin.device_planner",
+    "FusedServingPlanner": "dspark_calibrate.runtime_plugin.fused_planner",
+}
+
 __all__ = [
+    "PLANNER_MODES",
     "STATIC_ENGINE_CONFIG",
     "AdmissionDecision",
     "AdmissionEconomics",
     "AdmissionPolicy",
     "Calibration",
     "CostTable",
+    "DevicePlanner",
     "DrainGuard",
     "DynamicVerifier",
+    "FusedServingPlanner",
     "GainStatus",
     "GainVerdict",
     "GpuInfo",
@@ -80,6 +101,7 @@ __all__ = [
     "SentinelLoader",
     "SentinelPolicy",
     "SentinelReport",
+    "ServingPlanner",
     "StepRows",
     "SystemEnvironment",
     "TrtllmOptions",
@@ -94,3 +116,17 @@ __all__ = [
     "select",
     "static_decoding_fields",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The device planners, imported (with torch) when first read."""
+    module = _ON_REQUEST.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_ON_REQUEST))

@@ -5,9 +5,10 @@ an *active* admission decision, so every selection it makes rests on verified, b
 the signed cost table (exact cells, no interpolation), the signed calibration and the admission
 artifact's drain guard and gain threshold. The selection rule itself is ``planner``'s (DESIGN §6).
 
-:func:`choose_planner` puts the same selector on the serving device
-(:mod:`~dspark_calibrate.runtime_plugin.device_planner`, imported only then) and falls back to
-the host planner, with a logged reason code, where torch or CUDA is missing.
+:func:`choose_planner` returns the serving planner recommended for the device it gets: on CUDA the
+fused, compiled device planner (:class:`~dspark_calibrate.runtime_plugin.fused_planner.FusedServingPlanner`,
+imported only then), which runs inside the engine's own cell graphs; without torch or CUDA the
+host planner, with a logged reason code.
 
 Performs no I/O; numpy only (torch only inside :func:`choose_planner`).
 """
@@ -18,7 +19,7 @@ import importlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from dspark_calibrate.artifacts import Finding, Reason
 from dspark_calibrate.errors import ConfigError
@@ -41,9 +42,13 @@ from dspark_calibrate.runtime_plugin.planner import (
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from dspark_calibrate.runtime_plugin.device_planner import ServingPlanner
+    from dspark_calibrate.runtime_plugin.fused_planner import FusedServingPlanner
+
 __all__ = [
     "DRAIN_GUARD_FIELDS",
     "PLANNER_FALLBACK_FIELDS",
+    "PLANNER_MODES",
     "DynamicVerifier",
     "PlannerChoice",
     "choose_planner",
@@ -204,23 +209,35 @@ class DynamicVerifier:
 #: Fields of ``PLANNER_FALLBACK`` findings: what the device planner lacked.
 PLANNER_FALLBACK_FIELDS: tuple[str, ...] = ("torch", "cuda", "device_init")
 
+#: Serving modes of the device planner :func:`choose_planner` builds: ``fused`` (inside the
+#: engine's cell graphs, the recommended one), ``lagged`` and ``sync`` (``ServingPlanner``, its own
+#: graphs beside the engine's).
+PLANNER_MODES: tuple[str, ...] = ("fused", "lagged", "sync")
+
 
 @dataclass(frozen=True, slots=True)
 class PlannerChoice:
     """The planner an engine runs and, for the host planner, why.
 
+    Narrow ``planner`` with ``isinstance(choice.planner, DynamicVerifier)`` first: that test
+    loads nothing, while the device planners' classes import torch.
+
     Attributes:
         kind: ``device`` or ``host``.
-        planner: a ``device_planner.DevicePlanner`` (kind ``device``) or the :class:`DynamicVerifier`.
+        planner: the host planner (:class:`DynamicVerifier`, kind ``host``) or a device serving
+            planner (kind ``device``): a ``fused_planner.FusedServingPlanner`` (mode ``fused``)
+            or a ``device_planner.ServingPlanner`` (modes ``lagged`` and ``sync``).
         fallback: why the host planner runs although the device one was asked for
             (``PLANNER_FALLBACK:torch``, ``:cuda`` or ``:device_init``), else None.
         message: one human line.
+        mode: the device planner's serving mode (:data:`PLANNER_MODES`); None for the host planner.
     """
 
-    kind: str
-    planner: Any
+    kind: Literal["device", "host"]
+    planner: DynamicVerifier | FusedServingPlanner | ServingPlanner
     fallback: Finding | None
     message: str
+    mode: str | None = None
 
     @property
     def reason_code(self) -> str | None:
@@ -233,36 +250,50 @@ def choose_planner(
     *,
     prefer: str = "device",
     device: str | None = None,
+    mode: str = "fused",
     dtype: str = "float64",
+    compile: bool | None = None,
     num_ranks: int = 1,
-    compile: bool = False,
+    force_native: bool = False,
 ) -> PlannerChoice:
-    """The device planner for ``verifier``'s deployment, or the host planner with a reason.
+    """The serving planner recommended for ``verifier``'s deployment on the device it gets.
+
+    On CUDA that is the fused, compiled device planner (docs/runtime.md, "Which planner"): the
+    engine binds its buffers and captures its hooks into each cell's graph. Without torch or
+    CUDA it is the host planner, which is also the better one on a CPU (torch's ops cost more
+    than numpy's there), with a ``PLANNER_FALLBACK`` finding.
 
     Args:
         verifier: the admitted deployment's reference planner.
         prefer: ``device`` or ``host``.
         device: the torch device; None picks the current CUDA device and falls back to the host
             planner without one. ``cpu`` runs the device code on the CPU (tests, tools).
+        mode: the device planner's serving mode (:data:`PLANNER_MODES`).
         dtype: the device planner's float type (``float64`` or ``float32``).
-        num_ranks: ranks per step.
-        compile: fuse the device planner's ranking and allocation with ``torch.compile``.
+        compile: fuse the device planner's ranking and allocation with ``torch.compile`` (CUDA
+            only); None compiles the fused mode's.
+        num_ranks: ranks per step (the fused mode serves one).
+        force_native: commit native every step while the whole confidence path runs (the
+            release bracket's overhead arm).
 
     Returns:
         The choice; a fallback is logged once (WARNING, logger
         ``dspark_calibrate.runtime_plugin.engine``) with its reason code.
 
     Raises:
-        ConfigError: ``prefer`` is neither ``device`` nor ``host``, or a device planner argument is
-            invalid (the same inputs the host planner would refuse).
+        ConfigError: ``prefer`` or ``mode`` is unknown, or a device planner argument is invalid
+            (the same inputs the host planner would refuse; several ranks in the fused mode).
     """
     if prefer not in ("device", "host"):
         raise ConfigError(f"prefer must be 'device' or 'host', got {prefer!r}")
+    if mode not in PLANNER_MODES:
+        raise ConfigError(f"mode must be one of {PLANNER_MODES}, got {mode!r}")
     if prefer == "host":
         return PlannerChoice("host", verifier, None, "host planner requested")
     try:
         torch = importlib.import_module("torch")
-        module = importlib.import_module("dspark_calibrate.runtime_plugin.device_planner")
+        devices = importlib.import_module("dspark_calibrate.runtime_plugin.device_planner")
+        fused = importlib.import_module("dspark_calibrate.runtime_plugin.fused_planner")
     except ImportError as exc:
         return _fallback(verifier, "torch", f"torch is not importable ({exc})")
     target = device
@@ -270,19 +301,26 @@ def choose_planner(
         if not torch.cuda.is_available():
             return _fallback(verifier, "cuda", "no CUDA device is available")
         target = f"cuda:{torch.cuda.current_device()}"
+    compiled = mode == "fused" if compile is None else bool(compile)
     try:
-        planner = module.DevicePlanner(
+        planner = devices.DevicePlanner(
             verifier.cost_table,
             verifier.calibration,
             min_verify_len=verifier.min_verify_len,
             device=target,
             dtype=dtype,
             num_ranks=num_ranks,
-            compile=compile,
+            compile=compiled,
+        )
+        serving: FusedServingPlanner | ServingPlanner = (
+            fused.FusedServingPlanner(planner, force_native=force_native)
+            if mode == "fused"
+            else devices.ServingPlanner(planner, mode=mode, force_native=force_native)
         )
     except (RuntimeError, OSError) as exc:  # CUDA initialisation, out of memory, driver errors
         return _fallback(verifier, "device_init", f"device planner on {target}: {exc!r}")
-    return PlannerChoice("device", planner, None, f"device planner on {target} ({dtype})")
+    on = f"{target}, {dtype}{', compiled' if compiled and planner.device.type == 'cuda' else ''}"
+    return PlannerChoice("device", serving, None, f"{mode} device planner on {on}", mode)
 
 
 def _fallback(verifier: DynamicVerifier, field: str, message: str) -> PlannerChoice:
