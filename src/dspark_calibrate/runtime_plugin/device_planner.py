@@ -26,8 +26,9 @@ an engine's own cell graphs (:mod:`~dspark_calibrate.runtime_plugin.fused_planne
 are a device input (``counts``), so one set of graphs serves every occupancy of its G.
 
 **The graph key.** The engine must know the cell (G, V) on the host before it replays that
-cell's graph. :class:`ServingPlanner` takes it from the *previous* step's device decision: that
-decision comes back through a double-buffered pinned host snapshot (non-blocking copies on a side
+cell's graph. :class:`ServingPlanner` takes it from the newest device decision, the one made
+beside the last step that had a graph (a step without rows or above the ladder runs no graph and
+makes no decision, so the one before stays in force): that decision comes back through a double-buffered pinned host snapshot (non-blocking copies on a side
 stream and an event that is queried, never waited on), is re-validated on the host for this
 step's G and rows (:func:`lagged_cell`), and the device allocates the committed cell over this
 step's survivals before the engine's step and selects for the next step beside it, on the side
@@ -850,8 +851,8 @@ class ServingPlanner:
 
     Each :meth:`launch` commits the step's cell on the host and queues the device work:
 
-    - ``lagged`` (default): the cell is the previous step's device decision, re-validated for this
-      step (:func:`lagged_cell`); the device ranks this step's survivals and allocates the cell
+    - ``lagged`` (default): the cell is the newest device decision (made beside the last step
+      that had a graph), re-validated for this step (:func:`lagged_cell`); the device ranks this step's survivals and allocates the cell
       (writing the windows into the bound engine buffer), then selects again for the next step
       on a side stream, beside the engine's step. No host synchronisation: the decision comes
       back through a double-buffered pinned snapshot on that stream whose event is queried (a

@@ -20,7 +20,9 @@ there is between two steps. :class:`FusedServingPlanner` moves all of it into th
 The host's part per step is :meth:`commit` (the one-step lag rule of :func:`~.device_planner.lagged_cell`
 over the newest observed decision, the ints written into the engine's pinned input buffer) and
 :meth:`observe` (counters). The lag is the same as ``ServingPlanner``'s lagged mode: a step
-commits the decision made beside the previous step, re-validated for this step's G and rows.
+commits the decision made beside the last step that had a graph, re-validated for this step's G
+and rows. A step without rows or above the ladder has no graph: :meth:`commit` returns (0, 0)
+(the engine's static fallback), no decision is made, and the newest one stays in force.
 
 Contract with the engine: :meth:`commit` is called before the step's input copy, :meth:`observe`
 after its output copy completed, steps in order, one at a time (the testbed's engine synchronises
