@@ -170,3 +170,22 @@ print(json.dumps([before, "torch" in sys.modules, cls is FusedServingPlanner]))
         [sys.executable, "-c", script], capture_output=True, check=True, cwd=tmp_path, timeout=120, env=env
     )
     assert json.loads(out.stdout.decode().strip().splitlines()[-1]) == [False, True, True]
+
+
+@pytest.mark.parametrize(
+    ("given", "current", "expected"),
+    [
+        ("cpu", 0, "cpu"),
+        ("cuda", 1, "cuda:1"),
+        ("cuda", 0, "cuda:0"),
+        ("cuda:2", 1, "cuda:2"),
+    ],
+)
+def test_an_unindexed_cuda_device_means_the_current_one(
+    monkeypatch: pytest.MonkeyPatch, given: str, current: int, expected: str
+) -> None:
+    """A planner built for "cuda" names the index its engine's tensors carry (cuda:N, never cuda)."""
+    from dspark_calibrate.runtime_plugin import device_planner
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
+    assert device_planner._indexed(torch.device(given)) == torch.device(expected)

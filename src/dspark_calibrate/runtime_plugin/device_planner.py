@@ -179,6 +179,17 @@ class DeviceDecision:
         )
 
 
+def _indexed(device: torch.device) -> torch.device:
+    """``device`` with its index: an unindexed CUDA device means the current one.
+
+    Tensors always carry an index (``cuda:0``); a planner built for ``"cuda"`` compares its
+    device with the engine's buffers, so it must name the same index.
+    """
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def _checked_inputs(
     inputs: tuple[torch.Tensor, torch.Tensor], shape: tuple[int, int, int], device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -643,7 +654,7 @@ class DevicePlanner:
         self.max_draft_len = k
         self.min_verify_len = int(min_verify_len)
         self.num_ranks = int(num_ranks)
-        self.device = torch.device(device)
+        self.device = _indexed(torch.device(device))
         self.dtype = _dtype(dtype)
         guard = table.drain_guard
         self.tail_native_ms: float | None = (
