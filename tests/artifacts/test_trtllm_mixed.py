@@ -28,6 +28,7 @@ from dspark_calibrate.artifacts import (
     MixedIdentity,
     MixedStep,
     RankStep,
+    ReceiptEconomics,
     canonical_json,
     sha256_hex,
     step_candidates,
@@ -103,13 +104,7 @@ def golden_inputs(**overrides: Any) -> MixedExportInputs:
         "cells": cells,
         "gates": {g: True for g in MIXED_GATES},
         "results": results,
-        "economics": {
-            "policy_steps": 1000,
-            "compact_choices": 200,
-            "gross_compact_value_ms_lower_bound": 500.0,
-            "fixed_confidence_path_overhead_ms_upper_bound": 0.1,
-            "safety_margin_ms": 20.0,
-        },
+        "economics": ReceiptEconomics(1000, 200, 500.0, 0.1, 20.0),
     }
     base.update(overrides)
     return MixedExportInputs(**base)
@@ -174,15 +169,7 @@ def test_package_shape() -> None:
     [
         ({"gates": {**{g: True for g in MIXED_GATES}, "accuracy_pass": False}}, "mixed:gates"),
         (
-            {
-                "economics": {
-                    "policy_steps": 1000,
-                    "compact_choices": 200,
-                    "gross_compact_value_ms_lower_bound": 50.0,
-                    "fixed_confidence_path_overhead_ms_upper_bound": 0.1,
-                    "safety_margin_ms": 20.0,
-                }
-            },
+            {"economics": ReceiptEconomics(1000, 200, 50.0, 0.1, 20.0)},
             "mixed:economics",
         ),
         ({"cells": ()}, "mixed:cells"),

@@ -102,6 +102,12 @@ from dspark_calibrate.artifacts._state import (
     StateError,
     StoredRoot,
 )
+from dspark_calibrate.artifacts._summary import (
+    ADMISSION_SUMMARY_FIELDS,
+    RECEIPT_ECONOMICS_FIELDS,
+    AdmissionSummary,
+    ReceiptEconomics,
+)
 from dspark_calibrate.artifacts._trtllm_mixed import TRTLLM_MIXED_FILES, validate_mixed
 from dspark_calibrate.artifacts._yaml import YamlError, load_yaml
 
@@ -215,6 +221,10 @@ __all__ = [
     "require_geometry",
     "step_candidates",
     "validate_mixed",
+    "ADMISSION_SUMMARY_FIELDS",
+    "RECEIPT_ECONOMICS_FIELDS",
+    "AdmissionSummary",
+    "ReceiptEconomics",
     "LEGACY_UNPAIRED_COSTS",
     "TRTLLM_FINGERPRINT_FIELDS",
     "ArtifactReadError",

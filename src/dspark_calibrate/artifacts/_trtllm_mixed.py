@@ -38,6 +38,7 @@ from dspark_calibrate.artifacts._mixed_geometry import (
 )
 from dspark_calibrate.artifacts._models import is_sha256_hex
 from dspark_calibrate.artifacts._reasons import Finding, Reason
+from dspark_calibrate.artifacts._summary import RECEIPT_ECONOMICS_FIELDS, ReceiptEconomics
 from dspark_calibrate.artifacts._yaml import YamlError, load_yaml
 from dspark_calibrate.errors import ConfigError
 from dspark_calibrate.schemas import MAX_MIXED_CELLS, MIXED_GATES, MIXED_RESULTS
@@ -112,13 +113,7 @@ _RECEIPT_KEYS = frozenset(
     | {h for h, _ in MIXED_RESULTS}
     | {"economics"}
 )
-_ECONOMICS_KEYS = (
-    "policy_steps",
-    "compact_choices",
-    "gross_compact_value_ms_lower_bound",
-    "fixed_confidence_path_overhead_ms_upper_bound",
-    "safety_margin_ms",
-)
+_ECONOMICS_KEYS = RECEIPT_ECONOMICS_FIELDS
 _IDENTITY_HASHES = (
     "source_tree_sha256",
     "runtime_snapshot_sha256",
@@ -169,7 +164,7 @@ class MixedExportInputs:
     cells: tuple[tuple[MixedGeometry, float, float, str], ...]
     gates: Mapping[str, bool]
     results: Mapping[str, str]
-    economics: Mapping[str, Any]
+    economics: ReceiptEconomics
 
 
 def route_problems(identity: MixedIdentity) -> list[str]:
@@ -211,15 +206,10 @@ def render_mixed(inputs: MixedExportInputs) -> dict[str, bytes]:
             "mixed/results/); refusing to write a receipt it cannot back",
         )
     e = inputs.economics
-    net = (
-        e["gross_compact_value_ms_lower_bound"]
-        - e["policy_steps"] * e["fixed_confidence_path_overhead_ms_upper_bound"]
-        - e["safety_margin_ms"]
-    )
-    if not (e["compact_choices"] > 0 and net > 0):
+    if not e.admitted:
         raise _refuse(
             "economics",
-            f"the mixed economics do not admit (compact_choices {e['compact_choices']}, net {net:.6g} ms); "
+            f"the mixed economics do not admit (compact_choices {e.compact_choices}, net {e.net_value_ms:.6g} ms); "
             "TensorRT-LLM would refuse the receipt",
         )
     if not inputs.cells:
@@ -255,15 +245,7 @@ def render_mixed(inputs: MixedExportInputs) -> dict[str, bytes]:
         "pricing_semantics": PRICING_SEMANTICS,
         **{g: True for g in MIXED_GATES},
         **{field: inputs.results[field] for field, _ in MIXED_RESULTS},
-        "economics": {
-            "policy_steps": int(e["policy_steps"]),
-            "compact_choices": int(e["compact_choices"]),
-            "gross_compact_value_ms_lower_bound": float(e["gross_compact_value_ms_lower_bound"]),
-            "fixed_confidence_path_overhead_ms_upper_bound": float(
-                e["fixed_confidence_path_overhead_ms_upper_bound"]
-            ),
-            "safety_margin_ms": float(e["safety_margin_ms"]),
-        },
+        "economics": e.to_dict(),
     }
     return {LIVE_FILE: canonical_json(live), COSTS_FILE: costs_bytes, ADMISSION_FILE: canonical_json(receipt)}
 
@@ -580,12 +562,13 @@ def _receipt(
     if not amounts_ok:
         r.fail(f, "economics_amounts", f"{list(names)} must be finite numbers >= 0")
     if counts_ok and amounts_ok:
-        net = e[names[0]] - steps * e[names[1]] - e[names[2]]
-        if not (choices > 0 and net > 0):
+        receipt = ReceiptEconomics.from_dict(e)
+        if not receipt.admitted:
             r.fail(
                 f,
                 "economics_admitted",
-                f"the consumer admits only when compact_choices > 0 and net > 0 (net {net:.6g}, choices {choices})",
+                "the consumer admits only when compact_choices > 0 and net > 0 "
+                f"(net {receipt.net_value_ms:.6g}, choices {choices})",
             )
 
 
