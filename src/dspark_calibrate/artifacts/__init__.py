@@ -68,15 +68,18 @@ from dspark_calibrate.artifacts._mixed_geometry import (
 )
 from dspark_calibrate.artifacts._models import (
     FINGERPRINT_FLAGS,
+    NON_PRINTABLE_ASCII,
     TRTLLM_FINGERPRINT_FIELDS,
     Fingerprint,
     ModelError,
     Provenance,
     fingerprint_flag,
+    is_printable_ascii,
     is_sha256_hex,
 )
 from dspark_calibrate.artifacts._parquet import (
     DEFAULT_LIMITS,
+    FOOTER_KEY,
     TRACE_FOOTER_KEY,
     ArtifactReadError,
     LoadedArtifact,
@@ -108,7 +111,7 @@ from dspark_calibrate.artifacts._summary import (
     AdmissionSummary,
     ReceiptEconomics,
 )
-from dspark_calibrate.artifacts._trtllm_mixed import TRTLLM_MIXED_FILES, validate_mixed
+from dspark_calibrate.artifacts._trtllm_mixed import PRICING_SEMANTICS, TRTLLM_MIXED_FILES, validate_mixed
 from dspark_calibrate.artifacts._yaml import YamlError, load_yaml
 
 # Names served lazily from modules that import cryptography / securesystemslib / tuf.
@@ -196,6 +199,7 @@ __all__ = [
     "MAX_STATE_BYTES",
     "MAX_YAML_NODES",
     "MIXED_EXECUTION_MODE",
+    "FOOTER_KEY",
     "TRACE_FOOTER_KEY",
     "TRTLLM_BODY_BUCKETS",
     "TRTLLM_MIXED_FILES",
@@ -221,6 +225,7 @@ __all__ = [
     "require_geometry",
     "step_candidates",
     "validate_mixed",
+    "PRICING_SEMANTICS",
     "ADMISSION_SUMMARY_FIELDS",
     "RECEIPT_ECONOMICS_FIELDS",
     "AdmissionSummary",
@@ -252,6 +257,8 @@ __all__ = [
     "check_output_path",
     "detached_envelope_path",
     "fingerprint_flag",
+    "NON_PRINTABLE_ASCII",
+    "is_printable_ascii",
     "is_sha256_hex",
     "load_yaml",
     "loads_strict",

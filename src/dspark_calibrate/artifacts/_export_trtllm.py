@@ -32,7 +32,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import re
 import secrets
 import shutil
 from collections.abc import Callable, Mapping, Sequence
@@ -49,6 +48,7 @@ from dspark_calibrate.artifacts._models import (
     TRTLLM_FINGERPRINT_FIELDS,
     Fingerprint,
     ModelError,
+    is_printable_ascii,
     is_sha256_hex,
 )
 from dspark_calibrate.artifacts._reasons import Finding
@@ -154,7 +154,6 @@ _YAML_PATHS = {
     "confidence_sps_live_fingerprint_path": LIVE_FILE,
     "confidence_admission_receipt_path": RECEIPT_FILE,
 }
-_PRINTABLE = re.compile(r"^[\x20-\x7e]+$")
 _DEFAULT_DEPLOY_DIR = "/etc/dspark/trtllm"
 
 
@@ -417,7 +416,7 @@ def _check_render_arguments(selector_identity: str, deploy_dir: str) -> None:
             "tensorrt_llm/_torch/speculative/dspark_planner.py of the "
             "engine you deploy"
         )
-    if not _PRINTABLE.match(deploy_dir) or not deploy_dir.startswith("/"):
+    if not is_printable_ascii(deploy_dir) or not deploy_dir.startswith("/"):
         raise ConfigError(f"--deploy-dir {deploy_dir!r} must be an absolute, printable ASCII path")
 
 
@@ -642,7 +641,7 @@ def _check_fingerprint(c: _Rules, file: str, fp: Any, rule: str) -> bool:
         return False
     ok = True
     for key in ("gpu", "runtime_snapshot", "source_head", "topology"):
-        if not isinstance(fp[key], str) or not _PRINTABLE.match(fp[key]):
+        if not fp[key] or not is_printable_ascii(fp[key]):
             c.fail(
                 file, rule, f"fingerprint.{key} must be a non-empty printable ASCII string", actual=fp[key]
             )
@@ -888,7 +887,7 @@ def _check_sts(c: _Rules, sts: Any, k: int | None) -> None:
         v: Any = sts.get(key)
         if key in sts and not (_is_num(v, nonneg=True) and v <= 1):
             c.fail(f, "ece", f"{key} must be a number in [0, 1]", actual=v)
-    if "dataset" in sts and (not isinstance(sts["dataset"], str) or not _PRINTABLE.match(sts["dataset"])):
+    if "dataset" in sts and (not sts["dataset"] or not is_printable_ascii(sts["dataset"])):
         c.fail(f, "dataset", "dataset must be a printable ASCII string")
 
 

@@ -27,6 +27,7 @@ from typing import Any
 from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict, sha256_hex
 from dspark_calibrate.artifacts._mixed_geometry import (
     GEOMETRY_FEATURES,
+    IDENTITY_HASHES,
     MIXED_EXECUTION_MODE,
     TRTLLM_BODY_BUCKETS,
     TRTLLM_MIXED_K,
@@ -50,8 +51,8 @@ __all__ = [
     "CONFIG_FIELDS",
     "COSTS_FILE",
     "COSTS_SCHEMA",
-    "LIVE_FILE",
     "LIVE_SCHEMA",
+    "MIXED_LIVE_FILE",
     "PRICING_SEMANTICS",
     "PROVENANCE_TAG",
     "TRTLLM_MIXED_FILES",
@@ -63,13 +64,15 @@ __all__ = [
 
 COSTS_FILE = "mixed_costs.json"
 ADMISSION_FILE = "mixed_admission.json"
-LIVE_FILE = "mixed_live_fingerprint.json"
+MIXED_LIVE_FILE = "mixed_live_fingerprint.json"
 #: The mixed files of a package, in the order they are written.
-TRTLLM_MIXED_FILES: tuple[str, ...] = (LIVE_FILE, COSTS_FILE, ADMISSION_FILE)
+TRTLLM_MIXED_FILES: tuple[str, ...] = (MIXED_LIVE_FILE, COSTS_FILE, ADMISSION_FILE)
 COSTS_SCHEMA = "dspark-mixed-breakable-costs-v1"
 ADMISSION_SCHEMA = "dspark-mixed-breakable-admission-v1"
 LIVE_SCHEMA = "dspark-mixed-live-fingerprint-v1"
 ACTION_SEMANTICS = "current-host-confidence-prefix-allocation-under-shared-body-capacity-v1"
+#: What a mixed cell's time is (the sweep records it, the cost file states it): a rank-0 forward
+#: (one process) or the slowest rank's (several).
 PRICING_SEMANTICS = "rank0_forward_pricing_proxy"
 PROVENANCE_TAG = "closed_measured_breakable_mixed"
 #: The seven fields of ``speculative_config.confidence_mixed_evidence``.
@@ -85,12 +88,12 @@ CONFIG_FIELDS: tuple[str, ...] = (
 _CONFIG_PATHS = {
     "costs_path": COSTS_FILE,
     "admission_path": ADMISSION_FILE,
-    "live_fingerprint_path": LIVE_FILE,
+    "live_fingerprint_path": MIXED_LIVE_FILE,
 }
 _FILE_PINS = {
     "costs_sha256": COSTS_FILE,
     "admission_sha256": ADMISSION_FILE,
-    "live_fingerprint_sha256": LIVE_FILE,
+    "live_fingerprint_sha256": MIXED_LIVE_FILE,
 }
 _MAX_FILE = 16 << 20  # the consumer's per-file bound (bytes)
 _WIRE = 1 << 63
@@ -114,15 +117,7 @@ _RECEIPT_KEYS = frozenset(
     | {"economics"}
 )
 _ECONOMICS_KEYS = RECEIPT_ECONOMICS_FIELDS
-_IDENTITY_HASHES = (
-    "source_tree_sha256",
-    "runtime_snapshot_sha256",
-    "model_config_sha256",
-    "gpu_class_sha256",
-    "topology_sha256",
-    "selector_identity_sha256",
-)
-_IDENTITY_KEYS = frozenset({*_IDENTITY_HASHES, "physical_k", "world_size", "body_buckets", "execution_mode"})
+_IDENTITY_KEYS = frozenset({*IDENTITY_HASHES, "physical_k", "world_size", "body_buckets", "execution_mode"})
 
 
 class MixedRefused(ConfigError):
@@ -247,7 +242,11 @@ def render_mixed(inputs: MixedExportInputs) -> dict[str, bytes]:
         **{field: inputs.results[field] for field, _ in MIXED_RESULTS},
         "economics": e.to_dict(),
     }
-    return {LIVE_FILE: canonical_json(live), COSTS_FILE: costs_bytes, ADMISSION_FILE: canonical_json(receipt)}
+    return {
+        MIXED_LIVE_FILE: canonical_json(live),
+        COSTS_FILE: costs_bytes,
+        ADMISSION_FILE: canonical_json(receipt),
+    }
 
 
 def config_block(files: Mapping[str, bytes], protocol_sha256: str, base: str) -> dict[str, str]:
@@ -259,8 +258,8 @@ def config_block(files: Mapping[str, bytes], protocol_sha256: str, base: str) ->
         "admission_path": f"{root}/{ADMISSION_FILE}",
         "admission_sha256": sha256_hex(files[ADMISSION_FILE]),
         "protocol_sha256": protocol_sha256,
-        "live_fingerprint_path": f"{root}/{LIVE_FILE}",
-        "live_fingerprint_sha256": sha256_hex(files[LIVE_FILE]),
+        "live_fingerprint_path": f"{root}/{MIXED_LIVE_FILE}",
+        "live_fingerprint_sha256": sha256_hex(files[MIXED_LIVE_FILE]),
     }
 
 
@@ -342,7 +341,7 @@ def _identity(r: _Rules, file: str, ident: Any) -> bool:
         r.fail(file, "identity_keys", f"identity must hold exactly {sorted(_IDENTITY_KEYS)}", actual=have)
         return False
     ok = True
-    for key in _IDENTITY_HASHES:
+    for key in IDENTITY_HASHES:
         if not is_sha256_hex(ident[key]):
             r.fail(file, "identity_hashes", f"identity.{key} must be 64 lowercase hex", actual=ident[key])
             ok = False
@@ -644,17 +643,17 @@ def validate_mixed(
         One ``CONTENT_INVALID`` finding per violation, field ``<file>:<rule>`` (empty: valid).
     """
     r = _Rules()
-    live = _read(r, files, LIVE_FILE)
+    live = _read(r, files, MIXED_LIVE_FILE)
     costs = _read(r, files, COSTS_FILE)
     receipt = _read(r, files, ADMISSION_FILE)
     identity = None
     if live is not None:
         if set(live) != {"schema", "identity"}:
-            r.fail(LIVE_FILE, "keys", "must hold exactly schema and identity", actual=sorted(live))
+            r.fail(MIXED_LIVE_FILE, "keys", "must hold exactly schema and identity", actual=sorted(live))
         else:
             if live["schema"] != LIVE_SCHEMA:
-                r.fail(LIVE_FILE, "schema", f"schema must be {LIVE_SCHEMA!r}", actual=live["schema"])
-            if _identity(r, LIVE_FILE, live["identity"]):
+                r.fail(MIXED_LIVE_FILE, "schema", f"schema must be {LIVE_SCHEMA!r}", actual=live["schema"])
+            if _identity(r, MIXED_LIVE_FILE, live["identity"]):
                 identity = live["identity"]
     pins: Mapping[str, str | None] = {"costs_sha256": None, "protocol_sha256": None}
     if options_yaml is not None:

@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dspark_calibrate.artifacts import TRACE_FOOTER_KEY, atomic_write_bytes, canonical_json
+from dspark_calibrate.artifacts import FOOTER_KEY, TRACE_FOOTER_KEY, atomic_write_bytes, canonical_json
 from dspark_calibrate.errors import ConfigError, InvalidValueError
 from dspark_calibrate.schemas import SCHEMA_VERSION, arrow_schema
 
@@ -1346,11 +1346,6 @@ def _format_of(path: Path) -> str:
     return fmt
 
 
-#: Footer key of this package's signed and unsigned artifacts (sweeps, workloads, ...): a Parquet
-#: file that has it is another stage's output, never a trace.
-_ARTIFACT_FOOTER_KEY = b"dspark"
-
-
 def _other_output(path: Path) -> bool:
     """A file in a trace directory that another stage wrote: a sweep journal or an artifact."""
     name = path.name.lower()
@@ -1362,7 +1357,9 @@ def _other_output(path: Path) -> bool:
         meta = pq.read_schema(path).metadata or {}
     except (OSError, pa.ArrowException):
         return False  # the reader reports it properly
-    return _ARTIFACT_FOOTER_KEY in meta
+    # artifacts.FOOTER_KEY marks this package's signed and unsigned artifacts (sweeps, workloads,
+    # ...): a Parquet file that has it is another stage's output, never a trace.
+    return FOOTER_KEY in meta
 
 
 def expand_trace_paths(paths: Sequence[Path | str]) -> list[Path]:
