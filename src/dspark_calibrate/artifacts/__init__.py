@@ -144,6 +144,9 @@ _LAZY: dict[str, str] = {
     "check_root_rollback": "_trust",
     # signing, bundles, verification
     "sign_artifact": "_sign",
+    "sign_table": "_sign",
+    "write_signed": "_sign",
+    "SignedTable": "_sign",
     "SignedArtifact": "_sign",
     "Expectation": "_verify",
     "VerificationReport": "_verify",
