@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from dspark_calibrate.artifacts import canonical_json, sha256_hex, verify_bundle
+from dspark_calibrate.artifacts import AdmissionSummary, canonical_json, sha256_hex, verify_bundle
 from dspark_calibrate.artifacts._bundle import BundleReport
 from dspark_calibrate.artifacts._export_trtllm import (
     ADMISSION_BODY_FIELDS,
@@ -39,8 +39,9 @@ LATER = NOW + timedelta(hours=1)
 K = 5
 
 
-def golden_inputs(**overrides: Any) -> TrtllmInputs:
-    """Fixed inputs: three G, two compact cells each, an STS calibration, an admitting summary."""
+def golden_inputs(summary_changes: Mapping[str, Any] | None = None, **overrides: Any) -> TrtllmInputs:
+    """Fixed inputs: three G, two compact cells each, an STS calibration, an admitting summary
+    (``summary_changes`` replace its keys)."""
     cells = []
     for g in (8, 16, 32):
         for v, t in ((0, 5.0 + g / 8), (3 * g, 4.25 + g / 10), (4 * g, 4.5 + g / 10)):
@@ -87,7 +88,7 @@ def golden_inputs(**overrides: Any) -> TrtllmInputs:
         "cost_cells": tuple(cells),
         "calibration": calibration,
         "calibration_logical_sha256": "d" * 64,
-        "summary": summary,
+        "summary": AdmissionSummary.from_summary({**summary, **(summary_changes or {})}),
         "bundle_version": 3,
     }
     base.update(overrides)
@@ -142,9 +143,9 @@ def test_non_sts_calibration_exports_its_sts_approximation() -> None:
 def test_small_calibrations_omit_num_samples_and_without_compact_cells_there_is_no_guard() -> None:
     small = tuple({**r, "risk_set_size": 500} for r in golden_inputs().calibration)
     native_only = tuple(c for c in golden_inputs().cost_cells if c[1] == 0)
-    summary = dict(golden_inputs().summary, compact_choices=0, admitted=False, net_value_ms=-10.0)
+    summary = {"compact_choices": 0, "compact_step_share": 0.0, "admitted": False, "net_value_ms": -10.0}
     out = render_trtllm(
-        golden_inputs(calibration=small, cost_cells=native_only, summary=summary), selector_identity=SELECTOR
+        golden_inputs(summary, calibration=small, cost_cells=native_only), selector_identity=SELECTOR
     )
     assert "num_samples" not in json.loads(out.files[STS_FILE])
     assert "iteration_drain_guard" not in json.loads(out.files[SPS_FILE])
@@ -692,6 +693,6 @@ def test_sts_file_reads_with_the_projects_strict_parser() -> None:
 
 def test_copy_of_inputs_is_independent() -> None:
     inputs = golden_inputs()
-    summary = copy.deepcopy(dict(inputs.summary))
+    summary = copy.deepcopy(inputs.summary.to_summary())
     render_trtllm(inputs, selector_identity=SELECTOR)
-    assert dict(inputs.summary) == summary
+    assert inputs.summary.to_summary() == summary

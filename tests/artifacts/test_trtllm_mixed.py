@@ -28,6 +28,7 @@ from dspark_calibrate.artifacts import (
     MixedIdentity,
     MixedStep,
     RankStep,
+    ReceiptEconomics,
     canonical_json,
     sha256_hex,
     step_candidates,
@@ -37,7 +38,7 @@ from dspark_calibrate.artifacts._reasons import Reason
 from dspark_calibrate.artifacts._trtllm_mixed import (
     ADMISSION_FILE,
     COSTS_FILE,
-    LIVE_FILE,
+    MIXED_LIVE_FILE,
     MixedExportInputs,
     MixedRefused,
     config_block,
@@ -103,13 +104,7 @@ def golden_inputs(**overrides: Any) -> MixedExportInputs:
         "cells": cells,
         "gates": {g: True for g in MIXED_GATES},
         "results": results,
-        "economics": {
-            "policy_steps": 1000,
-            "compact_choices": 200,
-            "gross_compact_value_ms_lower_bound": 500.0,
-            "fixed_confidence_path_overhead_ms_upper_bound": 0.1,
-            "safety_margin_ms": 20.0,
-        },
+        "economics": ReceiptEconomics(1000, 200, 500.0, 0.1, 20.0),
     }
     base.update(overrides)
     return MixedExportInputs(**base)
@@ -148,7 +143,7 @@ def test_golden_files(update_goldens: bool) -> None:
 
 def test_package_shape() -> None:
     files = golden_files()
-    live, costs, receipt = (json.loads(files[n]) for n in (LIVE_FILE, COSTS_FILE, ADMISSION_FILE))
+    live, costs, receipt = (json.loads(files[n]) for n in (MIXED_LIVE_FILE, COSTS_FILE, ADMISSION_FILE))
     assert (
         set(live) == {"schema", "identity"} and live["identity"] == costs["identity"] == receipt["identity"]
     )
@@ -163,7 +158,7 @@ def test_package_shape() -> None:
     for key, name in (
         ("costs_sha256", COSTS_FILE),
         ("admission_sha256", ADMISSION_FILE),
-        ("live_fingerprint_sha256", LIVE_FILE),
+        ("live_fingerprint_sha256", MIXED_LIVE_FILE),
     ):
         assert block[key] == sha256_hex(files[name])
     assert block["costs_path"] == f"{DEPLOY}/{COSTS_FILE}"
@@ -174,15 +169,7 @@ def test_package_shape() -> None:
     [
         ({"gates": {**{g: True for g in MIXED_GATES}, "accuracy_pass": False}}, "mixed:gates"),
         (
-            {
-                "economics": {
-                    "policy_steps": 1000,
-                    "compact_choices": 200,
-                    "gross_compact_value_ms_lower_bound": 50.0,
-                    "fixed_confidence_path_overhead_ms_upper_bound": 0.1,
-                    "safety_margin_ms": 20.0,
-                }
-            },
+            {"economics": ReceiptEconomics(1000, 200, 50.0, 0.1, 20.0)},
             "mixed:economics",
         ),
         ({"cells": ()}, "mixed:cells"),
@@ -213,7 +200,7 @@ def _docs() -> Docs:
 
 def _pack(docs: Docs, *, repin: bool = True) -> dict[str, bytes]:
     """Serialise; re-pin the receipt and the options so only the intended defect remains."""
-    files = {name: canonical_json(docs[name]) for name in (LIVE_FILE, COSTS_FILE)}
+    files = {name: canonical_json(docs[name]) for name in (MIXED_LIVE_FILE, COSTS_FILE)}
     receipt, costs = docs[ADMISSION_FILE], docs[COSTS_FILE]
     if repin and isinstance(receipt, dict):
         receipt["costs_sha256"] = sha256_hex(files[COSTS_FILE])
@@ -229,7 +216,7 @@ def _pack(docs: Docs, *, repin: bool = True) -> dict[str, bytes]:
         for key, name in (
             ("costs_sha256", COSTS_FILE),
             ("admission_sha256", ADMISSION_FILE),
-            ("live_fingerprint_sha256", LIVE_FILE),
+            ("live_fingerprint_sha256", MIXED_LIVE_FILE),
         ):
             if key in block:
                 block[key] = sha256_hex(files[name])
@@ -308,11 +295,11 @@ def _fixture_like_unreachable(d: Docs) -> None:
 RuleCase = tuple[str, Callable[[Docs], None], str, dict[str, Any]]
 RULE_CASES: list[RuleCase] = [
     # mixed_live_fingerprint.json
-    ("live extra key", _set((LIVE_FILE, "note"), "x"), "mixed_live_fingerprint.json:keys", {}),
-    ("live schema", _set((LIVE_FILE, "schema"), "v2"), "mixed_live_fingerprint.json:schema", {}),
+    ("live extra key", _set((MIXED_LIVE_FILE, "note"), "x"), "mixed_live_fingerprint.json:keys", {}),
+    ("live schema", _set((MIXED_LIVE_FILE, "schema"), "v2"), "mixed_live_fingerprint.json:schema", {}),
     (
         "live identity lacks a field",
-        _delete((LIVE_FILE, "identity", "topology_sha256")),
+        _delete((MIXED_LIVE_FILE, "identity", "topology_sha256")),
         "mixed_live_fingerprint.json:identity_keys",
         {},
     ),
@@ -657,16 +644,16 @@ def _bytes(name: str, edit: Callable[[bytes], bytes]) -> Callable[[dict[str, byt
 
 RAW_CASES = [
     ("missing file", lambda f: f.pop(ADMISSION_FILE), "mixed_admission.json:missing"),
-    ("empty file", _raw(LIVE_FILE, b""), "mixed_live_fingerprint.json:size"),
+    ("empty file", _raw(MIXED_LIVE_FILE, b""), "mixed_live_fingerprint.json:size"),
     ("file above 16 MiB", _raw(COSTS_FILE, b" " * ((16 << 20) + 1)), "mixed_costs.json:size"),
     (
         "byte-order mark",
-        _bytes(LIVE_FILE, lambda b: b"\xef\xbb\xbf" + b),
+        _bytes(MIXED_LIVE_FILE, lambda b: b"\xef\xbb\xbf" + b),
         "mixed_live_fingerprint.json:encoding",
     ),
     (
         "duplicate key",
-        _bytes(LIVE_FILE, lambda b: b[:-1] + b',"schema":"x"}'),
+        _bytes(MIXED_LIVE_FILE, lambda b: b[:-1] + b',"schema":"x"}'),
         "mixed_live_fingerprint.json:json",
     ),
     (
@@ -682,7 +669,11 @@ RAW_CASES = [
         "mixed_costs.json:json",
     ),
     ("top level an array", _raw(ADMISSION_FILE, b"[]"), "mixed_admission.json:object"),
-    ("trailing newline", _bytes(LIVE_FILE, lambda b: b + b"\n"), "mixed_live_fingerprint.json:canonical"),
+    (
+        "trailing newline",
+        _bytes(MIXED_LIVE_FILE, lambda b: b + b"\n"),
+        "mixed_live_fingerprint.json:canonical",
+    ),
     (
         "indented",
         _bytes(COSTS_FILE, lambda b: json.dumps(json.loads(b), indent=1).encode()),

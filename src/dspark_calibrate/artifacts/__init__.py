@@ -68,15 +68,18 @@ from dspark_calibrate.artifacts._mixed_geometry import (
 )
 from dspark_calibrate.artifacts._models import (
     FINGERPRINT_FLAGS,
+    NON_PRINTABLE_ASCII,
     TRTLLM_FINGERPRINT_FIELDS,
     Fingerprint,
     ModelError,
     Provenance,
     fingerprint_flag,
+    is_printable_ascii,
     is_sha256_hex,
 )
 from dspark_calibrate.artifacts._parquet import (
     DEFAULT_LIMITS,
+    FOOTER_KEY,
     TRACE_FOOTER_KEY,
     ArtifactReadError,
     LoadedArtifact,
@@ -102,7 +105,13 @@ from dspark_calibrate.artifacts._state import (
     StateError,
     StoredRoot,
 )
-from dspark_calibrate.artifacts._trtllm_mixed import TRTLLM_MIXED_FILES, validate_mixed
+from dspark_calibrate.artifacts._summary import (
+    ADMISSION_SUMMARY_FIELDS,
+    RECEIPT_ECONOMICS_FIELDS,
+    AdmissionSummary,
+    ReceiptEconomics,
+)
+from dspark_calibrate.artifacts._trtllm_mixed import PRICING_SEMANTICS, TRTLLM_MIXED_FILES, validate_mixed
 from dspark_calibrate.artifacts._yaml import YamlError, load_yaml
 
 # Names served lazily from modules that import cryptography / securesystemslib / tuf.
@@ -135,6 +144,9 @@ _LAZY: dict[str, str] = {
     "check_root_rollback": "_trust",
     # signing, bundles, verification
     "sign_artifact": "_sign",
+    "sign_table": "_sign",
+    "write_signed": "_sign",
+    "SignedTable": "_sign",
     "SignedArtifact": "_sign",
     "Expectation": "_verify",
     "VerificationReport": "_verify",
@@ -190,6 +202,7 @@ __all__ = [
     "MAX_STATE_BYTES",
     "MAX_YAML_NODES",
     "MIXED_EXECUTION_MODE",
+    "FOOTER_KEY",
     "TRACE_FOOTER_KEY",
     "TRTLLM_BODY_BUCKETS",
     "TRTLLM_MIXED_FILES",
@@ -215,6 +228,11 @@ __all__ = [
     "require_geometry",
     "step_candidates",
     "validate_mixed",
+    "PRICING_SEMANTICS",
+    "ADMISSION_SUMMARY_FIELDS",
+    "RECEIPT_ECONOMICS_FIELDS",
+    "AdmissionSummary",
+    "ReceiptEconomics",
     "LEGACY_UNPAIRED_COSTS",
     "TRTLLM_FINGERPRINT_FIELDS",
     "ArtifactReadError",
@@ -242,6 +260,8 @@ __all__ = [
     "check_output_path",
     "detached_envelope_path",
     "fingerprint_flag",
+    "NON_PRINTABLE_ASCII",
+    "is_printable_ascii",
     "is_sha256_hex",
     "load_yaml",
     "loads_strict",

@@ -48,6 +48,7 @@ from dspark_calibrate.artifacts._verify import (
     verify_path,
 )
 from dspark_calibrate.errors import ConfigError
+from dspark_calibrate.schemas import BUNDLE_KINDS
 
 __all__ = [
     "BUNDLE_KINDS",
@@ -63,7 +64,6 @@ __all__ = [
 
 BUNDLE_MANIFEST = "bundle.dsse.json"
 #: Member kinds a bundle may hold; the first two are required.
-BUNDLE_KINDS: tuple[str, ...] = ("cost-table", "calibration", "admission")
 _REQUIRED: tuple[str, ...] = ("cost-table", "calibration")
 
 

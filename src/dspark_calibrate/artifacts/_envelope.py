@@ -29,8 +29,10 @@ from securesystemslib.signer import Key, Signer
 
 from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict
 from dspark_calibrate.artifacts._keys import tally_signatures
+from dspark_calibrate.artifacts._models import is_sha256_hex
 from dspark_calibrate.artifacts._reasons import Finding, Reason
 from dspark_calibrate.errors import ConfigError, DsparkError, InvalidValueError
+from dspark_calibrate.schemas import PAYLOAD_TYPE
 
 __all__ = [
     "BUNDLE_PREDICATE_TYPE",
@@ -50,8 +52,6 @@ __all__ = [
     "verify_signatures",
 ]
 
-#: DSSE payloadType of every artifact and bundle envelope (DESIGN §4).
-PAYLOAD_TYPE = "application/vnd.dspark-calibrate.artifact+json"
 #: in-toto Statement v1 ``_type``.
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 #: predicateType of a signed artifact.
@@ -69,7 +69,6 @@ MAX_SIGNATURES = 32
 
 _ENVELOPE_FIELDS = frozenset({"payload", "payloadType", "signatures"})
 _SIGNATURE_FIELDS = frozenset({"keyid", "sig"})
-_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 _STD_ALPHABET = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
 _URL_ALPHABET = re.compile(r"^[A-Za-z0-9_-]*={0,2}$")
 
@@ -224,7 +223,7 @@ def make_statement(
     """
     if not isinstance(subject_name, str) or not subject_name:
         raise InvalidValueError(f"subject name must be a non-empty string, got {subject_name!r}")
-    if not isinstance(sha256, str) or not _SHA256_HEX.match(sha256):
+    if not is_sha256_hex(sha256):
         raise InvalidValueError(f"subject digest must be 64 lowercase hex characters, got {sha256!r}")
     if not isinstance(predicate_type, str) or not predicate_type:
         raise InvalidValueError(f"predicateType must be a non-empty string, got {predicate_type!r}")

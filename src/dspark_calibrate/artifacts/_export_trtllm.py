@@ -32,7 +32,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import re
 import secrets
 import shutil
 from collections.abc import Callable, Mapping, Sequence
@@ -49,9 +48,11 @@ from dspark_calibrate.artifacts._models import (
     TRTLLM_FINGERPRINT_FIELDS,
     Fingerprint,
     ModelError,
+    is_printable_ascii,
     is_sha256_hex,
 )
 from dspark_calibrate.artifacts._reasons import Finding
+from dspark_calibrate.artifacts._summary import RECEIPT_ECONOMICS_FIELDS, AdmissionSummary, ReceiptEconomics
 from dspark_calibrate.artifacts._trtllm_mixed import (
     TRTLLM_MIXED_FILES,
     MixedExportInputs,
@@ -108,11 +109,7 @@ ADMISSION_BODY_FIELDS: tuple[str, ...] = (
     "safety_margin_ms",
     "admitted",
 )
-_AMOUNTS = (
-    "gross_compact_value_ms_lower_bound",
-    "fixed_confidence_path_overhead_ms_upper_bound",
-    "safety_margin_ms",
-)
+_AMOUNTS = RECEIPT_ECONOMICS_FIELDS[2:]
 _SPS_REQUIRED = frozenset(
     {
         "schema_version",
@@ -157,7 +154,6 @@ _YAML_PATHS = {
     "confidence_sps_live_fingerprint_path": LIVE_FILE,
     "confidence_admission_receipt_path": RECEIPT_FILE,
 }
-_PRINTABLE = re.compile(r"^[\x20-\x7e]+$")
 _DEFAULT_DEPLOY_DIR = "/etc/dspark/trtllm"
 
 
@@ -199,7 +195,7 @@ class MixedSource:
     synthetic: bool
     gates: Mapping[str, bool]
     results: Mapping[str, str]
-    economics: Mapping[str, Any]
+    economics: ReceiptEconomics
 
     @classmethod
     def from_report(cls, report: MixedReport) -> MixedSource:
@@ -223,16 +219,7 @@ class MixedSource:
             synthetic=bool(costs.provenance.synthetic),
             gates=dict(summary["gates"]),
             results={field: names[name] for field, name in MIXED_RESULTS},
-            economics={
-                k: summary[k]
-                for k in (
-                    "policy_steps",
-                    "compact_choices",
-                    "gross_compact_value_ms_lower_bound",
-                    "fixed_confidence_path_overhead_ms_upper_bound",
-                    "safety_margin_ms",
-                )
-            },
+            economics=ReceiptEconomics.from_dict(summary),
         )
 
 
@@ -246,7 +233,7 @@ class TrtllmInputs:
         calibration: per position (position, method, temperature, risk_set_size, ece_before,
             ece_after).
         calibration_logical_sha256: names the calibration in ``sts.json``'s dataset field.
-        summary: the admission artifact's signed summary.
+        summary: the admission artifact's signed summary, read and checked (receipt rule included).
         bundle_version: the manifest's version (named in the YAML comment).
         mixed: the verified mixed evidence to export too (None: decode only).
     """
@@ -255,7 +242,7 @@ class TrtllmInputs:
     cost_cells: tuple[tuple[int, int, float, str], ...]
     calibration: tuple[Mapping[str, Any], ...]
     calibration_logical_sha256: str
-    summary: Mapping[str, Any]
+    summary: AdmissionSummary
     bundle_version: int
     mixed: MixedSource | None = None
 
@@ -298,10 +285,18 @@ class TrtllmInputs:
             cost_cells=tuple(sorted(cells)),
             calibration=tuple(sorted(rows, key=lambda r: int(r["position"]))),
             calibration_logical_sha256=cal.logical_sha256,
-            summary=json.loads(json.dumps(dict(adm.summary))),
+            summary=_admission_summary(bundle.path, adm.summary),
             bundle_version=bundle.version,
             mixed=MixedSource.from_report(mixed) if mixed is not None else None,
         )
+
+
+def _admission_summary(where: Path, summary: Mapping[str, Any]) -> AdmissionSummary:
+    """The admission member's summary as the model (ConfigError, naming the bundle, when it is not one)."""
+    try:
+        return AdmissionSummary.from_summary(summary)
+    except ModelError as exc:
+        raise ConfigError(f"{where}: the admission member's {exc}; rebuild the bundle") from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,7 +374,7 @@ def render_trtllm(
     receipt = {"schema_version": 1, "admission": body, "admission_sha256": sha256_hex(canonical_json(body))}
     receipt_bytes = canonical_json(receipt)
     receipt_sha = sha256_hex(receipt_bytes)
-    if not body["admitted"]:
+    if not inputs.summary.admitted:
         notes.append(
             "the receipt does not admit (net value <= 0 or no compact choice): TensorRT-LLM will run static K"
         )
@@ -405,7 +400,7 @@ def render_trtllm(
     return TrtllmExport(
         files=files,
         receipt_sha256=receipt_sha,
-        admitted=bool(body["admitted"]),
+        admitted=inputs.summary.admitted,
         notes=tuple(notes),
         mixed=bool(mixed_files),
     )
@@ -421,7 +416,7 @@ def _check_render_arguments(selector_identity: str, deploy_dir: str) -> None:
             "tensorrt_llm/_torch/speculative/dspark_planner.py of the "
             "engine you deploy"
         )
-    if not _PRINTABLE.match(deploy_dir) or not deploy_dir.startswith("/"):
+    if not is_printable_ascii(deploy_dir) or not deploy_dir.startswith("/"):
         raise ConfigError(f"--deploy-dir {deploy_dir!r} must be an absolute, printable ASCII path")
 
 
@@ -464,10 +459,10 @@ def _render_sps(inputs: TrtllmInputs, fp10: Mapping[str, Any]) -> dict[str, Any]
         "measurements": measurements,
         "engine_fingerprint": fp10,
         "engine_fingerprint_sha256": sha256_hex(canonical_json(fp10)),
-        "minimum_predicted_gain": float(summary["minimum_predicted_gain"]),
+        "minimum_predicted_gain": float(summary.minimum_predicted_gain),
     }
     has_compact = any(v != 0 for _, v, _, _ in inputs.cost_cells)
-    guard = summary.get("drain_guard")
+    guard = summary.drain_guard
     if has_compact and isinstance(guard, Mapping):
         sps["iteration_drain_guard"] = {
             "loss_multiplier": float(guard["loss_multiplier"]),
@@ -476,7 +471,7 @@ def _render_sps(inputs: TrtllmInputs, fp10: Mapping[str, Any]) -> dict[str, Any]
             ),
             "minimum_group_value_ms": float(guard["minimum_group_value_ms"]),
             "tail_graph_batch_size": int(guard["tail_graph_batch_size"]),
-            "source_result_sha256": str(summary["workload_identity_sha256"]),
+            "source_result_sha256": summary.workload_identity_sha256,
         }
     return sps
 
@@ -529,7 +524,7 @@ def _render_sts(inputs: TrtllmInputs, k: int, notes: list[str]) -> dict[str, Any
 
 
 def _receipt_body(
-    summary: Mapping[str, Any],
+    summary: AdmissionSummary,
     fp10: Mapping[str, Any],
     selector_identity: str,
     *,
@@ -546,17 +541,11 @@ def _receipt_body(
         "sps_cost_table_sha256": sha256_hex(sps),
         "live_engine_fingerprint_sha256": sha256_hex(live),
         "selector_identity_sha256": selector_identity,
-        "workload_identity_sha256": str(summary["workload_identity_sha256"]),
+        "workload_identity_sha256": summary.workload_identity_sha256,
         "calibration_result_sha256": sha256_hex(sts),
-        "selector_replay_sha256": str(summary["selector_replay_sha256"]),
-        "policy_steps": int(summary["policy_steps"]),
-        "compact_choices": int(summary["compact_choices"]),
-        "gross_compact_value_ms_lower_bound": float(summary["gross_compact_value_ms_lower_bound"]),
-        "fixed_confidence_path_overhead_ms_upper_bound": float(
-            summary["fixed_confidence_path_overhead_ms_upper_bound"]
-        ),
-        "safety_margin_ms": float(summary["safety_margin_ms"]),
-        "admitted": bool(summary["admitted"]),
+        "selector_replay_sha256": summary.selector_replay_sha256,
+        **summary.receipt.to_dict(),
+        "admitted": summary.admitted,
     }
 
 
@@ -652,7 +641,7 @@ def _check_fingerprint(c: _Rules, file: str, fp: Any, rule: str) -> bool:
         return False
     ok = True
     for key in ("gpu", "runtime_snapshot", "source_head", "topology"):
-        if not isinstance(fp[key], str) or not _PRINTABLE.match(fp[key]):
+        if not fp[key] or not is_printable_ascii(fp[key]):
             c.fail(
                 file, rule, f"fingerprint.{key} must be a non-empty printable ASCII string", actual=fp[key]
             )
@@ -898,7 +887,7 @@ def _check_sts(c: _Rules, sts: Any, k: int | None) -> None:
         v: Any = sts.get(key)
         if key in sts and not (_is_num(v, nonneg=True) and v <= 1):
             c.fail(f, "ece", f"{key} must be a number in [0, 1]", actual=v)
-    if "dataset" in sts and (not isinstance(sts["dataset"], str) or not _PRINTABLE.match(sts["dataset"])):
+    if "dataset" in sts and (not sts["dataset"] or not is_printable_ascii(sts["dataset"])):
         c.fail(f, "dataset", "dataset must be a printable ASCII string")
 
 
@@ -981,13 +970,13 @@ def _check_receipt_economics(
     if not isinstance(body["admitted"], bool):
         c.fail(f, "admitted", "admitted must be a JSON boolean")
     elif counts_ok and amounts_ok:
-        net = body[_AMOUNTS[0]] - steps * body[_AMOUNTS[1]] - body[_AMOUNTS[2]]
-        if body["admitted"] != (choices > 0 and net > 0):
+        receipt = ReceiptEconomics.from_dict(body)
+        if body["admitted"] != receipt.admitted:
             c.fail(
                 f,
                 "admitted",
-                f"admitted must equal (compact_choices > 0 and net value {net:.6g} > 0)",
-                choices > 0 and net > 0,
+                f"admitted must equal (compact_choices > 0 and net value {receipt.net_value_ms:.6g} > 0)",
+                receipt.admitted,
                 body["admitted"],
             )
     if counts_ok and choices > 0:

@@ -36,6 +36,7 @@ from dspark_calibrate.errors import ConfigError
 __all__ = [
     "GEOMETRY_FEATURES",
     "GEOMETRY_RULES",
+    "IDENTITY_HASHES",
     "MIXED_EXECUTION_MODE",
     "TRTLLM_BODY_BUCKETS",
     "TRTLLM_MIXED_K",
@@ -775,7 +776,8 @@ def distinct(geometries: Iterable[MixedGeometry], *, what: str = "mixed cells") 
 # The consumer's live identity
 # ---------------------------------------------------------------------------------------------
 
-_IDENTITY_HASHES = (
+#: The six hash fields of the consumer's live identity, in the identity's order.
+IDENTITY_HASHES: tuple[str, ...] = (
     "source_tree_sha256",
     "runtime_snapshot_sha256",
     "model_config_sha256",
@@ -808,7 +810,7 @@ class MixedIdentity:
     execution_mode: str
 
     def __post_init__(self) -> None:
-        for name in _IDENTITY_HASHES:
+        for name in IDENTITY_HASHES:
             if not is_sha256_hex(getattr(self, name)):
                 raise ConfigError(f"mixed identity {name} must be 64 lowercase hex characters")
         for name in ("physical_k", "world_size"):

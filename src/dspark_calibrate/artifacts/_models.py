@@ -18,16 +18,20 @@ from dspark_calibrate.errors import InvalidValueError
 
 __all__ = [
     "FINGERPRINT_FLAGS",
+    "NON_PRINTABLE_ASCII",
     "TRTLLM_FINGERPRINT_FIELDS",
     "Fingerprint",
     "ModelError",
     "Provenance",
     "fingerprint_flag",
+    "is_printable_ascii",
     "is_sha256_hex",
 ]
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_PRINTABLE_ASCII = re.compile(r"^[\x20-\x7e]*$")
+#: One character outside printable ASCII (space to tilde). Searched, never matched with ``$``,
+#: which would let a trailing newline through.
+NON_PRINTABLE_ASCII = re.compile(r"[^\x20-\x7e]")
 
 #: The ten engine-fingerprint fields TensorRT-LLM reads, exported verbatim (DESIGN §5).
 TRTLLM_FINGERPRINT_FIELDS: tuple[str, ...] = (
@@ -84,9 +88,14 @@ class ModelError(InvalidValueError):
     default_code = "MODEL_INVALID"
 
 
+def is_printable_ascii(value: object) -> bool:
+    """True when ``value`` is a string of printable ASCII characters only (possibly empty)."""
+    return isinstance(value, str) and NON_PRINTABLE_ASCII.search(value) is None
+
+
 def is_sha256_hex(value: object) -> bool:
     """True when ``value`` is 64 lowercase hex characters."""
-    return isinstance(value, str) and bool(_HEX64.match(value))
+    return isinstance(value, str) and _HEX64.fullmatch(value) is not None  # fullmatch: no trailing newline
 
 
 def _check_str(name: str, value: object, *, hex64: bool = False) -> None:
@@ -94,7 +103,7 @@ def _check_str(name: str, value: object, *, hex64: bool = False) -> None:
         return
     if not isinstance(value, str) or not value:
         raise ModelError(f"fingerprint.{name} must be a non-empty string, got {value!r}")
-    if not _PRINTABLE_ASCII.match(value):
+    if not is_printable_ascii(value):
         raise ModelError(f"fingerprint.{name} must be printable ASCII, got {value!r}")
     if hex64 and not _HEX64.match(value):
         raise ModelError(f"fingerprint.{name} must be 64 lowercase hex characters, got {value!r}")

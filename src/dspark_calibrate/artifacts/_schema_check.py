@@ -41,8 +41,6 @@ _DEFINITION_SCHEMAS = frozenset({"common", "mixed-summaries"})
 DOCUMENT_SCHEMAS: tuple[str, ...] = tuple(n for n in JSON_SCHEMAS if n not in _DEFINITION_SCHEMAS)
 #: Characters of an instance quoted in a problem message at most (a oneOf failure quotes it whole).
 _MESSAGE_CHARS = 240
-#: The payload type of every envelope this tool signs.
-PAYLOAD_TYPE = "application/vnd.dspark-calibrate.artifact+json"
 
 #: A file holding exactly TensorRT-LLM's ten engine-fingerprint fields is the exported live
 #: fingerprint; one holding more is a deployment fingerprint file.

@@ -1,7 +1,8 @@
 """Signing: turn an unsigned table of a known kind into a signed artifact (DESIGN §4).
 
-The predicate is built from the table's own footer (fingerprint, provenance, summary) plus the
-freshness fields given here; the subject digest is the logical hash recomputed from the table, never
+:func:`sign_table` signs in memory and :func:`write_signed` writes; :func:`sign_artifact` does
+both for a loaded file. The predicate is built from the table's own footer (fingerprint,
+provenance, summary) plus the freshness fields given here; the subject digest is the logical hash recomputed from the table, never
 the footer's claim. The envelope is embedded in the footer and written as ``<file>.dsse.json``; both
 writes are atomic, the detached file first so that a crash leaves at worst a conflicting pair, which
 verification refuses (fail closed) until the artifact is signed again.
@@ -35,7 +36,17 @@ from dspark_calibrate.schemas import ARTIFACT_KINDS, SCHEMA_VERSION, SchemaMisma
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["SignedArtifact", "build_predicate", "format_time", "parse_time", "series_of", "sign_artifact"]
+__all__ = [
+    "SignedArtifact",
+    "SignedTable",
+    "build_predicate",
+    "format_time",
+    "parse_time",
+    "series_of",
+    "sign_artifact",
+    "sign_table",
+    "write_signed",
+]
 
 
 def format_time(t: datetime) -> str:
@@ -107,23 +118,132 @@ def build_predicate(
     }
 
 
-def _signable(
-    loaded: LoadedArtifact, kind: str, fingerprint: Fingerprint | None, provenance: Provenance | None
-) -> tuple[Fingerprint, Provenance, pa.Table, str]:
-    """``(fingerprint, provenance, table in canonical order, logical hash)`` of what is signed.
+def _signable(table: pa.Table, kind: str, where: Path | str) -> tuple[pa.Table, str]:
+    """``(table in canonical order, logical hash)`` of what is signed.
 
     Raises:
-        ConfigError: invalid footer fields, or a table that does not match its schema or cannot
-            be hashed.
+        ConfigError: a table that does not match its schema or cannot be hashed.
     """
     try:
-        fingerprint = fingerprint or Fingerprint.from_dict(loaded.metadata.get("fingerprint") or {})
-        provenance = provenance or Provenance.from_dict(loaded.metadata.get("provenance") or {})
-        table = canonical_order(conform_table(kind, loaded.table), kind)
+        table = canonical_order(conform_table(kind, table), kind)
         digest = logical_sha256(table, kind)
-    except (ModelError, SchemaMismatch, LogicalHashError) as exc:
-        raise ConfigError(f"{loaded.path}: cannot sign: {exc}") from exc
-    return fingerprint, provenance, table, digest
+    except (SchemaMismatch, LogicalHashError) as exc:
+        raise ConfigError(f"{where}: cannot sign: {exc}") from exc
+    return table, digest
+
+
+@dataclass(frozen=True, slots=True)
+class SignedTable:
+    """A table signed in memory: what :func:`write_signed` writes, nothing written yet.
+
+    Attributes:
+        kind: the artifact kind.
+        table: the table in canonical order.
+        metadata: the ``dspark`` footer document, envelope included.
+        envelope: the DSSE envelope (also written detached).
+        predicate: the signed predicate.
+        logical_sha256: the subject digest.
+        keyids: the signers' key ids, sorted.
+    """
+
+    kind: str
+    table: pa.Table
+    metadata: Mapping[str, Any]
+    envelope: Mapping[str, Any]
+    predicate: Mapping[str, Any]
+    logical_sha256: str
+    keyids: tuple[str, ...]
+
+    def artifact_bytes(self) -> bytes:
+        """The Parquet file's bytes (table and footer)."""
+        return encode_artifact(self.table, self.metadata)
+
+    def envelope_bytes(self) -> bytes:
+        """The detached envelope file's bytes."""
+        return canonical_json(self.envelope)
+
+
+def sign_table(
+    table: pa.Table,
+    signers: Sequence[Signer],
+    *,
+    kind: str,
+    fingerprint: Fingerprint,
+    provenance: Provenance,
+    summary: Mapping[str, Any],
+    version: int,
+    expires_at: datetime,
+    issued_at: datetime,
+    where: Path | str = "<table>",
+) -> SignedTable:
+    """Sign a table in memory (no I/O): conform it, hash it, build the predicate and envelope.
+
+    Args:
+        table: the rows to sign (conformed to ``kind``'s schema and put in canonical order here).
+        signers: one or more signers (local keys or external KMS/HSM signers).
+        kind: the artifact kind.
+        fingerprint, provenance, summary: the footer's and predicate's values.
+        version: the artifact's version in its series (monotonic, checked at runtime).
+        expires_at: when the artifact stops being acceptable.
+        issued_at: the signing time.
+        where: names the table in error messages.
+
+    Raises:
+        ConfigError: unknown kind, no signers, or a table that does not match its schema or
+            cannot be hashed.
+    """
+    if kind not in ARTIFACT_KINDS:
+        raise ConfigError(
+            f"{where}: kind {kind!r} cannot be signed; signable kinds: {', '.join(ARTIFACT_KINDS)}"
+        )
+    if not signers:
+        raise ConfigError("no signing key given: pass --key (or an external signer URI)")
+    table, digest = _signable(table, kind, where)
+    predicate = build_predicate(
+        kind=kind,
+        fingerprint=fingerprint,
+        provenance=provenance,
+        summary=summary,
+        version=version,
+        issued_at=issued_at,
+        expires_at=expires_at,
+    )
+    statement = make_statement(kind, digest, PREDICATE_TYPE, predicate)
+    envelope = sign_envelope(canonical_json(statement), signers)
+    metadata = footer_metadata(
+        kind=kind,
+        table=table,
+        fingerprint=fingerprint,
+        provenance=provenance,
+        summary=summary,
+        envelope=envelope,
+    )
+    return SignedTable(
+        kind=kind,
+        table=table,
+        metadata=metadata,
+        envelope=envelope,
+        predicate=predicate,
+        logical_sha256=digest,
+        keyids=tuple(sorted({s["keyid"] for s in envelope["signatures"]})),
+    )
+
+
+def write_signed(signed: SignedTable, path: Path) -> SignedArtifact:
+    """Write a signed table and its detached envelope, each atomically (the detached file first;
+    see the module docstring)."""
+    detached = detached_envelope_path(path)
+    atomic_write_bytes(detached, signed.envelope_bytes())
+    atomic_write_bytes(path, signed.artifact_bytes())
+    return SignedArtifact(
+        path=path,
+        detached_path=detached,
+        kind=signed.kind,
+        logical_sha256=signed.logical_sha256,
+        series=signed.predicate["series"],
+        version=signed.predicate["version"],
+        keyids=signed.keyids,
+    )
 
 
 def sign_artifact(
@@ -139,7 +259,8 @@ def sign_artifact(
     provenance: Provenance | None = None,
     summary: Mapping[str, Any] | None = None,
 ) -> SignedArtifact:
-    """Sign a loaded (unsigned or previously signed) table and write it with its envelope.
+    """Sign a loaded (unsigned or previously signed) table and write it with its envelope:
+    :func:`sign_table`, then :func:`write_signed`.
 
     Args:
         loaded: the table and its (untrusted) footer; fields not overridden below come from it.
@@ -166,38 +287,24 @@ def sign_artifact(
         )
     if not signers:
         raise ConfigError("no signing key given: pass --key (or an external signer URI)")
-    fingerprint, provenance, table, digest = _signable(loaded, kind, fingerprint, provenance)
+    try:
+        fingerprint = fingerprint or Fingerprint.from_dict(loaded.metadata.get("fingerprint") or {})
+        provenance = provenance or Provenance.from_dict(loaded.metadata.get("provenance") or {})
+    except ModelError as exc:
+        raise ConfigError(f"{loaded.path}: cannot sign: {exc}") from exc
     if summary is None:
         raw = loaded.metadata.get("summary")
         summary = raw if isinstance(raw, Mapping) else {}
-    predicate = build_predicate(
+    signed = sign_table(
+        loaded.table,
+        signers,
         kind=kind,
         fingerprint=fingerprint,
         provenance=provenance,
         summary=summary,
         version=version,
-        issued_at=issued_at,
         expires_at=expires_at,
+        issued_at=issued_at,
+        where=loaded.path,
     )
-    statement = make_statement(kind, digest, PREDICATE_TYPE, predicate)
-    envelope = sign_envelope(canonical_json(statement), signers)
-    metadata = footer_metadata(
-        kind=kind,
-        table=table,
-        fingerprint=fingerprint,
-        provenance=provenance,
-        summary=summary,
-        envelope=envelope,
-    )
-    detached = detached_envelope_path(path)
-    atomic_write_bytes(detached, canonical_json(envelope))
-    atomic_write_bytes(path, encode_artifact(table, metadata))
-    return SignedArtifact(
-        path=path,
-        detached_path=detached,
-        kind=kind,
-        logical_sha256=digest,
-        series=predicate["series"],
-        version=version,
-        keyids=tuple(sorted({s["keyid"] for s in envelope["signatures"]})),
-    )
+    return write_signed(signed, path)

@@ -27,6 +27,7 @@ from typing import Any
 from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict, sha256_hex
 from dspark_calibrate.artifacts._mixed_geometry import (
     GEOMETRY_FEATURES,
+    IDENTITY_HASHES,
     MIXED_EXECUTION_MODE,
     TRTLLM_BODY_BUCKETS,
     TRTLLM_MIXED_K,
@@ -38,6 +39,7 @@ from dspark_calibrate.artifacts._mixed_geometry import (
 )
 from dspark_calibrate.artifacts._models import is_sha256_hex
 from dspark_calibrate.artifacts._reasons import Finding, Reason
+from dspark_calibrate.artifacts._summary import RECEIPT_ECONOMICS_FIELDS, ReceiptEconomics
 from dspark_calibrate.artifacts._yaml import YamlError, load_yaml
 from dspark_calibrate.errors import ConfigError
 from dspark_calibrate.schemas import MAX_MIXED_CELLS, MIXED_GATES, MIXED_RESULTS
@@ -49,8 +51,8 @@ __all__ = [
     "CONFIG_FIELDS",
     "COSTS_FILE",
     "COSTS_SCHEMA",
-    "LIVE_FILE",
     "LIVE_SCHEMA",
+    "MIXED_LIVE_FILE",
     "PRICING_SEMANTICS",
     "PROVENANCE_TAG",
     "TRTLLM_MIXED_FILES",
@@ -62,13 +64,15 @@ __all__ = [
 
 COSTS_FILE = "mixed_costs.json"
 ADMISSION_FILE = "mixed_admission.json"
-LIVE_FILE = "mixed_live_fingerprint.json"
+MIXED_LIVE_FILE = "mixed_live_fingerprint.json"
 #: The mixed files of a package, in the order they are written.
-TRTLLM_MIXED_FILES: tuple[str, ...] = (LIVE_FILE, COSTS_FILE, ADMISSION_FILE)
+TRTLLM_MIXED_FILES: tuple[str, ...] = (MIXED_LIVE_FILE, COSTS_FILE, ADMISSION_FILE)
 COSTS_SCHEMA = "dspark-mixed-breakable-costs-v1"
 ADMISSION_SCHEMA = "dspark-mixed-breakable-admission-v1"
 LIVE_SCHEMA = "dspark-mixed-live-fingerprint-v1"
 ACTION_SEMANTICS = "current-host-confidence-prefix-allocation-under-shared-body-capacity-v1"
+#: What a mixed cell's time is (the sweep records it, the cost file states it): a rank-0 forward
+#: (one process) or the slowest rank's (several).
 PRICING_SEMANTICS = "rank0_forward_pricing_proxy"
 PROVENANCE_TAG = "closed_measured_breakable_mixed"
 #: The seven fields of ``speculative_config.confidence_mixed_evidence``.
@@ -84,12 +88,12 @@ CONFIG_FIELDS: tuple[str, ...] = (
 _CONFIG_PATHS = {
     "costs_path": COSTS_FILE,
     "admission_path": ADMISSION_FILE,
-    "live_fingerprint_path": LIVE_FILE,
+    "live_fingerprint_path": MIXED_LIVE_FILE,
 }
 _FILE_PINS = {
     "costs_sha256": COSTS_FILE,
     "admission_sha256": ADMISSION_FILE,
-    "live_fingerprint_sha256": LIVE_FILE,
+    "live_fingerprint_sha256": MIXED_LIVE_FILE,
 }
 _MAX_FILE = 16 << 20  # the consumer's per-file bound (bytes)
 _WIRE = 1 << 63
@@ -112,22 +116,8 @@ _RECEIPT_KEYS = frozenset(
     | {h for h, _ in MIXED_RESULTS}
     | {"economics"}
 )
-_ECONOMICS_KEYS = (
-    "policy_steps",
-    "compact_choices",
-    "gross_compact_value_ms_lower_bound",
-    "fixed_confidence_path_overhead_ms_upper_bound",
-    "safety_margin_ms",
-)
-_IDENTITY_HASHES = (
-    "source_tree_sha256",
-    "runtime_snapshot_sha256",
-    "model_config_sha256",
-    "gpu_class_sha256",
-    "topology_sha256",
-    "selector_identity_sha256",
-)
-_IDENTITY_KEYS = frozenset({*_IDENTITY_HASHES, "physical_k", "world_size", "body_buckets", "execution_mode"})
+_ECONOMICS_KEYS = RECEIPT_ECONOMICS_FIELDS
+_IDENTITY_KEYS = frozenset({*IDENTITY_HASHES, "physical_k", "world_size", "body_buckets", "execution_mode"})
 
 
 class MixedRefused(ConfigError):
@@ -169,7 +159,7 @@ class MixedExportInputs:
     cells: tuple[tuple[MixedGeometry, float, float, str], ...]
     gates: Mapping[str, bool]
     results: Mapping[str, str]
-    economics: Mapping[str, Any]
+    economics: ReceiptEconomics
 
 
 def route_problems(identity: MixedIdentity) -> list[str]:
@@ -211,15 +201,10 @@ def render_mixed(inputs: MixedExportInputs) -> dict[str, bytes]:
             "mixed/results/); refusing to write a receipt it cannot back",
         )
     e = inputs.economics
-    net = (
-        e["gross_compact_value_ms_lower_bound"]
-        - e["policy_steps"] * e["fixed_confidence_path_overhead_ms_upper_bound"]
-        - e["safety_margin_ms"]
-    )
-    if not (e["compact_choices"] > 0 and net > 0):
+    if not e.admitted:
         raise _refuse(
             "economics",
-            f"the mixed economics do not admit (compact_choices {e['compact_choices']}, net {net:.6g} ms); "
+            f"the mixed economics do not admit (compact_choices {e.compact_choices}, net {e.net_value_ms:.6g} ms); "
             "TensorRT-LLM would refuse the receipt",
         )
     if not inputs.cells:
@@ -255,17 +240,13 @@ def render_mixed(inputs: MixedExportInputs) -> dict[str, bytes]:
         "pricing_semantics": PRICING_SEMANTICS,
         **{g: True for g in MIXED_GATES},
         **{field: inputs.results[field] for field, _ in MIXED_RESULTS},
-        "economics": {
-            "policy_steps": int(e["policy_steps"]),
-            "compact_choices": int(e["compact_choices"]),
-            "gross_compact_value_ms_lower_bound": float(e["gross_compact_value_ms_lower_bound"]),
-            "fixed_confidence_path_overhead_ms_upper_bound": float(
-                e["fixed_confidence_path_overhead_ms_upper_bound"]
-            ),
-            "safety_margin_ms": float(e["safety_margin_ms"]),
-        },
+        "economics": e.to_dict(),
     }
-    return {LIVE_FILE: canonical_json(live), COSTS_FILE: costs_bytes, ADMISSION_FILE: canonical_json(receipt)}
+    return {
+        MIXED_LIVE_FILE: canonical_json(live),
+        COSTS_FILE: costs_bytes,
+        ADMISSION_FILE: canonical_json(receipt),
+    }
 
 
 def config_block(files: Mapping[str, bytes], protocol_sha256: str, base: str) -> dict[str, str]:
@@ -277,8 +258,8 @@ def config_block(files: Mapping[str, bytes], protocol_sha256: str, base: str) ->
         "admission_path": f"{root}/{ADMISSION_FILE}",
         "admission_sha256": sha256_hex(files[ADMISSION_FILE]),
         "protocol_sha256": protocol_sha256,
-        "live_fingerprint_path": f"{root}/{LIVE_FILE}",
-        "live_fingerprint_sha256": sha256_hex(files[LIVE_FILE]),
+        "live_fingerprint_path": f"{root}/{MIXED_LIVE_FILE}",
+        "live_fingerprint_sha256": sha256_hex(files[MIXED_LIVE_FILE]),
     }
 
 
@@ -360,7 +341,7 @@ def _identity(r: _Rules, file: str, ident: Any) -> bool:
         r.fail(file, "identity_keys", f"identity must hold exactly {sorted(_IDENTITY_KEYS)}", actual=have)
         return False
     ok = True
-    for key in _IDENTITY_HASHES:
+    for key in IDENTITY_HASHES:
         if not is_sha256_hex(ident[key]):
             r.fail(file, "identity_hashes", f"identity.{key} must be 64 lowercase hex", actual=ident[key])
             ok = False
@@ -580,12 +561,13 @@ def _receipt(
     if not amounts_ok:
         r.fail(f, "economics_amounts", f"{list(names)} must be finite numbers >= 0")
     if counts_ok and amounts_ok:
-        net = e[names[0]] - steps * e[names[1]] - e[names[2]]
-        if not (choices > 0 and net > 0):
+        receipt = ReceiptEconomics.from_dict(e)
+        if not receipt.admitted:
             r.fail(
                 f,
                 "economics_admitted",
-                f"the consumer admits only when compact_choices > 0 and net > 0 (net {net:.6g}, choices {choices})",
+                "the consumer admits only when compact_choices > 0 and net > 0 "
+                f"(net {receipt.net_value_ms:.6g}, choices {choices})",
             )
 
 
@@ -661,17 +643,17 @@ def validate_mixed(
         One ``CONTENT_INVALID`` finding per violation, field ``<file>:<rule>`` (empty: valid).
     """
     r = _Rules()
-    live = _read(r, files, LIVE_FILE)
+    live = _read(r, files, MIXED_LIVE_FILE)
     costs = _read(r, files, COSTS_FILE)
     receipt = _read(r, files, ADMISSION_FILE)
     identity = None
     if live is not None:
         if set(live) != {"schema", "identity"}:
-            r.fail(LIVE_FILE, "keys", "must hold exactly schema and identity", actual=sorted(live))
+            r.fail(MIXED_LIVE_FILE, "keys", "must hold exactly schema and identity", actual=sorted(live))
         else:
             if live["schema"] != LIVE_SCHEMA:
-                r.fail(LIVE_FILE, "schema", f"schema must be {LIVE_SCHEMA!r}", actual=live["schema"])
-            if _identity(r, LIVE_FILE, live["identity"]):
+                r.fail(MIXED_LIVE_FILE, "schema", f"schema must be {LIVE_SCHEMA!r}", actual=live["schema"])
+            if _identity(r, MIXED_LIVE_FILE, live["identity"]):
                 identity = live["identity"]
     pins: Mapping[str, str | None] = {"costs_sha256": None, "protocol_sha256": None}
     if options_yaml is not None:

@@ -15,7 +15,10 @@ from dspark_calibrate.errors import ConfigError
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from matplotlib.figure import Figure
 
-__all__ = ["new_figure", "png_bytes"]
+__all__ = ["RAW_COLOR", "new_figure", "png_bytes"]
+
+#: The colour of uncalibrated (raw-logit) series, in the fit's plots and the report's alike.
+RAW_COLOR = "#9a9a9a"
 
 
 def new_figure(width: float, height: float, *, dpi: float = 100, what: str, skip_flag: str) -> Figure:

@@ -41,6 +41,7 @@ from dspark_calibrate.artifacts import (
     MixedStep,
     ModelError,
     RankFeatures,
+    ReceiptEconomics,
     is_sha256_hex,
     step_candidates,
 )
@@ -304,11 +305,10 @@ class MixedEconomics:
         Raises:
             ModelError: a missing or impossible value.
         """
-        steps, choices = summary.get("policy_steps"), summary.get("compact_choices")
-        if type(steps) is not int or steps < 1 or type(choices) is not int or not 0 <= choices <= steps:
-            raise ModelError(
-                "mixed summary: policy_steps must be an integer >= 1 and compact_choices in [0, it]"
-            )
+        try:
+            receipt = ReceiptEconomics.from_dict(summary)
+        except ModelError as exc:
+            raise ModelError(f"mixed summary: {exc}") from exc
         gates = summary.get("gates")
         if (
             not isinstance(gates, Mapping)
@@ -326,13 +326,13 @@ class MixedEconomics:
                 f"mixed summary.results must pin exactly {sorted(MIXED_RESULT_FILES)} by SHA-256"
             )
         econ = cls(
-            policy_steps=steps,
-            compact_choices=choices,
-            gross_compact_value_ms_lower_bound=_num(summary, "gross_compact_value_ms_lower_bound", 0.0),
-            fixed_confidence_path_overhead_ms_upper_bound=_num(
-                summary, "fixed_confidence_path_overhead_ms_upper_bound", 0.0
+            policy_steps=receipt.policy_steps,
+            compact_choices=receipt.compact_choices,
+            gross_compact_value_ms_lower_bound=float(receipt.gross_compact_value_ms_lower_bound),
+            fixed_confidence_path_overhead_ms_upper_bound=float(
+                receipt.fixed_confidence_path_overhead_ms_upper_bound
             ),
-            safety_margin_ms=_num(summary, "safety_margin_ms", 0.0),
+            safety_margin_ms=float(receipt.safety_margin_ms),
             admitted=bool(summary.get("admitted")),
             gates=dict(gates),
             predicted_gain=_num(summary, "predicted_gain"),
@@ -345,17 +345,24 @@ class MixedEconomics:
             )
         return econ
 
-    def net_ms(self) -> float:
-        """gross − policy_steps · overhead − margin (the consumer's recomputation)."""
-        return (
-            self.gross_compact_value_ms_lower_bound
-            - self.policy_steps * self.fixed_confidence_path_overhead_ms_upper_bound
-            - self.safety_margin_ms
+    @property
+    def receipt(self) -> ReceiptEconomics:
+        """The five fields the receipt rule reads."""
+        return ReceiptEconomics(
+            policy_steps=self.policy_steps,
+            compact_choices=self.compact_choices,
+            gross_compact_value_ms_lower_bound=self.gross_compact_value_ms_lower_bound,
+            fixed_confidence_path_overhead_ms_upper_bound=self.fixed_confidence_path_overhead_ms_upper_bound,
+            safety_margin_ms=self.safety_margin_ms,
         )
 
+    def net_ms(self) -> float:
+        """gross − policy_steps · overhead − margin (the consumer's recomputation)."""
+        return self.receipt.net_value_ms
+
     def receipt_rule(self) -> bool:
-        """compact_choices > 0 and net > 0."""
-        return self.compact_choices > 0 and self.net_ms() > 0
+        """The one receipt rule (``artifacts.ReceiptEconomics``): compact_choices > 0 and net > 0."""
+        return self.receipt.admitted
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""

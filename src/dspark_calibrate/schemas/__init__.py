@@ -12,6 +12,7 @@ Example:
 
 from dspark_calibrate.schemas._arrow import (
     ARTIFACT_KINDS,
+    BUNDLE_KINDS,
     KINDS,
     SCHEMA_VERSION,
     SUPPORTED_SCHEMA_VERSIONS,
@@ -32,6 +33,7 @@ from dspark_calibrate.schemas._json import (
     MIXED_GATES,
     MIXED_RESULT_FILES,
     MIXED_RESULTS,
+    PAYLOAD_TYPE,
     PER_BUCKET_KEYS,
     json_schema,
     logical_hash_spec,
@@ -47,6 +49,7 @@ __all__ = [
     "ADMISSION_PREDICTION_KEYS",
     "ADMISSION_SUMMARY_KEYS",
     "ARTIFACT_KINDS",
+    "BUNDLE_KINDS",
     "DRAIN_GUARD_SUMMARY_KEYS",
     "JSON_SCHEMAS",
     "KINDS",
@@ -59,6 +62,7 @@ __all__ = [
     "MIXED_GATES",
     "MIXED_RESULTS",
     "MIXED_RESULT_FILES",
+    "PAYLOAD_TYPE",
     "PER_BUCKET_KEYS",
     "SCHEMA_VERSION",
     "SUPPORTED_SCHEMA_VERSIONS",

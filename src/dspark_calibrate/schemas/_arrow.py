@@ -17,6 +17,7 @@ from dspark_calibrate.errors import InvalidValueError
 
 __all__ = [
     "ARTIFACT_KINDS",
+    "BUNDLE_KINDS",
     "KINDS",
     "SCHEMA_VERSION",
     "SUPPORTED_SCHEMA_VERSIONS",
@@ -381,6 +382,8 @@ ARTIFACT_KINDS: tuple[str, ...] = (
     "sweep",
     "sweep-samples",
 )
+#: The member kinds of a decode bundle, in the order they are listed (DESIGN §4 "Bundle").
+BUNDLE_KINDS: tuple[str, ...] = ("cost-table", "calibration", "admission")
 #: The version every writer writes, per kind.
 SCHEMA_VERSION: Mapping[str, int] = MappingProxyType({k: s.version for k, s in _SPECS.items()})
 #: Every version that is still read and verified, per kind (ascending; the last one is written).

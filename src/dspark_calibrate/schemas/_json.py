@@ -24,10 +24,14 @@ __all__ = [
     "MIXED_GATES",
     "MIXED_RESULTS",
     "MIXED_RESULT_FILES",
+    "PAYLOAD_TYPE",
     "PER_BUCKET_KEYS",
     "json_schema",
     "logical_hash_spec",
 ]
+
+#: DSSE payloadType of every artifact and bundle envelope this tool signs (DESIGN §4).
+PAYLOAD_TYPE = "application/vnd.dspark-calibrate.artifact+json"
 
 #: The keys of the admission artifact's signed summary that the runtime hook requires: ``build``
 #: writes exactly these, then :data:`ADMISSION_PREDICTION_KEYS`.

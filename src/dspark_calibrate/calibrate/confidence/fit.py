@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from dspark_calibrate.artifacts import (
+    NON_PRINTABLE_ASCII,
     ArtifactReadError,
     Fingerprint,
     Provenance,
@@ -108,7 +108,6 @@ STS_FILE = "sts.json"
 REPORT_FILE = "fit-report.json"
 RELIABILITY_PNG = "reliability.png"
 SURVIVAL_PNG = "survival.png"
-_PRINTABLE = re.compile(r"[^\x20-\x7e]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -660,7 +659,7 @@ def _bind_fingerprint(fingerprint: Fingerprint | None, k: int) -> Fingerprint:
 
 def _dataset_name(traces: Sequence[Mapping[str, Any]]) -> str:
     names = ",".join(Path(str(t["path"])).name for t in traces) or "traces"
-    return _PRINTABLE.sub("?", names)[:200]
+    return NON_PRINTABLE_ASCII.sub("?", names)[:200]
 
 
 def write_fit_outputs(

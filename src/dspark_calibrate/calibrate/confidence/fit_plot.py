@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from dspark_calibrate.calibrate._png import new_figure, png_bytes
+from dspark_calibrate.calibrate._png import RAW_COLOR, new_figure, png_bytes
 from dspark_calibrate.calibrate.confidence.metrics import MetricsReport, Reliability
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -28,7 +28,6 @@ def _figure(width: float, height: float) -> Figure:
 
 
 _AFTER = "#1f77b4"
-_BEFORE = "#9a9a9a"
 _OBSERVED = "#111111"
 
 
@@ -49,7 +48,7 @@ def _panel(ax: Axes, j: int, before: Reliability, after: Reliability, labelled: 
     ax.plot([0, 1], [0, 1], linestyle=":", color="#555555", linewidth=1)
     bx, by = _points(before)
     ax.plot(
-        bx, by, marker="x", linestyle="-", color=_BEFORE, linewidth=1, label=f"raw ECE {_fmt(before.ece)}"
+        bx, by, marker="x", linestyle="-", color=RAW_COLOR, linewidth=1, label=f"raw ECE {_fmt(before.ece)}"
     )
     axx, axy = _points(after)
     ax.plot(
@@ -138,7 +137,7 @@ def survival_png(before: MetricsReport, after: MetricsReport, *, title: str = ""
         return out
 
     ax.plot(js, series(after, True), marker="s", color=_OBSERVED, label="observed")
-    ax.plot(js, series(before, False), marker="x", linestyle="--", color=_BEFORE, label="raw logits")
+    ax.plot(js, series(before, False), marker="x", linestyle="--", color=RAW_COLOR, label="raw logits")
     ax.plot(js, series(after, False), marker="o", color=_AFTER, label=f"calibrated ({after.rounds} rounds)")
     ax.set_xticks(js)
     ax.set_ylim(0, 1)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import enum
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +39,7 @@ import numpy as np
 from scipy.optimize import isotonic_regression
 from scipy.special import expit, log_expit
 
-from dspark_calibrate.artifacts import JsonError, loads_strict
+from dspark_calibrate.artifacts import JsonError, is_printable_ascii, loads_strict
 from dspark_calibrate.calibrate.confidence.metrics import ECE_BINS, PROB_EPS, binned_ece
 from dspark_calibrate.errors import ConfigError, InvalidValueError
 
@@ -108,7 +107,6 @@ _PARAM_LIMIT = 1e4  # |parameter| beyond which a parametric fit is declared dive
 _STS_KEYS = frozenset(
     {"sts_temperatures", "temperatures", "ece_before", "ece_after", "dataset", "num_samples", "max_draft_len"}
 )
-_PRINTABLE = re.compile(r"^[\x20-\x7e]*$")
 
 
 # --------------------------------------------------------------------------------------------
@@ -913,7 +911,7 @@ def _validated_sts(obj: Mapping[str, Any], *, where: str, k: int | None, allow_n
             raise ConfigError(f"{where}: {name} must be a number in [0, 1], got {value!r}")
         eces[name] = float(value)
     dataset = obj.get("dataset")
-    if dataset is not None and (not isinstance(dataset, str) or not _PRINTABLE.match(dataset)):
+    if dataset is not None and not is_printable_ascii(dataset):
         raise ConfigError(f"{where}: dataset must be a printable ASCII string, got {dataset!r}")
     if dataset is None and "dataset" in obj and not allow_null:
         raise ConfigError(f"{where}: dataset is null; omit it or give a string")

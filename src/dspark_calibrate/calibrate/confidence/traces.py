@@ -46,7 +46,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dspark_calibrate.artifacts import TRACE_FOOTER_KEY, atomic_write_bytes, canonical_json
+from dspark_calibrate.artifacts import (
+    FOOTER_KEY,
+    TRACE_FOOTER_KEY,
+    JsonError,
+    atomic_write_bytes,
+    canonical_json,
+    loads_strict,
+)
 from dspark_calibrate.errors import ConfigError, InvalidValueError
 from dspark_calibrate.schemas import SCHEMA_VERSION, arrow_schema
 
@@ -625,10 +632,6 @@ def _filter_sampling(batch: TraceBatch, sampling: str | None) -> TraceBatch:
 # JSONL
 
 
-def _refuse_constant(name: str) -> float:
-    raise ValueError(f"non-finite JSON literal {name}")
-
-
 def _short(value: Any, limit: int = 60) -> str:
     """``repr(value)``, cut to ``limit`` characters (a 400-digit integer makes no readable message)."""
     if isinstance(value, int) and value.bit_length() > 3 * limit:  # str() of it may be refused
@@ -821,9 +824,11 @@ def _iter_jsonl(path: Path, k: int | None, batch_rows: int) -> Iterator[TraceBat
                     continue
                 where = f"{path}: line {lineno}"
                 try:
-                    obj = json.loads(line, parse_constant=_refuse_constant)
-                except (ValueError, RecursionError) as exc:  # RecursionError: nested ~1,000 deep
-                    raise ConfigError(f"{where}: not valid JSON ({exc}); one JSON object per line") from None
+                    # Untrusted: the strict loader refuses duplicate keys, NaN/Infinity, huge
+                    # literals and deep nesting, as for every JSON document this package reads.
+                    obj = loads_strict(line, what=where)
+                except JsonError as exc:
+                    raise ConfigError(f"{exc}; one JSON object per line") from None
                 rec = parse_trace_record(obj, where=where)
                 if k is None:
                     k = len(rec.logits)
@@ -890,9 +895,9 @@ def _parquet_footer(path: Path, pf: pq.ParquetFile) -> dict[str, Any]:
     if raw is None:
         return {}
     try:
-        doc = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise ConfigError(f"{path}: the 'dspark.trace' footer is not valid JSON ({exc})") from None
+        doc = loads_strict(raw, what=f"{path}: the 'dspark.trace' footer")
+    except JsonError as exc:
+        raise ConfigError(str(exc)) from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: the 'dspark.trace' footer must be a JSON object")
     version = doc.get("schema_version")
@@ -1346,11 +1351,6 @@ def _format_of(path: Path) -> str:
     return fmt
 
 
-#: Footer key of this package's signed and unsigned artifacts (sweeps, workloads, ...): a Parquet
-#: file that has it is another stage's output, never a trace.
-_ARTIFACT_FOOTER_KEY = b"dspark"
-
-
 def _other_output(path: Path) -> bool:
     """A file in a trace directory that another stage wrote: a sweep journal or an artifact."""
     name = path.name.lower()
@@ -1362,7 +1362,9 @@ def _other_output(path: Path) -> bool:
         meta = pq.read_schema(path).metadata or {}
     except (OSError, pa.ArrowException):
         return False  # the reader reports it properly
-    return _ARTIFACT_FOOTER_KEY in meta
+    # artifacts.FOOTER_KEY marks this package's signed and unsigned artifacts (sweeps, workloads,
+    # ...): a Parquet file that has it is another stage's output, never a trace.
+    return FOOTER_KEY in meta
 
 
 def expand_trace_paths(paths: Sequence[Path | str]) -> list[Path]:

@@ -60,7 +60,6 @@ from dspark_calibrate.artifacts import (
     logical_sha256,
     publish_directory,
     read_artifact,
-    write_unsigned_artifact,
 )
 from dspark_calibrate.calibrate._png import new_figure, png_bytes
 from dspark_calibrate.calibrate.deployment.cells import CHECK_COLUMNS, control_notes
@@ -996,21 +995,25 @@ def _sign_members(
     Raises:
         ConfigError: a signed member does not verify (``refusal`` names it: ``{file}``, ``{exc}``).
     """
-    from dspark_calibrate.artifacts import require_valid, sign_artifact, verify_path, write_bundle
+    from dspark_calibrate.artifacts import require_valid, sign_table, verify_path, write_bundle, write_signed
 
     members = {}
     for kind, (table, summary) in tables.items():
         path = directory / files[kind]
-        write_unsigned_artifact(
-            path, table, kind=kind, fingerprint=fingerprint, provenance=provenance, summary=summary
-        )
-        sign_artifact(
-            read_artifact(path),
+        # Signed in memory, written once; the self-check then reads what was written.
+        signed = sign_table(
+            table,
             list(signers),
+            kind=kind,
+            fingerprint=fingerprint,
+            provenance=provenance,
+            summary=summary,
             version=options.version,
             issued_at=options.issued_at,
             expires_at=options.expires_at,
+            where=path,
         )
+        write_signed(signed, path)
         checked = verify_path(path, trust_root, now=options.issued_at, expected=replace(expected, kind=kind))
         try:
             members[kind] = require_valid(checked)

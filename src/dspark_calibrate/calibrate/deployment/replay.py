@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from dspark_calibrate.artifacts import canonical_json
+from dspark_calibrate.artifacts import ModelError, ReceiptEconomics, canonical_json
 from dspark_calibrate.calibrate.deployment.cells import CellGrid, CellTime
 from dspark_calibrate.calibrate.deployment.mixed import MixedEvidence
 from dspark_calibrate.calibrate.deployment.regime import Objective
@@ -774,7 +774,8 @@ def admission_rule(
     fixed_confidence_path_overhead_ms_upper_bound: float,
     safety_margin_ms: float,
 ) -> tuple[bool, float]:
-    """The consumer's admission rule: (admitted, net value in ms).
+    """The consumer's admission rule: (admitted, net value in ms), from the one receipt rule
+    (``artifacts.ReceiptEconomics``).
 
     ``net = gross - policy_steps * overhead - margin``; admitted when compact_choices > 0 and
     net > 0. Every policy step pays the overhead, native ones included.
@@ -782,27 +783,17 @@ def admission_rule(
     Raises:
         ConfigError: counts or amounts out of range (the consumer refuses them too).
     """
-    if isinstance(policy_steps, bool) or not isinstance(policy_steps, int) or policy_steps < 1:
-        raise ConfigError(f"policy_steps must be an integer >= 1, got {policy_steps!r}")
-    if (
-        isinstance(compact_choices, bool)
-        or not isinstance(compact_choices, int)
-        or not 0 <= compact_choices <= policy_steps
-    ):
-        raise ConfigError(f"compact_choices must be an integer in [0, policy_steps], got {compact_choices!r}")
-    for name, x in (
-        ("gross_compact_value_ms_lower_bound", gross_compact_value_ms_lower_bound),
-        ("fixed_confidence_path_overhead_ms_upper_bound", fixed_confidence_path_overhead_ms_upper_bound),
-        ("safety_margin_ms", safety_margin_ms),
-    ):
-        if not math.isfinite(x) or x < 0:
-            raise ConfigError(f"{name} must be finite and >= 0, got {x!r}")
-    net = (
-        gross_compact_value_ms_lower_bound
-        - policy_steps * fixed_confidence_path_overhead_ms_upper_bound
-        - safety_margin_ms
-    )
-    return compact_choices > 0 and net > 0, net
+    try:
+        receipt = ReceiptEconomics(
+            policy_steps=policy_steps,
+            compact_choices=compact_choices,
+            gross_compact_value_ms_lower_bound=gross_compact_value_ms_lower_bound,
+            fixed_confidence_path_overhead_ms_upper_bound=fixed_confidence_path_overhead_ms_upper_bound,
+            safety_margin_ms=safety_margin_ms,
+        )
+    except ModelError as exc:
+        raise ConfigError(str(exc)) from exc
+    return receipt.admitted, receipt.net_value_ms
 
 
 def selector_replay_sha256(

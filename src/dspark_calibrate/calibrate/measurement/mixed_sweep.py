@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from dspark_calibrate import __version__
 from dspark_calibrate.artifacts import (
+    PRICING_SEMANTICS,
     Fingerprint,
     MixedGeometry,
     MixedRoute,
@@ -79,9 +80,6 @@ __all__ = [
     "import_mixed",
     "mixed_summary_table",
 ]
-
-#: What a mixed cell's time is: a rank-0 forward (one process) or the slowest rank's (several).
-PRICING_SEMANTICS = "rank0_forward_pricing_proxy"
 
 
 @runtime_checkable

@@ -29,11 +29,13 @@ from dspark_calibrate.artifacts import (
     read_regular_file,
 )
 from dspark_calibrate.errors import ConfigError, DsparkError
+from dspark_calibrate.schemas import BUNDLE_KINDS
 
 if TYPE_CHECKING:
     from dspark_calibrate.artifacts import BundleReport, Expectation, MixedReport, TrustRoot, VerifiedArtifact
 
 __all__ = [
+    "CLAIMED_FIELDS",
     "MEMBER_KINDS",
     "Evidence",
     "ReceiptEvidence",
@@ -43,8 +45,8 @@ __all__ = [
     "display",
 ]
 
-#: Member kinds a report covers, in page order (DESIGN §4 bundle members).
-MEMBER_KINDS: tuple[str, ...] = ("cost-table", "calibration", "admission")
+#: Member kinds a report covers, in page order: a decode bundle's (``schemas.BUNDLE_KINDS``).
+MEMBER_KINDS = BUNDLE_KINDS
 #: Files read per input directory when listing untrusted inputs (a bundle has at most three members;
 #: the cap keeps a mistaken directory argument from reading a whole data folder).
 _MAX_UNTRUSTED_FILES = 8
@@ -52,8 +54,9 @@ _MAX_UNTRUSTED_FILES = 8
 _MAX_PACKAGE_FILE_BYTES = 1 << 20
 #: The pin the options file carries (written by ``export trtllm`` and the runtime form).
 _RECEIPT_PIN = re.compile(r'confidence_admission_receipt_sha256:\s*"?([0-9a-f]{64})"?')
-#: Footer claims shown for untrusted inputs (enough to recognise a file; never used for a decision).
-_CLAIMED_FIELDS: tuple[str, ...] = (
+#: Fingerprint fields shown for untrusted inputs and first on the page (enough to recognise a
+#: deployment; never used for a decision).
+CLAIMED_FIELDS: tuple[str, ...] = (
     "gpu",
     "gpu_count",
     "topology",
@@ -192,7 +195,7 @@ def _untrusted_file(path: Path) -> UntrustedInput:
     except ArtifactReadError as exc:
         return UntrustedInput(str(path), size, digest, read_error=f"{exc.reason.value}: {exc}")
     fp = loaded.metadata.get("fingerprint")
-    claims = tuple((k, display(fp.get(k))) for k in _CLAIMED_FIELDS) if isinstance(fp, Mapping) else ()
+    claims = tuple((k, display(fp.get(k))) for k in CLAIMED_FIELDS) if isinstance(fp, Mapping) else ()
     return UntrustedInput(
         str(path), size, digest, claimed_kind=loaded.kind, claimed_rows=loaded.table.num_rows, claims=claims
     )

@@ -16,7 +16,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from dspark_calibrate.calibrate.report.evidence import Evidence, ReceiptEvidence, TrustRootInfo
+from dspark_calibrate.calibrate.report.evidence import (
+    CLAIMED_FIELDS,
+    Evidence,
+    ReceiptEvidence,
+    TrustRootInfo,
+)
 from dspark_calibrate.calibrate.report.verdict import Check, Severity
 
 __all__ = ["FACT_KEYS", "NOT_STATED", "Fact", "IdentityView", "receipt_checks", "release_facts"]
@@ -25,8 +30,6 @@ __all__ = ["FACT_KEYS", "NOT_STATED", "Fact", "IdentityView", "receipt_checks", 
 FACT_KEYS: tuple[str, ...] = ("expiry", "deployment", "signer", "receipt", "prediction")
 #: What the page says of a fact the signed evidence does not state.
 NOT_STATED = "not stated"
-#: Fingerprint fields shown on the first screen, in this order (the rest are in the Identity section).
-_DEPLOYMENT_FIELDS = ("gpu", "gpu_count", "topology", "max_draft_len", "rank_local_graph_batch_sizes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +114,9 @@ def _expiry(identity: IdentityView, root: TrustRootInfo | None, now: datetime, w
 
 def _deployment(identity: IdentityView) -> Fact:
     fields = {name: value for name, value, _, _ in identity.fingerprint}
-    shown = {name: fields.get(name, "—") for name in _DEPLOYMENT_FIELDS}
+    # The fingerprint fields shown first (the rest are in the Identity section) are the ones an
+    # untrusted input's claims show: enough to recognise a deployment.
+    shown = {name: fields.get(name, "—") for name in CLAIMED_FIELDS}
     missing = [name for name, value in fields.items() if value == "—"]
     text = (
         f"GPU {shown['gpu']} ×{shown['gpu_count']}, topology {shown['topology']}, K={shown['max_draft_len']}, "

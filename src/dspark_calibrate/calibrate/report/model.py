@@ -28,6 +28,7 @@ from dspark_calibrate.artifacts import (
     Fingerprint,
     ModelError,
     Reason,
+    ReceiptEconomics,
 )
 from dspark_calibrate.calibrate.report.evidence import (
     MEMBER_KINDS,
@@ -1190,12 +1191,21 @@ def _admission_section(art: VerifiedArtifact) -> AdmissionSection:
     margin = read.num("safety_margin_ms")
     steps = read.integer("policy_steps")
     choices = read.integer("compact_choices")
-    recomputed = None
-    rule = None
-    if gross is not None and overhead is not None and margin is not None and steps is not None:
-        recomputed = gross - steps * overhead - margin
-        if choices is not None:
-            rule = choices > 0 and recomputed > 0
+    recomputed: float | None = None
+    rule: bool | None = None
+    if (
+        steps is not None
+        and choices is not None
+        and gross is not None
+        and overhead is not None
+        and margin is not None
+    ):
+        try:
+            receipt = ReceiptEconomics(steps, choices, gross, overhead, margin)
+        except ModelError:
+            pass  # out of range: the runtime's reading below (the gain test) names the field
+        else:
+            recomputed, rule = receipt.net_value_ms, receipt.admitted
     guard_raw = art.summary.get("drain_guard")
     guard = (
         tuple((str(key), display(val)) for key, val in sorted(guard_raw.items()))

@@ -12,7 +12,7 @@ import base64
 import math
 from typing import TYPE_CHECKING, Any
 
-from dspark_calibrate.calibrate._png import new_figure, png_bytes
+from dspark_calibrate.calibrate._png import RAW_COLOR, new_figure, png_bytes
 from dspark_calibrate.calibrate.report.model import (
     AdmissionSection,
     CalibrationSection,
@@ -41,7 +41,6 @@ _NATIVE = "#333333"
 _COMPACT = "#1f6fb4"
 _NOISY = "#e08a00"
 _BAD = "#c0142c"
-_BEFORE = "#9a9a9a"
 _CANDIDATE = "#8c8c8c"
 
 
@@ -241,7 +240,10 @@ def plot_reliability(cal: CalibrationSection) -> str:
             linewidth=0.4,
         )
         ax.plot([0, 1], [0, 1], color="#777777", lw=0.8, ls=":")
-        for bins, color, label in ((diagram.before, _BEFORE, "raw"), (diagram.bins, _COMPACT, "calibrated")):
+        for bins, color, label in (
+            (diagram.before, RAW_COLOR, "raw"),
+            (diagram.bins, _COMPACT, "calibrated"),
+        ):
             pts = [
                 (b.mean_predicted, b.observed)
                 for b in bins
@@ -284,7 +286,7 @@ def plot_survival(cal: CalibrationSection) -> str:
     )
     before = [p.predicted_before for p in cal.survival if p.predicted_before is not None]
     if len(before) == len(xs):
-        ax.plot(xs, before, marker="^", ls="--", color=_BEFORE, label="predicted (raw logits)")
+        ax.plot(xs, before, marker="^", ls="--", color=RAW_COLOR, label="predicted (raw logits)")
     ax.set_xticks(xs)
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("draft position j", fontsize=8)
@@ -321,7 +323,7 @@ def plot_metrics(cal: CalibrationSection) -> str:
         ax.errorbar([x], [value], yerr=yerr, fmt="o", color=color, capsize=3, ms=4)
 
     for ax, m in zip(axes, overall, strict=False):
-        point(ax, 0, m.before, m.before_ci, _BEFORE)
+        point(ax, 0, m.before, m.before_ci, RAW_COLOR)
         point(ax, 1, m.after, m.after_ci, _COMPACT)
         ax.set_xticks([0, 1], ["before", "after"], fontsize=8)
         ax.set_xlim(-0.6, 1.6)
@@ -331,7 +333,7 @@ def plot_metrics(cal: CalibrationSection) -> str:
     if per_position:
         ax = axes[-1]
         for i, m in enumerate(per_position):
-            point(ax, i + 0.88, m.before, m.before_ci, _BEFORE)
+            point(ax, i + 0.88, m.before, m.before_ci, RAW_COLOR)
             point(ax, i + 1.12, m.after, m.after_ci, _COMPACT)
         ax.set_xticks(
             range(1, len(per_position) + 1), [str(i) for i in range(1, len(per_position) + 1)], fontsize=8

@@ -37,7 +37,7 @@ __all__ = [
     "read_profiler_jsonl",
 ]
 
-_REQUIRED = ("batch_size", "verify_len", "step_time_ms", "iteration")
+_REQUIRED_FIELDS = ("batch_size", "verify_len", "step_time_ms", "iteration")
 _OPTIONAL = ("measured_tokens",)
 _MIXED_FIELDS = ("mixed_geometry", "step_time_ms", "iteration")
 
@@ -124,16 +124,16 @@ def parse_profiler_jsonl(
     """
     samples: list[ProfilerSample] = []
     misaligned = mixed = 0
-    allowed = set(_REQUIRED) | set(_OPTIONAL)
+    allowed = set(_REQUIRED_FIELDS) | set(_OPTIONAL)
     for where, rec in _records(lines, source):
         if "mixed_geometry" in rec:
             mixed += 1  # a mixed prefill+decode step: `sweep --mixed` imports it
             continue
-        missing = sorted(set(_REQUIRED) - set(rec))
+        missing = sorted(set(_REQUIRED_FIELDS) - set(rec))
         extra = sorted(set(rec) - allowed)
         if missing or extra:
             raise ConfigError(
-                f"{where}: missing fields {missing}, unknown fields {extra}; expected {list(_REQUIRED)}"
+                f"{where}: missing fields {missing}, unknown fields {extra}; expected {list(_REQUIRED_FIELDS)}"
             )
         g, v = _int(rec, "batch_size", where), _int(rec, "verify_len", where)
         iteration = _int(rec, "iteration", where)
