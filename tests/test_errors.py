@@ -116,3 +116,19 @@ def test_the_package_fails_closed_at_exactly_one_boundary() -> None:
         if (lines := _broad_handlers(ast.parse(path.read_text(encoding="utf-8"))))
     }
     assert list(found) == ["runtime_plugin/admission.py"] and len(found["runtime_plugin/admission.py"]) == 1, found
+
+
+# A slice of at most 16 characters inside a format field, followed by an ellipsis: "{digest[:16]}…".
+_CUT_DIGEST = re.compile(r"\[:\d{1,2}\]\}(…|\.\.\.)")
+
+
+def test_messages_print_digests_whole() -> None:
+    """A digest or key id in a message can be copied and compared: no message cuts one short."""
+    src = Path(dspark_calibrate.__file__).parent
+    cut = [
+        f"{path.relative_to(src)}:{n}"
+        for path in sorted(src.rglob("*.py"))
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if _CUT_DIGEST.search(line)
+    ]
+    assert not cut, f"messages cut a digest short (print it whole): {cut}"

@@ -420,7 +420,7 @@ def _member_mismatch(
             Finding(
                 Reason.BUNDLE_MEMBER_MISMATCH,
                 f"{member_path}: is not the {kind} this bundle pins (logical sha256 "
-                f"{art.logical_sha256[:16]}… v{art.version}, pinned {entry['logical_sha256'][:16]}… "
+                f"{art.logical_sha256} v{art.version}, pinned {entry['logical_sha256']} "
                 f"v{entry['version']}); restore the bundle's own file",
                 field=kind,
                 expected=entry["logical_sha256"],

@@ -545,8 +545,8 @@ def check_root_rollback(
     if presented.version == seen.version:
         if presented.raw != seen.raw:
             raise _rotation(
-                f"trust root v{presented.version} (sha256 {presented.digest()[:16]}…) is not the v{seen.version} "
-                f"accepted here (sha256 {seen.digest()[:16]}…); two roots of one version are a fork: pin "
+                f"trust root v{presented.version} (sha256 {presented.digest()}) is not the v{seen.version} "
+                f"accepted here (sha256 {seen.digest()}); two roots of one version are a fork: pin "
                 "the accepted root, or start a new state file if you replaced the trust root on purpose"
             )
         return presented

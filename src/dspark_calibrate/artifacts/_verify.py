@@ -500,8 +500,8 @@ def _step5_hash(table: pa.Table, kind: str, digest: str, where: Path) -> None:
             [
                 Finding(
                     Reason.LOGICAL_HASH_MISMATCH,
-                    f"{where}: table content does not match its signature (logical sha256 {actual[:16]}…, "
-                    f"signed {digest[:16]}…); the file was altered after signing",
+                    f"{where}: table content does not match its signature (logical sha256 {actual}, "
+                    f"signed {digest}); the file was altered after signing",
                     expected=digest,
                     actual=actual,
                 )

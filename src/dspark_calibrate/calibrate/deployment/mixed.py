@@ -150,14 +150,14 @@ class MixedGrid:
         for i, g in enumerate(self.groups):
             if g.features in index:
                 raise ConfigError(
-                    f"two mixed sweep groups have the same rank features ({g.group_sha256[:12]}…)"
+                    f"two mixed sweep groups have the same rank features ({g.group_sha256})"
                 )
             index[g.features] = i
         seen: set[MixedGeometry] = set()
         for c in self.cells:
             if c.geometry in seen:
                 raise ConfigError(
-                    f"mixed geometry {c.sha256[:12]}… is measured twice; merge sweeps without overlap"
+                    f"mixed geometry {c.sha256} is measured twice; merge sweeps without overlap"
                 )
             seen.add(c.geometry)
         object.__setattr__(self, "_group_of", index)

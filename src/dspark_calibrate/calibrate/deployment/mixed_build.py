@@ -137,8 +137,8 @@ def load_mixed_inputs(path: Path, fingerprint: Fingerprint) -> MixedInputs:
     digest = logical_sha256(table, "mixed-sweep-samples")
     if samples.kind != "mixed-sweep-samples" or digest != want:
         raise ConfigError(
-            f"{spath}: not the samples {path.name} was summarized from (logical sha256 {digest[:16]}…, named "
-            f"{str(want)[:16]}…); keep a sweep's files together"
+            f"{spath}: not the samples {path.name} was summarized from (logical sha256 {digest}, named "
+            f"{str(want)}); keep a sweep's files together"
         )
     protocol = summary.get("protocol_sha256")
     if not isinstance(protocol, str) or len(protocol) != 64:

@@ -132,8 +132,8 @@ class Journal:
         if found != config_digest:
             diff = _config_diff(contents.header.get("config"), config)
             raise ConfigError(
-                f"{path}: journal was written for configuration {str(found)[:12]}…, this sweep is "
-                f"{config_digest[:12]}…{diff}; resume with the same arguments, or start a new journal "
+                f"{path}: journal was written for configuration {str(found)}, this sweep is "
+                f"{config_digest}{diff}; resume with the same arguments, or start a new journal "
                 "(remove the file or choose another --out)"
             )
         try:
