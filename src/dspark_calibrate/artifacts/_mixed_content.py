@@ -82,7 +82,7 @@ def _geometry_findings(
     out: list[Finding] = []
     seen: dict[str, int] = {}
     for i, row in enumerate(rows):
-        cell = f"mixed cell {i} (capacity {row['capacity']}, geometry {str(row['geometry_sha256'])})"
+        cell = f"mixed cell {i} (capacity {row['capacity']}, geometry {row['geometry_sha256']!s})"
         try:
             geo = _geometry(row)
         except ConfigError as exc:

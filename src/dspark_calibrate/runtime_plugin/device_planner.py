@@ -185,7 +185,7 @@ def _indexed(device: torch.device) -> torch.device:
     Tensors always carry an index (``cuda:0``); a planner built for ``"cuda"`` compares its
     device with the engine's buffers, so it must name the same index.
     """
-    if device.type == "cuda" and device.index is None:
+    if str(device) == "cuda":  # no index (torch types `index` as int, but it is None here)
         return torch.device("cuda", torch.cuda.current_device())
     return device
 

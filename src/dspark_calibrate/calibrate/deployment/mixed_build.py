@@ -138,7 +138,7 @@ def load_mixed_inputs(path: Path, fingerprint: Fingerprint) -> MixedInputs:
     if samples.kind != "mixed-sweep-samples" or digest != want:
         raise ConfigError(
             f"{spath}: not the samples {path.name} was summarized from (logical sha256 {digest}, named "
-            f"{str(want)}); keep a sweep's files together"
+            f"{want!s}); keep a sweep's files together"
         )
     protocol = summary.get("protocol_sha256")
     if not isinstance(protocol, str) or len(protocol) != 64:

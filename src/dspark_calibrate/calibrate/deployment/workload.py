@@ -739,7 +739,7 @@ def _read_mixed(path: Path, name: str, digest: Any, table: pa.Table) -> pa.Table
     mixed = _validate_mixed(loaded.table, table, str(companion))
     if digest != logical_sha256(mixed, MIXED_KIND):
         raise ConfigError(
-            f"{companion}: its content does not match the logical hash {str(digest)} the workload {path.name} "
+            f"{companion}: its content does not match the logical hash {digest!s} the workload {path.name} "
             "records; keep the two files together, as written"
         )
     return mixed

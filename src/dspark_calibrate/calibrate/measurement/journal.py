@@ -132,7 +132,7 @@ class Journal:
         if found != config_digest:
             diff = _config_diff(contents.header.get("config"), config)
             raise ConfigError(
-                f"{path}: journal was written for configuration {str(found)}, this sweep is "
+                f"{path}: journal was written for configuration {found!s}, this sweep is "
                 f"{config_digest}{diff}; resume with the same arguments, or start a new journal "
                 "(remove the file or choose another --out)"
             )
