@@ -203,6 +203,7 @@ class DrainGuard:
 # One signed cell
 # ---------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True, slots=True)
 class CostCell:
     """One measured cell as a ``cost-table`` row states it; :attr:`key` (G, V) is the row order.
@@ -255,7 +256,9 @@ class CostCell:
         where = f"(G={g}, V={v})"
         object.__setattr__(self, "graph_batch_size", g)
         object.__setattr__(self, "verifier_budget", v)
-        object.__setattr__(self, "step_time_ms", _finite(self.step_time_ms, f"step time of {where}", positive=True))
+        object.__setattr__(
+            self, "step_time_ms", _finite(self.step_time_ms, f"step time of {where}", positive=True)
+        )
         lo, hi = self.ci_low_ms, self.ci_high_ms
         if lo is not None and hi is not None and not lo <= self.step_time_ms <= hi:
             raise ConfigError(f"cell {where}: need ci_low_ms <= step_time_ms <= ci_high_ms, got {lo}, {hi}")
@@ -503,9 +506,7 @@ class CostTable:
                     f"cell (G={r.graph_batch_size}, V={r.verifier_budget}) is not deployable; need V=0 or "
                     f"G < V < G*(K+1)={full_width(r.graph_batch_size, k)}"
                 )
-            missing = sorted(
-                f.name for f in schema if not f.nullable and getattr(r, f.name) is None
-            )
+            missing = sorted(f.name for f in schema if not f.nullable and getattr(r, f.name) is None)
             if missing:
                 raise ConfigError(f"cell (G={r.graph_batch_size}, V={r.verifier_budget}) lacks {missing}")
         try:
