@@ -45,6 +45,7 @@ from dspark_calibrate.artifacts._bundle import BundleReport
 from dspark_calibrate.artifacts._calibration import Calibration
 from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict, sha256_hex
 from dspark_calibrate.artifacts._cells import (
+    DRAIN_GUARD_FIELDS,
     NATIVE_BUDGET,
     CellKind,
     CostTable,
@@ -293,7 +294,7 @@ class TrtllmInputs:
             ct.table,
             ct.fingerprint.max_draft_len,
             minimum_predicted_gain=summary["minimum_predicted_gain"],
-            drain_guard=DrainGuard.from_dict(guard) if isinstance(guard, Mapping) else None,
+            drain_guard=_drain_guard(guard) if isinstance(guard, Mapping) else None,
         )
         keys = ("position", "method", "temperature", "risk_set_size", "ece_before", "ece_after")
         rows = tuple({k: r[k] for k in keys} for r in cal.table.to_pylist())
@@ -307,6 +308,11 @@ class TrtllmInputs:
             bundle_version=bundle.version,
             mixed=MixedSource.from_report(mixed) if mixed is not None else None,
         )
+
+
+def _drain_guard(raw: Mapping[str, Any]) -> DrainGuard:
+    """The selector's drain guard from the summary's (which may also carry its source digest)."""
+    return DrainGuard.from_dict({f: raw[f] for f in DRAIN_GUARD_FIELDS if f in raw})
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,11 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 import dspark_calibrate
 from dspark_calibrate.artifacts import (
+    NATIVE_BUDGET,
     TRTLLM_FINGERPRINT_FIELDS,
     Finding,
     Fingerprint,
     ModelError,
     Reason,
+    full_width,
 )
 from dspark_calibrate.calibrate.report.evidence import (
     MEMBER_KINDS,
@@ -806,9 +808,11 @@ def _cost_group(
     has_replay: bool,
     noisy_limit: float,
 ) -> CostGroup:
-    native_row = next((r for r in cells if r["verifier_budget"] == 0), None)
+    native_row = next((r for r in cells if r["verifier_budget"] == NATIVE_BUDGET), None)
     tokens = {
-        int(r["verifier_budget"]): g * (k + 1) if r["verifier_budget"] == 0 else int(r["verifier_budget"])
+        int(r["verifier_budget"]): full_width(g, k)
+        if r["verifier_budget"] == NATIVE_BUDGET
+        else int(r["verifier_budget"])
         for r in cells
     }
     # Cost must not fall as more tokens are verified: a cell slower than one verifying more
