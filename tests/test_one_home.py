@@ -26,16 +26,6 @@ NAME = re.compile(r"^_?[A-Z][A-Z0-9_]*$")
 #: Strings and bytes shorter than this are not compared by value.
 MIN_TEXT = 4
 
-#: (module, name) definitions the scan skips for now: removed by the cost-model change (the STS
-#: document and drain guard models take these over); delete the list once it has landed.
-ALLOWED: frozenset[tuple[str, str]] = frozenset(
-    {
-        ("dspark_calibrate.calibrate.confidence.fit", "STS_FILE"),
-        ("dspark_calibrate.calibrate.confidence.maps", "_STS_KEYS"),
-        ("dspark_calibrate.runtime_plugin.engine", "DRAIN_GUARD_FIELDS"),
-    }
-)
-
 Value = tuple[str, object]
 
 
@@ -104,7 +94,7 @@ def constants() -> list[tuple[str, str, Value]]:
             if not isinstance(target, ast.Name) or not NAME.match(target.id):
                 continue
             literal = _literal(value)
-            if literal is not None and (module, target.id) not in ALLOWED:
+            if literal is not None:
                 out.append((module, target.id, literal))
     return out
 
@@ -119,16 +109,6 @@ def test_the_scan_sees_the_package() -> None:
     found = {(m, n) for m, n, _ in constants()}
     assert ("dspark_calibrate.schemas._arrow", "BUNDLE_KINDS") in found
     assert ("dspark_calibrate.artifacts._models", "NON_PRINTABLE_ASCII") in found
-
-
-def test_allowed_entries_still_exist() -> None:
-    """An entry whose definition is gone must leave the list too."""
-    defined = set()
-    for path in sorted(PACKAGE.rglob("*.py")):
-        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
-        text = path.read_text(encoding="utf-8")
-        defined |= {(module, name) for module_, name in ALLOWED if module_ == module and f"\n{name}" in text}
-    assert defined == ALLOWED
 
 
 def test_no_constant_name_is_defined_in_two_modules() -> None:

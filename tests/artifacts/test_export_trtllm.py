@@ -12,7 +12,15 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from dspark_calibrate.artifacts import AdmissionSummary, canonical_json, sha256_hex, verify_bundle
+from dspark_calibrate.artifacts import (
+    AdmissionSummary,
+    CostCell,
+    CostTable,
+    DrainGuard,
+    canonical_json,
+    sha256_hex,
+    verify_bundle,
+)
 from dspark_calibrate.artifacts._bundle import BundleReport
 from dspark_calibrate.artifacts._export_trtllm import (
     ADMISSION_BODY_FIELDS,
@@ -45,7 +53,7 @@ def golden_inputs(summary_changes: Mapping[str, Any] | None = None, **overrides:
     cells = []
     for g in (8, 16, 32):
         for v, t in ((0, 5.0 + g / 8), (3 * g, 4.25 + g / 10), (4 * g, 4.5 + g / 10)):
-            cells.append((g, v, t, sha256_hex(f"{g}/{v}".encode())))
+            cells.append(CostCell(g, v, t, source_result_sha256=sha256_hex(f"{g}/{v}".encode())))
     calibration = tuple(
         {
             "position": j,
@@ -85,7 +93,7 @@ def golden_inputs(summary_changes: Mapping[str, Any] | None = None, **overrides:
     }
     base: dict[str, Any] = {
         "fingerprint": make_fingerprint(),
-        "cost_cells": tuple(cells),
+        "cost_table": _cost_table(cells, summary),
         "calibration": calibration,
         "calibration_logical_sha256": "d" * 64,
         "summary": AdmissionSummary.from_summary({**summary, **(summary_changes or {})}),
@@ -93,6 +101,16 @@ def golden_inputs(summary_changes: Mapping[str, Any] | None = None, **overrides:
     }
     base.update(overrides)
     return TrtllmInputs(**base)
+
+
+def _cost_table(cells: list[CostCell], summary: dict[str, Any]) -> CostTable:
+    """The deployed cells under the summary's gain threshold and drain guard (as from_bundle builds it)."""
+    return CostTable.from_cost_cells(
+        K,
+        cells,
+        minimum_predicted_gain=summary["minimum_predicted_gain"],
+        drain_guard=DrainGuard.from_dict(summary["drain_guard"]),
+    )
 
 
 def golden_files() -> dict[str, bytes]:
@@ -142,10 +160,12 @@ def test_non_sts_calibration_exports_its_sts_approximation() -> None:
 
 def test_small_calibrations_omit_num_samples_and_without_compact_cells_there_is_no_guard() -> None:
     small = tuple({**r, "risk_set_size": 500} for r in golden_inputs().calibration)
-    native_only = tuple(c for c in golden_inputs().cost_cells if c[1] == 0)
-    summary = {"compact_choices": 0, "compact_step_share": 0.0, "admitted": False, "net_value_ms": -10.0}
+    native_only = [c for c in golden_inputs().cost_table.rows if c.verifier_budget == 0]
+    changes = {"compact_choices": 0, "compact_step_share": 0.0, "admitted": False, "net_value_ms": -10.0}
+    summary = {**golden_inputs().summary.to_summary(), **changes}
     out = render_trtllm(
-        golden_inputs(summary, calibration=small, cost_cells=native_only), selector_identity=SELECTOR
+        golden_inputs(changes, calibration=small, cost_table=_cost_table(native_only, summary)),
+        selector_identity=SELECTOR,
     )
     assert "num_samples" not in json.loads(out.files[STS_FILE])
     assert "iteration_drain_guard" not in json.loads(out.files[SPS_FILE])

@@ -21,7 +21,21 @@ import importlib
 from typing import Any
 
 from dspark_calibrate.artifacts._atomic import atomic_write_bytes, check_output_path, publish_directory
+from dspark_calibrate.artifacts._calibration import CALIBRATION_METHODS, Calibration, PositionMap
 from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict, sha256_hex
+from dspark_calibrate.artifacts._cells import (
+    DEFAULT_MINIMUM_PREDICTED_GAIN,
+    DRAIN_GUARD_FIELDS,
+    FORCED_K_BUDGET,
+    NATIVE_BUDGET,
+    CellKind,
+    CostCell,
+    CostTable,
+    DrainGuard,
+    cell_kind,
+    full_width,
+    is_deployable,
+)
 from dspark_calibrate.artifacts._content import LEGACY_UNPAIRED_COSTS, ArtifactNotice
 from dspark_calibrate.artifacts._files import FileTooLarge, read_regular_file
 from dspark_calibrate.artifacts._inputs import MAX_FINGERPRINT_FILE_BYTES, read_fingerprint
@@ -104,6 +118,14 @@ from dspark_calibrate.artifacts._state import (
     SeriesIdentity,
     StateError,
     StoredRoot,
+)
+from dspark_calibrate.artifacts._sts import (
+    STS_FIELDS,
+    STS_FILE,
+    STS_MIN_NUM_SAMPLES,
+    StsDocument,
+    parse_sts_document,
+    sts_document,
 )
 from dspark_calibrate.artifacts._summary import (
     ADMISSION_SUMMARY_FIELDS,
@@ -277,6 +299,27 @@ __all__ = [
     "validate_bytes",
     "validate_document",
     "write_unsigned_artifact",
+    # the signed documents as frozen, self-validating models, and the cell rules (one home each)
+    "CALIBRATION_METHODS",
+    "DEFAULT_MINIMUM_PREDICTED_GAIN",
+    "DRAIN_GUARD_FIELDS",
+    "FORCED_K_BUDGET",
+    "NATIVE_BUDGET",
+    "STS_FIELDS",
+    "STS_FILE",
+    "STS_MIN_NUM_SAMPLES",
+    "Calibration",
+    "CellKind",
+    "CostCell",
+    "CostTable",
+    "DrainGuard",
+    "PositionMap",
+    "StsDocument",
+    "cell_kind",
+    "full_width",
+    "is_deployable",
+    "parse_sts_document",
+    "sts_document",
     *sorted(_LAZY),
 ]
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from dspark_calibrate.artifacts._cells import NATIVE_BUDGET, cell_kind, full_width, is_deployable
 from dspark_calibrate.artifacts._mixed_content import (
     mixed_admission_findings,
     mixed_cost_table_findings,
@@ -148,17 +149,17 @@ def _cost_cells(gl: list[int], vl: list[int], ladder: Sequence[int], k: int, whe
                     field="graph_batch_size",
                 )
             )
-        elif vi != 0 and not (gi < vi < gi * (k + 1)):
+        elif not is_deployable(gi, vi, k):
             # V = G is legal but can never carry a real row (DESIGN §6), so it is never deployed.
             out.append(
                 Finding(
                     Reason.CONTENT_INVALID,
                     f"{where}: cell (G={gi}, V={vi}) is not a deployable compact budget; "
-                    f"need G < V < G*(K+1)={gi * (k + 1)}",
+                    f"need G < V < G*(K+1)={full_width(gi, k)}",
                     field="verifier_budget",
                 )
             )
-    natives = {gi for gi, vi in zip(gl, vl, strict=True) if vi == 0}
+    natives = {gi for gi, vi in zip(gl, vl, strict=True) if vi == NATIVE_BUDGET}
     for gi in ladder:
         if gi not in natives:
             out.append(
@@ -166,10 +167,10 @@ def _cost_cells(gl: list[int], vl: list[int], ladder: Sequence[int], k: int, whe
                     Reason.NATIVE_CELL_MISSING,
                     f"{where}: G={gi} has no native cell (V=0); every G needs its static full-K fallback",
                     field="verifier_budget",
-                    expected=0,
+                    expected=NATIVE_BUDGET,
                 )
             )
-    per_g = Counter(gi for gi, vi in zip(gl, vl, strict=True) if vi != 0)
+    per_g = Counter(gi for gi, vi in zip(gl, vl, strict=True) if vi != NATIVE_BUDGET)
     over = {x: n for x, n in per_g.items() if n > MAX_COMPACT_CELLS_PER_G}
     if over:
         out.append(
@@ -230,7 +231,7 @@ def _paired_savings(table: pa.Table, gl: list[int], vl: list[int], where: str) -
                     field="saving",
                 )
             )
-        elif v == 0 and (x, a, b) != (0.0, 0.0, 0.0):
+        elif v == NATIVE_BUDGET and (x, a, b) != (0.0, 0.0, 0.0):
             out.append(
                 Finding(
                     Reason.CONTENT_INVALID,
@@ -238,7 +239,7 @@ def _paired_savings(table: pa.Table, gl: list[int], vl: list[int], where: str) -
                     field="saving",
                 )
             )
-        elif v != 0 and a <= 0.0:
+        elif v != NATIVE_BUDGET and a <= 0.0:
             out.append(
                 Finding(
                     Reason.CONTENT_INVALID,
@@ -278,16 +279,15 @@ def _sweep(table: pa.Table, fp: Fingerprint, where: str) -> list[Finding]:
     k, out = _k(fp, where)
     if k is None or table.num_rows == 0:
         return out
-    g = table.column("graph_batch_size").to_numpy()
-    v = table.column("verifier_budget").to_numpy()
-    # 0 is the native cell and -1 the forced-K arm (measured, never deployed).
-    bad = (v != 0) & (v != -1) & ((v < g) | (v > g * (k + 1)))
-    if np.any(bad):
-        i = int(np.flatnonzero(bad)[0])
+    gl: list[int] = table.column("graph_batch_size").to_pylist()
+    vl: list[int] = table.column("verifier_budget").to_pylist()
+    # The markers (native, forced-K arm) and G <= V <= G*(K+1) are legal in a sweep.
+    bad = next(((g, v) for g, v in zip(gl, vl, strict=True) if cell_kind(g, v, k) is None), None)
+    if bad is not None:
         out.append(
             Finding(
                 Reason.CONTENT_INVALID,
-                f"{where}: cell (G={g[i]}, V={v[i]}) is outside G <= V <= G*(K+1)",
+                f"{where}: cell (G={bad[0]}, V={bad[1]}) is outside G <= V <= G*(K+1)",
                 field="verifier_budget",
             )
         )

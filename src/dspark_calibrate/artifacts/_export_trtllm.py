@@ -41,7 +41,17 @@ from typing import Any
 
 from dspark_calibrate.artifacts._atomic import atomic_write_bytes, publish_directory
 from dspark_calibrate.artifacts._bundle import BundleReport
+from dspark_calibrate.artifacts._calibration import Calibration
 from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict, sha256_hex
+from dspark_calibrate.artifacts._cells import (
+    DRAIN_GUARD_FIELDS,
+    NATIVE_BUDGET,
+    CellKind,
+    CostTable,
+    DrainGuard,
+    cell_kind,
+    is_deployable,
+)
 from dspark_calibrate.artifacts._mixed_bundle import MixedReport
 from dspark_calibrate.artifacts._mixed_geometry import MixedIdentity, MixedRoute
 from dspark_calibrate.artifacts._models import (
@@ -52,6 +62,7 @@ from dspark_calibrate.artifacts._models import (
     is_sha256_hex,
 )
 from dspark_calibrate.artifacts._reasons import Finding
+from dspark_calibrate.artifacts._sts import STS_FIELDS, STS_FILE, STS_MIN_NUM_SAMPLES, sts_document
 from dspark_calibrate.artifacts._summary import RECEIPT_ECONOMICS_FIELDS, AdmissionSummary, ReceiptEconomics
 from dspark_calibrate.artifacts._trtllm_mixed import (
     TRTLLM_MIXED_FILES,
@@ -83,7 +94,6 @@ __all__ = [
 ]
 
 SPS_FILE = "sps_table.json"
-STS_FILE = "sts.json"
 LIVE_FILE = "live_fingerprint.json"
 RECEIPT_FILE = "admission_receipt.json"
 YAML_FILE = "extra_llm_api_options.yaml"
@@ -132,12 +142,6 @@ _GUARD_FIELDS = frozenset(
 _MEASUREMENT_FIELDS = frozenset(
     {"rank_local_graph_batch_size", "rank_local_verifier_budget", "step_time_ms", "source_result_sha256"}
 )
-#: Fields an STS file may hold (TensorRT-LLM reads nothing else).
-STS_FIELDS = frozenset(
-    {"sts_temperatures", "temperatures", "ece_before", "ece_after", "dataset", "num_samples", "max_draft_len"}
-)
-#: Minimum calibration sample count the consumer accepts in ``num_samples``.
-MIN_STS_SAMPLES = 1000
 _YAML_KEYS = (
     "decoding_type",
     "max_draft_len",
@@ -229,7 +233,8 @@ class TrtllmInputs:
 
     Attributes:
         fingerprint: the deployment (all ten TensorRT-LLM fields established).
-        cost_cells: (G, V, step_time_ms, source_result_sha256) of every deployed cell.
+        cost_table: the deployed cells (their signed rows kept) with the admission's gain threshold
+            and drain guard.
         calibration: per position (position, method, temperature, risk_set_size, ece_before,
             ece_after).
         calibration_logical_sha256: names the calibration in ``sts.json``'s dataset field.
@@ -239,7 +244,7 @@ class TrtllmInputs:
     """
 
     fingerprint: Fingerprint
-    cost_cells: tuple[tuple[int, int, float, str], ...]
+    cost_table: CostTable
     calibration: tuple[Mapping[str, Any], ...]
     calibration_logical_sha256: str
     summary: AdmissionSummary
@@ -268,24 +273,25 @@ class TrtllmInputs:
                 "members; "
                 "rebuild the bundle with `dspark-calibrate build`"
             )
-        cells = tuple(
-            (
-                int(r["graph_batch_size"]),
-                int(r["verifier_budget"]),
-                float(r["step_time_ms"]),
-                str(r["source_result_sha256"]),
-            )
-            for r in ct.table.to_pylist()
+        if ct.fingerprint.max_draft_len is None:
+            raise ConfigError(f"{bundle.path}: the cost table's fingerprint does not state K (max_draft_len)")
+        summary = _admission_summary(bundle.path, adm.summary)
+        guard = summary.drain_guard
+        table = CostTable.from_arrow(
+            ct.table,
+            ct.fingerprint.max_draft_len,
+            minimum_predicted_gain=summary.minimum_predicted_gain,
+            drain_guard=_drain_guard(guard) if isinstance(guard, Mapping) else None,
         )
         keys = ("position", "method", "temperature", "risk_set_size", "ece_before", "ece_after")
         rows = tuple({k: r[k] for k in keys} for r in cal.table.to_pylist())
         assert bundle.version is not None
         return cls(
             fingerprint=ct.fingerprint,
-            cost_cells=tuple(sorted(cells)),
+            cost_table=table,
             calibration=tuple(sorted(rows, key=lambda r: int(r["position"]))),
             calibration_logical_sha256=cal.logical_sha256,
-            summary=_admission_summary(bundle.path, adm.summary),
+            summary=summary,
             bundle_version=bundle.version,
             mixed=MixedSource.from_report(mixed) if mixed is not None else None,
         )
@@ -297,6 +303,9 @@ def _admission_summary(where: Path, summary: Mapping[str, Any]) -> AdmissionSumm
         return AdmissionSummary.from_summary(summary)
     except ModelError as exc:
         raise ConfigError(f"{where}: the admission member's {exc}; rebuild the bundle") from exc
+def _drain_guard(raw: Mapping[str, Any]) -> DrainGuard:
+    """The selector's drain guard from the summary's (which may also carry its source digest)."""
+    return DrainGuard.from_dict({f: raw[f] for f in DRAIN_GUARD_FIELDS if f in raw})
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,7 +375,7 @@ def render_trtllm(
     k = int(fp10["max_draft_len"])
     notes: list[str] = []
     sps_bytes = canonical_json(_render_sps(inputs, fp10))
-    sts_bytes = canonical_json(_render_sts(inputs, k, notes))
+    sts_bytes = _render_sts(inputs, k, notes)
     live_bytes = canonical_json(fp10)
     body = _receipt_body(
         inputs.summary, fp10, selector_identity, sps=sps_bytes, sts=sts_bytes, live=live_bytes
@@ -439,18 +448,20 @@ def _render_sps(inputs: TrtllmInputs, fp10: Mapping[str, Any]) -> dict[str, Any]
     """``sps_table.json``: the cost tables per G, their measurements and, with compact cells, the
     drain guard."""
     summary = inputs.summary
+    table = inputs.cost_table
     tables: dict[str, dict[str, list[Any]]] = {}
     measurements = []
-    for g, v, t, src in inputs.cost_cells:
+    for cell in table.rows:
+        g, v, t = cell.graph_batch_size, cell.verifier_budget, cell.step_time_ms
         entry = tables.setdefault(str(g), {"token_counts": [], "step_time_ms": []})
-        entry["token_counts"].append(int(v))
-        entry["step_time_ms"].append(float(t))
+        entry["token_counts"].append(v)
+        entry["step_time_ms"].append(t)
         measurements.append(
             {
-                "rank_local_graph_batch_size": int(g),
-                "rank_local_verifier_budget": int(v),
-                "step_time_ms": float(t),
-                "source_result_sha256": src,
+                "rank_local_graph_batch_size": g,
+                "rank_local_verifier_budget": v,
+                "step_time_ms": t,
+                "source_result_sha256": str(cell.source_result_sha256),
             }
         )
     sps: dict[str, Any] = {
@@ -459,68 +470,53 @@ def _render_sps(inputs: TrtllmInputs, fp10: Mapping[str, Any]) -> dict[str, Any]
         "measurements": measurements,
         "engine_fingerprint": fp10,
         "engine_fingerprint_sha256": sha256_hex(canonical_json(fp10)),
-        "minimum_predicted_gain": float(summary.minimum_predicted_gain),
+        "minimum_predicted_gain": table.minimum_predicted_gain,
     }
-    has_compact = any(v != 0 for _, v, _, _ in inputs.cost_cells)
-    guard = summary.drain_guard
-    if has_compact and isinstance(guard, Mapping):
+    has_compact = any(cell.verifier_budget != NATIVE_BUDGET for cell in table.rows)
+    if has_compact and table.drain_guard is not None:
         sps["iteration_drain_guard"] = {
-            "loss_multiplier": float(guard["loss_multiplier"]),
-            "mean_output_tokens_per_request_iteration": float(
-                guard["mean_output_tokens_per_request_iteration"]
-            ),
-            "minimum_group_value_ms": float(guard["minimum_group_value_ms"]),
-            "tail_graph_batch_size": int(guard["tail_graph_batch_size"]),
+            **table.drain_guard.to_dict(),
             "source_result_sha256": summary.workload_identity_sha256,
         }
     return sps
 
 
-def _sts_temperatures(cal: Sequence[Mapping[str, Any]]) -> list[float]:
-    """One STS temperature per position (identity: 1.0); a position without one is refused."""
-    temps: list[float] = []
-    for r in cal:
-        temp: Any = r.get("temperature")
-        if temp is None and r.get("method") == "identity":
-            temp = 1.0
-        if temp is None:
-            raise ConfigError(
-                f"calibration position {r['position']} ({r['method']}) has no STS temperature; "
-                "TensorRT-LLM applies "
-                "STS only, so re-run fit (it records the best STS approximation of every method)"
-            )
-        temps.append(float(temp))
-    return temps
-
-
-def _render_sts(inputs: TrtllmInputs, k: int, notes: list[str]) -> dict[str, Any]:
+def _render_sts(inputs: TrtllmInputs, k: int, notes: list[str]) -> bytes:
     """``sts.json``: the temperatures, and the sample count and mean ECEs where they qualify
-    (appends a note for each approximation or omission)."""
+    (appends a note for each approximation or omission).
+
+    Raises:
+        ConfigError: a position has no STS temperature (TensorRT-LLM applies STS only).
+    """
     cal = inputs.calibration
-    temps = _sts_temperatures(cal)
+    try:
+        temps = Calibration.from_rows(cal, use="sts").sts_temperatures()
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}; TensorRT-LLM applies STS only") from None
+    assert temps is not None  # use="sts" makes every position STS
     methods = sorted({str(r["method"]) for r in cal} - {"sts"})
     if methods:
         notes.append(f"calibration methods {methods} exported as their best STS approximation temperatures")
-    sts: dict[str, Any] = {
-        "sts_temperatures": temps,
-        "temperatures": temps,
-        "max_draft_len": k,
-        "dataset": f"dspark-calibrate calibration {inputs.calibration_logical_sha256}",
-    }
     samples = int(cal[0]["risk_set_size"]) if cal else 0
-    if samples >= MIN_STS_SAMPLES:
-        sts["num_samples"] = samples
-    else:
+    if samples < STS_MIN_NUM_SAMPLES:
         notes.append(
-            f"num_samples omitted from {STS_FILE}: the fit used {samples} rounds (< {MIN_STS_SAMPLES})"
+            f"num_samples omitted from {STS_FILE}: the fit used {samples} rounds (< {STS_MIN_NUM_SAMPLES})"
         )
+    eces: dict[str, float | None] = {}
     for key in ("ece_before", "ece_after"):
         # One number: the mean over positions of the calibration's per-position ECE (the form the
         # project's STS parser reads; TensorRT-LLM reads only the temperatures).
         values: list[Any] = [r.get(key) for r in cal]
-        if values and all(isinstance(x, int | float) and math.isfinite(x) and 0 <= x <= 1 for x in values):
-            sts[key] = math.fsum(float(x) for x in values) / len(values)
-    return sts
+        ok = values and all(isinstance(x, int | float) and math.isfinite(x) and 0 <= x <= 1 for x in values)
+        eces[key] = math.fsum(float(x) for x in values) / len(values) if ok else None
+    return sts_document(
+        temps,
+        ece_before=eces["ece_before"],
+        ece_after=eces["ece_after"],
+        dataset=f"dspark-calibrate calibration {inputs.calibration_logical_sha256}",
+        num_samples=samples if samples >= STS_MIN_NUM_SAMPLES else None,
+        max_draft_len=k,
+    ).to_bytes()
 
 
 def _receipt_body(
@@ -682,7 +678,7 @@ def _check_sps(c: _Rules, sps: Any) -> tuple[int | None, dict[int, list[int]], d
     k = fp["max_draft_len"] if fp_ok else None
     cells, times = _check_cost_tables(c, sps.get("cost_tables"), k)
     if k is not None:
-        total = sum(1 for g, vs in cells.items() for v in vs[1:] if v < g * (k + 1))
+        total = sum(1 for g, vs in cells.items() for v in vs[1:] if cell_kind(g, v, k) is CellKind.COMPACT)
         if total > MAX_COMPACT_CELLS_TOTAL:
             c.fail(f, "cell_limits", f"{total} compact cells (engine limit {MAX_COMPACT_CELLS_TOTAL})")
     if fp_ok and set(cells) != set(fp["rank_local_graph_batch_sizes"]):
@@ -777,12 +773,12 @@ def _check_cost_table(c: _Rules, key: str, entry: Any) -> tuple[int, list[int], 
 def _check_budgets(c: _Rules, g: int, vs: list[int], k: int) -> None:
     """One G's budgets: inside G <= V <= G*(K+1), never V=G, at most the engine's compact cells."""
     f = SPS_FILE
-    bad = [v for v in vs[1:] if not g <= v <= g * (k + 1)]
+    bad = [v for v in vs[1:] if cell_kind(g, v, k) is None]
     if bad:
         c.fail(f, "budget_range", f"G={g}: budgets {bad} outside G <= V <= G*(K+1)")
-    if g in vs[1:]:
+    if any(cell_kind(g, v, k) is CellKind.COMPACT and not is_deployable(g, v, k) for v in vs[1:]):
         c.fail(f, "v_equals_g", f"G={g}: V=G can never carry a real row; do not deploy it")
-    compact = [v for v in vs[1:] if v < g * (k + 1)]
+    compact = [v for v in vs[1:] if cell_kind(g, v, k) is CellKind.COMPACT]
     if len(compact) > MAX_COMPACT_CELLS_PER_G:
         c.fail(
             f,
@@ -872,11 +868,11 @@ def _check_sts(c: _Rules, sts: Any, k: int | None) -> None:
         c.fail(f, "temperatures", f"sts_temperatures must be exactly K={k} finite positive numbers", k, temps)
     if "temperatures" in sts and sts["temperatures"] != temps:
         c.fail(f, "temperatures_alias", "temperatures must equal sts_temperatures")
-    if "num_samples" in sts and not _is_int(sts["num_samples"], MIN_STS_SAMPLES):
+    if "num_samples" in sts and not _is_int(sts["num_samples"], STS_MIN_NUM_SAMPLES):
         c.fail(
             f,
             "num_samples",
-            f"num_samples must be a JSON integer >= {MIN_STS_SAMPLES}",
+            f"num_samples must be a JSON integer >= {STS_MIN_NUM_SAMPLES}",
             actual=sts["num_samples"],
         )
     if "max_draft_len" in sts and (
@@ -980,7 +976,9 @@ def _check_receipt_economics(
                 body["admitted"],
             )
     if counts_ok and choices > 0:
-        compact = k is not None and any(v < g * (k + 1) for g, vs in cells.items() for v in vs[1:])
+        compact = k is not None and any(
+            cell_kind(g, v, k) is CellKind.COMPACT for g, vs in cells.items() for v in vs[1:]
+        )
         if not has_guard or not compact:
             c.fail(
                 f,

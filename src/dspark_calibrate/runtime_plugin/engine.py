@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from dspark_calibrate.artifacts import Finding, Reason
+from dspark_calibrate.artifacts import DRAIN_GUARD_FIELDS, Finding, Reason
 from dspark_calibrate.errors import ConfigError
 from dspark_calibrate.runtime_plugin.admission_decision import AdmissionDecision
 from dspark_calibrate.runtime_plugin.economics import AdmissionEconomics
@@ -57,14 +57,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: The drain-guard fields the selector reads (the summary also carries their source digest).
-DRAIN_GUARD_FIELDS: tuple[str, ...] = (
-    "loss_multiplier",
-    "mean_output_tokens_per_request_iteration",
-    "minimum_group_value_ms",
-    "tail_graph_batch_size",
-)
-
 
 def planner_inputs(
     cost_table: pa.Table,
@@ -89,15 +81,6 @@ def planner_inputs(
         ConfigError: the members do not form a valid selector input (e.g. a drain guard whose
             tail G has no measured native cell).
     """
-    cells = {
-        (int(g), int(v)): float(t)
-        for g, v, t in zip(
-            cost_table.column("graph_batch_size").to_pylist(),
-            cost_table.column("verifier_budget").to_pylist(),
-            cost_table.column("step_time_ms").to_pylist(),
-            strict=True,
-        )
-    }
     guard: DrainGuard | None = None
     gain = DEFAULT_MINIMUM_PREDICTED_GAIN
     if economics is not None:
@@ -108,7 +91,7 @@ def planner_inputs(
             if missing:
                 raise ConfigError(f"admission summary.drain_guard lacks {missing}")
             guard = DrainGuard.from_dict({f: raw[f] for f in DRAIN_GUARD_FIELDS})
-    table = CostTable.from_cells(max_draft_len, cells, minimum_predicted_gain=gain, drain_guard=guard)
+    table = CostTable.from_arrow(cost_table, max_draft_len, minimum_predicted_gain=gain, drain_guard=guard)
     calib = Calibration.from_rows(calibration.to_pylist(), use=calibration_use)
     if calib.k != max_draft_len:
         raise ConfigError(f"calibration covers K={calib.k} positions, the cost table K={max_draft_len}")

@@ -78,6 +78,8 @@ def test_row_lengths_are_feasible(g: int, k: int, data: st.DataObject) -> None:
         ("ladder_empty_text", lambda: parse_ladder(" , ")),
         ("ladder_dupe_text", lambda: parse_ladder("8,8")),
         ("budgets_no_colon", lambda: parse_budgets(["16-20"])),
+        ("budgets_bad_g", lambda: parse_budgets(["x:20"])),
+        ("budgets_bad_v", lambda: parse_budgets(["16:2o"])),
         ("budgets_twice", lambda: parse_budgets(["16:20", "16:24"])),
         ("max_per_g_small", lambda: candidate_budgets(8, 5, max_per_g=1)),
     ],

@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from dspark_calibrate.artifacts import (
     NON_PRINTABLE_ASCII,
+    STS_FILE,
     ArtifactReadError,
     Fingerprint,
     Provenance,
@@ -104,7 +105,6 @@ DOMINANT_REQUEST_SHARE = 0.25
 MIN_REQUESTS_WARN = 20
 #: Output file names inside ``--out``.
 CALIBRATION_FILE = "calibration.parquet"
-STS_FILE = "sts.json"
 REPORT_FILE = "fit-report.json"
 RELIABILITY_PNG = "reliability.png"
 SURVIVAL_PNG = "survival.png"
@@ -696,7 +696,7 @@ def write_fit_outputs(
     if result.calibration.is_sts or sts_approx:
         sts_path = out / STS_FILE
         doc = result.sts(dataset=_dataset_name(result.traces))
-        atomic_write_bytes(sts_path, canonical_json(doc.to_dict()))
+        atomic_write_bytes(sts_path, doc.to_bytes())
         reason = "exact STS" if result.calibration.is_sts else "best STS approximation (--sts-approx)"
     else:
         reason = (

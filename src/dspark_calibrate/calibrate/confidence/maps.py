@@ -23,8 +23,9 @@ few tens of thousands of weighted points before any optimiser runs.
 
 Also here: the greedy grid baseline (41 log-spaced temperatures on [0.1, 10], left to right,
 minimising the equal-width ECE of the running product), request-grouped cross-validated model
-selection, and TensorRT-LLM's ``sts.json`` document (writer and strict parser). Reading traces,
-splitting by request and writing artifacts are left to ``traces`` and ``fit``.
+selection. TensorRT-LLM's ``sts.json`` document (its one writer and strict parser) is
+``artifacts``'s :class:`StsDocument`, re-exported here. Reading traces, splitting by request and
+writing artifacts are left to ``traces`` and ``fit``.
 """
 
 from __future__ import annotations
@@ -39,9 +40,14 @@ import numpy as np
 from scipy.optimize import isotonic_regression
 from scipy.special import expit, log_expit
 
-from dspark_calibrate.artifacts import JsonError, is_printable_ascii, loads_strict
+from dspark_calibrate.artifacts import (
+    STS_MIN_NUM_SAMPLES,
+    StsDocument,
+    parse_sts_document,
+    sts_document,
+)
 from dspark_calibrate.calibrate.confidence.metrics import ECE_BINS, PROB_EPS, binned_ece
-from dspark_calibrate.errors import ConfigError, InvalidValueError
+from dspark_calibrate.errors import InvalidValueError
 
 __all__ = [
     "FIT_METHODS",
@@ -100,13 +106,8 @@ ISOTONIC_MIN_RISK_SET = 10_000
 LOGIT_BIN_WIDTH = 1.0 / 1024.0
 #: Most bins per fold; with wider logit ranges the bin width grows instead.
 MAX_LOGIT_BINS = 1 << 18
-#: TensorRT-LLM's lower bound on ``num_samples`` in ``sts.json``.
-STS_MIN_NUM_SAMPLES = 1000
 _ISOTONIC_PRIOR = 0.5  # pseudo-accepted per block; the same again as pseudo-rejected
 _PARAM_LIMIT = 1e4  # |parameter| beyond which a parametric fit is declared divergent
-_STS_KEYS = frozenset(
-    {"sts_temperatures", "temperatures", "ece_before", "ece_after", "dataset", "num_samples", "max_draft_len"}
-)
 
 
 # --------------------------------------------------------------------------------------------
@@ -791,163 +792,3 @@ def fit_sts_grid(
         s_prev *= expit(logits[:, j - 1] * np.float32(1.0 / best_t))
     return FittedCalibration("sts-grid", tuple(maps))
 
-
-# --------------------------------------------------------------------------------------------
-# TensorRT-LLM's sts.json
-
-
-@dataclass(frozen=True, slots=True)
-class StsDocument:
-    """TensorRT-LLM's STS file (DESIGN §6): K temperatures plus optional descriptive fields.
-
-    ``temperatures`` is written beside ``sts_temperatures`` with the same values (SGLang reads it).
-    ``ece_before``/``ece_after`` are single numbers: the mean over positions of the equal-width
-    ECE of S_j on held-out requests.
-    """
-
-    temperatures: tuple[float, ...]
-    ece_before: float | None = None
-    ece_after: float | None = None
-    dataset: str | None = None
-    num_samples: int | None = None
-    max_draft_len: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON object, with absent optional fields left out."""
-        out: dict[str, Any] = {
-            "sts_temperatures": list(self.temperatures),
-            "temperatures": list(self.temperatures),
-        }
-        for name in ("ece_before", "ece_after", "dataset", "num_samples", "max_draft_len"):
-            value = getattr(self, name)
-            if value is not None:
-                out[name] = value
-        return out
-
-
-def _check_temperatures(values: Any, where: str, name: str, k: int | None) -> tuple[float, ...]:
-    if not isinstance(values, list | tuple) or not values:
-        raise ConfigError(f"{where}: {name} must be a non-empty list of numbers, got {values!r}")
-    out = []
-    for i, t in enumerate(values, start=1):
-        if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t <= 0:
-            raise ConfigError(f"{where}: {name}[{i}] is {t!r}; every temperature must be a finite number > 0")
-        out.append(float(t))
-    if k is not None and len(out) != k:
-        raise ConfigError(
-            f"{where}: {name} has {len(out)} values, expected exactly K={k} (one per draft position)"
-        )
-    return tuple(out)
-
-
-def sts_document(
-    temperatures: Sequence[float],
-    *,
-    ece_before: float | None = None,
-    ece_after: float | None = None,
-    dataset: str | None = None,
-    num_samples: int | None = None,
-    max_draft_len: int | None = None,
-) -> StsDocument:
-    """Build a validated :class:`StsDocument`.
-
-    Raises:
-        ConfigError: temperatures not finite and positive, K disagreeing with ``max_draft_len``,
-            ``num_samples`` below 1,000, an ECE outside [0, 1], or a non-ASCII dataset name.
-    """
-    return _validated_sts(
-        {
-            "sts_temperatures": list(temperatures),
-            "temperatures": list(temperatures),
-            "ece_before": ece_before,
-            "ece_after": ece_after,
-            "dataset": dataset,
-            "num_samples": num_samples,
-            "max_draft_len": max_draft_len,
-        },
-        where="sts.json",
-        k=None,
-        allow_null=True,
-    )
-
-
-def _validated_sts(obj: Mapping[str, Any], *, where: str, k: int | None, allow_null: bool) -> StsDocument:
-    unknown = sorted(set(obj) - _STS_KEYS)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; an STS file holds only {sorted(_STS_KEYS)}")
-    if "sts_temperatures" not in obj:
-        raise ConfigError(f"{where}: missing 'sts_temperatures' (the K per-position temperatures)")
-    mdl = obj.get("max_draft_len")
-    if mdl is not None and (isinstance(mdl, bool) or not isinstance(mdl, int) or mdl < 1):
-        raise ConfigError(f"{where}: max_draft_len must be an integer >= 1, got {mdl!r}")
-    if k is None and mdl is not None:
-        k = mdl
-    temps = _check_temperatures(obj["sts_temperatures"], where, "sts_temperatures", k)
-    if mdl is not None and mdl != len(temps):
-        raise ConfigError(f"{where}: max_draft_len={mdl} but sts_temperatures has {len(temps)} values")
-    if "temperatures" in obj and obj["temperatures"] is not None:
-        if _check_temperatures(obj["temperatures"], where, "temperatures", len(temps)) != temps:
-            raise ConfigError(
-                f"{where}: 'temperatures' must equal 'sts_temperatures' (SGLang reads the former)"
-            )
-    elif "temperatures" in obj and not allow_null:
-        raise ConfigError(
-            f"{where}: 'temperatures' is null; write the same list as 'sts_temperatures' or omit it"
-        )
-    eces: dict[str, float | None] = {}
-    for name in ("ece_before", "ece_after"):
-        value = obj.get(name)
-        if value is None:
-            if name in obj and not allow_null:
-                raise ConfigError(f"{where}: {name} is null; omit it or give a number")
-            eces[name] = None
-            continue
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or not 0 <= value <= 1
-        ):
-            raise ConfigError(f"{where}: {name} must be a number in [0, 1], got {value!r}")
-        eces[name] = float(value)
-    dataset = obj.get("dataset")
-    if dataset is not None and not is_printable_ascii(dataset):
-        raise ConfigError(f"{where}: dataset must be a printable ASCII string, got {dataset!r}")
-    if dataset is None and "dataset" in obj and not allow_null:
-        raise ConfigError(f"{where}: dataset is null; omit it or give a string")
-    num = obj.get("num_samples")
-    if num is not None and (isinstance(num, bool) or not isinstance(num, int) or num < STS_MIN_NUM_SAMPLES):
-        raise ConfigError(
-            f"{where}: num_samples must be an integer >= {STS_MIN_NUM_SAMPLES} (TensorRT-LLM's floor), "
-            f"got {num!r}"
-        )
-    if num is None and "num_samples" in obj and not allow_null:
-        raise ConfigError(f"{where}: num_samples is null; omit it or give an integer")
-    return StsDocument(
-        temperatures=temps,
-        ece_before=eces["ece_before"],
-        ece_after=eces["ece_after"],
-        dataset=dataset,
-        num_samples=num,
-        max_draft_len=mdl,
-    )
-
-
-def parse_sts_document(data: bytes | str, *, where: str = "sts.json", k: int | None = None) -> StsDocument:
-    """Parse and validate an ``sts.json`` strictly (unknown keys, nulls, NaN and duplicates refused).
-
-    Args:
-        data: the file's bytes or text.
-        where: how to name the file in messages.
-        k: the expected draft length, if known.
-
-    Raises:
-        ConfigError: anything TensorRT-LLM would not accept, or that this package does not write.
-    """
-    try:
-        obj = loads_strict(data, what=where)
-    except JsonError as exc:
-        raise ConfigError(str(exc)) from None
-    if not isinstance(obj, dict):
-        raise ConfigError(f"{where}: expected a JSON object, found {type(obj).__name__}")
-    return _validated_sts(obj, where=where, k=k, allow_null=False)

@@ -49,6 +49,8 @@ from dspark_calibrate.artifacts import (
     LEGACY_UNPAIRED_COSTS,
     TRTLLM_FINGERPRINT_FIELDS,
     ArtifactReadError,
+    CostCell,
+    CostTable,
     Fingerprint,
     JsonError,
     LoadedArtifact,
@@ -577,22 +579,24 @@ def _cost_table(inputs: BuildInputs, grid: CellGrid) -> pa.Table:
     grid, so a schema-1 sweep yields its derived, unpaired savings (paired_rounds 0)."""
     deployed = {(c.graph_batch_size, c.verifier_budget): c for c in grid.cells}
     rows = []
-    for r in sorted(inputs.sweep_rows, key=lambda r: (int(r["graph_batch_size"]), int(r["verifier_budget"]))):
+    for r in inputs.sweep_rows:
         cell = deployed.get((int(r["graph_batch_size"]), int(r["verifier_budget"])))
         if cell is None:
             continue
-        row = {n: r[n] for n in _MEASURED_COLUMNS}
-        row.update(
-            saving=cell.saving,
-            saving_ci_low=cell.saving_ci_low,
-            saving_ci_high=cell.saving_ci_high,
-            paired_rounds=cell.paired_rounds,
-            common_mode_rel=cell.common_mode_rel,
-            level_rel=cell.level_rel,
-            **{n: getattr(cell, n) for n in CHECK_COLUMNS},
+        rows.append(
+            CostCell(
+                **{n: r[n] for n in _MEASURED_COLUMNS},
+                saving=cell.saving,
+                saving_ci_low=cell.saving_ci_low,
+                saving_ci_high=cell.saving_ci_high,
+                paired_rounds=cell.paired_rounds,
+                common_mode_rel=cell.common_mode_rel,
+                level_rel=cell.level_rel,
+                **{n: getattr(cell, n) for n in CHECK_COLUMNS},
+            )
         )
-        rows.append(row)
-    return pa.Table.from_pylist(rows, schema=arrow_schema("cost-table"))
+    # The model orders the rows by (G, V) and refuses an undeployable or incomplete cell.
+    return CostTable.from_cost_cells(grid.k, rows).to_arrow()
 
 
 #: Cost-table columns copied from the sweep as measured (the rest describe the paired saving).

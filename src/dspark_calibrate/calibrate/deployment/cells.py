@@ -15,14 +15,15 @@ from typing import Any
 
 from scipy.special import ndtri
 
-from dspark_calibrate.calibrate.measurement.ladder import FORCED_K_BUDGET
-from dspark_calibrate.errors import ConfigError
-from dspark_calibrate.runtime_plugin.planner import (
+from dspark_calibrate.artifacts import (
     DEFAULT_MINIMUM_PREDICTED_GAIN,
+    FORCED_K_BUDGET,
     NATIVE_BUDGET,
     CostTable,
     DrainGuard,
+    is_deployable,
 )
+from dspark_calibrate.errors import ConfigError
 
 __all__ = ["CHECK_COLUMNS", "CellGrid", "CellTime", "control_notes"]
 
@@ -231,7 +232,7 @@ class CellGrid:
             if v == FORCED_K_BUDGET:
                 forced.append(_cell_from_row(r, natives.get(g)))
                 continue
-            if v != NATIVE_BUDGET and not g < v < g * (k + 1):
+            if not is_deployable(g, v, k):
                 dropped.append((g, v))
                 continue
             kept.append(_cell_from_row(r, natives.get(g)))

@@ -5,7 +5,8 @@ ladder, this module names every cell a sweep measures: the native cell (V = 0, t
 step, one per G), the candidate compact budgets G ≤ V < G·(K+1), the full-width control
 V = G·(K+1), and, where the engine offers it, the forced-K arm (V = −1: the confidence path runs
 but every window is forced to K, so its cost over the native cell is the per-step overhead). Choosing which measured cells to deploy (≤ 4 compact per G, ≤ 32 in all) is left to
-``build``; this module only decides what is legal and what to measure.
+``build``; this module decides what to measure. What is legal is decided in one place,
+``artifacts.cell_kind`` (the cost-table document's rule), which this module asks.
 
 Example:
     >>> from dspark_calibrate.calibrate.measurement.ladder import plan_cells, parse_ladder
@@ -16,10 +17,17 @@ Example:
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+# The cell markers and kinds, and the one legality rule, belong to the cost-table document.
+from dspark_calibrate.artifacts import (
+    FORCED_K_BUDGET,
+    NATIVE_BUDGET,
+    CellKind,
+    cell_kind,
+    full_width,
+)
 from dspark_calibrate.errors import ConfigError
 
 # Compact cells TensorRT-LLM deploys per G and in total (engine limits, DESIGN §2; defined in
@@ -47,19 +55,6 @@ __all__ = [
 MAX_GRAPH_BATCH_SIZE = 4096
 #: Default number of compact candidates per G above which the legal budgets are thinned.
 DEFAULT_MAX_CANDIDATES_PER_G = 48
-#: The verifier budget that names the forced-K arm of a G: "feature on, windows forced to K". It
-#: verifies the full width like the native cell, with the engine's confidence path (snapshot,
-#: selector, allocator, bookkeeping) run every step; it is measured, never deployed (DESIGN §9).
-FORCED_K_BUDGET = -1
-
-
-class CellKind(enum.StrEnum):
-    """What a cell is for."""
-
-    NATIVE = "native"  # V = 0: the static full-K step, fallback and comparator
-    COMPACT = "compact"  # G ≤ V < G·(K+1): a deployable dynamic-verification budget
-    CONTROL = "control"  # V = G·(K+1): the compact path at full width, measured as a control
-    FORCED_K = "forced_k"  # V = -1: confidence path on, every window forced to K (the overhead arm)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -87,39 +82,35 @@ class CellSpec:
             raise ConfigError(f"K must be >= 1, got {k}; pass the drafter's block size with --k")
         if not 1 <= g <= MAX_GRAPH_BATCH_SIZE:
             raise ConfigError(f"graph batch size G must be in [1, {MAX_GRAPH_BATCH_SIZE}], got {g}")
-        if v not in (0, FORCED_K_BUDGET) and not g <= v <= g * (k + 1):
+        if cell_kind(g, v, k) is None:
             raise ConfigError(
-                f"verifier budget V={v} is illegal for G={g}, K={k}: expected 0 (native), "
-                f"{FORCED_K_BUDGET} (forced-K arm) or {g} <= V <= {g * (k + 1)} (one anchor per row up "
+                f"verifier budget V={v} is illegal for G={g}, K={k}: expected {NATIVE_BUDGET} (native), "
+                f"{FORCED_K_BUDGET} (forced-K arm) or {g} <= V <= {full_width(g, k)} (one anchor per row up "
                 "to the full width G*(K+1))"
             )
 
     @property
     def kind(self) -> CellKind:
         """Native, compact, full-width control or the forced-K arm."""
-        if self.verifier_budget == 0:
-            return CellKind.NATIVE
-        if self.verifier_budget == FORCED_K_BUDGET:
-            return CellKind.FORCED_K
-        if self.verifier_budget == self.full_width:
-            return CellKind.CONTROL
-        return CellKind.COMPACT
+        kind = cell_kind(self.graph_batch_size, self.verifier_budget, self.k)
+        assert kind is not None  # __post_init__ refused illegal cells
+        return kind
 
     @property
     def full_width(self) -> int:
         """G·(K+1): the tokens a native step verifies."""
-        return self.graph_batch_size * (self.k + 1)
+        return full_width(self.graph_batch_size, self.k)
 
     @property
     def tokens(self) -> int:
         """Tokens actually verified in one step: G·(K+1) for the native cell and the forced-K arm,
         else V."""
-        return self.full_width if self.verifier_budget <= 0 else self.verifier_budget
+        return self.full_width if self.verifier_budget in (NATIVE_BUDGET, FORCED_K_BUDGET) else self.verifier_budget
 
     @property
     def native(self) -> CellSpec:
         """The native cell of this cell's G (the comparator its saving is paired with)."""
-        return CellSpec(self.graph_batch_size, 0, self.k)
+        return CellSpec(self.graph_batch_size, NATIVE_BUDGET, self.k)
 
     @property
     def key(self) -> tuple[int, int]:
@@ -147,8 +138,8 @@ def legal_compact_budgets(g: int, k: int) -> range:
     Raises:
         ConfigError: G or K out of range.
     """
-    CellSpec(g, 0, k)  # validates G and K
-    return range(g, g * (k + 1))
+    CellSpec(g, NATIVE_BUDGET, k)  # validates G and K
+    return range(g, full_width(g, k))
 
 
 def candidate_budgets(g: int, k: int, *, max_per_g: int = DEFAULT_MAX_CANDIDATES_PER_G) -> tuple[int, ...]:
@@ -214,13 +205,16 @@ def parse_budgets(specs: Sequence[str]) -> dict[int, tuple[int, ...]]:
     out: dict[int, tuple[int, ...]] = {}
     for spec in specs:
         head, sep, tail = spec.partition(":")
-        try:
-            if not sep:
-                raise ValueError(spec)
-            g = int(head)
-            budgets = tuple(int(p) for p in tail.split(",") if p.strip())
-        except ValueError:
-            raise ConfigError(f"--budgets {spec!r} must look like G:V1,V2,... e.g. 16:20,24,32") from None
+        g: int | None = None
+        budgets: tuple[int, ...] = ()
+        if sep:
+            try:
+                g = int(head)
+                budgets = tuple(int(p) for p in tail.split(",") if p.strip())
+            except ValueError:
+                g = None
+        if g is None:
+            raise ConfigError(f"--budgets {spec!r} must look like G:V1,V2,... e.g. 16:20,24,32")
         if g in out:
             raise ConfigError(f"--budgets gives G={g} twice; list all its budgets in one option")
         out[g] = budgets
@@ -262,20 +256,20 @@ def plan_cells(
         raise ConfigError(f"--budgets names G={stray}, which is not in the ladder {list(gs)}")
     cells: set[CellSpec] = set()
     for g in gs:
-        cells.add(CellSpec(g, 0, k))
+        cells.add(CellSpec(g, NATIVE_BUDGET, k))
         chosen = budgets.get(g)
         vs = tuple(chosen) if chosen is not None else candidate_budgets(g, k, max_per_g=max_per_g)
         for v in vs:
-            if v == 0:
+            if v == NATIVE_BUDGET:
                 raise ConfigError(f"--budgets for G={g} lists V=0; the native cell is always measured")
-            if not g <= v < g * (k + 1):
+            if cell_kind(g, v, k) is not CellKind.COMPACT:
                 raise ConfigError(
                     f"--budgets for G={g}: V={v} is not a legal compact budget; "
-                    f"expected {g} <= V < {g * (k + 1)}"
+                    f"expected {g} <= V < {full_width(g, k)}"
                 )
             cells.add(CellSpec(g, v, k))
         if include_control:
-            cells.add(CellSpec(g, g * (k + 1), k))
+            cells.add(CellSpec(g, full_width(g, k), k))
         if include_forced_k:
             cells.add(CellSpec(g, FORCED_K_BUDGET, k))
     return tuple(sorted(cells))

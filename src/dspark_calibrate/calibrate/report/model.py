@@ -23,12 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 import dspark_calibrate
 from dspark_calibrate.artifacts import (
+    NATIVE_BUDGET,
     TRTLLM_FINGERPRINT_FIELDS,
     Finding,
     Fingerprint,
     ModelError,
     Reason,
     ReceiptEconomics,
+    full_width,
 )
 from dspark_calibrate.calibrate.report.evidence import (
     MEMBER_KINDS,
@@ -65,7 +67,6 @@ __all__ = [
     "CalibrationSection",
     "CandidateCell",
     "Check",
-    "CostCell",
     "CostGroup",
     "CostSection",
     "Identity",
@@ -77,6 +78,7 @@ __all__ = [
     "ReliabilityDiagram",
     "Report",
     "ReportThresholds",
+    "ReportedCell",
     "Severity",
     "SurvivalPoint",
     "build_report",
@@ -204,7 +206,7 @@ class Identity:
 
 
 @dataclass(frozen=True, slots=True)
-class CostCell:
+class ReportedCell:
     """One cell of the cost table with what the report derives from it.
 
     Attributes:
@@ -271,16 +273,16 @@ class CostGroup:
     """The cells of one graph batch size G."""
 
     graph_batch_size: int
-    native: CostCell | None
-    compact: tuple[CostCell, ...]
+    native: ReportedCell | None
+    compact: tuple[ReportedCell, ...]
 
     @property
-    def cells(self) -> tuple[CostCell, ...]:
+    def cells(self) -> tuple[ReportedCell, ...]:
         """Native first, then compact cells by V."""
         return ((self.native,) if self.native is not None else ()) + self.compact
 
     @property
-    def best(self) -> CostCell | None:
+    def best(self) -> ReportedCell | None:
         """The compact cell with the largest saving."""
         scored = [c for c in self.compact if c.saving is not None]
         return max(scored, key=lambda c: (c.saving, -c.verifier_budget)) if scored else None
@@ -363,11 +365,11 @@ class CostSection:
         return f"{len(self.candidates)} measured cells were not deployed ({spread}){tail}"
 
     @property
-    def cells(self) -> tuple[CostCell, ...]:
+    def cells(self) -> tuple[ReportedCell, ...]:
         """Every cell, by G then V (native first)."""
         return tuple(c for g in self.groups for c in g.cells)
 
-    def flags(self, cell: CostCell) -> tuple[str, ...]:
+    def flags(self, cell: ReportedCell) -> tuple[str, ...]:
         """Display flags of a deployed cell: native / chosen / never chosen, noisy, non-monotone."""
         out: list[str] = []
         if cell.native:
@@ -380,7 +382,7 @@ class CostSection:
             out.append("non-monotone")
         return tuple(out)
 
-    def heatmap(self) -> tuple[tuple[float, ...], tuple[tuple[int, tuple[CostCell | None, ...]], ...]]:
+    def heatmap(self) -> tuple[tuple[float, ...], tuple[tuple[int, tuple[ReportedCell | None, ...]], ...]]:
         """The saving heat map: columns are verified tokens per row (V/G), rows are G.
 
         Returns:
@@ -807,9 +809,11 @@ def _cost_group(
     has_replay: bool,
     noisy_limit: float,
 ) -> CostGroup:
-    native_row = next((r for r in cells if r["verifier_budget"] == 0), None)
+    native_row = next((r for r in cells if r["verifier_budget"] == NATIVE_BUDGET), None)
     tokens = {
-        int(r["verifier_budget"]): g * (k + 1) if r["verifier_budget"] == 0 else int(r["verifier_budget"])
+        int(r["verifier_budget"]): full_width(g, k)
+        if r["verifier_budget"] == NATIVE_BUDGET
+        else int(r["verifier_budget"])
         for r in cells
     }
     # Cost must not fall as more tokens are verified: a cell slower than one verifying more
@@ -821,7 +825,7 @@ def _cost_group(
         if tokens[int(o["verifier_budget"])] > tokens[int(r["verifier_budget"])]
         and float(r["step_time_ms"]) > float(o["step_time_ms"])
     }
-    built: list[CostCell] = []
+    built: list[ReportedCell] = []
     for r in cells:
         v = int(r["verifier_budget"])
         t, lo, hi = float(r["step_time_ms"]), float(r["ci_low_ms"]), float(r["ci_high_ms"])
@@ -830,7 +834,7 @@ def _cost_group(
         wide = paired is not None and max(paired[0] - paired[1], paired[2] - paired[0]) > noisy_limit
         chosen = replay.get((g, v), (0, 0.0) if has_replay and v != 0 else None)
         built.append(
-            CostCell(
+            ReportedCell(
                 graph_batch_size=g,
                 verifier_budget=v,
                 tokens=tokens[v],
@@ -1350,7 +1354,7 @@ def _identity_checks(
     return out
 
 
-def _cell_check(severity: Severity, family: str, cell: CostCell | CandidateCell, message: str) -> Check:
+def _cell_check(severity: Severity, family: str, cell: ReportedCell | CandidateCell, message: str) -> Check:
     """A check about one cell: code ``FAMILY:G=g:V=v`` (or ``…:native``), subject ``G=g V=v``."""
     label = f"G={cell.graph_batch_size} " + (
         f"V={cell.verifier_budget}" if cell.verifier_budget else "native"

@@ -20,8 +20,8 @@ from dspark_calibrate.artifacts import atomic_write_bytes
 from dspark_calibrate.calibrate.report.evidence import collect_evidence
 from dspark_calibrate.calibrate.report.model import (
     REPORT_SECTIONS,
-    CostCell,
     Report,
+    ReportedCell,
     ReportThresholds,
     Severity,
     build_report,
@@ -97,7 +97,7 @@ def _environment(kind: ReportFormat) -> Any:
 
 def _template_context(report: Report) -> dict[str, Any]:
     heat_columns: tuple[float, ...] = ()
-    heat_rows: tuple[tuple[int, tuple[CostCell | None, ...]], ...] = ()
+    heat_rows: tuple[tuple[int, tuple[ReportedCell | None, ...]], ...] = ()
     if report.cost is not None:
         heat_columns, heat_rows = report.cost.heatmap()
     present = {"verification", "what-to-check"}

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dspark_calibrate.artifacts import JsonError, MixedGeometry, loads_strict
+from dspark_calibrate.artifacts import NATIVE_BUDGET, JsonError, MixedGeometry, full_width, loads_strict
 from dspark_calibrate.calibrate.measurement.ladder import CellSpec
 from dspark_calibrate.errors import ConfigError
 
@@ -142,8 +142,8 @@ def parse_profiler_jsonl(
             raise ConfigError(
                 f"{where}: batch_size {g} is not in the ladder {list(ladder)}; pass the captured --ladder"
             )
-        if v == g * (k + 1):
-            v = 0  # the profiler's full-width step is the native cell
+        if v == full_width(g, k):
+            v = NATIVE_BUDGET  # the profiler's full-width step is the native cell
         cell = CellSpec(g, v, k)
         measured = rec.get("measured_tokens")
         if measured is not None and measured != cell.tokens:
