@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -11,15 +12,21 @@ import pytest
 from dspark_calibrate.calibrate.deployment.replay import (
     BootstrapSettings,
     CellGrid,
+    StepEvidence,
     admission_rule,
     choose_steps,
+    deployed_evidence,
     estimate_drain_guard,
     gain_decision,
     prepare_evidence,
     replay,
     selector_replay_sha256,
 )
-from dspark_calibrate.calibrate.deployment.workload import synthesize_workload, workload_from_arrays
+from dspark_calibrate.calibrate.deployment.workload import (
+    synthesize_mixed_workload,
+    synthesize_workload,
+    workload_from_arrays,
+)
 from dspark_calibrate.calibrate.measurement.stats import Status
 from dspark_calibrate.errors import ConfigError
 from dspark_calibrate.runtime_plugin.planner import (
@@ -391,3 +398,93 @@ def test_a_common_level_shift_barely_moves_the_gain() -> None:
         r = replay(ev, drain_guard=guard, overhead_ms=0.0, bootstrap=BOOT)
         widths.append(r.predicted_gain_ci_high - r.predicted_gain_ci_low)
     assert widths[1] == pytest.approx(widths[0], rel=0.05)
+
+
+# --- the deployed evidence, derived from the candidates' ----------------------------------------
+
+
+def _assert_same_evidence(got: StepEvidence, want: StepEvidence) -> None:
+    """Every field equal (arrays by value and dtype), the cell times included."""
+    for f in dataclasses.fields(StepEvidence):
+        a, b = getattr(got, f.name), getattr(want, f.name)
+        if f.name in ("grid", "source"):
+            continue
+        if f.name == "mixed_native":
+            assert (a is None) == (b is None)
+            if a is not None:
+                for m in dataclasses.fields(a):
+                    assert np.array_equal(getattr(a, m.name), getattr(b, m.name)), m.name
+            continue
+        if isinstance(b, np.ndarray):
+            assert a.dtype == b.dtype and a.shape == b.shape, f.name
+            assert np.array_equal(a, b), f.name
+        else:
+            assert a == b, f.name
+    assert got.grid.cells == want.grid.cells
+    for which in ("median", "low", "high"):
+        for x, y in zip(got.times(which), want.times(which), strict=True):
+            assert np.array_equal(x, y)
+
+
+def _slower(rows: list[dict[str, Any]], factor: float) -> list[dict[str, Any]]:
+    keys = ("step_time_ms", "ci_low_ms", "ci_high_ms")
+    return [{**r, **{key: factor * r[key] for key in keys}} for r in rows]
+
+
+DEPLOYED_CASES = {
+    # G=8 has no deployed compact cell; the others keep later columns only.
+    "a G without a cell": [(4, 12), (16, 32), (16, 65)],
+    "no compact cell": [],
+    "every candidate": list(GRID.compact_keys()),
+}
+
+
+@pytest.mark.parametrize(("ranks", "floor"), [(1, 1), (3, 2)])
+@pytest.mark.parametrize("case", sorted(DEPLOYED_CASES))
+def test_deployed_evidence_equals_a_fresh_evaluation(ranks: int, floor: int, case: str) -> None:
+    w = synthesize_workload(k=K, steps=200, ranks=ranks, max_rows=20, seed=ranks, temperatures=TEMPERATURES)
+    candidates = prepare_evidence(w, GRID, CAL, min_verify_len=floor)
+    final = GRID.restrict(DEPLOYED_CASES[case])
+    got = deployed_evidence(candidates, final)
+    want = prepare_evidence(w, final, CAL, min_verify_len=floor, per_row=True)
+    assert got.grid is final and got.row_tokens is not None
+    _assert_same_evidence(got, want)
+    if case == "a G without a cell":
+        assert got.columns.shape[1] == 2 and np.all(got.columns[got.graph_batch_size == 8] == -1)
+
+
+def test_deployed_evidence_takes_the_deployed_grid_times_and_prices_mixed_steps_with_them() -> None:
+    w = synthesize_mixed_workload(
+        k=K,
+        steps=400,
+        ranks=1,
+        levels=(6, 12),
+        chunk_sizes=(32,),
+        positions=(128,),
+        seed=2,
+        temperatures=TEMPERATURES,
+    )
+    candidates = prepare_evidence(w, GRID, CAL)
+    assert candidates.mixed_native is not None and candidates.mixed_native.estimated.any()
+    keep = [(4, 8), (16, 48)]
+    final = CellGrid.from_rows(
+        K,
+        [
+            r
+            for r in _slower(grid_rows(), 1.25)
+            if r["verifier_budget"] == 0 or (r["graph_batch_size"], r["verifier_budget"]) in keep
+        ],
+    )
+    got = deployed_evidence(candidates, final)
+    _assert_same_evidence(got, prepare_evidence(w, final, CAL, per_row=True))
+    assert got.mixed_native is not None
+    assert not np.array_equal(got.mixed_native.time_ms, candidates.mixed_native.time_ms)
+
+
+def test_deployed_evidence_refuses_cells_it_has_no_evidence_for() -> None:
+    w = synthesize_workload(k=K, steps=50, ranks=1, max_rows=16, seed=1, temperatures=TEMPERATURES)
+    candidates = prepare_evidence(w, CellGrid.from_rows(K, grid_rows(per_g=2)), CAL)
+    with pytest.raises(ConfigError, match="not candidate cells"):
+        deployed_evidence(candidates, GRID.restrict([(4, 12)]))
+    with pytest.raises(ConfigError, match="ladder"):
+        deployed_evidence(candidates, CellGrid.from_rows(K, grid_rows((4, 8))))

@@ -79,7 +79,9 @@ from dspark_calibrate.calibrate.deployment.replay import (
     BootstrapSettings,
     CellGrid,
     ReplayReport,
+    StepEvidence,
     choose_steps,
+    deployed_evidence,
     estimate_drain_guard,
     first_losses,
     prepare_evidence,
@@ -722,11 +724,13 @@ def build_bundle(
     # (2) candidates, drain guard, selection
     grid = CellGrid.from_rows(inputs.k, inputs.sweep_rows)
     calibration = Calibration.from_rows(inputs.calibration_table.to_pylist(), use=options.calibration_use)
-    chosen = _select(inputs, grid, calibration, options)
+    chosen, candidates = _select(inputs, grid, calibration, options)
     stage("replay")
-    # (3) replay the deployed table
+    # (3) replay the deployed table, from the candidates' evidence (the rows are decoded once)
     final = grid.restrict(chosen.cells)
-    replayed = _replay_deployed(inputs, final, calibration, chosen, options)
+    evidence = deployed_evidence(candidates, final)
+    del candidates  # its (steps, candidate cells) arrays are not needed past this point
+    replayed = _replay_deployed(inputs, final, calibration, evidence, chosen, options)
     report = replayed.report
     summary = admission_summary(report, inputs.workload, replayed.regime, options.deployed_planner)
     notes = _build_notes(inputs, grid, final, replayed)
@@ -767,8 +771,11 @@ class _Chosen:
     cells: tuple[tuple[int, int], ...]
 
 
-def _select(inputs: BuildInputs, grid: CellGrid, calibration: Calibration, options: BuildOptions) -> _Chosen:
-    """Evaluate every candidate cell over the workload, estimate the drain guard, choose the cells."""
+def _select(
+    inputs: BuildInputs, grid: CellGrid, calibration: Calibration, options: BuildOptions
+) -> tuple[_Chosen, StepEvidence]:
+    """Evaluate every candidate cell over the workload, estimate the drain guard, choose the cells
+    (and return the candidates' evidence, which the replay restricts to the deployed cells)."""
     evidence = prepare_evidence(inputs.workload, grid, calibration, min_verify_len=options.min_verify_len)
     guard, estimate = estimate_drain_guard(
         evidence,
@@ -779,7 +786,7 @@ def _select(inputs: BuildInputs, grid: CellGrid, calibration: Calibration, optio
     selection = select_cells(
         evidence, minimum_predicted_gain=options.minimum_predicted_gain, drain_guard=guard
     )
-    return _Chosen(guard, estimate, selection, require_cells(selection))
+    return _Chosen(guard, estimate, selection, require_cells(selection)), evidence
 
 
 @dataclass(frozen=True, eq=False)
@@ -794,12 +801,15 @@ class _Replayed:
 
 
 def _replay_deployed(
-    inputs: BuildInputs, final: CellGrid, calibration: Calibration, chosen: _Chosen, options: BuildOptions
+    inputs: BuildInputs,
+    final: CellGrid,
+    calibration: Calibration,
+    evidence: StepEvidence,
+    chosen: _Chosen,
+    options: BuildOptions,
 ) -> _Replayed:
-    """Replay static K and dynamic verification with the deployed cells (and mixed cells, if any)."""
-    evidence = prepare_evidence(
-        inputs.workload, final, calibration, min_verify_len=options.min_verify_len, per_row=True
-    )
+    """Replay static K and dynamic verification with the deployed cells (and mixed cells, if any);
+    ``evidence`` is the deployed cells' (:func:`deployed_evidence`, with per-row tokens)."""
     header = {
         "cells": [[c.graph_batch_size, c.verifier_budget, c.step_time_ms] for c in final.cells],
         "calibration": {

@@ -80,6 +80,7 @@ __all__ = [
     "StepEvidence",
     "admission_rule",
     "choose_steps",
+    "deployed_evidence",
     "estimate_drain_guard",
     "first_losses",
     "gain_decision",
@@ -127,6 +128,8 @@ class StepEvidence:
         finished_graph_batch_size: final-step G of every request that finished inside the trace.
         row_step, row_request, row_static_tokens, row_tokens: per row (only with ``per_row``);
             row_step is -1 for rows of skipped steps.
+        source: the grouped rows and the calibration this was evaluated from (lets
+            :func:`deployed_evidence` reuse them).
     """
 
     grid: CellGrid
@@ -149,6 +152,7 @@ class StepEvidence:
     row_static_tokens: np.ndarray | None = None
     row_tokens: np.ndarray | None = None
     mixed_native: RecordedMixed | None = None
+    source: _Source | None = field(default=None, repr=False)
 
     @property
     def steps(self) -> int:
@@ -317,8 +321,8 @@ def prepare_evidence(
     floor = int(min_verify_len)
     if not 1 <= floor <= k:
         raise ConfigError(f"min_verify_len must be in [1, K={k}], got {floor}")
-    a = _decode_rows(workload)
-    groups = _group_rows(a, grid)
+    rows = _prepare_rows(workload, grid)
+    a, groups = rows.arrays, rows.groups
     budgets = {int(g): [c.verifier_budget for c in grid.compact(int(g))] for g in grid.ladder}
     yields = _group_yields(
         a, groups, calibration, budgets, floor=floor, k=k, per_row=per_row, chunk_rows=chunk_rows
@@ -353,7 +357,115 @@ def prepare_evidence(
         row_static_tokens=row_static,
         row_tokens=yields.row_tokens,
         mixed_native=_recorded_mixed(workload, grid),
+        source=_Source(rows, calibration, chunk_rows),
     )
+
+
+def deployed_evidence(candidates: StepEvidence, deployed: CellGrid) -> StepEvidence:
+    """The candidate evidence restricted to a deployed grid, with per-row tokens.
+
+    Equal, field by field, to ``prepare_evidence(workload, deployed, calibration, per_row=True)``
+    with the candidates' workload, calibration and verify floor, without decoding and grouping
+    the rows again: the step-level arrays are the candidates' columns of the deployed cells (a
+    cell's yields and tokens depend only on its (G, V), the rows and the calibration); only the
+    per-row tokens are computed, for the G that have a deployed compact cell. Cell times are the
+    deployed grid's.
+
+    Raises:
+        ConfigError: the evidence does not come from :func:`prepare_evidence`, or the deployed
+            grid has another K or ladder, or a compact cell that is not a candidate.
+    """
+    src = candidates.source
+    if src is None:
+        raise ConfigError("deployed_evidence needs evidence from prepare_evidence")
+    grid = candidates.grid
+    if deployed.k != grid.k or deployed.ladder != grid.ladder:
+        raise ConfigError(
+            f"the deployed grid (K={deployed.k}, ladder {deployed.ladder}) must keep the candidates' "
+            f"K={grid.k} and ladder {grid.ladder}"
+        )
+    budgets = {int(g): [c.verifier_budget for c in deployed.compact(int(g))] for g in deployed.ladder}
+    j_max = max((len(v) for v in budgets.values()), default=0)
+    # take[i, j]: the candidate column of the j-th deployed cell of the i-th G (-1: none).
+    take = np.full((len(deployed.ladder), j_max), -1, dtype=np.int64)
+    for i, (g, vs) in enumerate(budgets.items()):
+        offered = [c.verifier_budget for c in grid.compact(g)]
+        missing = sorted(set(vs) - set(offered))
+        if missing:
+            raise ConfigError(f"deployed cells of G={g} with V={missing} are not candidate cells")
+        take[i, : len(vs)] = [offered.index(v) for v in vs]
+    col = take[np.searchsorted(np.array(deployed.ladder), candidates.graph_batch_size)]
+    have = col >= 0
+    idx = np.maximum(col, 0)
+
+    def pick(values: np.ndarray, empty: float | int | bool) -> np.ndarray:
+        return np.where(have, np.take_along_axis(values, idx, axis=1), empty).astype(values.dtype)
+
+    rows, floor = src.rows, candidates.min_verify_len
+    yields = _group_yields(
+        rows.arrays,
+        rows.groups,
+        src.calibration,
+        budgets,
+        floor=floor,
+        k=grid.k,
+        per_row=True,
+        chunk_rows=src.chunk_rows,
+        graphs=[g for g, vs in budgets.items() if vs],
+    )
+    keep = ~rows.groups.above
+    step_of_row = np.repeat(rows.groups.step_of_group, rows.groups.count)
+    policy_index = np.cumsum(keep) - 1
+    same_natives = all(deployed.native(g) == grid.native(g) for g in grid.ladder)
+    return StepEvidence(
+        grid=deployed,
+        min_verify_len=floor,
+        num_ranks=candidates.num_ranks,
+        step_id=candidates.step_id,
+        graph_batch_size=candidates.graph_batch_size,
+        rows=candidates.rows,
+        static_tokens=candidates.static_tokens,
+        native_yield=candidates.native_yield,
+        columns=pick(candidates.columns, -1),
+        compact_yield=pick(candidates.compact_yield, 0.0),
+        max_loss=pick(candidates.max_loss, 0.0),
+        feasible=pick(candidates.feasible, False),
+        tokens=pick(candidates.tokens, 0),
+        skipped_steps=candidates.skipped_steps,
+        finished_graph_batch_size=candidates.finished_graph_batch_size,
+        row_step=np.where(keep[step_of_row], policy_index[step_of_row], -1),
+        row_request=rows.arrays.request,
+        row_static_tokens=rows.arrays.accepted + 1,
+        row_tokens=yields.row_tokens,
+        mixed_native=candidates.mixed_native if same_natives else _recorded_mixed(rows.workload, deployed),
+        source=src,
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class _Rows:
+    """The workload's decode rows grouped by (step, rank) for one ladder: what every evaluation
+    of the workload on that ladder starts from (:func:`_prepare_rows`)."""
+
+    workload: Workload
+    arrays: WorkloadArrays
+    groups: _Groups
+
+
+@dataclass(frozen=True, eq=False)
+class _Source:
+    """What a :class:`StepEvidence` was evaluated from: the grouped rows, the calibration, the chunk size."""
+
+    rows: _Rows
+    calibration: Calibration
+    chunk_rows: int
+
+
+def _prepare_rows(workload: Workload, grid: CellGrid) -> _Rows:
+    """Decode the workload's rows and group them per step on the grid's ladder (the expensive
+    stage that depends only on the workload and the ladder)."""
+    a = _decode_rows(workload)
+    return _Rows(workload, a, _group_rows(a, grid))
 
 
 @dataclass(frozen=True, eq=False)
@@ -448,8 +560,10 @@ def _group_yields(
     k: int,
     per_row: bool,
     chunk_rows: int,
+    graphs: Sequence[int] | None = None,
 ) -> _GroupYields:
-    """Every group of a step under the ladder, evaluated in chunks of groups with equal row counts."""
+    """Every group of a step under the ladder, evaluated in chunks of groups with equal row counts
+    (with ``graphs``, only the groups of steps at those G)."""
     n_groups = groups.n_groups
     j_max = max((len(v) for v in budgets.values()), default=0)
     out = _GroupYields(
@@ -460,9 +574,10 @@ def _group_yields(
         feasible=np.zeros((n_groups, j_max), dtype=bool),
         row_tokens=np.zeros((a.step.shape[0], j_max), dtype=np.int16) if per_row else None,
     )
-    for c in np.unique(groups.count):
+    evaluated = groups.group_graph > 0 if graphs is None else np.isin(groups.group_graph, graphs)
+    for c in np.unique(groups.count[evaluated]):
         c = int(c)
-        members = np.flatnonzero((groups.count == c) & (groups.group_graph > 0))
+        members = np.flatnonzero((groups.count == c) & evaluated)
         for chunk in _chunks(members, max(1, chunk_rows // c)):
             ranked = _rank_chunk(a, groups.start[chunk], c, calibration, floor=floor, k=k)
             out.full[chunk] = ranked.base + ranked.prefix[:, (k - floor) * c]
