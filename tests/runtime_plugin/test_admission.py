@@ -29,6 +29,7 @@ from filelock import FileLock
 
 from dspark_calibrate.artifacts import (
     BUNDLE_MANIFEST,
+    Calibration,
     Reason,
     canonical_json,
     load_trust_root,
@@ -986,3 +987,18 @@ def test_decision_round_trips_to_json(ctx: Ctx) -> None:
     data = json.loads(json.dumps(decision.to_dict()))
     assert data["active"] is True and data["engine_config"]["max_draft_len"] == 5
     assert data["economics"]["predicted_gain_ci"] == [0.08, 0.16]
+
+
+def test_an_identity_position_without_a_temperature_runs_at_t_1(ctx: Ctx) -> None:
+    """The hook reads temperatures through the calibration model, the rule the export follows:
+    an identity map is STS at T = 1, so both hand the engine the same temperatures."""
+    identity_at_2 = [
+        {**r, "temperature": None, "method": "identity", "params": []} if r["position"] == 2 else r
+        for r in calibration_rows()
+    ]
+    rebuilt(calibration=identity_at_2)(ctx)
+    decision = run_admit(ctx)
+    assert decision.active, decision.message
+    assert decision.engine_config["sts_temperatures"] == (1.1, 1.0, 1.3, 1.4, 1.5)
+    exported = Calibration.from_rows(identity_at_2, use="sts").sts_temperatures()
+    assert exported == decision.engine_config["sts_temperatures"]

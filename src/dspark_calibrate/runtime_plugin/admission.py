@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any
 from dspark_calibrate.artifacts import (
     DEFAULT_LIMITS,
     DEFAULT_STATE_LOCK_TIMEOUT_S,
+    Calibration,
     Finding,
     Fingerprint,
     MixedLive,
@@ -246,11 +247,17 @@ def _cells(table: pa.Table) -> set[tuple[int, int]]:
     return {(int(a), int(b)) for a, b in zip(g, v, strict=True)}
 
 
-def sts_temperatures(calibration: pa.Table) -> tuple[float | None, ...]:
-    """The calibration's temperatures in position order (``None`` where a position has none)."""
-    positions = calibration.column("position").to_pylist()
-    temps = calibration.column("temperature").to_pylist()
-    return tuple(t for _, t in sorted(zip(positions, temps, strict=True)))
+def sts_temperatures(calibration: pa.Table) -> tuple[float, ...]:
+    """The temperatures the engine applies, in position order: the calibration model's STS rule
+    (``Calibration.from_rows(..., use="sts")``, the rule the TensorRT-LLM export follows too).
+
+    Raises:
+        ConfigError: a position has no finite temperature > 0 (the engine applies STS only).
+    """
+    rows = calibration.select(["position", "method", "temperature"]).to_pylist()
+    temps = Calibration.from_rows(rows, use="sts").sts_temperatures()
+    assert temps is not None  # use="sts" makes every position STS
+    return temps
 
 
 def cross_member_findings(
@@ -277,14 +284,14 @@ def cross_member_findings(
                     actual=extra,
                 )
             )
-    temps = sts_temperatures(calibration.table)
-    bad = [i + 1 for i, t in enumerate(temps) if t is None or not math.isfinite(t) or t <= 0]
-    if bad:
+    try:
+        sts_temperatures(calibration.table)
+    except ConfigError as exc:
         out.append(
             Finding(
                 Reason.CONTENT_INVALID,
-                f"{calibration.path}: positions {bad} have no finite positive STS temperature; the engine "
-                "applies sequential temperature scaling, refit with --method sts",
+                f"{calibration.path}: {exc}; the engine applies sequential temperature scaling, refit with "
+                "--method sts",
                 field="calibration.temperature",
             )
         )
