@@ -502,12 +502,13 @@ def _fit(path_of: Any) -> Any:
     return lambda d: ["fit", "--traces", str(path_of(d)), "--out", str(d / "out")]
 
 
-#: Malformed traces: each once escaped fit as a traceback (exit 1); now exit 2 naming the field.
+#: Malformed traces: each once escaped fit as a traceback (exit 1); now exit 2 naming the file and
+#: line, and the field where the strict JSON loader has not already refused the line.
 MALFORMED_TRACES = [
     (
         "jsonl_integer_logit_of_400_digits",
         _fit(lambda d: _jsonl(d / "t.jsonl", _LINE.format(rid='"r"', logit="9" * 400, extra=""))),
-        r"t\.jsonl: line 1: logits\[1\] is <an integer of 400 digits>, too large",
+        r"t\.jsonl: line 1: integer literal of 400 digits is longer than the 64-digit limit",
     ),
     (
         "jsonl_integer_temperature_of_400_digits",
@@ -516,7 +517,7 @@ MALFORMED_TRACES = [
                 d / "t.jsonl", _LINE.format(rid='"r"', logit="0", extra=',"temperature":' + "9" * 400)
             )
         ),
-        r"t\.jsonl: line 1: temperature=<an integer of 400 digits> must be a finite number",
+        r"t\.jsonl: line 1: integer literal of 400 digits is longer than the 64-digit limit",
     ),
     (
         "jsonl_lone_surrogate_request_id",
