@@ -1,4 +1,6 @@
-# Quick start: `make demo` runs every pipeline stage on CPU; `make test` runs the test suite.
+# Quick start: `make demo` runs every pipeline stage on CPU; `make test` runs the fast test tier
+# (every test not marked `slow`); `make test-slow` runs the `slow` tier (end-to-end runs, coverage
+# over many seeds). CI (.ci/run) runs both.
 # Both create .venv and install what they need (torch pinned to the 2.13.0 CPU build).
 PYTHON ?= python3
 VENV   := .venv
@@ -8,7 +10,7 @@ DEMO   ?= demo-out
 # Wall-clock minutes of `make fuzz` (every fuzz target, round-robin).
 FUZZ_MINUTES ?= 10
 
-.PHONY: demo test fuzz lint typecheck bench clean
+.PHONY: demo test test-slow fuzz lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,8 +23,13 @@ demo: $(STAMP)
 	$(BIN)/dspark-calibrate demo --out $(DEMO)
 	$(BIN)/dspark-verify $(DEMO)/cost-table.parquet $(DEMO)/bundle --trust-root $(DEMO)/trust-root.json --allow-synthetic
 
+PYTEST := $(BIN)/python -m pytest -n 2 -q
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 -q
+	$(PYTEST) -m "not slow"
+
+test-slow: $(STAMP)
+	$(PYTEST) -m slow
 
 # Long fuzz run (tests/fuzz/targets.py): results in benchmarks/results/fuzz.json; exits 1 on any
 # crash, hang or accepted mutant. `make test` runs the same targets briefly with fixed seeds.

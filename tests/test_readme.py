@@ -20,8 +20,6 @@ import pytest
 README = Path(__file__).resolve().parent.parent / "README.md"
 BIN = Path(sys.executable).parent
 
-pytestmark = pytest.mark.slow
-
 
 def _section(text: str, title: str) -> str:
     start = text.index(f"## {title}")
@@ -54,12 +52,23 @@ def test_readme_lists_every_stage() -> None:
     text = README.read_text(encoding="utf-8")
     programs = [shlex.split(c)[:2] for c in pipeline_commands(text)]
     stages = [p[1] if p[0] == "dspark-calibrate" else p[0] for p in programs]
-    for stage in ("keygen", "trust", "sweep", "fit", "workload", "build", "export", "report", "dspark-verify"):
+    for stage in (
+        "keygen",
+        "trust",
+        "sweep",
+        "fit",
+        "workload",
+        "build",
+        "export",
+        "report",
+        "dspark-verify",
+    ):
         assert stage in stages, stage
     for old, _ in cpu_substitutions(text):
         assert any(old in c for c in pipeline_commands(text)), f"substitution {old!r} matches no command"
 
 
+@pytest.mark.slow
 def test_readme_pipeline_runs_on_cpu(tmp_path: Path) -> None:
     text = README.read_text(encoding="utf-8")
     subs = cpu_substitutions(text)
@@ -79,7 +88,9 @@ def test_readme_pipeline_runs_on_cpu(tmp_path: Path) -> None:
                 timeout=300,
                 check=False,
             )
-            assert done.returncode == 0, f"{part}\nexit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+            assert done.returncode == 0, (
+                f"{part}\nexit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+            )
             assert "Traceback" not in done.stderr, part
             # Digests, keyids and paths are printed whole: a table wraps them, never cuts them.
             assert "…" not in done.stdout + done.stderr, f"{part}\n{done.stdout}{done.stderr}"

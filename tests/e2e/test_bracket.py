@@ -44,6 +44,7 @@ def _bracket(rng: np.random.Generator, runs: int, place_effect: float = 0.0, rot
     return bracket.summarize(ests, ARMS)
 
 
+@pytest.mark.slow
 def test_interval_covers_the_true_overhead_at_its_level() -> None:
     rng = np.random.default_rng(7)
     trials, covered, means = 600, {a: 0 for a in TRUE}, {a: [] for a in TRUE}

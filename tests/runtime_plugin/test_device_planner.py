@@ -298,6 +298,7 @@ def _step_rows(rows: list[tuple[int, list[float]]], num_ranks: int, shuffle: Any
     return StepRows(logits, np.array(rank, dtype=np.int64), np.array(request, dtype=np.int64), num_ranks)
 
 
+@pytest.mark.slow
 @given(
     num_ranks=st.integers(1, 4),
     rows=STEP,
@@ -382,6 +383,7 @@ def _classify(table: CostTable, calibration: Calibration, step: StepRows, floor:
     return "near-tie" if _near_tie_at_cut(calibration, step, ref, floor) else "UNEXPLAINED windows"
 
 
+@pytest.mark.slow
 @given(
     num_ranks=st.integers(1, 4),
     rows=STEP,
@@ -397,6 +399,7 @@ def test_float32_differs_only_near_thresholds_and_ties(
     assert not verdict.startswith("UNEXPLAINED"), verdict
 
 
+@pytest.mark.slow
 def test_float32_over_many_serving_steps_is_classified() -> None:
     table = staircase_table()
     verdicts: dict[str, int] = {}

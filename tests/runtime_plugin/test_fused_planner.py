@@ -199,6 +199,7 @@ def test_decision_size_is_the_steps_decision_vector() -> None:
 CPU_BACKEND = "inductor" if shutil.which("g++") or shutil.which("c++") else "aot_eager"
 
 
+@pytest.mark.slow
 def test_compiled_parts_equal_the_eager_ops() -> None:
     table = staircase_table()
     g = table.graph_batch_sizes[1]

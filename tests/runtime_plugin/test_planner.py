@@ -401,6 +401,7 @@ STEP_ROWS = st.lists(
 )
 
 
+@pytest.mark.slow
 @given(
     num_ranks=st.integers(1, 4),
     rows=STEP_ROWS,

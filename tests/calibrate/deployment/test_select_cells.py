@@ -61,6 +61,7 @@ def test_limits_and_measured_set(dense: Any) -> None:
     assert require_cells(sel) == sel.cells
 
 
+@pytest.mark.slow
 def test_greedy_value_increases_and_matches_the_replay(dense: Any) -> None:
     ev, guard, sel = dense
     totals = [r["total_value_ms"] for r in sel.rounds]

@@ -180,6 +180,7 @@ def test_reference_cell_too_big_and_bad_config(tmp_path: Path) -> None:
         load_backend("reference", {"config": str(cfg)})
 
 
+@pytest.mark.slow
 def test_reference_sweep_writes_artifacts(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     request = SweepRequest(

@@ -126,6 +126,7 @@ def _scenarios(rank: int, world: int, tmp: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks(tmp_path: Path) -> None:
     import torch.multiprocessing as mp
 

@@ -190,6 +190,7 @@ def test_a_killed_mixed_sweep_resumes_without_remeasuring(tmp_path: Path) -> Non
     assert {c.spec for c in result.cells} == {c.spec for c in whole.cells}
 
 
+@pytest.mark.slow
 def test_reference_backend_runs_and_checks_mixed_steps(tmp_path: Path) -> None:
     route = MixedRoute(physical_k=3, world_size=1, body_buckets=(16, 24, 32, 48))
     step = MixedStep(
@@ -333,6 +334,7 @@ def test_cli_sweep_mixed(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "need --mixed" in r.stderr
 
 
+@pytest.mark.slow
 def test_paired_intervals_cover_the_true_saving_over_seeds(tmp_path: Path) -> None:
     """The claim behind a mixed cell's saving interval and its two runtime bounds, measured over
     independent sweeps (fresh noise, drift and process shifts each): the paired 95% interval

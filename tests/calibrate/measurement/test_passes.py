@@ -77,6 +77,7 @@ def test_a_failing_pass_stops_the_rest(tmp_path: Path) -> None:
     assert len(calls) == 2
 
 
+@pytest.mark.slow
 def test_a_real_sweep_in_three_processes(tmp_path: Path) -> None:
     """Three child processes over one journal: every cell spans three passes (epochs), the
     journal holds each round once, and only the last pass writes the outputs."""

@@ -95,6 +95,7 @@ def test_heavy_tailed_interval_coverage_over_many_sweeps() -> None:
     assert np.mean([f.high >= 0.004 for f in fits]) >= 0.88
 
 
+@pytest.mark.slow
 def test_the_resolvable_shift_is_detected_about_half_the_time() -> None:
     """At the stated resolvable σ the interval excludes 0 in roughly half of the sweeps; at twice
     it, in most; at a quarter of it, in few (the claim behind ``resolvable_shift_rel``)."""

@@ -147,6 +147,7 @@ def _spawn(out: Path, resume: bool) -> subprocess.Popen[str]:
     )
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_points_then_resume(tmp_path: Path) -> None:
     out = tmp_path / "s.parquet"
     journal = tmp_path / "s.journal.jsonl"

@@ -322,6 +322,7 @@ def _true_saving(cell: CellSpec, proc: tuple[float, dict[CellSpec, float]]) -> f
     return 1 - (1 - s) * math.exp(proc[1][cell] - proc[1][cell.native])
 
 
+@pytest.mark.slow
 def test_between_run_components_are_recovered() -> None:
     rng = np.random.default_rng(11)
     sd = {**SD, "epoch_common": 0.01, "epoch_cell": 0.004}
@@ -348,6 +349,7 @@ def test_one_epoch_estimates_nothing_and_summary_says_so() -> None:
     assert "no_between_run_estimate" in s.warnings and "+between_run" in s.ci_method
 
 
+@pytest.mark.slow
 def test_reproduction_interval_covers_an_independent_sweep() -> None:
     """Between-epoch terms estimated per sweep: another process's median is covered at ~95%."""
     rng = np.random.default_rng(5)
@@ -367,6 +369,7 @@ def test_reproduction_interval_covers_an_independent_sweep() -> None:
     assert without / n < 0.8  # rounds alone cannot see what separates two processes
 
 
+@pytest.mark.slow
 def test_paired_saving_predicts_the_serving_process_and_is_narrower_than_unpaired() -> None:
     rng = np.random.default_rng(8)
     trials, hits, widths, unpaired_widths = 60, 0, [], []

@@ -69,6 +69,7 @@ def _synthetic_args(out: Path, *opts: str) -> list[str]:
     return [*args, "--no-plot"]
 
 
+@pytest.mark.slow
 def test_the_json_report_states_the_paired_shift_it_was_given(tmp_path: Path) -> None:
     """epoch_shift_rel=0.004 per cell: a log-ratio to native shifts by √2·0.4% = 0.57% per epoch."""
     out = tmp_path / "s.parquet"
@@ -86,6 +87,7 @@ def test_the_json_report_states_the_paired_shift_it_was_given(tmp_path: Path) ->
     assert report["order"] == "random" and report["carryover"]["rewarm_steps"] >= 1
 
 
+@pytest.mark.slow
 def test_without_a_shift_nothing_is_stated_as_measured(tmp_path: Path) -> None:
     out = tmp_path / "s.parquet"
     res = _cli(*_synthetic_args(out))
@@ -206,6 +208,7 @@ def _workload(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_the_serving_order_follows_the_workload(tmp_path: Path) -> None:
     out = tmp_path / "s.parquet"
     workload = _workload(tmp_path / "w.parquet")
@@ -240,6 +243,7 @@ def test_order_usage_errors_exit_2(tmp_path: Path, case: str, extra: list[str], 
     assert message in res.stderr
 
 
+@pytest.mark.slow
 def test_schema_3_rows_and_the_summary_lines(tmp_path: Path) -> None:
     out = tmp_path / "s.parquet"
     res = _cli(*_synthetic_args(out, "power_capped=true", "power_cap_clock_rel=0.03"))
@@ -264,6 +268,7 @@ def test_schema_3_rows_and_the_summary_lines(tmp_path: Path) -> None:
     assert extra["between_run"]["estimator"] == "reml"
 
 
+@pytest.mark.slow
 def test_a_design_that_cannot_resolve_the_shift_says_what_to_add(tmp_path: Path) -> None:
     """Rounds ten times noisier than the default: two rounds per epoch cannot see 0.4%."""
     out = tmp_path / "s.parquet"

@@ -654,6 +654,7 @@ def test_what_to_check_is_data_driven(evidence: Evidence, page: Page) -> None:
     assert severities == sorted(severities, key=[Severity.BLOCKER, Severity.WARNING, Severity.INFO].index)
 
 
+@pytest.mark.slow
 def test_rendering_is_deterministic(evidence: Evidence, html: str) -> None:
     assert render_html(build_report(evidence, now=LATER)) == html
 
@@ -970,6 +971,7 @@ def test_runtime_cross_member_findings(tmp_path: Path, keys: tuple[Any, ...], ro
     assert "The runtime admission hook would still refuse this evidence" in render_html(report, plots=False)
 
 
+@pytest.mark.slow
 def test_calibration_summary_without_diagrams(tmp_path: Path, keys: tuple[Any, ...], root_path: Path) -> None:
     b = make_report_bundle(
         tmp_path / "b", keys, calibration_summary=report_calibration_summary(with_diagrams=False)
@@ -1010,6 +1012,7 @@ def test_expiry_warning_and_native_only_group(tmp_path: Path, keys: tuple[Any, .
     assert report.cost is not None and report.cost.groups[2].best is None
 
 
+@pytest.mark.slow
 def test_real_fit_summary_renders(tmp_path: Path, keys: tuple[Any, ...], root_path: Path) -> None:
     """The summary ``fit`` actually writes feeds the calibration section (metrics and their CIs)."""
     from dspark_calibrate.calibrate.confidence.fit import FitOptions, fit_traces
