@@ -10,7 +10,7 @@ DEMO   ?= demo-out
 # Wall-clock minutes of `make fuzz` (every fuzz target, round-robin).
 FUZZ_MINUTES ?= 10
 
-.PHONY: demo test test-slow fuzz lint typecheck bench clean
+.PHONY: demo test test-slow test-durations fuzz lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,13 +23,19 @@ demo: $(STAMP)
 	$(BIN)/dspark-calibrate demo --out $(DEMO)
 	$(BIN)/dspark-verify $(DEMO)/cost-table.parquet $(DEMO)/bundle --trust-root $(DEMO)/trust-root.json --allow-synthetic
 
-PYTEST := $(BIN)/python -m pytest -n 2 -q
+# pytest keeps its assertion-rewritten test modules in __pycache__ between runs (a shell that sets
+# PYTHONDONTWRITEBYTECODE would otherwise make every run rewrite all of them: about 8 s a worker).
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -n 2 -q
 
 test: $(STAMP)
 	$(PYTEST) -m "not slow"
 
 test-slow: $(STAMP)
 	$(PYTEST) -m slow
+
+# Re-measure which tests take over 0.5 s on an idle machine (tests/slow_tests.txt, the slow tier).
+test-durations: $(STAMP)
+	$(BIN)/python tests/measure_durations.py
 
 # Long fuzz run (tests/fuzz/targets.py): results in benchmarks/results/fuzz.json; exits 1 on any
 # crash, hang or accepted mutant. `make test` runs the same targets briefly with fixed seeds.

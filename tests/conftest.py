@@ -28,6 +28,30 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
 
 
+# --- the measured slow tier ----------------------------------------------------------------------
+# Besides the tests marked ``slow`` in their files and those that need the demo's output
+# (``demo_run``), a test is in the slow tier when it took longer
+# than ``tests/measure_durations.SLOW_TEST_S`` on two idle cores (setup, call and teardown summed):
+# ``tests/slow_tests.txt`` lists them, ``make test-durations`` measures again and rewrites it. A test
+# whose id is not listed (new, or renamed) stays in the fast tier until the next measurement.
+MEASURED_SLOW = Path(__file__).with_name("slow_tests.txt")
+
+
+def measured_slow_ids(path: Path = MEASURED_SLOW) -> frozenset[str]:
+    """The test ids ``slow_tests.txt`` lists (comment and blank lines skipped)."""
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    return frozenset(line.strip() for line in lines if line.strip() and not line.startswith("#"))
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    slow = measured_slow_ids()
+    for item in items:
+        # A test that needs the whole demo's output is end to end: the demo alone takes 15 s.
+        if item.nodeid in slow or "demo_run" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     return f"hypothesis profile: {settings.get_current_profile_name()}"
 

@@ -29,6 +29,7 @@ function bodies. Dynamic checks import packages in a fresh interpreter and look 
 from __future__ import annotations
 
 import ast
+import functools
 import graphlib
 import re
 import subprocess
@@ -138,7 +139,10 @@ def _edges(name: str, path: Path) -> list[Edge]:
     return out
 
 
-EDGES: list[Edge] = [e for name, path in MODULE_PATHS.items() for e in _edges(name, path)]
+@functools.cache
+def edges() -> tuple[Edge, ...]:
+    """Every import edge of the package (parsed on first use, not while collecting)."""
+    return tuple(e for name, path in MODULE_PATHS.items() for e in _edges(name, path))
 
 
 def _layer(module: str) -> str:
@@ -170,19 +174,19 @@ def test_imports_point_down(module: str) -> None:
         allowed = {layer, "errors"}  # its SchemaMismatch is a DsparkError like every other error
     else:
         allowed = ALLOWED[layer] | LEAVES | {layer}
-    bad = [str(e) for e in EDGES if e.source == module and _layer(e.target) not in allowed]
+    bad = [str(e) for e in edges() if e.source == module and _layer(e.target) not in allowed]
     assert not bad, f"{module} ({layer}) may import only {sorted(allowed)}:\n" + "\n".join(bad)
 
 
 def test_runtime_plugin_never_imports_calibrate() -> None:
-    bad = [str(e) for e in EDGES if _layer(e.source) == "runtime_plugin" and _layer(e.target) == "calibrate"]
+    bad = [str(e) for e in edges() if _layer(e.source) == "runtime_plugin" and _layer(e.target) == "calibrate"]
     assert not bad, "\n".join(bad)
 
 
 def test_no_private_module_of_another_layer_is_imported() -> None:
     """STYLE rule 2: underscored modules are their layer's business (tests may use them)."""
     bad = []
-    for e in EDGES:
+    for e in edges():
         private = any(p.startswith("_") for p in e.target.split(".")[2:])
         if private and _layer(e.source) != _layer(e.target):
             bad.append(str(e))
@@ -208,7 +212,7 @@ def test_stage_graph_is_a_dag() -> None:
 def test_calibrate_stages_import_down_the_dag(module: str) -> None:
     stage = _stage(module)
     assert stage is not None
-    imported = {_stage(e.target) for e in EDGES if e.source == module} - {None}
+    imported = {_stage(e.target) for e in edges() if e.source == module} - {None}
     if stage in CALIBRATE_ABOVE_STAGES:
         allowed = set(STAGES) | CALIBRATE_BELOW_STAGES | ({"demo"} if stage == "__init__" else set())
     elif stage in CALIBRATE_BELOW_STAGES:
@@ -269,7 +273,7 @@ def test_no_import_circles() -> None:
     (A parent package's ``__init__`` running before its submodules is not counted: Python imports
     the package first by construction.)
     """
-    cycles = _cycles(EDGES)
+    cycles = _cycles(list(edges()))
     assert not cycles, "import circles: " + "; ".join(" <-> ".join(c) for c in cycles)
 
 
@@ -302,7 +306,7 @@ def _local_import_allowed(e: Edge) -> bool:
 
 
 def test_function_local_imports_are_the_documented_lazy_loads() -> None:
-    bad = [str(e) for e in EDGES if e.where == "function" and not _local_import_allowed(e)]
+    bad = [str(e) for e in edges() if e.where == "function" and not _local_import_allowed(e)]
     assert not bad, (
         "function-local imports of our modules outside the allow-list (import at module level, or "
         "extend the allow-list with the reason):\n" + "\n".join(bad)
@@ -314,7 +318,7 @@ def test_the_lazy_names_really_need_cryptography() -> None:
     module that imports cryptography, securesystemslib or tuf (directly or through another)."""
     heavy = ("cryptography", "securesystemslib", "tuf")
     graph = defaultdict(set)
-    for e in EDGES:
+    for e in edges():
         graph[e.source].add(e.target)
 
     def needs_crypto(module: str, seen: set[str]) -> bool:
