@@ -47,9 +47,10 @@ step native.
 same order (``cumsum`` in position-major order, ranks in order) and every comparison the same
 IEEE operation, so given the same survivals every decision, yield and score is bit-identical
 (tested). The calibration maps use the device's own ``sigmoid``/``log`` (within an ulp or two of
-numpy's); rows with equal logits up to a position share one survival there (the first such row's),
-so a kernel that rounds one copy an ulp differently cannot break a tie between identical requests
-against the (position, request) order;
+numpy's); on the CPU, rows with equal logits up to a position share one survival there (the first
+such row's), so torch's CPU kernels, which round a vector's tail an ulp differently, cannot break a
+tie between identical requests against the (position, request) order (a CUDA elementwise kernel
+computes every element alike, and the comparison would cost the critical path 20 us at G=256);
 in float32 survivals carry about 1e-7 relative error and sums of hundreds of them about 1e-5. A
 decision can then differ only where the reference itself was within that distance of a threshold
 or a tie: a score against native or the margin, a group value against its minimum or another
@@ -271,6 +272,10 @@ class DeviceStep:
         floor = planner.min_verify_len
         cols = k - floor
         self._rows = torch.arange(width, device=dev)
+        # Equal inputs share one survival on the CPU only (see ``_rank``): torch's CPU kernels round
+        # a vector's tail differently; a CUDA elementwise kernel runs the same instructions on
+        # every element, and the W x W comparison would cost the critical path 20 us at G=256.
+        self._share_equal = dev.type == "cpu"
         # [., i, i', .]: row i' is row i (every row equals itself, a NaN row included)
         self._self = torch.eye(width, dtype=torch.bool, device=dev)[None, :, :, None]
         places = torch.arange(cols * width, device=dev)
@@ -429,15 +434,18 @@ class DeviceStep:
         # sends +inf to 1, either of which would rank the bad row first.
         bad = torch.cumsum(torch.isfinite(x).logical_not().to(torch.int32), dim=2) > 0
         surv = torch.where(bad, math.nan, surv)
-        # Equal inputs, equal survivals: every row takes the survivals of the first row whose
-        # logits equal its own up to each position. A vectorised kernel may round the same
-        # input an ulp differently at another place in the tensor (torch's CPU sigmoid does in
-        # a vector's tail), and an ulp would break a tie between identical requests against
-        # the documented (position, request) order. Comparing inputs, not outputs, keeps it.
-        same = self.logits[:, :, None, :] == self.logits[:, None, :, :]  # [r, i, i', j]
-        prefix = (torch.cumsum(same.logical_not().to(torch.int32), dim=3) == 0) | self._self
-        first = prefix.to(torch.uint8).argmax(dim=2)  # (R, W, K): the first such row (i itself at most)
-        surv = torch.gather(surv, 1, first, out=self._surv)
+        if self._share_equal:
+            # Equal inputs, equal survivals: every row takes the survivals of the first row whose
+            # logits equal its own up to each position. torch's CPU kernels round the same input
+            # an ulp differently in a vector's tail, and an ulp would break a tie between
+            # identical requests against the documented (position, request) order. Comparing
+            # inputs, not outputs, keeps it.
+            same = self.logits[:, :, None, :] == self.logits[:, None, :, :]  # [r, i, i', j]
+            prefix = (torch.cumsum(same.logical_not().to(torch.int32), dim=3) == 0) | self._self
+            first = prefix.to(torch.uint8).argmax(dim=2)  # (R, W, K): the first such row (i at most)
+            surv = torch.gather(surv, 1, first, out=self._surv)
+        else:
+            surv = self._surv.copy_(surv)
         # Candidates above the floor, position-major (index = position * W + row: among equal
         # survivals that order is the tie-break); absent rows rank last, NaN survivals just above.
         cand = torch.where(valid[:, None, :], surv[:, :, floor:].permute(0, 2, 1), _PAD)
