@@ -21,7 +21,8 @@ and isotonic maps and a verify floor of 2, is checked against the host planner:
 only where the host planner's own numbers are within ``F32_REL`` (relative) of flipping it (a
 score against native or the margin, a group value against its minimum or another cell's), and
 windows only where two candidate survivals at the allocation's cut are that close; ties between
-identical requests are exact in both (equal inputs share one survival).
+identical requests are exact in both (on CUDA each element of a kernel is computed alike; on the
+CPU equal inputs share one survival).
 
 The same test runs on the CPU against the device planner without graph capture, so CI covers
 the logic. On a GPU machine (torch with CUDA; ``pytest`` and the package's own dependencies,
