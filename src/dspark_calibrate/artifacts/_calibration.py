@@ -123,11 +123,22 @@ class Calibration:
         if all(m.method == "sts" for m in self.maps):
             # (K, 1) temperatures: p = sigmoid(logit / T), the division TensorRT-LLM applies.
             temperatures = np.array([[m.params[0]] for m in self.maps])
+            negated = -temperatures
+            negated.flags.writeable = False
             object.__setattr__(self, "_sts", temperatures)
-            object.__setattr__(self, "_neg_sts", -temperatures)
+            object.__setattr__(self, "_neg_sts", negated)
         else:
             object.__setattr__(self, "_sts", None)
             object.__setattr__(self, "_neg_sts", None)
+
+    @property
+    def negated_sts_column(self) -> np.ndarray | None:
+        """(K, 1) read-only array of −T when every position is STS, else None.
+
+        ``x / (−T)`` is exactly ``−(x / T)`` (IEEE division is sign-symmetric), so a hot path can
+        fold sigmoid's negation into the division (the host planner does).
+        """
+        return self._neg_sts
 
     @property
     def k(self) -> int:

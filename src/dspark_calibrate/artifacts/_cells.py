@@ -514,6 +514,24 @@ class CostTable:
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise ConfigError(f"cost table rows do not fit the cost-table schema: {exc}") from exc
 
+    @property
+    def tail_native_ms(self) -> float | None:
+        """The drain guard's tail G's native time (None without a guard)."""
+        return self._tail_ms
+
+    @property
+    def serving_memo(self) -> dict[tuple[Any, ...], Any]:
+        """The serving path's memo of per-step-shape derived data (the planner bounds and fills it)."""
+        return self._memo
+
+    def serving_cells(self, graph_batch_size: int) -> tuple[tuple[int, ...], tuple[float, ...], float]:
+        """(compact budgets, their times, native time) of one G, precomputed for the serving path.
+
+        Raises:
+            KeyError: ``graph_batch_size`` is not on the ladder.
+        """
+        return self._per_g[graph_batch_size]
+
     def cells(self) -> dict[tuple[int, int], float]:
         """Every measured cell, native included, as ``{(G, V): ms}``."""
         return dict(self._times)

@@ -553,7 +553,7 @@ def _survivals(calibration: Calibration, rows: StepRows, k: int) -> np.ndarray:
     is folded into the division by -T, which is bit-identical), with fewer numpy calls.
     """
     x = rows.logits if rows.canonical else rows.logits[rows.order]
-    neg = calibration._neg_sts
+    neg = calibration.negated_sts_column
     if neg is None:
         return calibration.survival_t(x.T)
     out: np.ndarray = np.divide(x.T, neg, order="C")  # -(x / T)
@@ -637,12 +637,12 @@ class _StepCells(NamedTuple):
 
 def _step_cells(table: CostTable, g: int, floor: int, counts: tuple[int, ...], idle: bool) -> _StepCells:
     key = (g, floor, counts, idle)
-    memo = table._memo
+    memo = table.serving_memo
     hit: _StepCells | None = memo.get(key)
     if hit is not None:
         return hit
     k = table.max_draft_len
-    budgets, times, native_ms = table._per_g[g]
+    budgets, times, native_ms = table.serving_cells(g)
     cols = k - floor
     stride = cols * max(counts) + 1 if counts else 1
     gather = [r * stride + c * cols for r, c in enumerate(counts)]
@@ -781,7 +781,7 @@ def _select_prepared(
         cells=cells,
         minimum_predicted_gain=table.minimum_predicted_gain,
         drain_guard=table.drain_guard,
-        tail_native_ms=table._tail_ms,
+        tail_native_ms=table.tail_native_ms,
     )
     evaluations = tuple(
         CellEvaluation(v, t, ok, y, e[0], loss, e[1], None if math.isnan(e[2]) else e[2], e[3])
@@ -817,7 +817,7 @@ def _layouts(
     # The geometry is a function of (G, V, floor, counts) and the table, so the floor stands in
     # for it in the key (cheaper to hash than Geometry objects).
     key = ("layout", g, v, floor, active, counts, num_ranks)
-    memo = table._memo
+    memo = table.serving_memo
     hit: tuple[RankLayout, ...] | None = memo.get(key)
     if hit is not None:
         return hit
