@@ -47,7 +47,6 @@ from dspark_calibrate.runtime_plugin.planner import (
     CostTable,
     DrainGuard,
     PositionMap,
-    Selection,
     SelectReason,
     StepRows,
     allocate,
@@ -55,11 +54,13 @@ from dspark_calibrate.runtime_plugin.planner import (
     plan,
 )
 
+# The float32 tolerance rule of the device planner's own tests: the relative distance to a
+# threshold or a tie under which a decision may differ, and which comparisons it covers.
+from tests.runtime_plugin.test_device_planner import F32_REL, _near_threshold
+
 K = 5
 FLOOR = 2
 LADDER = (4, 8, 16)
-#: Relative distance to a threshold or a tie under which a float32 decision may differ.
-F32_REL = 1e-4
 
 
 def _table() -> CostTable:
@@ -194,24 +195,6 @@ class _Engine:
         return (g, v), windows, decision
 
 
-def _near_threshold(sel: Selection, table: CostTable) -> bool:
-    """Some comparison deciding the cell is within F32_REL of flipping (test_device_planner's rule)."""
-    ns = sel.native_score
-    if not ns or not math.isfinite(ns):
-        return False
-    guard_min = table.drain_guard.minimum_group_value_ms if table.drain_guard else 0.0
-    feasible = [c for c in sel.cells if c.feasible]
-    gaps = []
-    for c in feasible:
-        gaps += [abs(c.score - ns) / ns, abs(c.score - ns * (1.0 + table.minimum_predicted_gain)) / ns]
-        if c.group_value_ms is not None:
-            gaps.append(abs(c.group_value_ms - guard_min) / c.step_time_ms)
-    for i, a in enumerate(feasible):
-        for b in feasible[i + 1 :]:
-            gaps.append(abs(a.score - b.score) / ns)
-            if a.group_value_ms is not None and b.group_value_ms is not None:
-                gaps.append(abs(a.group_value_ms - b.group_value_ms) / a.step_time_ms)
-    return bool(gaps) and min(gaps) < F32_REL
 
 
 def _near_tie_at_cut(cal: Calibration, logits: np.ndarray, g: int, v: int) -> bool:

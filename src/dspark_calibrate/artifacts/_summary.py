@@ -106,6 +106,11 @@ class ReceiptEconomics:
         return self.compact_choices > 0 and self.net_value_ms > 0
 
     @classmethod
+    def of(cls, holder: object) -> ReceiptEconomics:
+        """The five fields read off an object that carries them as attributes (a summary model)."""
+        return cls(*(getattr(holder, k) for k in RECEIPT_ECONOMICS_FIELDS))
+
+    @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ReceiptEconomics:
         """Read the five fields (extra keys are ignored, never used).
 
@@ -250,13 +255,7 @@ class AdmissionSummary:
     @property
     def receipt(self) -> ReceiptEconomics:
         """The five fields the receipt rule reads."""
-        return ReceiptEconomics(
-            policy_steps=self.policy_steps,
-            compact_choices=self.compact_choices,
-            gross_compact_value_ms_lower_bound=self.gross_compact_value_ms_lower_bound,
-            fixed_confidence_path_overhead_ms_upper_bound=self.fixed_confidence_path_overhead_ms_upper_bound,
-            safety_margin_ms=self.safety_margin_ms,
-        )
+        return ReceiptEconomics.of(self)
 
     def recomputed_net_ms(self) -> float:
         """gross lower bound − policy_steps · overhead upper bound − safety margin (DESIGN §6)."""

@@ -348,13 +348,7 @@ class MixedEconomics:
     @property
     def receipt(self) -> ReceiptEconomics:
         """The five fields the receipt rule reads."""
-        return ReceiptEconomics(
-            policy_steps=self.policy_steps,
-            compact_choices=self.compact_choices,
-            gross_compact_value_ms_lower_bound=self.gross_compact_value_ms_lower_bound,
-            fixed_confidence_path_overhead_ms_upper_bound=self.fixed_confidence_path_overhead_ms_upper_bound,
-            safety_margin_ms=self.safety_margin_ms,
-        )
+        return ReceiptEconomics.of(self)
 
     def net_ms(self) -> float:
         """gross − policy_steps · overhead − margin (the consumer's recomputation)."""
