@@ -34,6 +34,7 @@ from dspark_calibrate.runtime_plugin.planner import (
     allocate,
     plan,
 )
+from tests.runtime_plugin.test_fused_planner import _Buffers
 from tests.runtime_plugin.test_planner import CAL, K, staircase_table
 
 # --- (a) ties between identical requests ---------------------------------------------------------
@@ -197,18 +198,6 @@ def test_fused_planner_ranks_a_nan_row_last(cal: str) -> None:
 
 
 # --- (c) a step without a graph ------------------------------------------------------------------
-
-
-class _Buffers:
-    """One G's engine buffers: host arrays and CPU tensors over the same memory."""
-
-    def __init__(self, g: int, d: int) -> None:
-        self.logits_host = np.zeros((g, K), dtype=np.float32)
-        self.ints_host = np.zeros(3, dtype=np.int64)
-        self.logits = torch.from_numpy(self.logits_host).view(1, g, K)
-        self.ints = torch.from_numpy(self.ints_host)
-        self.windows = torch.zeros(g, dtype=torch.int64)
-        self.decision = torch.zeros(d, dtype=torch.float32)
 
 
 def _fused(table: CostTable, calibration: Calibration) -> tuple[FusedServingPlanner, dict[int, _Buffers]]:
