@@ -100,6 +100,23 @@ def _good() -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
     return rows, {"paired_rel": 0.002}, harness
 
 
+def test_the_offset_compares_queued_steps_with_queued_steps() -> None:
+    """A sweep whose samples pay half a 0.26 ms launch: its medians sit 0.13 ms above a harness of
+    queued steps, in every cell. Against its queued medians the harness needs no offset, and the
+    intervals that hold both protocols hold the harness's medians and savings."""
+    rows, harness = _case(0.0, {})
+    for r in rows:
+        queued = r["step_time_ms"]
+        r["pipelined_ms"], r["synchronous_ms"] = queued, queued + 0.26
+        r["step_time_ms"] = queued + 0.13
+        r["ci_low_ms"], r["ci_high_ms"] = queued * 0.995, (queued + 0.26) * 1.005
+    plain = ih.compare([{k: v for k, v in r.items() if k != "pipelined_ms"} for r in rows], {}, harness)
+    paired = ih.compare(rows, {}, harness)
+    assert paired["common_offset_against"] == "pipelined_ms" and plain["common_offset_against"] == "step_time_ms"
+    assert abs(paired["common_offset_rel"]) < 1e-9 < abs(plain["common_offset_rel"])
+    assert paired["absolute_coverage_after_common_offset"] == 1.0 and paired["saving_ci_coverage"] == 1.0
+
+
 def test_the_sequence_alternates_like_a_policy() -> None:
     cells = [CellSpec(8, 0, 5), CellSpec(8, 16, 5), CellSpec(8, 32, 5), CellSpec(8, 48, 5)]
     seq = ih.alternating_sequence(np.random.default_rng(1), cells, 4000)
@@ -127,7 +144,7 @@ def test_the_full_mode_is_the_heavy_step_with_24_cells() -> None:
     cmd = ih.sweep_command(ih.FULL, Path("/x"))
     for flag in ("--passes", "--samples-per-visit", "--budgets"):
         assert flag in cmd
-    assert cmd[cmd.index("--config") + 1] == "llama-8b" and cmd[cmd.index("--layers") + 1] == "8"
+    assert cmd[cmd.index("--config") + 1] == "llama-70b" and cmd[cmd.index("--layers") + 1] == "4"
 
 
 @pytest.mark.slow

@@ -153,7 +153,9 @@ def _per_g_table(result: Any) -> Table:
         table.add_row(
             str(g),
             str(len(cells)),
-            "-" if native is None else f"{native.median_ms:.4f} [{native.ci_low_ms:.4f}, {native.ci_high_ms:.4f}]",
+            "-"
+            if native is None
+            else f"{native.median_ms:.4f} [{native.ci_low_ms:.4f}, {native.ci_high_ms:.4f}]",
             "-"
             if best is None
             else f"{100 * best.summary.saving:+.2f}% [{100 * best.summary.saving_ci_low:+.2f}, "
@@ -265,12 +267,31 @@ def _check_lines(result: Any) -> list[str]:
             + f"; re-warm {result.rewarm_steps} replays; it moves a saving by at most "
             f"{100 * carry.largest_saving_shift():.2f} pp (limit {100 * result.config.thresholds.carryover_limit_rel:.2f} pp)"
         )
+    lines.append(_protocol_line(result.protocol_summary()))
     clocks = [c.clock_rel for c in result.cells if c.clock_rel is not None and c.spec.kind.value != "native"]
     if clocks:
         lines.append(
             f"SM clock relative to native: {100 * (min(clocks) - 1):+.1f}%..{100 * (max(clocks) - 1):+.1f}%"
         )
     return lines
+
+
+def _protocol_line(summary: dict[str, Any]) -> str:
+    """What the step protocol moves: the launch a waiting step pays, the largest saving shift."""
+    if not summary["measured"]:
+        return (
+            "step protocol: not measured (single-replay samples, or a timer that cannot time a first "
+            "replay apart); intervals describe the sweep's own protocol only"
+        )
+    launch = ", ".join(
+        f"G{g} {ms:.3f} ms" for g, ms in sorted(summary["launch_ms_per_g"].items(), key=lambda x: int(x[0]))
+    )
+    return (
+        f"step protocol: a step that waits for the one before pays {launch or 'nothing measured'} more than one "
+        f"queued behind it; that moves a saving by up to {100 * summary['largest_saving_shift']:.2f} pp"
+        + (f" ({summary['cell']})" if summary["cell"] else "")
+        + "; intervals hold both"
+    )
 
 
 def _cell_json(c: Any) -> dict[str, Any]:
@@ -296,7 +317,13 @@ def _cell_json(c: Any) -> dict[str, Any]:
         "clock_rel": c.clock_rel,
         "power_rel": c.power_rel,
         "carryover_rel": c.carryover_rel,
+        **_protocol_json(c.protocol),
     }
+
+
+def _protocol_json(term: Any) -> dict[str, float | None]:
+    names = ("pipelined_ms", "synchronous_ms", "saving_pipelined", "saving_synchronous")
+    return {n: None if term is None else getattr(term, n) for n in names}
 
 
 def _json_report(result: Any, output: Any) -> dict[str, Any]:
@@ -657,7 +684,11 @@ def _sweep_backend_options(opts: SweepOptions) -> dict[str, Any]:
         raise ConfigError(
             "--backend trtllm needs a model; pass --model MODEL (the path or name tensorrt_llm.LLM loads)"
         )
-    if opts.backend == "module" and opts.factory is None and "factory" not in " ".join(opts.backend_opt or []):
+    if (
+        opts.backend == "module"
+        and opts.factory is None
+        and "factory" not in " ".join(opts.backend_opt or [])
+    ):
         raise ConfigError(
             "--backend module needs a factory; pass --factory pkg.mod:fn (a function returning the "
             "engine's step for (G, V, K))"
@@ -752,9 +783,7 @@ def run_sweep(opts: SweepOptions) -> None:
     try:
         # Outputs first: a sweep measures for minutes and must not learn at the end that it
         # cannot write (the journal and the samples file go beside --out).
-        check_output_file(
-            opts.out, suffixes=(".parquet", ".pq"), what="the sweep summary (a Parquet file)"
-        )
+        check_output_file(opts.out, suffixes=(".parquet", ".pq"), what="the sweep summary (a Parquet file)")
         if opts.journal is not None:
             check_output_file(opts.journal, option="--journal", suffixes=(), what="the sweep journal")
         backend_options = _sweep_backend_options(opts)

@@ -134,8 +134,20 @@ _SWEEP_V2 = [
     _f("power_capped", _I64),  # kept samples taken under the SW power cap (the serving condition)
 ]
 _register("sweep", 1, ("graph_batch_size", "verifier_budget"), _SWEEP_V1, legacy=True)
+# The step protocol's term (docs/sweep.md "Step protocol"): the cell's median step time and paired
+# saving when every step waits for the one before (the first replay of each sample) and when steps
+# are queued behind a running one (the replays after it). Null where the timer did not time the
+# first replay apart, or a sample was one replay; the savings are null for a native cell. The
+# saving and absolute intervals of a v4 table hold both.
+_PROTOCOL = [
+    _f("pipelined_ms", _F64, nullable=True),
+    _f("synchronous_ms", _F64, nullable=True),
+    _f("saving_pipelined", _F64, nullable=True),
+    _f("saving_synchronous", _F64, nullable=True),
+]
 _register("sweep", 2, ("graph_batch_size", "verifier_budget"), _SWEEP_V2, legacy=True)
-_register("sweep", 3, ("graph_batch_size", "verifier_budget"), [*_SWEEP_V2, *_CHECKS])
+_register("sweep", 3, ("graph_batch_size", "verifier_budget"), [*_SWEEP_V2, *_CHECKS], legacy=True)
+_register("sweep", 4, ("graph_batch_size", "verifier_budget"), [*_SWEEP_V2, *_CHECKS, *_PROTOCOL])
 
 # Raw samples of a sweep: every timed sample is kept, throttled ones flagged (kept=False).
 _SAMPLES_KEYS = ("graph_batch_size", "verifier_budget", "round", "rank", "sample_index")
@@ -158,18 +170,16 @@ _register("sweep-samples", 1, _SAMPLES_KEYS, _SAMPLES_V1, legacy=True)
 _register("sweep-samples", 2, _SAMPLES_KEYS, [*_SAMPLES_V1, _f("epoch", _I64)], legacy=True)
 # v3: the cell the sample's visit followed in the same process (null: the process's first visit)
 # and the replays discarded before the visit's samples, for the carry-over estimate.
-_register(
-    "sweep-samples",
-    3,
-    _SAMPLES_KEYS,
-    [
-        *_SAMPLES_V1,
-        _f("epoch", _I64),
-        _f("prev_graph_batch_size", _I64, nullable=True),
-        _f("prev_verifier_budget", _I64, nullable=True),
-        _f("warmup", _I64),
-    ],
-)
+_SAMPLES_V3 = [
+    *_SAMPLES_V1,
+    _f("epoch", _I64),
+    _f("prev_graph_batch_size", _I64, nullable=True),
+    _f("prev_verifier_budget", _I64, nullable=True),
+    _f("warmup", _I64),
+]
+_register("sweep-samples", 3, _SAMPLES_KEYS, _SAMPLES_V3, legacy=True)
+# v4: the sample's first replay timed on its own (null: not timed apart), for the step protocol's term.
+_register("sweep-samples", 4, _SAMPLES_KEYS, [*_SAMPLES_V3, _f("first_replay_ms", _F64, nullable=True)])
 
 # Deployed cells with their measured whole-step times (signed).
 _COST_V1 = [

@@ -244,7 +244,7 @@ def test_order_usage_errors_exit_2(tmp_path: Path, case: str, extra: list[str], 
 
 
 @pytest.mark.slow
-def test_schema_3_rows_and_the_summary_lines(tmp_path: Path) -> None:
+def test_schema_4_rows_and_the_summary_lines(tmp_path: Path) -> None:
     out = tmp_path / "s.parquet"
     res = _cli(*_synthetic_args(out, "power_capped=true", "power_cap_clock_rel=0.03"))
     assert res.exit_code == 0, res.output
@@ -258,7 +258,7 @@ def test_schema_3_rows_and_the_summary_lines(tmp_path: Path) -> None:
     from dspark_calibrate.artifacts import read_artifact
 
     art = read_artifact(out)
-    assert art.schema_version == 3
+    assert art.schema_version == 4
     rows = art.table.to_pylist()
     assert all(r["clock_rel"] is not None and r["carryover_rel"] is not None for r in rows)
     assert all(r["control_bias"] is not None for r in rows)

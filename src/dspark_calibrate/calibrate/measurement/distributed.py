@@ -33,7 +33,8 @@ __all__ = [
 ]
 
 #: Columns of the per-visit array each rank contributes: time (ms), SM clock (MHz),
-#: temperature (°C), power (W), throttle reasons (bit mask; NaN when unknown), visit seconds.
+#: temperature (°C), power (W), throttle reasons (bit mask; NaN when unknown), visit seconds, the
+#: sample's first replay (ms; NaN when not timed apart).
 VISIT_FIELDS: tuple[str, ...] = (
     "ms",
     "sm_clock_mhz",
@@ -41,6 +42,7 @@ VISIT_FIELDS: tuple[str, ...] = (
     "power_w",
     "throttle_reasons",
     "seconds",
+    "first_ms",
 )
 
 

@@ -64,6 +64,12 @@ from dspark_calibrate.calibrate.measurement.journal import Journal
 from dspark_calibrate.calibrate.measurement.ladder import CellKind, CellSpec, plan_cells
 from dspark_calibrate.calibrate.measurement.mixed import Cell, MixedCellSpec
 from dspark_calibrate.calibrate.measurement.order import ServingOrder, visit_order
+from dspark_calibrate.calibrate.measurement.protocol import (
+    ProtocolTerm,
+    SplitSample,
+    protocol_term,
+    widen_for_protocol,
+)
 from dspark_calibrate.calibrate.measurement.stats import (
     NO_BETWEEN_RUN,
     BetweenRun,
@@ -83,7 +89,7 @@ from dspark_calibrate.calibrate.measurement.stats import (
 )
 from dspark_calibrate.calibrate.measurement.sweep_plot import plot_sweep
 from dspark_calibrate.calibrate.measurement.telemetry import SW_POWER_CAP, Telemetry, drop_mask, reason_names
-from dspark_calibrate.calibrate.measurement.timing import Step, Timer
+from dspark_calibrate.calibrate.measurement.timing import SplitTimer, Step, Timer
 from dspark_calibrate.errors import ConfigError, MeasurementError, ProbeError
 from dspark_calibrate.runtime_plugin.live import CPU_DEVICE, SYNTHETIC_DEVICE, collect_live
 
@@ -154,7 +160,9 @@ class SweepConfig:
 
     def __post_init__(self) -> None:
         if self.order is not None and self.mixed is not None:
-            raise ConfigError("--order serving orders decode cells; a mixed sweep visits its steps in random order")
+            raise ConfigError(
+                "--order serving orders decode cells; a mixed sweep visits its steps in random order"
+            )
         if self.protocol not in PROTOCOLS:
             raise ConfigError(f"--protocol {self.protocol!r} is unknown; use one of {list(PROTOCOLS)}")
         if not self.cells:
@@ -238,9 +246,22 @@ class SampleRow:
     epoch: int = 0
     previous: tuple[int, int] | None = None
     warmup: int = 0
+    first_ms: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """Compact JSON form for the journal."""
+        """Compact JSON form for the journal (``first`` only where the first replay was timed)."""
+        out = self._json()
+        if self.first_ms is not None:
+            out["first"] = self.first_ms
+        return out
+
+    def split(self) -> SplitSample | None:
+        """The sample with its first replay, or None where that was not timed."""
+        if self.first_ms is None:
+            return None
+        return SplitSample(self.ms, self.first_ms, self.replays, self.round, self.epoch)
+
+    def _json(self) -> dict[str, Any]:
         return {
             "round": self.round,
             "rank": self.rank,
@@ -274,6 +295,7 @@ class SampleRow:
             int(d.get("epoch", 0)),
             None if d.get("prev") is None else (int(d["prev"][0]), int(d["prev"][1])),
             int(d.get("warm", 0)),
+            None if d.get("first") is None else float(d["first"]),
         )
 
 
@@ -319,6 +341,7 @@ class CellResult:
     clock_rel: float | None = None
     power_rel: float | None = None
     carryover_rel: float | None = None
+    protocol: ProtocolTerm | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -430,13 +453,45 @@ class SweepResult:
             c.clock_rel,
             c.power_rel,
             c.carryover_rel,
+            *self._protocol_columns(c.protocol),
         )
+
+    @staticmethod
+    def _protocol_columns(term: ProtocolTerm | None) -> tuple[float | None, ...]:
+        """The step protocol's columns of one cell (schema 4; null where not measured)."""
+        if term is None:
+            return (None, None, None, None)
+        return (term.pipelined_ms, term.synchronous_ms, term.saving_pipelined, term.saving_synchronous)
 
     def control_summary(self) -> dict[str, Any]:
         """Per G, the control cell's saving (0 is the truth), its interval and whether the G's
         compact savings were widened for it."""
-        seen = {c.control_bias.graph_batch_size: c.control_bias for c in self.cells if c.control_bias is not None}
+        seen = {
+            c.control_bias.graph_batch_size: c.control_bias for c in self.cells if c.control_bias is not None
+        }
         return {str(g): b.to_dict() for g, b in sorted(seen.items())}
+
+    def protocol_summary(self) -> dict[str, Any]:
+        """The step protocol's term (:mod:`.protocol`): per G the median launch a waiting step pays
+        beyond a queued one (its native cell's), and the largest move of a compact saving between
+        the sweep's protocol and either serving protocol, with its cell. ``measured`` is False where
+        no cell has it (single-replay samples, a timer that cannot split a sample)."""
+        terms = [(c, c.protocol) for c in self.cells if c.protocol is not None]
+        if not terms:
+            return {"measured": False}
+        launch = {
+            str(c.spec.key[0]): t.launch_ms
+            for c, t in terms
+            if isinstance(c.spec, CellSpec) and c.spec.kind is CellKind.NATIVE
+        }
+        largest, where = 0.0, None
+        for c, t in terms:
+            if c.summary is None:
+                continue
+            for saving in (t.saving_pipelined, t.saving_synchronous):
+                if saving is not None and abs(saving - c.summary.saving) > largest:
+                    largest, where = abs(saving - c.summary.saving), c.spec.label()
+        return {"measured": True, "launch_ms_per_g": launch, "largest_saving_shift": largest, "cell": where}
 
     def unmeasured(self) -> tuple[Cell, ...]:
         """Cells without any kept sample."""
@@ -495,6 +550,10 @@ _SUMMARY_COLUMNS = (
     "clock_rel",
     "power_rel",
     "carryover_rel",
+    "pipelined_ms",
+    "synchronous_ms",
+    "saving_pipelined",
+    "saving_synchronous",
 )
 
 
@@ -524,7 +583,12 @@ def _samples_table(states: Iterable[_CellState], keys: tuple[str, str] = _DECODE
     """The raw samples of ``states`` (a decode sweep's columns, with the carry-over columns; a mixed
     sweep names its key ``keys`` and has no carry-over columns)."""
     cols: dict[str, list[Any]] = {name: [] for name in _SAMPLE_COLUMNS}
-    carry: dict[str, list[Any]] = {"prev_graph_batch_size": [], "prev_verifier_budget": [], "warmup": []}
+    carry: dict[str, list[Any]] = {
+        "prev_graph_batch_size": [],
+        "prev_verifier_budget": [],
+        "warmup": [],
+        "first_replay_ms": [],
+    }
     for st in states:
         for r in st.rows:
             values = (
@@ -546,6 +610,7 @@ def _samples_table(states: Iterable[_CellState], keys: tuple[str, str] = _DECODE
             carry["prev_graph_batch_size"].append(None if r.previous is None else r.previous[0])
             carry["prev_verifier_budget"].append(None if r.previous is None else r.previous[1])
             carry["warmup"].append(r.warmup)
+            carry["first_replay_ms"].append(r.first_ms)
     names = dict(zip(_DECODE_KEYS, keys, strict=True))
     table = pa.table(
         {
@@ -567,7 +632,8 @@ def _samples_table(states: Iterable[_CellState], keys: tuple[str, str] = _DECODE
     if keys != _DECODE_KEYS:
         return table
     for name, column in carry.items():
-        table = table.append_column(name, pa.array(column, pa.int64()))
+        kind = pa.float64() if name == "first_replay_ms" else pa.int64()
+        table = table.append_column(name, pa.array(column, kind))
     return table
 
 
@@ -586,6 +652,10 @@ _SAMPLE_COLUMNS = (
     "kept",
     "epoch",
 )
+
+
+def _finite_or_none(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
 
 
 def _median_or_none(values: Sequence[float | None], how: Callable[[np.ndarray], float]) -> float | None:
@@ -663,7 +733,7 @@ def finish_cells(
     if config.mixed is not None:
         return results, between, None
     carry = _carryover(states)
-    return _with_checks(results, carry), between, carry
+    return _with_checks(results, carry, _protocol_terms(states)), between, carry
 
 
 def _visits(states: Mapping[Cell, _CellState], rewarm: int | None = None) -> list[VisitRecord]:
@@ -697,9 +767,31 @@ def _carryover(states: Mapping[Cell, _CellState], rewarm: int | None = None) -> 
     return estimate_carryover(visits, common_round_effects(logs))
 
 
-def _with_checks(results: Sequence[CellResult], carry: Carryover | None) -> tuple[CellResult, ...]:
+def _protocol_terms(states: Mapping[Cell, _CellState]) -> dict[Cell, ProtocolTerm]:
+    """Every decode cell's step protocol's term (:mod:`.protocol`), paired with its native cell."""
+    split: dict[Cell, list[SplitSample]] = {}
+    for cell, st in states.items():
+        kept = [r.split() for r in st.rows if r.kept]
+        rows = [r for r in kept if r is not None]
+        if isinstance(cell, CellSpec) and rows and len(rows) == len(kept):
+            split[cell] = rows
+    out = {}
+    for cell, rows in split.items():
+        native = None if cell.kind is CellKind.NATIVE else cell.native
+        term = protocol_term(cell, rows, native, split.get(native, ()) if native is not None else ())
+        if term is not None:
+            out[cell] = term
+    return out
+
+
+def _with_checks(
+    results: Sequence[CellResult],
+    carry: Carryover | None,
+    protocol: Mapping[Cell, ProtocolTerm] | None = None,
+) -> tuple[CellResult, ...]:
     """The cells with their control bias (and widened savings where it is not 0), their clock and
-    power relative to the native cell, and the carry-over's shift of their median."""
+    power relative to the native cell, the carry-over's shift of their median, and their step
+    protocol's term (intervals stretched to hold both protocols)."""
     summaries = {c.spec: c.summary for c in results}
     biases = control_biases(summaries)
     clock = relative_to_native({c.spec: c.sm_clock_mhz_median for c in results})
@@ -709,9 +801,17 @@ def _with_checks(results: Sequence[CellResult], carry: Carryover | None) -> tupl
         bias = biases.get(c.spec.key[0])
         summary = c.summary
         widened = False
-        if bias is not None and summary is not None and c.spec.kind is CellKind.COMPACT and bias.excludes_zero:
+        if (
+            bias is not None
+            and summary is not None
+            and c.spec.kind is CellKind.COMPACT
+            and bias.excludes_zero
+        ):
             summary, widened = widen_saving(summary, bias), True
         shift = carry.cell_shift.get(c.spec) if carry is not None and isinstance(c.spec, CellSpec) else None
+        term = (protocol or {}).get(c.spec)
+        if term is not None and summary is not None:
+            summary = widen_for_protocol(summary, term)
         out.append(
             replace(
                 c,
@@ -721,6 +821,7 @@ def _with_checks(results: Sequence[CellResult], carry: Carryover | None) -> tupl
                 clock_rel=clock.get(c.spec),
                 power_rel=power.get(c.spec),
                 carryover_rel=shift,
+                protocol=term,
             )
         )
     return tuple(out)
@@ -849,12 +950,15 @@ class _Harness:
             n_samples = max(1, min(th.samples_per_visit, th.max_samples_per_cell - len(st.rows)))
         self.comm.barrier()
         t0 = self.timer.now()
-        times, readings, failure = self._measure(cell, epoch, first=first, warm=warm, n_samples=n_samples)
+        times, firsts, readings, failure = self._measure(
+            cell, epoch, first=first, warm=warm, n_samples=n_samples
+        )
         seconds = self.timer.now() - t0
         local = np.full((n_samples, len(VISIT_FIELDS)), np.nan)
         if failure is None:
             local[:, 0] = times
             local[:, 1:5] = np.array(readings, dtype=np.float64).reshape(n_samples, 4)
+            local[:, 6] = firsts
         local[:, 5] = seconds
         gathered = self.comm.gather_visit(local)  # (world, samples, fields)
         self._refuse_bad_ranks(cell, gathered[:, :, 0], failure)
@@ -884,8 +988,10 @@ class _Harness:
 
     def _measure(
         self, cell: Cell, epoch: int, *, first: bool, warm: int, n_samples: int
-    ) -> tuple[list[float], list[tuple[float, float, float, float]], BaseException | None]:
-        """Time ``n_samples`` samples of the cell on this rank, with a telemetry reading per sample.
+    ) -> tuple[list[float], list[float], list[tuple[float, float, float, float]], BaseException | None]:
+        """Time ``n_samples`` samples of the cell on this rank, with a telemetry reading per sample
+        and each sample's first replay (NaN where the timer cannot split a sample, or it is one
+        replay).
 
         A backend or timer failure is returned, not raised: the other ranks wait in the gather
         that follows, and a failed rank contributes NaN so that every rank raises together.
@@ -908,6 +1014,7 @@ class _Harness:
             )
 
         times: list[float] = []
+        firsts: list[float] = []
         try:
             if first:
                 if cell in self.steps:
@@ -921,17 +1028,24 @@ class _Harness:
             step = self.steps[cell]
             if warm:
                 self.timer.warm(step, warm)
-            times = self.timer.measure(
-                step, replays=th.replays_per_sample, samples=n_samples, on_sample=on_sample
-            )
+            if isinstance(self.timer, SplitTimer) and th.replays_per_sample >= 2:
+                split = self.timer.measure_split(
+                    step, replays=th.replays_per_sample, samples=n_samples, on_sample=on_sample
+                )
+                times, firsts = [m for m, _ in split], [f for _, f in split]
+            else:
+                times = self.timer.measure(
+                    step, replays=th.replays_per_sample, samples=n_samples, on_sample=on_sample
+                )
+                firsts = [math.nan] * len(times)
             if len(times) != n_samples or len(readings) != len(times):
                 raise MeasurementError(
                     f"timer returned {len(times)} samples and {len(readings)} telemetry readings for "
                     f"{n_samples} requested"
                 )
         except (*_BACKEND_ERRORS, MeasurementError) as exc:
-            return times, readings, exc
-        return times, readings, None
+            return times, firsts, readings, exc
+        return times, firsts, readings, None
 
     def _refuse_bad_ranks(self, cell: Cell, ms_all: np.ndarray, failure: BaseException | None) -> None:
         """Raise on every rank when any rank failed or timed a non-finite or non-positive sample.
@@ -988,6 +1102,7 @@ class _Harness:
                     epoch=epoch,
                     previous=None if self.last_cell is None else self.last_cell.key,
                     warmup=warmup,
+                    first_ms=_finite_or_none(gathered[rk, i, 6]),
                 )
             )
         return rows
@@ -1101,8 +1216,12 @@ class _Harness:
         if self.config.mixed is not None or self.rewarm >= th.max_rewarm_steps:
             return
         carry = _carryover(self.states, self.rewarm)
-        steps = None if carry is None else next_rewarm(
-            carry, current=self.rewarm, limit=th.carryover_limit_rel, maximum=th.max_rewarm_steps
+        steps = (
+            None
+            if carry is None
+            else next_rewarm(
+                carry, current=self.rewarm, limit=th.carryover_limit_rel, maximum=th.max_rewarm_steps
+            )
         )
         if carry is None or steps is None:
             return
@@ -1264,7 +1383,11 @@ def _finish_sweep(config: SweepConfig, harness: _Harness, *, resumed: bool) -> S
     # Summarising (bootstrap intervals, between-run variation) takes seconds on a large sweep.
     harness._emit(
         SweepEvent(
-            "stage", harness.round, harness._done(), len(harness.states), detail=f"summarising {len(config.cells)} cells"
+            "stage",
+            harness.round,
+            harness._done(),
+            len(harness.states),
+            detail=f"summarising {len(config.cells)} cells",
         )
     )
     results, between, carry = finish_cells(config, harness.states, passes=harness.pass_epoch is not None)
@@ -1447,7 +1570,10 @@ def decode_checks(result: SweepResult) -> dict[str, Any]:
             "rewarm_steps": result.rewarm_steps,
             "limit_rel": th.carryover_limit_rel,
         },
-        "order": "random" if order is None else {"mode": "serving", "steps": order.steps, "source": order.source},
+        "order": "random"
+        if order is None
+        else {"mode": "serving", "steps": order.steps, "source": order.source},
+        "step_protocol": result.protocol_summary(),
     }
 
 
@@ -1478,9 +1604,7 @@ def write_sweep(
         **run_record(result, spath, samples_sha),
         "ci_method": sorted({c.summary.ci_method for c in result.cells if c.summary is not None}),
         "warnings": {
-            c.spec.label(): list(c.summary.warnings)
-            for c in result.cells
-            if c.summary and c.summary.warnings
+            c.spec.label(): list(c.summary.warnings) for c in result.cells if c.summary and c.summary.warnings
         },
     }
     summary_prov = replace(provenance, extra=extra)

@@ -5,15 +5,21 @@ total budget, :meth:`Timer.measure` times samples. :class:`HostTimer` uses a hos
 optional synchronisation callable (CPU backends, and tests with a fake clock); :class:`CudaEventTimer`
 records CUDA events on the engine stream around back-to-back replays. This module imports torch only
 inside :class:`CudaEventTimer`.
+
+Both also time each sample's first replay on its own (:class:`SplitTimer`). A sample starts on an
+idle device (the previous sample was waited for), so its first replay also pays what the host
+needs to launch it, while the replays behind it are queued as the first runs. The first replay is
+the step of a serving loop that waits for every step's result before launching the next; the rest
+are the step of one that launches ahead (docs/sweep.md, "Step protocol").
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["CudaEventTimer", "HostTimer", "Step", "Timer"]
+__all__ = ["CudaEventTimer", "HostTimer", "SplitTimer", "Step", "Timer"]
 
 
 class Step(Protocol):
@@ -43,6 +49,18 @@ class Timer(Protocol):
         ``on_sample(i)`` is called after sample ``i`` has completed (device synchronised), so
         telemetry read there belongs to that sample.
         """
+        ...
+
+
+@runtime_checkable
+class SplitTimer(Timer, Protocol):
+    """A timer that also times each sample's first replay on its own (module docstring)."""
+
+    def measure_split(
+        self, step: Step, *, replays: int, samples: int, on_sample: Callable[[int], None] | None = None
+    ) -> list[tuple[float, float]]:
+        """Per sample, ``(mean ms over its replays, ms of its first replay)``; otherwise as
+        :meth:`Timer.measure`."""
         ...
 
 
@@ -78,14 +96,27 @@ class HostTimer:
         self, step: Step, *, replays: int, samples: int, on_sample: Callable[[int], None] | None = None
     ) -> list[float]:
         """Time samples with the host clock; see :class:`Timer`."""
-        out: list[float] = []
+        return [m for m, _ in self.measure_split(step, replays=replays, samples=samples, on_sample=on_sample)]
+
+    def measure_split(
+        self, step: Step, *, replays: int, samples: int, on_sample: Callable[[int], None] | None = None
+    ) -> list[tuple[float, float]]:
+        """Time samples and each one's first replay with the host clock; see :class:`SplitTimer`.
+
+        The clock is read once more, after the first replay is enqueued; on a device that runs
+        asynchronously the host reading is only exact when ``sync`` waits after each replay, so
+        GPU backends use :class:`CudaEventTimer`."""
+        out: list[tuple[float, float]] = []
         for i in range(samples):
             self._sync()
             t0 = self._clock()
-            for _ in range(replays):
+            step()
+            t1 = self._clock()
+            for _ in range(replays - 1):
                 step()
             self._sync()
-            out.append((self._clock() - t0) * 1000.0 / replays)
+            t2 = self._clock()
+            out.append(((t2 - t0) * 1000.0 / replays, (t1 - t0) * 1000.0))
             if on_sample is not None:
                 on_sample(i)
         return out
@@ -121,18 +152,29 @@ class CudaEventTimer:
         self, step: Step, *, replays: int, samples: int, on_sample: Callable[[int], None] | None = None
     ) -> list[float]:
         """Time samples with CUDA events; see :class:`Timer`."""
+        return [m for m, _ in self.measure_split(step, replays=replays, samples=samples, on_sample=on_sample)]
+
+    def measure_split(
+        self, step: Step, *, replays: int, samples: int, on_sample: Callable[[int], None] | None = None
+    ) -> list[tuple[float, float]]:
+        """Time samples with CUDA events, one more event after the first replay; see
+        :class:`SplitTimer`. The extra event is recorded on the same stream between two replays:
+        it adds no wait, and the sample's total is the same two events as without it."""
         torch = self._torch
-        out: list[float] = []
+        out: list[tuple[float, float]] = []
         with torch.cuda.stream(self._stream):
             for i in range(samples):
                 start = torch.cuda.Event(enable_timing=True)
+                first = torch.cuda.Event(enable_timing=True)
                 end = torch.cuda.Event(enable_timing=True)
                 start.record(self._stream)
-                for _ in range(replays):
+                step()
+                first.record(self._stream)
+                for _ in range(replays - 1):
                     step()
                 end.record(self._stream)
                 end.synchronize()
-                out.append(float(start.elapsed_time(end)) / replays)
+                out.append((float(start.elapsed_time(end)) / replays, float(start.elapsed_time(first))))
                 if on_sample is not None:
                     on_sample(i)
         return out

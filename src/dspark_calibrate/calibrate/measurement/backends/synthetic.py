@@ -23,7 +23,12 @@ are tested against known truths of these sizes (``--backend-opt NAME=X``):
   ``carryover_decay_steps`` steps (e-folding) after the switch;
 - ``capture_bias_rel``: a bias of the measurement, not of serving: every cell other than the
   native one (compact and control) runs faster by X in the sweep, so the control cell shows it
-  (:meth:`SyntheticModel.true_saving` leaves it out).
+  (:meth:`SyntheticModel.true_saving` leaves it out);
+- ``launch_gap_ms``: the first step after the timer waited for the device (every sample's first
+  replay) costs X ms more, as a graph launched onto an idle GPU waits for the host to submit it;
+  steps queued behind a running one do not. :meth:`SyntheticModel.true_saving` is the saving of
+  steps launched ahead; :meth:`SyntheticModel.true_saving_synchronous` that of steps that each
+  wait for the one before.
 
 ``power_capped`` runs every step at the power cap (reported as the SW power-cap reason, slower by
 ``power_cap_slowdown_rel``): the steady state of a serving GPU; there a cell verifying a share s
@@ -88,6 +93,7 @@ class SyntheticModel:
     carryover_decay_steps: float = 8.0
     power_cap_clock_rel: float = 0.0
     capture_bias_rel: float = 0.0
+    launch_gap_ms: float = 0.0
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -113,6 +119,12 @@ class SyntheticModel:
     def true_saving(self, cell: CellSpec) -> float:
         """The noise-free saving ``1 − T(cell)/T(native)`` (0 for the control: the native step again)."""
         return 1.0 - self.expected_ms(cell) / self.expected_ms(cell.native)
+
+    def true_saving_synchronous(self, cell: CellSpec) -> float:
+        """The noise-free saving when every step pays the launch gap (a serving loop that waits
+        for each step before launching the next)."""
+        gap = self.launch_gap_ms
+        return 1.0 - (self.expected_ms(cell) + gap) / (self.expected_ms(cell.native) + gap)
 
     def mixed_expected_ms(self, shape: MixedShape) -> float:
         """Noise-free time of one rank's mixed step (see the module docstring)."""
@@ -212,6 +224,7 @@ class SyntheticBackend(BackendBase):
         self._nan_at = nan_at
         self._real_delay_s = float(real_delay_s)
         self.last_throttled = False
+        self._idle = True  # the device has nothing queued: the next step pays the launch gap
         self.begin(0)
 
     def begin(self, round_index: int) -> None:
@@ -288,7 +301,13 @@ class SyntheticBackend(BackendBase):
             factor *= 1.0 + m.throttle_slowdown_rel
         if m.power_capped:
             factor *= 1.0 + m.power_cap_slowdown_rel
-        self.clock.advance(expected_ms * factor / 1000.0)
+        gap = m.launch_gap_ms if self._idle else 0.0
+        self._idle = False
+        self.clock.advance((expected_ms * factor + gap) / 1000.0)
+
+    def _wait_idle(self) -> None:
+        """The timer waited for the device: nothing is queued any more."""
+        self._idle = True
 
     def prepare(self, cell: CellSpec) -> Step:
         """A step that advances the virtual clock by the modelled time (a fresh capture shift)."""
@@ -306,8 +325,8 @@ class SyntheticBackend(BackendBase):
         )
 
     def timer(self) -> Timer:
-        """A host timer on the virtual clock."""
-        return HostTimer(clock=self.clock)
+        """A host timer on the virtual clock; its waits leave the device idle (``launch_gap_ms``)."""
+        return HostTimer(clock=self.clock, sync=self._wait_idle)
 
     def telemetry(self) -> Telemetry:
         """Synthetic readings that report throttling when the model throttled."""

@@ -1,0 +1,136 @@
+"""The step protocol's term: what a saving becomes when serving launches steps ahead or waits.
+
+Pure: sample values in, plain values out.
+
+A sample is the mean of ``R`` replays started on an idle device. Its first replay also pays the
+host's launch of the graph; the replays behind it were queued while the first ran and pay none.
+Which of the two a serving engine sees is a property of the engine: a loop that reads every step's
+result before it launches the next pays the launch on every step (*synchronous*); one that launches
+ahead (an overlap scheduler) pays it on none (*pipelined*). The sample's mean is neither: it pays
+1/R of it. On an H200 the launch of an 8-layer step cost about 0.26 ms, constant across cells, so a
+saving measured with two replays a sample sat 0.1-0.7 pp below what a pipelined harness measured.
+
+Every sample also records its first replay (:class:`~.timing.SplitTimer`), so each cell has two
+more series on the same rounds: the first replays (synchronous) and the rest,
+``(R·mean − first)/(R − 1)`` (pipelined). :func:`protocol_term` gives the paired saving and the
+median of each; :func:`widen_for_protocol` stretches a cell's saving and absolute intervals so
+they hold the sweep's interval moved to either protocol's estimate. The point estimates stay the
+sample means: the intervals say what either kind of engine would see.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from dspark_calibrate.calibrate.measurement.mixed import Cell
+from dspark_calibrate.calibrate.measurement.stats import CellSamples, CellSummary, paired_saving_interval
+
+__all__ = ["ProtocolTerm", "SplitSample", "protocol_term", "widen_for_protocol"]
+
+
+@dataclass(frozen=True, slots=True)
+class SplitSample:
+    """One kept sample with its first replay: the mean of ``replays`` replays (ms), the first
+    replay alone (ms), and the round and epoch it was taken in."""
+
+    ms: float
+    first_ms: float
+    replays: int
+    round: int
+    epoch: int
+
+    @property
+    def pipelined_ms(self) -> float:
+        """The mean of the replays after the first (queued behind a running step)."""
+        return (self.ms * self.replays - self.first_ms) / (self.replays - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolTerm:
+    """One cell under the two step protocols (module docstring).
+
+    Attributes:
+        pipelined_ms, synchronous_ms: the median step time of the replays after the first and of
+            the first replays.
+        saving_pipelined, saving_synchronous: the paired saving against the native cell under each
+            (None for a native cell, or where fewer than two rounds pair).
+    """
+
+    pipelined_ms: float
+    synchronous_ms: float
+    saving_pipelined: float | None = None
+    saving_synchronous: float | None = None
+
+    @property
+    def launch_ms(self) -> float:
+        """What a synchronous step pays beyond a pipelined one (the median first replay less the
+        median later replay)."""
+        return self.synchronous_ms - self.pipelined_ms
+
+
+def _usable(rows: Sequence[SplitSample]) -> bool:
+    return bool(rows) and all(
+        r.replays >= 2 and math.isfinite(r.first_ms) and r.first_ms > 0.0 and r.pipelined_ms > 0.0
+        for r in rows
+    )
+
+
+def _series(cell: Cell, rows: Sequence[SplitSample], values: Sequence[float]) -> CellSamples:
+    return CellSamples(cell, tuple(values), tuple(r.round for r in rows), tuple(r.epoch for r in rows))
+
+
+def protocol_term(
+    cell: Cell,
+    rows: Sequence[SplitSample],
+    native: Cell | None = None,
+    native_rows: Sequence[SplitSample] = (),
+) -> ProtocolTerm | None:
+    """The cell's medians under both protocols and, with its native cell's samples, its paired
+    saving under each (the trimmed mean of the per-round log-ratios, as the sweep's own saving).
+
+    Returns:
+        None when a sample lacks its first replay, or was a single replay (nothing to split).
+    """
+    if not _usable(rows):
+        return None
+    pipe = [r.pipelined_ms for r in rows]
+    sync = [r.first_ms for r in rows]
+    term = ProtocolTerm(float(np.median(pipe)), float(np.median(sync)))
+    if native is None or not _usable(native_rows):
+        return term
+    pairs = {}
+    for name, mine, theirs in (
+        ("pipelined", pipe, [r.pipelined_ms for r in native_rows]),
+        ("synchronous", sync, [r.first_ms for r in native_rows]),
+    ):
+        s = paired_saving_interval(_series(cell, rows, mine), _series(native, native_rows, theirs))
+        pairs[name] = None if s is None else s.saving
+    return replace(term, saving_pipelined=pairs["pipelined"], saving_synchronous=pairs["synchronous"])
+
+
+def widen_for_protocol(summary: CellSummary, term: ProtocolTerm) -> CellSummary:
+    """``summary`` with intervals that also hold its interval moved to each protocol's estimate:
+    the absolute interval scaled by each median's ratio to the sweep's median, the saving interval
+    shifted by each saving's difference from the sweep's saving. The point estimates are kept."""
+    lows, highs = [summary.ci_low_ms], [summary.ci_high_ms]
+    for ms in (term.pipelined_ms, term.synchronous_ms):
+        ratio = ms / summary.median_ms
+        lows.append(summary.ci_low_ms * ratio)
+        highs.append(summary.ci_high_ms * ratio)
+    s_lows, s_highs = [summary.saving_ci_low], [summary.saving_ci_high]
+    for saving in (term.saving_pipelined, term.saving_synchronous):
+        if saving is not None:
+            shift = saving - summary.saving
+            s_lows.append(summary.saving_ci_low + shift)
+            s_highs.append(summary.saving_ci_high + shift)
+    return replace(
+        summary,
+        ci_low_ms=min(lows),
+        ci_high_ms=max(highs),
+        saving_ci_low=min(s_lows),
+        saving_ci_high=max(s_highs),
+    )
