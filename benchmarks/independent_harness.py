@@ -118,13 +118,13 @@ FULL = Mode(
     },
     sweep=(
         "--passes", "4", "--recapture-every", "6", "--samples-per-visit", "3", "--replays", "2",
-        "--precision", "0.004", "--max-samples", "128", "--adaptive-budget", "160",
+        "--precision", "0.004", "--max-samples", "128", "--adaptive-budget", "240",
     ),
     steps_per_block=400,
     blocks=3,
     discard=40,
     chunk=32,
-    sweep_timeout_s=330.0,
+    sweep_timeout_s=420.0,
 )  # fmt: skip
 #: The same pipeline on the CPU in seconds: the tiny config, two G.
 TINY = Mode(
@@ -389,6 +389,7 @@ def compare(
             "sweep_synchronous_ms": s.get("synchronous_ms"),
             "sweep_saving_pipelined": s.get("saving_pipelined"),
             "sweep_saving_synchronous": s.get("saving_synchronous"),
+            "sweep_saving_at_native_clock": s.get("saving_at_native_clock"),
             "control_widened": s.get("control_widened"),
             "clock_rel": s.get("clock_rel"),
             "carryover_rel": s.get("carryover_rel"),
@@ -459,6 +460,7 @@ def compare_files(sweep_dir: Path, harness_file: Path) -> dict[str, Any]:
         "throttle": extra.get("throttle"),
         "order": extra.get("order"),
         "step_protocol": extra.get("step_protocol"),
+        "clock_term": extra.get("clock_term"),
     }
     result["harness"] = {k: harness.get(k) for k in ("seconds", "telemetry", "discard")}
     return result

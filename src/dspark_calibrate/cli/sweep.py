@@ -268,6 +268,13 @@ def _check_lines(result: Any) -> list[str]:
             f"{100 * carry.largest_saving_shift():.2f} pp (limit {100 * result.config.thresholds.carryover_limit_rel:.2f} pp)"
         )
     lines.append(_protocol_line(result.protocol_summary()))
+    clock_term = result.clock_summary()
+    if clock_term["cell"]:
+        lines.append(
+            "clock: at its native cell's SM clock a compact saving would move by up to "
+            f"{-100 * clock_term['largest_saving_shift']:+.2f} pp ({clock_term['cell']}), as a mix of steps switching "
+            "cells may run it; intervals hold both"
+        )
     clocks = [c.clock_rel for c in result.cells if c.clock_rel is not None and c.spec.kind.value != "native"]
     if clocks:
         lines.append(

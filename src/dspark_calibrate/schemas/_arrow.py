@@ -137,13 +137,15 @@ _register("sweep", 1, ("graph_batch_size", "verifier_budget"), _SWEEP_V1, legacy
 # The step protocol's term (docs/sweep.md "Step protocol"): the cell's median step time and paired
 # saving when every step waits for the one before (the first replay of each sample) and when steps
 # are queued behind a running one (the replays after it). Null where the timer did not time the
-# first replay apart, or a sample was one replay; the savings are null for a native cell. The
-# saving and absolute intervals of a v4 table hold both.
+# first replay apart, or a sample was one replay; the savings are null for a native cell. And the
+# saving at the native cell's SM clock (null without telemetry, or for a native cell). The saving
+# and absolute intervals of a v4 table hold all three.
 _PROTOCOL = [
     _f("pipelined_ms", _F64, nullable=True),
     _f("synchronous_ms", _F64, nullable=True),
     _f("saving_pipelined", _F64, nullable=True),
     _f("saving_synchronous", _F64, nullable=True),
+    _f("saving_at_native_clock", _F64, nullable=True),
 ]
 _register("sweep", 2, ("graph_batch_size", "verifier_budget"), _SWEEP_V2, legacy=True)
 _register("sweep", 3, ("graph_batch_size", "verifier_budget"), [*_SWEEP_V2, *_CHECKS], legacy=True)

@@ -68,6 +68,8 @@ from dspark_calibrate.calibrate.measurement.protocol import (
     ProtocolTerm,
     SplitSample,
     protocol_term,
+    saving_at_native_clock,
+    widen_for_clock,
     widen_for_protocol,
 )
 from dspark_calibrate.calibrate.measurement.stats import (
@@ -453,15 +455,22 @@ class SweepResult:
             c.clock_rel,
             c.power_rel,
             c.carryover_rel,
-            *self._protocol_columns(c.protocol),
+            *self._protocol_columns(c),
         )
 
     @staticmethod
-    def _protocol_columns(term: ProtocolTerm | None) -> tuple[float | None, ...]:
-        """The step protocol's columns of one cell (schema 4; null where not measured)."""
+    def _protocol_columns(c: CellResult) -> tuple[float | None, ...]:
+        """The step protocol's and the clock's columns of one cell (schema 4; null where not
+        measured)."""
+        s, term = c.summary, c.protocol
+        at_clock = (
+            None
+            if s is None or c.clock_rel is None or c.spec.kind is CellKind.NATIVE
+            else saving_at_native_clock(s.saving, c.clock_rel)
+        )
         if term is None:
-            return (None, None, None, None)
-        return (term.pipelined_ms, term.synchronous_ms, term.saving_pipelined, term.saving_synchronous)
+            return (None, None, None, None, at_clock)
+        return (term.pipelined_ms, term.synchronous_ms, term.saving_pipelined, term.saving_synchronous, at_clock)
 
     def control_summary(self) -> dict[str, Any]:
         """Per G, the control cell's saving (0 is the truth), its interval and whether the G's
@@ -492,6 +501,19 @@ class SweepResult:
                 if saving is not None and abs(saving - c.summary.saving) > largest:
                     largest, where = abs(saving - c.summary.saving), c.spec.label()
         return {"measured": True, "launch_ms_per_g": launch, "largest_saving_shift": largest, "cell": where}
+
+    def clock_summary(self) -> dict[str, Any]:
+        """The clock's term (:func:`~.protocol.widen_for_clock`): the largest amount a compact
+        saving would lose at its native cell's SM clock, with its cell (0 and None without telemetry
+        or where every cell ran at its native's clock)."""
+        largest, where = 0.0, None
+        for c in self.cells:
+            if c.summary is None or c.clock_rel is None or c.spec.kind is not CellKind.COMPACT:
+                continue
+            moved = c.summary.saving - saving_at_native_clock(c.summary.saving, c.clock_rel)
+            if abs(moved) > abs(largest):
+                largest, where = moved, c.spec.label()
+        return {"largest_saving_shift": largest, "cell": where}
 
     def unmeasured(self) -> tuple[Cell, ...]:
         """Cells without any kept sample."""
@@ -554,6 +576,7 @@ _SUMMARY_COLUMNS = (
     "synchronous_ms",
     "saving_pipelined",
     "saving_synchronous",
+    "saving_at_native_clock",
 )
 
 
@@ -812,6 +835,8 @@ def _with_checks(
         term = (protocol or {}).get(c.spec)
         if term is not None and summary is not None:
             summary = widen_for_protocol(summary, term)
+        if summary is not None and c.spec.kind is not CellKind.NATIVE:
+            summary = widen_for_clock(summary, clock.get(c.spec))
         out.append(
             replace(
                 c,
@@ -1574,6 +1599,7 @@ def decode_checks(result: SweepResult) -> dict[str, Any]:
         if order is None
         else {"mode": "serving", "steps": order.steps, "source": order.source},
         "step_protocol": result.protocol_summary(),
+        "clock_term": result.clock_summary(),
     }
 
 
