@@ -408,6 +408,25 @@ def test_load_accepts_the_unmutated_base() -> None:
     assert load_trust_root(json.dumps(_resign(doc, [K[0]])).encode(), now=NOW).version == 1
 
 
+def test_a_root_verified_before_is_reused_only_for_the_same_bytes() -> None:
+    good = make_root(art_idx=(4,)).to_bytes()
+    first = load_trust_root(good, now=NOW)
+    assert load_trust_root(bytearray(good), now=NOW) is first  # verified once per process
+    # After the good root: a copy with one signature byte changed, the same root re-signed
+    # after an edit, and the good bytes past their expiry are each refused, not served.
+    doc = json.loads(good)
+    sig = doc["signatures"][0]["sig"]
+    doc["signatures"][0]["sig"] = ("0" if sig[0] != "0" else "1") + sig[1:]
+    assert _reason(lambda: load_trust_root(canonical_json(doc), now=NOW)) is INVALID
+    tampered = canonical_json(_tamper_after_signing(json.loads(good)))
+    assert _reason(lambda: load_trust_root(tampered, now=NOW)) is INVALID
+    assert _reason(lambda: load_trust_root(good, now=LATER)) is EXPIRED
+    # Another valid root is its own root, with its own artifact keys.
+    other = load_trust_root(make_root(art_idx=(3,)).to_bytes(), now=NOW)
+    assert set(other.artifact_keys) == {P[3].keyid}
+    assert set(load_trust_root(good, now=NOW).artifact_keys) == {P[4].keyid}
+
+
 # ---------------------------------------------------------------------------------------------
 # rotation, python-tuf style: (old root keys, threshold) -> (new root keys, threshold), signers
 # ---------------------------------------------------------------------------------------------

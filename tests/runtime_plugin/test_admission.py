@@ -907,6 +907,21 @@ def test_same_version_readmitted_after_restart(ctx: Ctx) -> None:
     assert run_admit(ctx).active  # an equal version is not a rollback
 
 
+def test_a_changed_root_file_is_verified_again_in_the_same_process(ctx: Ctx) -> None:
+    # The root verified by the first admission is kept for exactly its bytes; what replaces the
+    # file afterwards is checked in full (no state: the trust-root rollback rule is not at work).
+    good = ctx.root_path.read_bytes()
+    assert run_admit(ctx, policy=AdmissionPolicy()).active
+    doc = json.loads(good)
+    doc["signed"]["expires"] = "2099-01-01T00:00:00Z"  # edited after signing
+    ctx.root_path.write_bytes(canonical_json(doc))
+    assert run_admit(ctx, policy=AdmissionPolicy()).reason is Reason.TRUST_ROOT_INVALID
+    wrong_root(ctx)  # a valid root that does not trust the bundle's signer
+    assert run_admit(ctx, policy=AdmissionPolicy()).reason is Reason.SIGNATURE_THRESHOLD
+    ctx.root_path.write_bytes(good)
+    assert run_admit(ctx, policy=AdmissionPolicy()).active
+
+
 def test_gain_test_statuses() -> None:
     econ = AdmissionEconomics.from_summary(admission_summary())
     assert gain_test(econ, 0.0).status is GainStatus.ACCEPT
