@@ -966,7 +966,9 @@ def test_undecodable_table_is_reported_first(
     other_defect: Callable[[Ctx], None],
     background: bool,
 ) -> None:
-    if not background:  # no worker thread can be started: the table decodes inline, same outcome
+    if background:  # this small table decodes on a worker too
+        monkeypatch.setattr(_parquet, "_BACKGROUND_ROWS", 0)
+    else:  # no worker thread can be started: the table decodes inline, same outcome
         monkeypatch.setattr(_parquet, "_decode_pool", _no_threads)
     other_defect(ctx)
     _corrupt_column_chunk(ctx.path)
@@ -981,15 +983,31 @@ def _no_threads() -> Any:
 
 
 def test_inline_decode_when_no_thread_can_start(ctx: Ctx, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_parquet, "_BACKGROUND_ROWS", 0)
     monkeypatch.setattr(_parquet, "_decode_pool", _no_threads)
     report = run(ctx)
     assert report.ok, report.message
     assert report.artifact is not None and report.artifact.table.equals(read_artifact(ctx.path).table)
 
 
-def test_many_threads_verify_at_once(ctx: Ctx, tmp_path: Path) -> None:
+def test_small_tables_decode_inline_and_large_ones_on_a_worker(
+    ctx: Ctx, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pools: list[Any] = []
+    real = _parquet._decode_pool
+    monkeypatch.setattr(_parquet, "_decode_pool", lambda: pools.append(real()) or pools[-1])
+    assert run(ctx).ok
+    assert pools == []  # a bundle-sized table: handing it to a worker costs more than it decodes
+    monkeypatch.setattr(_parquet, "_BACKGROUND_ROWS", read_artifact(ctx.path).table.num_rows)
+    assert run(ctx).ok
+    assert len(pools) == 1
+
+
+def test_many_threads_verify_at_once(ctx: Ctx, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """More callers than decode workers: every one gets its own, correct answer."""
     from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(_parquet, "_BACKGROUND_ROWS", 0)  # these small tables use the workers too
 
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(ctx.path.read_bytes())
@@ -1007,10 +1025,11 @@ def _verify_in_child(path: Path, root: TrustRoot, now: Any, out: Any) -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_forked_child_verifies(ctx: Ctx) -> None:
+def test_forked_child_verifies(ctx: Ctx, monkeypatch: pytest.MonkeyPatch) -> None:
     """A child forked after the parent used the decode workers (which it does not inherit)."""
     import multiprocessing
 
+    monkeypatch.setattr(_parquet, "_BACKGROUND_ROWS", 0)  # this small table uses the workers too
     assert run(ctx).ok  # the parent's workers exist now
     mp = multiprocessing.get_context("fork")
     out = mp.Queue()

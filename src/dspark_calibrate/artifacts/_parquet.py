@@ -75,6 +75,12 @@ FOOTER_FIELDS = frozenset(
 _MAGIC = b"PAR1"
 #: Rows above which a table is decoded with Arrow's thread pool.
 _THREADED_ROWS = 1 << 16
+#: Rows from which ``open_artifact(background=True)`` decodes on a worker thread; smaller tables
+#: decode inline. A bundle member (tens of rows) decodes in 0.1-0.6 ms, less than handing it to a
+#: worker costs in CPU (thread wake-ups and GIL hand-offs: 0.5-1.5 ms per table on two vCPUs,
+#: measured, ~5 ms of a 30 ms admission). And the serving path verifies members while every rank
+#: starts at once, so no core is idle to overlap on: the worker only adds CPU there.
+_BACKGROUND_ROWS = 1 << 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -425,7 +431,8 @@ def _check_table(
 
 
 class _PendingTable:
-    """A table being decoded: on a worker thread, or inline when no worker can be had."""
+    """A table being decoded: on a worker thread (``background`` and at least
+    :data:`_BACKGROUND_ROWS` rows), or inline (a smaller table, or no worker can be had)."""
 
     def __init__(
         self, pf: pq.ParquetFile, path: Path, *, background: bool, measure: _Measure | None = None
@@ -433,7 +440,7 @@ class _PendingTable:
         self._future: Future[pa.Table] | None = None
         self._table: pa.Table | None = None
         self._error: ArtifactReadError | None = None
-        if background:
+        if background and pf.metadata.num_rows >= _BACKGROUND_ROWS:
             started = threading.Event()
 
             def job() -> pa.Table:
@@ -539,7 +546,7 @@ def open_artifact(
     background: bool = True,
     kind: str | None = None,
 ) -> OpenedArtifact:
-    """Read an artifact's file, footer and envelopes; decode its table in the background.
+    """Read an artifact's file, footer and envelopes; decode a large table in the background.
 
     Errors are those of ``read_artifact`` and take the same precedence: a table that fails to
     decode is reported (by ``OpenedArtifact.table``, or here when the footer is also bad) before
@@ -548,7 +555,7 @@ def open_artifact(
     Args:
         path: the artifact.
         limits: size caps applied before parsing.
-        background: decode the table on a worker thread (the caller overlaps other work with it).
+        background: decode a large table on a worker thread, overlapping the caller's work.
         kind: the kind the caller expects, whose table limit applies (default: the footer's).
 
     Raises:

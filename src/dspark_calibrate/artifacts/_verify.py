@@ -3,7 +3,7 @@
 ``verify_artifact`` runs the eight ordered checks on an artifact already loaded into memory and
 returns a ``VerificationReport``; it never raises for bad evidence. ``dspark-verify``, ``build``'s
 self-check, ``export`` and the runtime admission hook all call it. File reading is the caller's
-edge (``read_artifact``), or ``verify_path``'s, which decodes the table while steps 1-4 run; the
+edge (``read_artifact``), or ``verify_path``'s, which decodes a large table while steps 1-4 run; the
 clock is passed in as ``now``; the rollback state is injected.
 
 Ordering is a security property: nothing from the payload is parsed before the signature over its
@@ -946,7 +946,7 @@ def _pipeline(
     """The one pipeline behind ``verify_artifact`` and ``verify_path``.
 
     Steps 1-4 need only the footer and envelopes (``head``); the table is first asked for in
-    step 5, so ``verify_path`` decodes it while the signature is checked. A table that cannot be
+    step 5, so ``verify_path`` decodes a large one while the signature is checked. A table that cannot be
     decoded is reported before any step's finding, as if it had been read first.
     """
     where = head.path
@@ -1058,7 +1058,8 @@ def verify_path(
 ) -> VerificationReport:
     """Read an artifact file (the I/O edge) and verify it; read errors become findings.
 
-    The table decodes on a worker thread while steps 1-4 check the envelope and signature.
+    A large table decodes on a worker thread while steps 1-4 check the envelope and signature
+    (``open_artifact``); a small one, such as a bundle member, decodes inline.
     """
     try:
         opened = open_artifact(path, limits, kind=expected.kind)
