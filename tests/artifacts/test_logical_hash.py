@@ -127,6 +127,16 @@ def _vector_cases() -> dict[str, dict[str, Any]]:
             ],
         },
         "int32_is_not_int64": {"keys": ["id"], "columns": [["id", "int32", [1, 2, 3]]]},
+        "all_null_columns": {
+            "keys": ["id"],
+            "columns": [
+                ["id", "int64", [2, 1]],
+                *([f"none_{t}", t, [None, None]] for t in ("int32", "int64", "float32", "float64")),
+                ["none_bool", "bool", [None, None]],
+                ["none_string", "string", [None, None]],
+                ["none_list", "list<float64>", [None, None]],
+            ],
+        },
     }
 
 

@@ -133,6 +133,15 @@ def _encode(arr: pa.Array, path: str, tag: str) -> Iterator[bytes | memoryview]:
     Chunks are buffers (memoryviews of numpy or Arrow memory) fed straight to the hash, so a
     column that is already int64 or non-negative-zero float64 is hashed without a copy.
     """
+    n = len(arr)
+    if n and arr.null_count == n and not tag.startswith("list<"):
+        # Every slot null (a cost table's optional columns, when no row has them): validity all
+        # 0x00 and each slot its zero value, which is all zero bytes in every encoding: 8 per int
+        # (0), float (+0.0) and string (length 0, no text), 1 per bool. The same bytes the general
+        # path makes after filling the nulls, without a pyarrow fill and a validity array per column.
+        yield bytes(n)
+        yield bytes(n if tag == "bool" else 8 * n)
+        return
     yield _validity(arr)
     typ = arr.type
     if pa.types.is_large_string(typ):
