@@ -413,11 +413,9 @@ class RollbackState:
         """
         contents = self._read()
         bound = tuple(identity.binding if bound is None else bound)
-        versions = [
-            e.version
-            for e in contents.series.values()
-            if SeriesIdentity(e.kind, e.binding).matches(identity.kind, identity.binding, bound)
-        ]
+        # identity.matches with the roles swapped (the comparison is symmetric): no SeriesIdentity
+        # per stored entry, of which an admission checks every one four times.
+        versions = [e.version for e in contents.series.values() if identity.matches(e.kind, e.binding, bound)]
         if identity.legacy is not None and identity.legacy in contents.legacy:
             versions.append(contents.legacy[identity.legacy])
         return max(versions) if versions else None
