@@ -70,6 +70,7 @@ from dspark_calibrate.calibrate.measurement.protocol import (
     protocol_term,
     saving_at_native_clock,
     widen_for_clock,
+    widen_for_order,
     widen_for_protocol,
 )
 from dspark_calibrate.calibrate.measurement.stats import (
@@ -837,6 +838,8 @@ def _with_checks(
             summary = widen_for_protocol(summary, term)
         if summary is not None and c.spec.kind is not CellKind.NATIVE:
             summary = widen_for_clock(summary, clock.get(c.spec))
+        if summary is not None:
+            summary = widen_for_order(summary, shift)
         out.append(
             replace(
                 c,
