@@ -20,6 +20,9 @@ from dspark_calibrate.calibrate.measurement.protocol import (
     ProtocolTerm,
     SplitSample,
     protocol_term,
+    saving_at_native_clock,
+    widen_for_clock,
+    widen_for_order,
     widen_for_protocol,
 )
 from dspark_calibrate.calibrate.measurement.stats import CellSummary, Thresholds
@@ -78,7 +81,9 @@ def test_a_host_timer_without_a_device_wait_still_splits() -> None:
     ("ms", "first", "replays", "pipelined"),
     [(5.0, 6.0, 2, 4.0), (5.0, 5.0, 4, 5.0), (2.5, 4.0, 4, 2.0)],
 )
-def test_a_split_sample_knows_its_queued_replays(ms: float, first: float, replays: int, pipelined: float) -> None:
+def test_a_split_sample_knows_its_queued_replays(
+    ms: float, first: float, replays: int, pipelined: float
+) -> None:
     assert SplitSample(ms, first, replays, 0, 0).pipelined_ms == pytest.approx(pipelined)
 
 
@@ -159,6 +164,77 @@ def test_widening_holds_both_protocols_and_keeps_the_point(
     assert (s.median_ms, s.saving) == (6.5, 0.235)
     assert (s.ci_low_ms, s.ci_high_ms) == pytest.approx(abs_bounds)
     assert (s.saving_ci_low, s.saving_ci_high) == pytest.approx(saving_bounds)
+
+
+@pytest.mark.parametrize(
+    ("clock_rel", "saving_bounds", "abs_bounds"),
+    [
+        # Compact ran 10% above its native's clock: at that clock it takes 10% longer.
+        (1.10, (0.232 - 0.0765, 0.238), (6.4, 6.6 * 1.10)),
+        # Compact ran below its native's clock: at that clock it would save more.
+        (0.95, (0.232, 0.238 + 0.03825), (6.4 * 0.95, 6.6)),
+        (1.0, (0.232, 0.238), (6.4, 6.6)),
+        (None, (0.232, 0.238), (6.4, 6.6)),
+        (math.nan, (0.232, 0.238), (6.4, 6.6)),
+        (0.0, (0.232, 0.238), (6.4, 6.6)),
+    ],
+    ids=["faster clock", "slower clock", "same clock", "no telemetry", "nan", "zero"],
+)
+def test_the_clock_term(
+    clock_rel: float | None, saving_bounds: tuple[float, float], abs_bounds: tuple[float, float]
+) -> None:
+    s = widen_for_clock(_summary(), clock_rel)
+    assert (s.median_ms, s.saving) == (6.5, 0.235)
+    assert (s.saving_ci_low, s.saving_ci_high) == pytest.approx(saving_bounds)
+    assert (s.ci_low_ms, s.ci_high_ms) == pytest.approx(abs_bounds)
+
+
+def test_a_saving_at_the_native_clock() -> None:
+    # 8.5 ms against 16.9 ms at a 12% higher clock: 9.52 ms at the native's.
+    assert saving_at_native_clock(1 - 8.5 / 16.9, 1.12) == pytest.approx(1 - 8.5 * 1.12 / 16.9)
+    assert saving_at_native_clock(0.3, 1.0) == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize(
+    ("carry", "abs_bounds"),
+    [
+        (0.005, (6.4 / 1.005, 6.6)),
+        (-0.004, (6.4, 6.6 / 0.996)),
+        (0.0, (6.4, 6.6)),
+        (None, (6.4, 6.6)),
+        (-1.0, (6.4, 6.6)),
+    ],
+    ids=["slowed by larger G", "sped up", "none", "not estimated", "impossible"],
+)
+def test_the_order_term_moves_only_the_absolute_interval(
+    carry: float | None, abs_bounds: tuple[float, float]
+) -> None:
+    s = widen_for_order(_summary(), carry)
+    assert (s.ci_low_ms, s.ci_high_ms) == pytest.approx(abs_bounds)
+    assert (s.saving_ci_low, s.saving_ci_high, s.median_ms) == (0.232, 0.238, 6.5)
+
+
+def test_a_power_capped_sweep_carries_the_clock_of_its_cells() -> None:
+    """Synthetic power cap: a compact cell reports a clock 4%·(1 − its share) higher than native."""
+    result, _ = _sweep(4, power_capped=True, power_cap_clock_rel=0.04)
+    checked = 0
+    for c in result.cells:
+        if c.spec.kind is not CellKind.COMPACT or c.summary is None:
+            continue
+        assert c.clock_rel is not None and c.clock_rel > 1.0
+        at_clock = saving_at_native_clock(c.summary.saving, c.clock_rel)
+        assert c.summary.saving_ci_low <= at_clock + 1e-12 and c.summary.saving_ci_low < c.summary.saving
+        checked += 1
+    assert checked
+    term = result.clock_summary()
+    assert term["cell"] and term["largest_saving_shift"] > 0.0
+    column = result.summary_table().column("saving_at_native_clock").to_pylist()
+    assert any(v is not None for v in column)
+
+
+def test_without_a_clock_difference_there_is_no_clock_term() -> None:
+    result, _ = _sweep(4)
+    assert result.clock_summary() == {"largest_saving_shift": 0.0, "cell": None}
 
 
 # --- the sweep against a known launch gap -----------------------------------------------------------
