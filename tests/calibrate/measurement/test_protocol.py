@@ -273,6 +273,7 @@ def test_intervals_hold_both_protocols_of_a_known_launch_gap() -> None:
     assert got["pipelined"] >= 0.93 and got["synchronous"] >= 0.93, got
 
 
+@pytest.mark.slow
 def test_without_the_term_the_intervals_miss_the_queued_truth(monkeypatch: pytest.MonkeyPatch) -> None:
     """The same sweeps with the widening left out: the sweep's own intervals miss most cells."""
     import dspark_calibrate.calibrate.measurement.sweep as sweep_module
