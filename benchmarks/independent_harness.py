@@ -50,7 +50,7 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +151,21 @@ TINY = Mode(
 
 
 # --- the sweep --------------------------------------------------------------------------------------
+
+
+def with_budget(mode: Mode, sweep_budget: float | None, steps_per_block: int | None) -> Mode:
+    """``mode`` with another sweep budget (GPU-seconds) and harness sequence length, where given."""
+    sweep = list(mode.sweep)
+    if sweep_budget is not None:
+        if not sweep_budget > 0:
+            raise SystemExit(f"--sweep-budget must be > 0, not {sweep_budget}")
+        if "--adaptive-budget" in sweep:
+            sweep[sweep.index("--adaptive-budget") + 1] = f"{sweep_budget:g}"
+        else:
+            sweep += ["--adaptive-budget", f"{sweep_budget:g}"]
+    if steps_per_block is not None and steps_per_block <= mode.discard:
+        raise SystemExit(f"--steps-per-block must exceed the {mode.discard} steps discarded per sequence")
+    return replace(mode, sweep=tuple(sweep), steps_per_block=steps_per_block or mode.steps_per_block)
 
 
 def sweep_command(mode: Mode, out_dir: Path) -> list[str]:
@@ -543,6 +558,15 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument(
             "--work", type=Path, default=None, help="job: the sweep's directory (default: a temporary one)"
         )
+        p.add_argument(
+            "--sweep-budget",
+            type=float,
+            default=None,
+            help="job: the sweep's GPU-second budget (default: the mode's, 240 on the GPU)",
+        )
+        p.add_argument(
+            "--steps-per-block", type=int, default=None, help="steps of each G's harness sequence (default 400)"
+        )
     cmp_ = sub.add_parser("compare")
     cmp_.add_argument("--sweep", required=True, type=Path, help="the sweep's out dir (adaptive.parquet)")
     cmp_.add_argument("--harness", required=True, type=Path, help="independent.json")
@@ -551,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "compare":
         write_independent(compare_files(args.sweep, args.harness), args.out)
         return 0
-    mode = TINY if args.tiny else FULL
+    mode = with_budget(TINY if args.tiny else FULL, args.sweep_budget, args.steps_per_block)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.cmd == "harness":
         result = run_harness(mode)

@@ -117,6 +117,16 @@ def test_the_offset_compares_queued_steps_with_queued_steps() -> None:
     assert paired["absolute_coverage_after_common_offset"] == 1.0 and paired["saving_ci_coverage"] == 1.0
 
 
+def test_the_budget_and_sequence_can_be_shortened() -> None:
+    mode = ih.with_budget(ih.FULL, 150.0, 300)
+    cmd = ih.sweep_command(mode, Path("/x"))
+    assert cmd[cmd.index("--adaptive-budget") + 1] == "150" and mode.steps_per_block == 300
+    assert ih.with_budget(ih.FULL, None, None) == ih.FULL
+    for bad in ((0.0, None), (None, ih.FULL.discard)):
+        with pytest.raises(SystemExit):
+            ih.with_budget(ih.FULL, *bad)
+
+
 def test_the_sequence_alternates_like_a_policy() -> None:
     cells = [CellSpec(8, 0, 5), CellSpec(8, 16, 5), CellSpec(8, 32, 5), CellSpec(8, 48, 5)]
     seq = ih.alternating_sequence(np.random.default_rng(1), cells, 4000)
