@@ -10,7 +10,9 @@ import pytest
 from dspark_calibrate.artifacts import (
     STS_MIN_NUM_SAMPLES,
     StsDocument,
+    StsError,
     canonical_json,
+    check_sts_object,
     parse_sts_document,
     sts_document,
 )
@@ -55,24 +57,54 @@ def _bytes(**change: Any) -> bytes:
 
 _DROP = object()
 
-# (id, change to a valid file, message)
-REFUSALS: list[tuple[str, dict[str, Any], str]] = [
-    ("unknown key", {"method": "sts"}, "unknown key"),
-    ("no temperatures", {"sts_temperatures": _DROP}, "missing 'sts_temperatures'"),
-    ("wrong count", {"sts_temperatures": [1.0, 1.0], "temperatures": _DROP}, "expected exactly K=3"),
-    ("non-positive", {"sts_temperatures": [1.0, 0.0, 1.0], "temperatures": _DROP}, "finite number > 0"),
-    ("alias differs", {"temperatures": [1.0, 1.0, 1.0]}, "must equal"),
-    ("null alias", {"temperatures": None}, "is null"),
-    ("too few samples", {"num_samples": STS_MIN_NUM_SAMPLES - 1}, "num_samples"),
-    ("ECE above 1", {"ece_after": 1.5}, r"\[0, 1\]"),
-    ("non-ASCII dataset", {"dataset": "kalibrierung ü"}, "printable ASCII"),
+# (id, change to a valid file, message, the rule it breaks)
+REFUSALS: list[tuple[str, dict[str, Any], str, str]] = [
+    ("unknown key", {"method": "sts"}, "unknown key", "keys"),
+    ("no temperatures", {"sts_temperatures": _DROP}, "missing 'sts_temperatures'", "keys"),
+    (
+        "wrong count",
+        {"sts_temperatures": [1.0, 1.0], "temperatures": _DROP},
+        "expected exactly K=3",
+        "temperatures",
+    ),
+    (
+        "non-positive",
+        {"sts_temperatures": [1.0, 0.0, 1.0], "temperatures": _DROP},
+        "finite number > 0",
+        "temperatures",
+    ),
+    ("alias differs", {"temperatures": [1.0, 1.0, 1.0]}, "must equal", "temperatures_alias"),
+    ("alias not a list", {"temperatures": "1,1,1"}, "non-empty list", "temperatures_alias"),
+    ("null alias", {"temperatures": None}, "is null", "temperatures_alias"),
+    ("too few samples", {"num_samples": STS_MIN_NUM_SAMPLES - 1}, "num_samples", "num_samples"),
+    ("null samples", {"num_samples": None}, "num_samples is null", "num_samples"),
+    ("draft length not an integer", {"max_draft_len": 3.0}, "max_draft_len", "max_draft_len"),
+    ("draft length disagrees", {"max_draft_len": 4}, "expected exactly K=4", "temperatures"),
+    ("ECE above 1", {"ece_after": 1.5}, r"\[0, 1\]", "ece"),
+    ("null ECE", {"ece_before": None}, "is null", "ece"),
+    ("non-ASCII dataset", {"dataset": "kalibrierung ü"}, "printable ASCII", "dataset"),
+    ("null dataset", {"dataset": None}, "dataset is null", "dataset"),
 ]
 
 
-@pytest.mark.parametrize(("change", "message"), [r[1:] for r in REFUSALS], ids=[r[0] for r in REFUSALS])
-def test_reader_refusals(change: dict[str, Any], message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
+@pytest.mark.parametrize(
+    ("change", "message", "rule"), [r[1:] for r in REFUSALS], ids=[r[0] for r in REFUSALS]
+)
+def test_reader_refusals(change: dict[str, Any], message: str, rule: str) -> None:
+    with pytest.raises(StsError, match=message) as exc:
         parse_sts_document(_bytes(**change))
+    assert exc.value.rule == rule and isinstance(exc.value, ConfigError)
+    # The decoded-object check (the TensorRT-LLM export's) is the same reader: same rule, same words.
+    with pytest.raises(StsError, match=message) as again:
+        check_sts_object(json.loads(_bytes(**change)))
+    assert again.value.rule == rule and str(again.value) == str(exc.value)
+
+
+@pytest.mark.parametrize("obj", [[1.0, 2.0], "sts", None, 3], ids=["list", "string", "null", "number"])
+def test_a_non_object_breaks_the_keys_rule(obj: Any) -> None:
+    with pytest.raises(StsError, match="expected a JSON object") as exc:
+        check_sts_object(obj)
+    assert exc.value.rule == "keys"
 
 
 def test_other_k_is_refused() -> None:

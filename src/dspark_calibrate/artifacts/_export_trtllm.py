@@ -62,7 +62,14 @@ from dspark_calibrate.artifacts._models import (
     is_sha256_hex,
 )
 from dspark_calibrate.artifacts._reasons import Finding
-from dspark_calibrate.artifacts._sts import STS_FIELDS, STS_FILE, STS_MIN_NUM_SAMPLES, sts_document
+from dspark_calibrate.artifacts._sts import (
+    STS_FIELDS,
+    STS_FILE,
+    STS_MIN_NUM_SAMPLES,
+    StsError,
+    check_sts_object,
+    sts_document,
+)
 from dspark_calibrate.artifacts._summary import RECEIPT_ECONOMICS_FIELDS, AdmissionSummary, ReceiptEconomics
 from dspark_calibrate.artifacts._trtllm_mixed import (
     TRTLLM_MIXED_FILES,
@@ -851,40 +858,12 @@ def _check_drain_guard(c: _Rules, guard: Any, cells: Mapping[int, list[int]]) ->
 
 
 def _check_sts(c: _Rules, sts: Any, k: int | None) -> None:
-    f = STS_FILE
-    if not isinstance(sts, dict):
-        c.fail(f, "keys", "must be a JSON object")
-        return
-    extra = sorted(set(sts) - STS_FIELDS)
-    if extra or "sts_temperatures" not in sts:
-        c.fail(f, "keys", f"unknown keys {extra}" if extra else "sts_temperatures is missing")
-    temps = sts.get("sts_temperatures")
-    if (
-        not isinstance(temps, list)
-        or not temps
-        or not all(_is_num(t, positive=True) for t in temps)
-        or (k is not None and len(temps) != k)
-    ):
-        c.fail(f, "temperatures", f"sts_temperatures must be exactly K={k} finite positive numbers", k, temps)
-    if "temperatures" in sts and sts["temperatures"] != temps:
-        c.fail(f, "temperatures_alias", "temperatures must equal sts_temperatures")
-    if "num_samples" in sts and not _is_int(sts["num_samples"], STS_MIN_NUM_SAMPLES):
-        c.fail(
-            f,
-            "num_samples",
-            f"num_samples must be a JSON integer >= {STS_MIN_NUM_SAMPLES}",
-            actual=sts["num_samples"],
-        )
-    if "max_draft_len" in sts and (
-        not _is_int(sts["max_draft_len"], 1) or (k is not None and sts["max_draft_len"] != k)
-    ):
-        c.fail(f, "max_draft_len", f"max_draft_len must be the JSON integer K={k}", k, sts["max_draft_len"])
-    for key in ("ece_before", "ece_after"):
-        v: Any = sts.get(key)
-        if key in sts and not (_is_num(v, nonneg=True) and v <= 1):
-            c.fail(f, "ece", f"{key} must be a number in [0, 1]", actual=v)
-    if "dataset" in sts and (not sts["dataset"] or not is_printable_ascii(sts["dataset"])):
-        c.fail(f, "dataset", "dataset must be a printable ASCII string")
+    """``sts.json`` by the one STS reader's rules (:func:`check_sts_object`), its first broken rule
+    a finding."""
+    try:
+        check_sts_object(sts, where=STS_FILE, k=k)
+    except StsError as exc:
+        c.fail(STS_FILE, exc.rule, str(exc))
 
 
 def _check_receipt(

@@ -30,6 +30,8 @@ __all__ = [
     "STS_FILE",
     "STS_MIN_NUM_SAMPLES",
     "StsDocument",
+    "StsError",
+    "check_sts_object",
     "parse_sts_document",
     "sts_document",
 ]
@@ -42,6 +44,16 @@ STS_MIN_NUM_SAMPLES = 1000
 STS_FIELDS = frozenset(
     {"sts_temperatures", "temperatures", "ece_before", "ece_after", "dataset", "num_samples", "max_draft_len"}
 )
+
+
+class StsError(ConfigError):
+    """An STS document that breaks a rule; ``rule`` names it (``keys``, ``temperatures``,
+    ``temperatures_alias``, ``max_draft_len``, ``num_samples``, ``ece``, ``dataset``), so a
+    validator that reports findings per rule (the TensorRT-LLM export's) can use the one reader."""
+
+    def __init__(self, rule: str, message: str) -> None:
+        super().__init__(message)
+        self.rule = rule
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,17 +95,16 @@ class StsDocument:
 
 
 def _check_temperatures(values: Any, where: str, name: str, k: int | None) -> tuple[float, ...]:
+    rule = "temperatures" if name == "sts_temperatures" else "temperatures_alias"
     if not isinstance(values, list | tuple) or not values:
-        raise ConfigError(f"{where}: {name} must be a non-empty list of numbers, got {values!r}")
+        raise StsError(rule, f"{where}: {name} must be a non-empty list of numbers, got {values!r}")
     out = []
     for i, t in enumerate(values, start=1):
         if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t <= 0:
-            raise ConfigError(f"{where}: {name}[{i}] is {t!r}; every temperature must be a finite number > 0")
+            raise StsError(rule, f"{where}: {name}[{i}] is {t!r}; every temperature must be a finite number > 0")
         out.append(float(t))
     if k is not None and len(out) != k:
-        raise ConfigError(
-            f"{where}: {name} has {len(out)} values, expected exactly K={k} (one per draft position)"
-        )
+        raise StsError(rule, f"{where}: {name} has {len(out)} values, expected exactly K={k} (one per draft position)")
     return tuple(out)
 
 
@@ -135,24 +146,26 @@ def _validated_sts(
 ) -> StsDocument | None:
     unknown = sorted(set(obj) - STS_FIELDS)
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; an STS file holds only {sorted(STS_FIELDS)}")
+        raise StsError("keys", f"{where}: unknown key(s) {unknown}; an STS file holds only {sorted(STS_FIELDS)}")
     if "sts_temperatures" not in obj:
-        raise ConfigError(f"{where}: missing 'sts_temperatures' (the K per-position temperatures)")
+        raise StsError("keys", f"{where}: missing 'sts_temperatures' (the K per-position temperatures)")
     mdl = obj.get("max_draft_len")
     if mdl is not None and (isinstance(mdl, bool) or not isinstance(mdl, int) or mdl < 1):
-        raise ConfigError(f"{where}: max_draft_len must be an integer >= 1, got {mdl!r}")
+        raise StsError("max_draft_len", f"{where}: max_draft_len must be an integer >= 1, got {mdl!r}")
     if k is None and mdl is not None:
         k = mdl
     temps = _check_temperatures(obj["sts_temperatures"], where, "sts_temperatures", k)
     if mdl is not None and mdl != len(temps):
-        raise ConfigError(f"{where}: max_draft_len={mdl} but sts_temperatures has {len(temps)} values")
+        raise StsError("max_draft_len", f"{where}: max_draft_len={mdl} but sts_temperatures has {len(temps)} values")
     if "temperatures" in obj and obj["temperatures"] is not None:
         if _check_temperatures(obj["temperatures"], where, "temperatures", len(temps)) != temps:
-            raise ConfigError(
+            raise StsError(
+                "temperatures_alias",
                 f"{where}: 'temperatures' must equal 'sts_temperatures' (SGLang reads the former)"
             )
     elif "temperatures" in obj and not allow_null:
-        raise ConfigError(
+        raise StsError(
+            "temperatures_alias",
             f"{where}: 'temperatures' is null; write the same list as 'sts_temperatures' or omit it"
         )
     eces: dict[str, float | None] = {}
@@ -160,7 +173,7 @@ def _validated_sts(
         value = obj.get(name)
         if value is None:
             if name in obj and not allow_null:
-                raise ConfigError(f"{where}: {name} is null; omit it or give a number")
+                raise StsError("ece", f"{where}: {name} is null; omit it or give a number")
             eces[name] = None
             continue
         if (
@@ -169,21 +182,22 @@ def _validated_sts(
             or not math.isfinite(value)
             or not 0 <= value <= 1
         ):
-            raise ConfigError(f"{where}: {name} must be a number in [0, 1], got {value!r}")
+            raise StsError("ece", f"{where}: {name} must be a number in [0, 1], got {value!r}")
         eces[name] = float(value)
     dataset = obj.get("dataset")
     if dataset is not None and not is_printable_ascii(dataset):
-        raise ConfigError(f"{where}: dataset must be a printable ASCII string, got {dataset!r}")
+        raise StsError("dataset", f"{where}: dataset must be a printable ASCII string, got {dataset!r}")
     if dataset is None and "dataset" in obj and not allow_null:
-        raise ConfigError(f"{where}: dataset is null; omit it or give a string")
+        raise StsError("dataset", f"{where}: dataset is null; omit it or give a string")
     num = obj.get("num_samples")
     if num is not None and (isinstance(num, bool) or not isinstance(num, int) or num < STS_MIN_NUM_SAMPLES):
-        raise ConfigError(
+        raise StsError(
+            "num_samples",
             f"{where}: num_samples must be an integer >= {STS_MIN_NUM_SAMPLES} (TensorRT-LLM's floor), "
             f"got {num!r}"
         )
     if num is None and "num_samples" in obj and not allow_null:
-        raise ConfigError(f"{where}: num_samples is null; omit it or give an integer")
+        raise StsError("num_samples", f"{where}: num_samples is null; omit it or give an integer")
     if not build:
         return None
     return StsDocument(
@@ -211,8 +225,17 @@ def parse_sts_document(data: bytes | str, *, where: str = STS_FILE, k: int | Non
         obj = loads_strict(data, what=where)
     except JsonError as exc:
         raise ConfigError(str(exc)) from None
+    return check_sts_object(obj, where=where, k=k)
+
+
+def check_sts_object(obj: Any, *, where: str = STS_FILE, k: int | None = None) -> StsDocument:
+    """Validate an already-decoded ``sts.json`` object by the rules of :func:`parse_sts_document`.
+
+    Raises:
+        StsError: the first rule it breaks (``rule`` names it).
+    """
     if not isinstance(obj, dict):
-        raise ConfigError(f"{where}: expected a JSON object, found {type(obj).__name__}")
+        raise StsError("keys", f"{where}: expected a JSON object, found {type(obj).__name__}")
     doc = _validated_sts(obj, where=where, k=k, allow_null=False)
     assert doc is not None
     return doc
