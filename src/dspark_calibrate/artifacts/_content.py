@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from dspark_calibrate.artifacts._arrow_numpy import float_values
 from dspark_calibrate.artifacts._cells import NATIVE_BUDGET, cell_kind, full_width, is_deployable
 from dspark_calibrate.artifacts._mixed_content import (
     mixed_admission_findings,
@@ -185,9 +186,9 @@ def _cost_cells(gl: list[int], vl: list[int], ladder: Sequence[int], k: int, whe
 def _cost_times(table: pa.Table, where: str) -> list[Finding]:
     """Positive step times inside their intervals, and samples behind every cell."""
     out: list[Finding] = []
-    t = table.column("step_time_ms").to_numpy()
-    lo = table.column("ci_low_ms").to_numpy()
-    hi = table.column("ci_high_ms").to_numpy()
+    t = float_values(table.column("step_time_ms"))
+    lo = float_values(table.column("ci_low_ms"))
+    hi = float_values(table.column("ci_high_ms"))
     if np.any(t <= 0) or np.any(lo <= 0):
         out.append(
             Finding(Reason.CONTENT_INVALID, f"{where}: step times must be positive", field="step_time_ms")
@@ -200,7 +201,7 @@ def _cost_times(table: pa.Table, where: str) -> list[Finding]:
                 field="ci_low_ms",
             )
         )
-    if np.any(table.column("samples").to_numpy() < 1):
+    if np.any(float_values(table.column("samples")) < 1):
         out.append(Finding(Reason.CONTENT_INVALID, f"{where}: every cell needs >= 1 sample", field="samples"))
     return out
 
@@ -266,8 +267,8 @@ def _calibration(table: pa.Table, fp: Fingerprint, where: str) -> list[Finding]:
                 actual=positions,
             )
         )
-    temps = table.column("temperature").to_numpy(zero_copy_only=False)
-    finite = temps[~np.isnan(temps.astype(float))] if temps.size else temps
+    temps = float_values(table.column("temperature"))
+    finite = temps[~np.isnan(temps)]
     if finite.size and np.any(finite <= 0):
         out.append(
             Finding(Reason.CONTENT_INVALID, f"{where}: temperatures must be positive", field="temperature")

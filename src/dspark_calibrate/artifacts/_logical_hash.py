@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dspark_calibrate.artifacts._arrow_numpy import indices_array, numeric_values, valid_mask
 from dspark_calibrate.errors import InvalidValueError
 from dspark_calibrate.schemas import key_columns
 
@@ -77,28 +78,20 @@ def _text(s: str) -> bytes:
 _ONES = np.ones(0, dtype=np.uint8)
 
 
-def _validity(arr: pa.Array) -> memoryview:
+def _validity(n: int, valid: np.ndarray | None) -> memoryview:
+    """One byte per slot: 0x01 where it holds a value, 0x00 where null (``valid`` None: no null)."""
     global _ONES
-    n = len(arr)
-    if arr.null_count == 0:
-        # One shared read-only buffer of 0x01 bytes, grown on demand. Work on a local reference:
-        # another thread may swap the global meanwhile, and the slice must come from a buffer
-        # known to hold n bytes.
-        ones = _ONES
-        if ones.size < n:
-            ones = np.ones(max(n, 2 * ones.size), dtype=np.uint8)
-            ones.flags.writeable = False
-            _ONES = ones
-        return ones.data[:n]
-    return np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=np.uint8).data
-
-
-def _null_fill(tag: str) -> object:
-    if tag == "bool":
-        return False
-    if tag == "string":
-        return ""
-    return 0.0 if tag.startswith("float") else 0
+    if valid is not None:
+        return valid.view(np.uint8).data
+    # One shared read-only buffer of 0x01 bytes, grown on demand. Work on a local reference:
+    # another thread may swap the global meanwhile, and the slice must come from a buffer known
+    # to hold n bytes.
+    ones = _ONES
+    if ones.size < n:
+        ones = np.ones(max(n, 2 * ones.size), dtype=np.uint8)
+        ones.flags.writeable = False
+        _ONES = ones
+    return ones.data[:n]
 
 
 def _check_finite_f8(values: np.ndarray, path: str) -> np.ndarray:
@@ -118,60 +111,85 @@ def _check_finite_f8(values: np.ndarray, path: str) -> np.ndarray:
     return values
 
 
-def _bool_bytes(arr: pa.Array) -> memoryview:
+def _bool_values(arr: pa.Array) -> np.ndarray:
     """One byte per value (0x01 true, 0x00 false) from Arrow's bit-packed, LSB-first buffer."""
     n = len(arr)
     if n == 0:
-        return memoryview(b"")
+        return np.zeros(0, dtype=np.uint8)
     bits = np.frombuffer(arr.buffers()[1], dtype=np.uint8)
-    return np.unpackbits(bits, bitorder="little")[arr.offset : arr.offset + n].data
+    return np.unpackbits(bits, bitorder="little")[arr.offset : arr.offset + n]
+
+
+def _offsets(arr: pa.Array) -> np.ndarray:
+    """The n + 1 int32 offsets of a string or list array (of its own slice)."""
+    n = len(arr)
+    if n == 0:
+        return np.zeros(1, dtype="<i4")
+    return np.frombuffer(arr.buffers()[1], dtype="<i4")[arr.offset : arr.offset + n + 1]
+
+
+def _string_bytes(arr: pa.Array, offsets: np.ndarray, valid: np.ndarray | None) -> Iterator[memoryview]:
+    """The UTF-8 bytes of the values, in row order (a null slot contributes none)."""
+    data = arr.buffers()[2]
+    if len(arr) == 0 or data is None:
+        return
+    view = memoryview(data)
+    if valid is None or not np.diff(offsets)[~valid].any():
+        yield view[int(offsets[0]) : int(offsets[-1])]
+        return
+    for i in np.flatnonzero(valid):  # Arrow lets a null slot point at bytes: skip them
+        yield view[int(offsets[i]) : int(offsets[i + 1])]
 
 
 def _encode(arr: pa.Array, path: str, tag: str) -> Iterator[bytes | memoryview]:
     """Yield the canonical bytes of one column (or list child) in row order.
 
     Chunks are buffers (memoryviews of numpy or Arrow memory) fed straight to the hash, so a
-    column that is already int64 or non-negative-zero float64 is hashed without a copy.
+    column that is already int64 or non-negative-zero float64 is hashed without a copy. Values
+    are read from the Arrow buffers (``_arrow_numpy``), not with pyarrow's conversions, which
+    import pandas.
     """
     n = len(arr)
     if n and arr.null_count == n and not tag.startswith("list<"):
         # Every slot null (a cost table's optional columns, when no row has them): validity all
         # 0x00 and each slot its zero value, which is all zero bytes in every encoding: 8 per int
-        # (0), float (+0.0) and string (length 0, no text), 1 per bool. The same bytes the general
-        # path makes after filling the nulls, without a pyarrow fill and a validity array per column.
+        # (0), float (+0.0) and string (length 0, no text), 1 per bool.
         yield bytes(n)
         yield bytes(n if tag == "bool" else 8 * n)
         return
-    yield _validity(arr)
     typ = arr.type
     if pa.types.is_large_string(typ):
         arr = arr.cast(pa.string())
     elif pa.types.is_large_list(typ):
         arr = arr.cast(pa.list_(typ.value_type))
-    if arr.null_count and not tag.startswith("list<"):
-        # Null slots encode as zero/empty values; the validity bytes above keep them distinct.
-        arr = arr.fill_null(_null_fill(tag))
+    # Null slots encode as the zero value (0, +0.0, false, empty); the validity bytes keep them
+    # distinct. What a null slot's own bytes in the data buffer hold is never read.
+    valid = valid_mask(arr) if arr.null_count else None
+    yield _validity(n, valid)
     if tag in _INT_TYPES:
-        values = arr.to_numpy(zero_copy_only=False)
+        values = numeric_values(arr)
+        if valid is not None:
+            values = np.where(valid, values, 0)
         if tag == "uint64" and values.size and int(values.max()) > np.iinfo(np.int64).max:
             raise LogicalHashError(f"column {path}: uint64 value exceeds the int64 range")
         yield np.ascontiguousarray(values.astype("<i8", copy=False)).data
     elif tag.startswith("float"):
-        values = np.ascontiguousarray(arr.to_numpy(zero_copy_only=False).astype("<f8", copy=False))
-        yield _check_finite_f8(values, path).data
+        values = numeric_values(arr)
+        if valid is not None:
+            values = np.where(valid, values, 0.0)
+        yield _check_finite_f8(np.ascontiguousarray(values.astype("<f8", copy=False)), path).data
     elif tag == "bool":
-        yield _bool_bytes(arr)
+        bools = _bool_values(arr)
+        yield (bools if valid is None else bools & valid).data
     elif tag == "string":
-        n = len(arr)
-        offsets = np.frombuffer(arr.buffers()[1], dtype="<i4")[arr.offset : arr.offset + n + 1]
-        data = arr.buffers()[2]
-        yield np.diff(offsets).astype("<u8").data
-        if n and data is not None:
-            yield memoryview(data)[int(offsets[0]) : int(offsets[-1])]
+        offsets = _offsets(arr)
+        lengths = np.diff(offsets)
+        yield (lengths if valid is None else np.where(valid, lengths, 0)).astype("<u8").data
+        yield from _string_bytes(arr, offsets, valid)
     else:  # list<...>
-        lengths = pc.list_value_length(arr).fill_null(0).to_numpy(zero_copy_only=False)
-        yield lengths.astype("<u8").data
-        child = pc.list_flatten(arr)
+        lengths = np.diff(_offsets(arr))
+        yield (lengths if valid is None else np.where(valid, lengths, 0)).astype("<u8").data
+        child = pc.list_flatten(arr)  # leaves out what null slots point at
         yield from _encode(child, path + "[]", tag[5:-1])
 
 
@@ -227,7 +245,7 @@ def _canonical_order(table: pa.Table, keys: Sequence[str]) -> pa.Table:
         # Integer keys (every artifact kind). Our writers store rows in canonical order, so first
         # check in one vectorised pass whether each row is strictly after the previous one; only
         # otherwise sort (numpy's stable lexsort) and reorder.
-        cols = [a.to_numpy(zero_copy_only=False) for a in arrays]
+        cols = [numeric_values(a) for a in arrays]
         if _strictly_increasing(cols):
             return table
         order = np.lexsort(cols[::-1])
@@ -235,16 +253,13 @@ def _canonical_order(table: pa.Table, keys: Sequence[str]) -> pa.Table:
         for c in cols:
             sc = c[order]
             differs |= sc[1:] != sc[:-1]
-        ordered = table.take(pa.array(order))
+        ordered = table.take(indices_array(order))
     else:
         ordered = table.take(pc.sort_indices(table, sort_keys=[(k, "ascending") for k in keys]))
         differs = np.zeros(ordered.num_rows - 1, dtype=bool)
         for k in keys:
             col = ordered.column(k).combine_chunks()
-            differs |= np.asarray(
-                pc.not_equal(col.slice(1), col.slice(0, len(col) - 1)).to_numpy(zero_copy_only=False),
-                dtype=bool,
-            )
+            differs |= _bool_values(pc.not_equal(col.slice(1), col.slice(0, len(col) - 1))).astype(bool)
     if not differs.all():
         row = int(np.flatnonzero(~differs)[0]) + 1
         dup = {k: ordered.column(k)[row].as_py() for k in keys}
