@@ -25,10 +25,26 @@ def test_a_biased_control_is_a_warning_and_every_g_is_listed() -> None:
     )
     warnings = [c for c in checks if c.severity is Severity.WARNING]
     assert [c.code for c in warnings] == ["CONTROL_BIAS:G=16"] and "+0.95%" in warnings[0].message
-    (info,) = [c for c in checks if c.severity is Severity.INFO]
-    assert info.code == "SWEEP_CHECKS"
+    (info,) = [c for c in checks if c.code == "SWEEP_CHECKS"]
+    assert info.severity is Severity.INFO
     assert "G=8: control +0.10% [-0.30%, +0.50%], SM clock" in info.message
     assert "G=32: control not measured, SM clock" in info.message
+
+
+def test_a_large_clock_term_is_stated_with_its_cell() -> None:
+    rows = _rows()
+    for r in rows:
+        if r["verifier_budget"] > 0:
+            r.update(saving=0.30, saving_ci_low=0.20, saving_ci_high=0.32, clock_rel=1.0)
+    hot = next(r for r in rows if r["verifier_budget"] > 0)
+    hot.update(clock_rel=1.12)
+    (term,) = [c for c in sweep_bias_checks(make_table("cost-table", rows)) if c.code == "CLOCK_TERM"]
+    # 1 - 0.70 * 1.12 = 0.216: 8.40 points below 0.30.
+    assert "8.40 points lower" in term.message and f"V={hot['verifier_budget']}" in term.message
+    for r in rows:
+        if r["verifier_budget"] > 0:
+            r.update(clock_rel=1.01)  # 0.70 points: below the note's threshold
+    assert "CLOCK_TERM" not in {c.code for c in sweep_bias_checks(make_table("cost-table", rows))}
 
 
 def test_tables_without_checks_give_nothing() -> None:
