@@ -15,10 +15,12 @@ import sys
 from pathlib import Path
 
 #: A test over this many seconds (two idle cores, xdist with two workers) belongs to the slow tier.
-SLOW_TEST_S = 0.5
+#: At 0.5 s the fast tier measured 81-98 s on one VM from run to run; at 0.3 s it keeps a margin.
+SLOW_TEST_S = 0.3
 ROOT = Path(__file__).resolve().parent.parent
 LIST = ROOT / "tests" / "slow_tests.txt"
-_LINE = re.compile(r"^([0-9.]+)s (setup|call|teardown)\s+(\S+)")
+#: A test id runs to the end of the line: parametrize ids may hold spaces.
+_LINE = re.compile(r"^([0-9.]+)s (setup|call|teardown)\s+(.+?)\s*$")
 
 
 def durations(report: str) -> dict[str, float]:

@@ -16,6 +16,7 @@ REPORT = """\
 0.30s call     tests/b/test_y.py::test_two[p-1]
 0.25s setup    tests/b/test_y.py::test_two[p-1]
 0.20s call     tests/b/test_y.py::test_three
+0.35s call     tests/c/test_z.py::test_cli[fit without --out]
 (12 durations < 0.05s hidden.  Use -vv to show these durations.)
 """
 
@@ -27,6 +28,7 @@ def test_phases_of_a_test_are_summed() -> None:
             "tests/a/test_x.py::test_one": 15.76,
             "tests/b/test_y.py::test_two[p-1]": 0.55,
             "tests/b/test_y.py::test_three": 0.2,
+            "tests/c/test_z.py::test_cli[fit without --out]": 0.35,
         }
     )
 
@@ -34,7 +36,15 @@ def test_phases_of_a_test_are_summed() -> None:
 @pytest.mark.parametrize(
     ("threshold", "expected"),
     [
-        (SLOW_TEST_S, ["tests/a/test_x.py::test_one", "tests/b/test_y.py::test_two[p-1]"]),
+        (0.5, ["tests/a/test_x.py::test_one", "tests/b/test_y.py::test_two[p-1]"]),
+        (
+            SLOW_TEST_S,
+            [
+                "tests/a/test_x.py::test_one",
+                "tests/b/test_y.py::test_two[p-1]",
+                "tests/c/test_z.py::test_cli[fit without --out]",
+            ],
+        ),
         (1.0, ["tests/a/test_x.py::test_one"]),
         (20.0, []),
     ],
