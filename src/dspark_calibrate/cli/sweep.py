@@ -302,6 +302,8 @@ def _protocol_line(summary: dict[str, Any]) -> str:
 
 
 def _cell_json(c: Any) -> dict[str, Any]:
+    from dspark_calibrate.calibrate.measurement.protocol import saving_at_native_clock
+
     s = c.summary
     return {
         "graph_batch_size": c.spec.graph_batch_size,
@@ -325,10 +327,16 @@ def _cell_json(c: Any) -> dict[str, Any]:
         "power_rel": c.power_rel,
         "carryover_rel": c.carryover_rel,
         **_protocol_json(c.protocol),
+        "saving_at_native_clock": (
+            None
+            if s is None or c.clock_rel is None or c.spec.kind.value == "native"
+            else saving_at_native_clock(s.saving, c.clock_rel)
+        ),
     }
 
 
 def _protocol_json(term: Any) -> dict[str, float | None]:
+    """The step protocol's per-cell values for ``--json`` (null where not measured)."""
     names = ("pipelined_ms", "synchronous_ms", "saving_pipelined", "saving_synchronous")
     return {n: None if term is None else getattr(term, n) for n in names}
 

@@ -342,6 +342,8 @@ def test_the_cli_prints_and_stores_the_term(tmp_path: Path) -> None:
     assert report["step_protocol"]["measured"]
     cells = [c for c in report["cells"] if c["kind"] == "compact"]
     assert cells and all(c["saving_pipelined"] is not None for c in cells)
+    # No power cap here: every cell at its native's clock, the clock term equal to the saving.
+    assert all(c["saving_at_native_clock"] == pytest.approx(c["saving"]) for c in cells)
     samples = pq.read_table(out.with_name("s.samples.parquet"))
     first = samples.column("first_replay_ms").to_pylist()
     assert all(f is not None and f > 0 for f in first)
