@@ -51,8 +51,10 @@ K = 5
 def _cost_rows(ladder: list[int]) -> list[dict[str, object]]:
     rows = []
     for g in ladder:
+        native = 5.0 + 0.01 * g * (K + 1)
         for v in (0, 2 * g, 3 * g, 4 * g):
             t = 5.0 + 0.01 * (v or g * (K + 1))
+            saving = 1.0 - t / native
             rows.append(
                 {
                     "graph_batch_size": g,
@@ -65,6 +67,13 @@ def _cost_rows(ladder: list[int]) -> list[dict[str, object]]:
                     "samples": 50,
                     "stop_reason": "precision",
                     "source_result_sha256": f"{g:032x}{v:032x}",
+                    # The paired columns every cost table carries (schema 2 on): a native row saves 0.
+                    "saving": saving,
+                    "saving_ci_low": saving - (0.002 if v else 0.0),
+                    "saving_ci_high": saving + (0.002 if v else 0.0),
+                    "paired_rounds": 0 if v == 0 else 12,
+                    "common_mode_rel": 0.003,
+                    "level_rel": 0.004,
                 }
             )
     return rows
@@ -85,6 +94,11 @@ def _samples_rows(n: int) -> list[dict[str, object]]:
             "power_w": 600.0,
             "throttle_reasons": 0,
             "kept": True,
+            "epoch": i // 64,
+            "prev_graph_batch_size": None if i == 0 else 8 * (1 + (i - 1) % 8),
+            "prev_verifier_budget": None if i == 0 else 0,
+            "warmup": 4,
+            "first_replay_ms": 5.1 + (i % 97) / 100,
         }
         for i in range(n)
     ]
