@@ -302,8 +302,6 @@ def _protocol_line(summary: dict[str, Any]) -> str:
 
 
 def _cell_json(c: Any) -> dict[str, Any]:
-    from dspark_calibrate.calibrate.measurement.protocol import saving_at_native_clock
-
     s = c.summary
     return {
         "graph_batch_size": c.spec.graph_batch_size,
@@ -327,11 +325,7 @@ def _cell_json(c: Any) -> dict[str, Any]:
         "power_rel": c.power_rel,
         "carryover_rel": c.carryover_rel,
         **_protocol_json(c.protocol),
-        "saving_at_native_clock": (
-            None
-            if s is None or c.clock_rel is None or c.spec.kind.value == "native"
-            else saving_at_native_clock(s.saving, c.clock_rel)
-        ),
+        "saving_at_native_clock": c.at_native_clock(),
     }
 
 

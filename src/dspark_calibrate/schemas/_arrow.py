@@ -138,7 +138,7 @@ _register("sweep", 1, ("graph_batch_size", "verifier_budget"), _SWEEP_V1, legacy
 # saving when every step waits for the one before (the first replay of each sample) and when steps
 # are queued behind a running one (the replays after it). Null where the timer did not time the
 # first replay apart, or a sample was one replay; the savings are null for a native cell. And the
-# saving at the native cell's SM clock (null without telemetry, or for a native cell). The saving
+# saving at the native cell's SM clock (compact cells only; null without telemetry). The saving
 # and absolute intervals of a v4 table hold all three.
 _PROTOCOL = [
     _f("pipelined_ms", _F64, nullable=True),

@@ -167,9 +167,9 @@ def saving_at_native_clock(saving: float, clock_rel: float) -> float:
 
 
 def widen_for_clock(summary: CellSummary, clock_rel: float | None) -> CellSummary:
-    """``summary`` with intervals that also hold its interval moved to its native cell's clock
-    (:func:`saving_at_native_clock`; the absolute interval scaled by ``clock_rel``). Unchanged for
-    a native cell, or without a usable clock ratio. The point estimates are kept."""
+    """``summary`` (a compact cell's) with intervals that also hold its interval moved to its
+    native cell's clock (:func:`saving_at_native_clock`; the absolute interval scaled by
+    ``clock_rel``). Unchanged without a usable clock ratio. The point estimates are kept."""
     if clock_rel is None or not math.isfinite(clock_rel) or clock_rel <= 0.0 or clock_rel == 1.0:
         return summary
     shift = saving_at_native_clock(summary.saving, clock_rel) - summary.saving

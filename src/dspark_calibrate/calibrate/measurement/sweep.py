@@ -346,6 +346,13 @@ class CellResult:
     carryover_rel: float | None = None
     protocol: ProtocolTerm | None = None
 
+    def at_native_clock(self) -> float | None:
+        """A compact cell's saving at its native cell's SM clock (:func:`~.protocol.saving_at_native_clock`);
+        None for other cells (they run the native width) or without telemetry."""
+        if self.summary is None or self.clock_rel is None or self.spec.kind is not CellKind.COMPACT:
+            return None
+        return saving_at_native_clock(self.summary.saving, self.clock_rel)
+
 
 @dataclass(frozen=True, slots=True)
 class SweepEvent:
@@ -463,15 +470,16 @@ class SweepResult:
     def _protocol_columns(c: CellResult) -> tuple[float | None, ...]:
         """The step protocol's and the clock's columns of one cell (schema 4; null where not
         measured)."""
-        s, term = c.summary, c.protocol
-        at_clock = (
-            None
-            if s is None or c.clock_rel is None or c.spec.kind is CellKind.NATIVE
-            else saving_at_native_clock(s.saving, c.clock_rel)
-        )
+        term, at_clock = c.protocol, c.at_native_clock()
         if term is None:
             return (None, None, None, None, at_clock)
-        return (term.pipelined_ms, term.synchronous_ms, term.saving_pipelined, term.saving_synchronous, at_clock)
+        return (
+            term.pipelined_ms,
+            term.synchronous_ms,
+            term.saving_pipelined,
+            term.saving_synchronous,
+            at_clock,
+        )
 
     def control_summary(self) -> dict[str, Any]:
         """Per G, the control cell's saving (0 is the truth), its interval and whether the G's
@@ -509,9 +517,10 @@ class SweepResult:
         or where every cell ran at its native's clock)."""
         largest, where = 0.0, None
         for c in self.cells:
-            if c.summary is None or c.clock_rel is None or c.spec.kind is not CellKind.COMPACT:
+            at_clock = c.at_native_clock()
+            if c.summary is None or at_clock is None:
                 continue
-            moved = c.summary.saving - saving_at_native_clock(c.summary.saving, c.clock_rel)
+            moved = c.summary.saving - at_clock
             if abs(moved) > abs(largest):
                 largest, where = moved, c.spec.label()
         return {"largest_saving_shift": largest, "cell": where}
@@ -836,7 +845,9 @@ def _with_checks(
         term = (protocol or {}).get(c.spec)
         if term is not None and summary is not None:
             summary = widen_for_protocol(summary, term)
-        if summary is not None and c.spec.kind is not CellKind.NATIVE:
+        if summary is not None and c.spec.kind is CellKind.COMPACT:
+            # Only a lighter cell gains clock under a cap; the control and forced-K arm run the
+            # native width, and widening them would only add telemetry noise to the overhead price.
             summary = widen_for_clock(summary, clock.get(c.spec))
         if summary is not None:
             summary = widen_for_order(summary, shift)

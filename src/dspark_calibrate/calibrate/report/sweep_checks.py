@@ -18,6 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from dspark_calibrate.calibrate.measurement.protocol import saving_at_native_clock
 from dspark_calibrate.calibrate.report.verdict import Check, Severity
 
 __all__ = ["sweep_bias_checks"]
@@ -61,7 +62,7 @@ def _clock_term(rows: Sequence[Mapping[str, Any]]) -> tuple[float, Mapping[str, 
         clock, saving = r.get("clock_rel"), r.get("saving")
         if int(r["verifier_budget"]) <= 0 or clock is None or saving is None:
             continue
-        drop = float(saving) - (1.0 - (1.0 - float(saving)) * float(clock))
+        drop = float(saving) - saving_at_native_clock(float(saving), float(clock))
         if worst is None or drop > worst[0]:
             worst = (drop, r)
     return worst
