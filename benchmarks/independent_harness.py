@@ -153,9 +153,14 @@ TINY = Mode(
 # --- the sweep --------------------------------------------------------------------------------------
 
 
-def with_budget(mode: Mode, sweep_budget: float | None, steps_per_block: int | None) -> Mode:
-    """``mode`` with another sweep budget (GPU-seconds) and harness sequence length, where given."""
+def with_budget(
+    mode: Mode, sweep_budget: float | None, steps_per_block: int | None, *, interleave: bool = False
+) -> Mode:
+    """``mode`` with another sweep budget (GPU-seconds) and harness sequence length, where given,
+    and (``interleave``) a sweep that visits each G's cells in one interleaved sequence."""
     sweep = list(mode.sweep)
+    if interleave and "--interleave" not in sweep:
+        sweep.append("--interleave")
     if sweep_budget is not None:
         if not sweep_budget > 0:
             raise SystemExit(f"--sweep-budget must be > 0, not {sweep_budget}")
@@ -567,6 +572,11 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument(
             "--steps-per-block", type=int, default=None, help="steps of each G's harness sequence (default 400)"
         )
+        p.add_argument(
+            "--sweep-interleave",
+            action="store_true",
+            help="job: the sweep visits each G's cells in one step-by-step alternating sequence (--interleave)",
+        )
     cmp_ = sub.add_parser("compare")
     cmp_.add_argument("--sweep", required=True, type=Path, help="the sweep's out dir (adaptive.parquet)")
     cmp_.add_argument("--harness", required=True, type=Path, help="independent.json")
@@ -575,7 +585,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "compare":
         write_independent(compare_files(args.sweep, args.harness), args.out)
         return 0
-    mode = with_budget(TINY if args.tiny else FULL, args.sweep_budget, args.steps_per_block)
+    mode = with_budget(
+        TINY if args.tiny else FULL, args.sweep_budget, args.steps_per_block, interleave=args.sweep_interleave
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     if args.cmd == "harness":
         result = run_harness(mode)

@@ -178,6 +178,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             resume=in_pass and args.pass_index > 0,
             until_round=until_round,
             pass_epoch=args.pass_index,
+            interleave=args.interleave,
         )
         marks: list[float] = []
 
@@ -542,6 +543,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--passes", type=int, default=1, help="separate processes, each one epoch")
     run.add_argument("--pass-index", type=int, default=None, help=argparse.SUPPRESS)
     run.add_argument("--budgets", action="append", default=None, help="G:V1,V2 (repeatable)")
+    run.add_argument(
+        "--interleave", action="store_true", help="visit a G's cells in one step-by-step alternating sequence"
+    )
     run.add_argument("--out-dir", required=True)
     run.set_defaults(fn=cmd_run)
     heavy = sub.add_parser("compare-heavy", help="two jobs of the compute-bound step -> heavy_step")

@@ -28,6 +28,7 @@ __all__ = [
     "FingerprintOption",
     "ForcedKFlag",
     "InputPathOption",
+    "InterleaveFlag",
     "JournalOption",
     "KOption",
     "LadderOption",
@@ -160,6 +161,15 @@ OrderOption = Annotated[
         help="Visiting order in a round: random (seeded), or serving: one G's cells together, moving "
         "between G the way --workload's steps do, so carry-over between visits is the serving mix's.",
         metavar="ORDER",
+    ),
+]
+InterleaveFlag = Annotated[
+    bool,
+    typer.Option(
+        "--interleave/--no-interleave",
+        help="Visit a G's open cells together in one sequence that alternates them step by step, as a "
+        "policy does, so every cell is timed at the clock the G's mix runs at (not the higher clock a "
+        "light cell reaches alone under a power cap).",
     ),
 ]
 WorkloadOption = Annotated[
@@ -402,6 +412,7 @@ class SweepOptions:
     pass_index: int | None
     protocol: str
     order: str
+    interleave: bool
     workload: Path | None
     preset: str
     precision: float | None

@@ -73,6 +73,7 @@ from dspark_calibrate.cli._sweep_options import (
     FingerprintOption,
     ForcedKFlag,
     InputPathOption,
+    InterleaveFlag,
     JournalOption,
     KOption,
     LadderOption,
@@ -267,7 +268,7 @@ def _check_lines(result: Any) -> list[str]:
             + f"; re-warm {result.rewarm_steps} replays; it moves a saving by at most "
             f"{100 * carry.largest_saving_shift():.2f} pp (limit {100 * result.config.thresholds.carryover_limit_rel:.2f} pp)"
         )
-    lines.append(_protocol_line(result.protocol_summary()))
+    lines.append(_protocol_line(result.protocol_summary(), interleaved=result.config.interleave))
     clock_term = result.clock_summary()
     if clock_term["cell"]:
         lines.append(
@@ -283,8 +284,13 @@ def _check_lines(result: Any) -> list[str]:
     return lines
 
 
-def _protocol_line(summary: dict[str, Any]) -> str:
+def _protocol_line(summary: dict[str, Any], *, interleaved: bool = False) -> str:
     """What the step protocol moves: the launch a waiting step pays, the largest saving shift."""
+    if interleaved:
+        return (
+            "visits: each G's cells interleaved step by step, queued back to back (a serving loop that "
+            "launches ahead, at the clock of the G's mix)"
+        )
     if not summary["measured"]:
         return (
             "step protocol: not measured (single-replay samples, or a timer that cannot time a first "
@@ -777,6 +783,7 @@ def _sweep_request(
         pass_epoch=opts.pass_index,
         world_size=live.get("gpu_count"),
         order=_serving_order(opts, ladder),
+        interleave=opts.interleave,
     )
 
 
@@ -798,8 +805,10 @@ def run_sweep(opts: SweepOptions) -> None:
         backend_options = _sweep_backend_options(opts)
         live = _sweep_live(opts)
         base_fp = read_fingerprint(opts.fingerprint) if opts.fingerprint is not None else None
-        if opts.mixed and (opts.order != "random" or opts.workload is not None):
-            raise ConfigError("--order serving and --workload order decode cells; drop them with --mixed")
+        if opts.mixed and (opts.order != "random" or opts.workload is not None or opts.interleave):
+            raise ConfigError(
+                "--order serving, --workload and --interleave order decode cells; drop them with --mixed"
+            )
         if opts.mixed:
             _sweep_mixed(
                 opts,
@@ -842,6 +851,7 @@ def sweep_command(
     pass_index: PassIndexOption = None,
     protocol: ProtocolOption = "adaptive",
     order: OrderOption = "random",
+    interleave: InterleaveFlag = False,
     workload: WorkloadOption = None,
     preset: PresetOption = "default",
     precision: PrecisionOption = None,

@@ -13,6 +13,11 @@ over a recorded workload's steps, how often a step at G is followed by one at G'
 random order within the G) and walks from G to G drawing each next G in proportion to those
 counts. Which V a policy would choose within a G needs the very cost table the sweep measures, so
 the order within a G stays random.
+
+Within a G a serving engine alternates cells step by step (a policy picks V per step), so under a
+power cap every cell runs at the clock of the G's mix. ``--interleave`` measures that way: a visit
+takes one G's open cells together (:func:`g_blocks`) and runs them in one sequence that draws each
+step's cell at random (:func:`interleaved_steps`), instead of one cell re-warmed alone.
 """
 
 from __future__ import annotations
@@ -27,7 +32,15 @@ import numpy as np
 from dspark_calibrate.calibrate.measurement.mixed import Cell
 from dspark_calibrate.errors import ConfigError
 
-__all__ = ["ORDERS", "ServingOrder", "rows_per_step", "serving_transitions", "visit_order"]
+__all__ = [
+    "ORDERS",
+    "ServingOrder",
+    "g_blocks",
+    "interleaved_steps",
+    "rows_per_step",
+    "serving_transitions",
+    "visit_order",
+]
 
 #: Visiting orders: ``random`` (a seeded permutation per round) or ``serving``.
 ORDERS: tuple[str, ...] = ("random", "serving")
@@ -139,3 +152,25 @@ def visit_order(
         group = by_g[current]
         out.extend(group[i] for i in rng.permutation(len(group)))
     return out
+
+
+def g_blocks(order: Sequence[Cell]) -> list[list[Cell]]:
+    """``order`` cut into one block per G, each G's block where its first cell was (so a serving
+    order, which keeps a G's cells together, keeps its walk; a random order gives a random G order)."""
+    blocks: dict[int, list[Cell]] = {}
+    for c in order:
+        blocks.setdefault(c.key[0], []).append(c)
+    return list(blocks.values())
+
+
+def interleaved_steps(counts: Sequence[int], rng: np.random.Generator) -> list[int]:
+    """A sequence holding index ``i`` exactly ``counts[i]`` times, in a uniformly random order: one
+    G's cells alternating step by step, every cell's steps spread over the whole sequence.
+
+    Raises:
+        ConfigError: a negative count.
+    """
+    if any(n < 0 for n in counts):
+        raise ConfigError(f"step counts must be >= 0, got {list(counts)}")
+    steps = np.repeat(np.arange(len(counts)), np.asarray(counts, dtype=np.int64))
+    return [int(i) for i in rng.permutation(steps)]

@@ -16,6 +16,7 @@ both written atomically; the summary's provenance records the samples file's log
 
 from __future__ import annotations
 
+import bisect
 import math
 import shlex
 import sys
@@ -63,7 +64,12 @@ from dspark_calibrate.calibrate.measurement.distributed import (
 from dspark_calibrate.calibrate.measurement.journal import Journal
 from dspark_calibrate.calibrate.measurement.ladder import CellKind, CellSpec, plan_cells
 from dspark_calibrate.calibrate.measurement.mixed import Cell, MixedCellSpec
-from dspark_calibrate.calibrate.measurement.order import ServingOrder, visit_order
+from dspark_calibrate.calibrate.measurement.order import (
+    ServingOrder,
+    g_blocks,
+    interleaved_steps,
+    visit_order,
+)
 from dspark_calibrate.calibrate.measurement.protocol import (
     ProtocolTerm,
     SplitSample,
@@ -92,7 +98,7 @@ from dspark_calibrate.calibrate.measurement.stats import (
 )
 from dspark_calibrate.calibrate.measurement.sweep_plot import plot_sweep
 from dspark_calibrate.calibrate.measurement.telemetry import SW_POWER_CAP, Telemetry, drop_mask, reason_names
-from dspark_calibrate.calibrate.measurement.timing import SplitTimer, Step, Timer
+from dspark_calibrate.calibrate.measurement.timing import SequenceTimer, SplitTimer, Step, Timer
 from dspark_calibrate.errors import ConfigError, MeasurementError, ProbeError
 from dspark_calibrate.runtime_plugin.live import CPU_DEVICE, SYNTHETIC_DEVICE, collect_live
 
@@ -147,6 +153,9 @@ class SweepConfig:
             holds the group indices (each group pairs its cells like a G does).
         order: the serving order's JSON form (:meth:`~.order.ServingOrder.to_dict`), or None for a
             seeded random order in every round.
+        interleave: visit one G's open cells together, in one sequence that alternates them step
+            by step (:func:`~.order.interleaved_steps`), instead of one cell per visit: every cell
+            is then timed at the clock its G's mix runs at (decode sweeps only).
     """
 
     k: int
@@ -160,8 +169,11 @@ class SweepConfig:
     fingerprint: Mapping[str, Any] = field(default_factory=dict)
     mixed: Mapping[str, Any] | None = None
     order: Mapping[str, Any] | None = None
+    interleave: bool = False
 
     def __post_init__(self) -> None:
+        if self.interleave and self.mixed is not None:
+            raise ConfigError("--interleave alternates decode cells; a mixed sweep visits one step at a time")
         if self.order is not None and self.mixed is not None:
             raise ConfigError(
                 "--order serving orders decode cells; a mixed sweep visits its steps in random order"
@@ -214,6 +226,8 @@ class SweepConfig:
             out["mixed"] = dict(self.mixed)
         if self.order is not None:  # so does a random order
             out["order"] = dict(self.order)
+        if self.interleave:  # and a sweep of one cell per visit
+            out["interleave"] = True
         return out
 
     @property
@@ -766,7 +780,28 @@ def finish_cells(
     if config.mixed is not None:
         return results, between, None
     carry = _carryover(states)
-    return _with_checks(results, carry, _protocol_terms(states)), between, carry
+    clock = _clock_in_visits(states) if config.interleave else None
+    return _with_checks(results, carry, _protocol_terms(states), clock), between, carry
+
+
+def _clock_in_visits(states: Mapping[Cell, _CellState]) -> dict[Cell, float | None]:
+    """Each cell's SM clock relative to its native cell's in the same visits (an interleaved
+    sweep): the median over rounds of the ratio of their round medians. Cells of one G visited
+    together share the mix's clock, but the mix changes as cells stop, so a cell measured only in
+    early rounds would otherwise be compared with the native cell's clock over every round."""
+    def by_round(st: _CellState) -> dict[int, float]:
+        clocks: dict[int, list[float]] = {}
+        for r in st.rows:
+            if r.kept and r.sm_clock_mhz is not None and r.sm_clock_mhz > 0:
+                clocks.setdefault(r.round, []).append(r.sm_clock_mhz)
+        return {k: float(np.median(v)) for k, v in clocks.items()}
+
+    out: dict[Cell, float | None] = {}
+    for cell, st in states.items():
+        mine, native = by_round(st), by_round(states[cell.native]) if cell.native in states else {}
+        ratios = [mine[k] / native[k] for k in mine.keys() & native.keys()]
+        out[cell] = float(np.median(ratios)) if ratios else None
+    return out
 
 
 def _visits(states: Mapping[Cell, _CellState], rewarm: int | None = None) -> list[VisitRecord]:
@@ -821,13 +856,16 @@ def _with_checks(
     results: Sequence[CellResult],
     carry: Carryover | None,
     protocol: Mapping[Cell, ProtocolTerm] | None = None,
+    clock: Mapping[Cell, float | None] | None = None,
 ) -> tuple[CellResult, ...]:
     """The cells with their control bias (and widened savings where it is not 0), their clock and
-    power relative to the native cell, the carry-over's shift of their median, and their step
-    protocol's term (intervals stretched to hold both protocols)."""
+    power relative to the native cell (``clock``: given, else the ratio of their medians), the
+    carry-over's shift of their median, and their step protocol's term (intervals stretched to
+    hold both protocols)."""
     summaries = {c.spec: c.summary for c in results}
     biases = control_biases(summaries)
-    clock = relative_to_native({c.spec: c.sm_clock_mhz_median for c in results})
+    if clock is None:
+        clock = relative_to_native({c.spec: c.sm_clock_mhz_median for c in results})
     power = relative_to_native({c.spec: c.power_w_median for c in results})
     out = []
     for c in results:
@@ -864,6 +902,41 @@ def _with_checks(
             )
         )
     return tuple(out)
+
+
+#: Steps of an interleaved sequence between two telemetry readings (and between two waits of the
+#: host for the device: the next chunk is queued before the one before it is waited for).
+_CHUNK_STEPS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class _Measured:
+    """One cell's samples from one visit on this rank: times (ms), first replays (ms, NaN where
+    not timed apart) and telemetry readings (SM clock, temperature, power, throttle reasons)."""
+
+    n: int
+    times: Sequence[float]
+    firsts: Sequence[float]
+    readings: Sequence[tuple[float, float, float, float]]
+
+
+def _reading(telemetry: Telemetry) -> tuple[float, float, float, float]:
+    """One telemetry reading as floats (NaN for a field the source cannot read)."""
+    r = telemetry.read()
+    values = (r.sm_clock_mhz, r.temperature_c, r.power_w, r.throttle_reasons)
+    return tuple(math.nan if x is None else float(x) for x in values)  # type: ignore[return-value]
+
+
+class _Sequence:
+    """A sequence of steps run as one (an interleaved re-warm, through :meth:`Timer.warm`)."""
+
+    def __init__(self, steps: Sequence[Step], order: Sequence[int]) -> None:
+        self._steps = steps
+        self._order = order
+
+    def __call__(self) -> None:
+        for i in self._order:
+            self._steps[i]()
 
 
 class _Harness:
@@ -912,6 +985,11 @@ class _Harness:
         # new process (a pass, a resume) starts without one.
         self.last_cell: Cell | None = None
         self.order = config.serving_order
+        if config.interleave and not isinstance(timer, SequenceTimer):
+            raise ConfigError(
+                f"--interleave times a G's cells in one sequence, which {type(timer).__name__} (the "
+                f"{getattr(backend, 'name', 'backend')!r} backend's timer) cannot do; drop --interleave"
+            )
 
     # -- journal replay ---------------------------------------------------------------------------
     def replay(self, records: Sequence[Mapping[str, Any]]) -> None:
@@ -973,57 +1051,174 @@ class _Harness:
         if self.on_event is not None and self.comm.rank == 0:
             self.on_event(event)
 
+    def _samples_wanted(self, cell: Cell) -> int:
+        """Samples this visit takes of ``cell``: the per-visit count, never past the per-cell cap,
+        except that a native cell measures on past its cap while cells of its G still pair with it."""
+        th = self.config.thresholds
+        taken = len(self.states[cell].rows)
+        if cell.kind is CellKind.NATIVE and taken >= th.max_samples_per_cell:
+            return th.samples_per_visit
+        return max(1, min(th.samples_per_visit, th.max_samples_per_cell - taken))
+
+    def _needs_capture(self, cell: Cell, epoch: int) -> bool:
+        """A new capture epoch builds the cell's step again and warms it up fully: what a new
+        process would see (graph capture, memory placement) becomes visible to the statistics."""
+        return cell not in self.steps or self.step_epoch.get(cell) != epoch
+
+    def _capture(self, cell: Cell, epoch: int) -> None:
+        """(Re)build the cell's step for ``epoch``, releasing the previous capture."""
+        if cell in self.steps:
+            del self.steps[cell]
+            release = getattr(self.backend, "release", None)
+            if callable(release):
+                release(cell)
+        # A mixed sweep's backend is an adapter that builds MixedCellSpec cells.
+        self.steps[cell] = self.backend.prepare(cell)  # type: ignore[arg-type]
+        self.step_epoch[cell] = epoch
+
     def _visit(self, cell: Cell) -> None:
         th = self.config.thresholds
-        st = self.states[cell]
         epoch = self.epoch(self.round)
-        # A new capture epoch builds the cell's step again and warms it up fully: what a new
-        # process would see (graph capture, memory placement) becomes visible to the statistics.
-        first = cell not in self.steps or self.step_epoch.get(cell) != epoch
+        first = self._needs_capture(cell, epoch)
         warm = th.warmup_steps if first else self.rewarm
-        if cell.kind is CellKind.NATIVE and len(st.rows) >= th.max_samples_per_cell:
-            # A native cell measures on past its cap while cells of its G still pair with it.
-            n_samples = th.samples_per_visit
-        else:
-            # Never take more than the per-cell cap, so a capped cell holds exactly the cap.
-            n_samples = max(1, min(th.samples_per_visit, th.max_samples_per_cell - len(st.rows)))
+        n_samples = self._samples_wanted(cell)
         self.comm.barrier()
         t0 = self.timer.now()
         times, firsts, readings, failure = self._measure(
             cell, epoch, first=first, warm=warm, n_samples=n_samples
         )
         seconds = self.timer.now() - t0
+        record = self._record(
+            cell, _Measured(n_samples, times, firsts, readings), failure, seconds=seconds, warm=warm,
+            epoch=epoch, previous=self.last_cell,
+        )  # fmt: skip
+        self.last_cell = cell
+        self._write([record], sync=False)
+
+    def _visit_group(self, cells: Sequence[Cell]) -> None:
+        """One visit to several cells of one G, alternated step by step (``--interleave``).
+
+        Cells captured anew in this epoch get their full warm-up alone first; then the re-warm
+        runs every cell ``rewarm`` times in one random interleaving, untimed, and the timed
+        sequence runs each cell ``samples × replays`` times in another (:func:`~.order.interleaved_steps`).
+        A cell's sample is the mean of its next ``replays`` steps of the sequence, its telemetry
+        the first reading taken after the last of them; every sample's previous cell is the one
+        visited before the group (the carry-over the group as a whole inherits).
+        """
+        th = self.config.thresholds
+        epoch = self.epoch(self.round)
+        firsts = [self._needs_capture(c, epoch) for c in cells]
+        warms = [th.warmup_steps + self.rewarm if f else self.rewarm for f in firsts]
+        counts = [self._samples_wanted(c) for c in cells]
+        # Every rank draws the same sequences: steps with collectives must match across ranks.
+        rng = np.random.default_rng([self.config.seed, self.round, int(cells[0].key[0]), 0x1E])
+        warm_order = interleaved_steps([self.rewarm] * len(cells), rng)
+        order = interleaved_steps([n * th.replays_per_sample for n in counts], rng)
+        self.comm.barrier()
+        t0 = self.timer.now()
+        measured, failure = self._measure_group(cells, epoch, firsts, counts, warm_order, order)
+        seconds = self.timer.now() - t0
+        timed = [sum(m.times) * th.replays_per_sample for m in measured]
+        share = [t / sum(timed) if sum(timed) > 0 else 1.0 / len(cells) for t in timed]
+        previous = self.last_cell
+        records = [
+            self._record(c, m, failure, seconds=seconds * w, warm=warm, epoch=epoch, previous=previous)
+            for c, m, w, warm in zip(cells, measured, share, warms, strict=True)
+        ]
+        self.last_cell = cells[order[-1]] if order else cells[-1]
+        self._write(records, sync=False)
+
+    def _measure_group(
+        self,
+        cells: Sequence[Cell],
+        epoch: int,
+        firsts: Sequence[bool],
+        counts: Sequence[int],
+        warm_order: Sequence[int],
+        order: Sequence[int],
+    ) -> tuple[list[_Measured], BaseException | None]:
+        """Run one group's interleaved sequence on this rank and cut it into each cell's samples
+        (:meth:`_visit_group`); a failure is returned, not raised (see :meth:`_measure`)."""
+        th = self.config.thresholds
+        replays = th.replays_per_sample
+        marks: list[tuple[int, tuple[float, float, float, float]]] = []
+
+        def on_chunk(last: int) -> None:
+            marks.append((last, _reading(self.telemetry)))
+
+        empty = [_Measured(n, [], [], []) for n in counts]
+        try:
+            for cell, first in zip(cells, firsts, strict=True):
+                if first:
+                    self._capture(cell, epoch)
+                    if th.warmup_steps:
+                        self.timer.warm(self.steps[cell], th.warmup_steps)
+            steps = [self.steps[c] for c in cells]
+            if warm_order:
+                self.timer.warm(_Sequence(steps, warm_order), 1)
+            assert isinstance(self.timer, SequenceTimer)  # checked when the sweep starts
+            ms = self.timer.measure_sequence(steps, order, chunk=_CHUNK_STEPS, on_chunk=on_chunk)
+            if len(ms) != len(order) or not marks or marks[-1][0] != len(order) - 1:
+                raise MeasurementError(
+                    f"timer returned {len(ms)} step times for {len(order)} steps, telemetry last read "
+                    f"after step {marks[-1][0] if marks else None}"
+                )
+        except (*_BACKEND_ERRORS, MeasurementError) as exc:
+            return empty, exc
+        at = [m for m, _ in marks]
+        out = []
+        for index, n in enumerate(counts):
+            mine = [i for i, c in enumerate(order) if c == index]
+            times, readings = [], []
+            for j in range(n):
+                part = mine[j * replays : (j + 1) * replays]
+                times.append(float(np.mean([ms[i] for i in part])))
+                readings.append(marks[bisect.bisect_left(at, part[-1])][1])
+            out.append(_Measured(n, times, [math.nan] * n, readings))
+        return out, None
+
+    def _record(
+        self,
+        cell: Cell,
+        measured: _Measured,
+        failure: BaseException | None,
+        *,
+        seconds: float,
+        warm: int,
+        epoch: int,
+        previous: Cell | None,
+    ) -> dict[str, Any]:
+        """Gather one cell's samples of a visit from every rank, refuse a failed or unusable
+        one, add its rows to the cell and return its journal record."""
+        st = self.states[cell]
+        n_samples = measured.n
         local = np.full((n_samples, len(VISIT_FIELDS)), np.nan)
         if failure is None:
-            local[:, 0] = times
-            local[:, 1:5] = np.array(readings, dtype=np.float64).reshape(n_samples, 4)
-            local[:, 6] = firsts
+            local[:, 0] = measured.times
+            local[:, 1:5] = np.array(measured.readings, dtype=np.float64).reshape(n_samples, 4)
+            local[:, 6] = measured.firsts
         local[:, 5] = seconds
         gathered = self.comm.gather_visit(local)  # (world, samples, fields)
         self._refuse_bad_ranks(cell, gathered[:, :, 0], failure)
-        rows = self._sample_rows(gathered, len(times), first_index=len(st.rows), epoch=epoch, warmup=warm)
-        self.last_cell = cell
-        visit_seconds = float(np.max(gathered[:, 0, 5]))
-        self._write(
-            [
-                {
-                    "type": "visit",
-                    "g": cell.key[0],
-                    "v": cell.key[1],
-                    "round": self.round,
-                    "warmup": warm,
-                    "seconds": visit_seconds,
-                    "samples": [r.to_json() for r in rows],
-                }
-            ],
-            sync=False,
+        rows = self._sample_rows(
+            gathered, n_samples, first_index=len(st.rows), epoch=epoch, warmup=warm, previous=previous
         )
+        visit_seconds = float(np.max(gathered[:, 0, 5]))
         st.rows.extend(rows)
         st.visits += 1
         st.seconds += visit_seconds
         self.seconds_total += visit_seconds
         st.warmup_steps += warm
         st.visited_rounds.add(self.round)
+        return {
+            "type": "visit",
+            "g": cell.key[0],
+            "v": cell.key[1],
+            "round": self.round,
+            "warmup": warm,
+            "seconds": visit_seconds,
+            "samples": [r.to_json() for r in rows],
+        }
 
     def _measure(
         self, cell: Cell, epoch: int, *, first: bool, warm: int, n_samples: int
@@ -1038,32 +1233,14 @@ class _Harness:
         th = self.config.thresholds
         readings: list[tuple[float, float, float, float]] = []
 
-        def as_float(x: float | int | None) -> float:
-            return math.nan if x is None else float(x)
-
         def on_sample(_: int) -> None:
-            r = self.telemetry.read()
-            readings.append(
-                (
-                    as_float(r.sm_clock_mhz),
-                    as_float(r.temperature_c),
-                    as_float(r.power_w),
-                    as_float(r.throttle_reasons),
-                )
-            )
+            readings.append(_reading(self.telemetry))
 
         times: list[float] = []
         firsts: list[float] = []
         try:
             if first:
-                if cell in self.steps:
-                    del self.steps[cell]
-                    release = getattr(self.backend, "release", None)
-                    if callable(release):
-                        release(cell)
-                # A mixed sweep's backend is an adapter that builds MixedCellSpec cells.
-                self.steps[cell] = self.backend.prepare(cell)  # type: ignore[arg-type]
-                self.step_epoch[cell] = epoch
+                self._capture(cell, epoch)
             step = self.steps[cell]
             if warm:
                 self.timer.warm(step, warm)
@@ -1112,7 +1289,14 @@ class _Harness:
         ) from failure
 
     def _sample_rows(
-        self, gathered: np.ndarray, n: int, *, first_index: int, epoch: int, warmup: int
+        self,
+        gathered: np.ndarray,
+        n: int,
+        *,
+        first_index: int,
+        epoch: int,
+        warmup: int,
+        previous: Cell | None,
     ) -> list[SampleRow]:
         """One row per sample: the slowest rank's time and telemetry; throttle reasons OR-ed over
         ranks, and the sample dropped when any rank reported a reason the throttle policy drops;
@@ -1139,7 +1323,7 @@ class _Harness:
                     throttle_reasons=None if math.isnan(tel[3]) else int(np.bitwise_or.reduce(thr_all[:, i])),
                     kept=not bool(throttled[i]),
                     epoch=epoch,
-                    previous=None if self.last_cell is None else self.last_cell.key,
+                    previous=None if previous is None else previous.key,
                     warmup=warmup,
                     first_ms=_finite_or_none(gathered[rk, i, 6]),
                 )
@@ -1296,20 +1480,26 @@ class _Harness:
             self.eta = self._eta()
             self._emit(SweepEvent("round", self.round, self._done(), len(self.states), eta_s=self.eta))
             order = round_order(self.config.seed, self.round, self.open_cells(), self.order)
-            for cell in order:
-                if self.round in self.states[cell].visited_rounds:
-                    continue  # visited before a crash in this round
+            for block in g_blocks(order) if self.config.interleave else [[c] for c in order]:
+                # Cells visited before a crash in this round are not visited again.
+                block = [c for c in block if self.round not in self.states[c].visited_rounds]
+                if not block:
+                    continue
                 if self.sweep_seconds() >= th.budget_s:
                     break
                 started, before = time.perf_counter(), self.sweep_seconds()
-                self._visit(cell)
+                if self.config.interleave:
+                    self._visit_group(block)
+                else:
+                    self._visit(block[0])
                 self.wall_s += time.perf_counter() - started
                 self.wall_sweep_s += self.sweep_seconds() - before
-                self.wall_visits += 1
-                hw = self.half_width.get(cell)
-                self._emit(
-                    SweepEvent("visit", self.round, self._done(), len(self.states), cell, hw, self.eta)
-                )
+                self.wall_visits += len(block)
+                for cell in block:
+                    hw = self.half_width.get(cell)
+                    self._emit(
+                        SweepEvent("visit", self.round, self._done(), len(self.states), cell, hw, self.eta)
+                    )
             self._decide()
             self._adapt_rewarm()
             self.round += 1
@@ -1612,6 +1802,7 @@ def decode_checks(result: SweepResult) -> dict[str, Any]:
         "order": "random"
         if order is None
         else {"mode": "serving", "steps": order.steps, "source": order.source},
+        "visits": "interleaved" if result.config.interleave else "one cell",
         "step_protocol": result.protocol_summary(),
         "clock_term": result.clock_summary(),
     }
@@ -1810,6 +2001,8 @@ class SweepRequest:
         world_size: the deployment's ranks (its ``gpu_count``) when they differ from the processes
             measuring: one process measures one rank's share (e.g. the reference backend's ``ep``).
         order: the serving order the rounds follow (None: a seeded random order).
+        interleave: visit a G's open cells in one step-by-step alternating sequence
+            (:attr:`SweepConfig.interleave`).
     """
 
     backend: str
@@ -1837,6 +2030,7 @@ class SweepRequest:
     check_memory: bool = True
     world_size: int | None = None
     order: ServingOrder | None = None
+    interleave: bool = False
 
 
 IMPORT_BACKEND = "import-samples"
@@ -1958,6 +2152,7 @@ def execute(
             world_size=comm.world_size,
             fingerprint=fingerprint.to_dict(),
             order=None if request.order is None else request.order.to_dict(),
+            interleave=request.interleave,
         )
         return sweep(
             config=config,

@@ -11,15 +11,20 @@ idle device (the previous sample was waited for), so its first replay also pays 
 needs to launch it, while the replays behind it are queued as the first runs. The first replay is
 the step of a serving loop that waits for every step's result before launching the next; the rest
 are the step of one that launches ahead (docs/sweep.md, "Step protocol").
+
+Both also time an interleaved sequence of several steps one step at a time
+(:class:`SequenceTimer`): the sweep's ``--interleave`` visits run a G's cells in one alternating
+sequence, as a policy alternates them, so every cell is timed at the clock the mix runs at rather
+than the clock it would settle to alone under a power cap.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["CudaEventTimer", "HostTimer", "SplitTimer", "Step", "Timer"]
+__all__ = ["CudaEventTimer", "HostTimer", "SequenceTimer", "SplitTimer", "Step", "Timer"]
 
 
 class Step(Protocol):
@@ -62,6 +67,34 @@ class SplitTimer(Timer, Protocol):
         """Per sample, ``(mean ms over its replays, ms of its first replay)``; otherwise as
         :meth:`Timer.measure`."""
         ...
+
+
+@runtime_checkable
+class SequenceTimer(Timer, Protocol):
+    """A timer that times a sequence of steps of several cells, one step at a time."""
+
+    def measure_sequence(
+        self,
+        steps: Sequence[Step],
+        order: Sequence[int],
+        *,
+        chunk: int,
+        on_chunk: Callable[[int], None] | None = None,
+    ) -> list[float]:
+        """Run ``steps[order[0]], steps[order[1]], ...`` back to back and return each one's ms.
+
+        ``on_chunk(i)`` is called once steps ``0..i`` have completed, at least every ``chunk``
+        steps and after the last one, so telemetry read there belongs to the steps just before.
+        """
+        ...
+
+
+def _check_sequence(steps: Sequence[Step], order: Sequence[int], chunk: int) -> None:
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, not {chunk}")
+    bad = sorted({i for i in order if not 0 <= i < len(steps)})
+    if bad:
+        raise ValueError(f"order names steps {bad} of {len(steps)}")
 
 
 def _no_sync() -> None:
@@ -121,6 +154,29 @@ class HostTimer:
                 on_sample(i)
         return out
 
+    def measure_sequence(
+        self,
+        steps: Sequence[Step],
+        order: Sequence[int],
+        *,
+        chunk: int,
+        on_chunk: Callable[[int], None] | None = None,
+    ) -> list[float]:
+        """Time each step of the sequence with the host clock, synchronising around every step
+        (exact on an asynchronous device, at the price of a wait per step); see
+        :class:`SequenceTimer`."""
+        _check_sequence(steps, order, chunk)
+        out: list[float] = []
+        self._sync()
+        for i, index in enumerate(order):
+            t0 = self._clock()
+            steps[index]()
+            self._sync()
+            out.append((self._clock() - t0) * 1000.0)
+            if on_chunk is not None and ((i + 1) % chunk == 0 or i == len(order) - 1):
+                on_chunk(i)
+        return out
+
 
 class CudaEventTimer:
     """CUDA-event timer on one stream: events bracket the replays of each sample.
@@ -178,3 +234,38 @@ class CudaEventTimer:
                 if on_sample is not None:
                     on_sample(i)
         return out
+
+    def measure_sequence(
+        self,
+        steps: Sequence[Step],
+        order: Sequence[int],
+        *,
+        chunk: int,
+        on_chunk: Callable[[int], None] | None = None,
+    ) -> list[float]:
+        """An event between every two consecutive steps on the stream; see :class:`SequenceTimer`.
+
+        The host enqueues a chunk before it waits for the end of the chunk before it, so the
+        device always has work queued and never idles for the host: each step's time is the
+        device's time between its neighbours' events, as in a serving loop that launches ahead.
+        """
+        _check_sequence(steps, order, chunk)
+        torch = self._torch
+        if not order:
+            return []
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(len(order) + 1)]
+        with torch.cuda.stream(self._stream):
+            for start in range(0, len(order), chunk):
+                stop = min(start + chunk, len(order))
+                for i in range(start, stop):
+                    events[i].record(self._stream)
+                    steps[order[i]]()
+                if start:
+                    events[start].synchronize()  # the chunk before this one has finished
+                    if on_chunk is not None:
+                        on_chunk(start - 1)
+            events[-1].record(self._stream)
+        events[-1].synchronize()
+        if on_chunk is not None:
+            on_chunk(len(order) - 1)
+        return [float(events[i].elapsed_time(events[i + 1])) for i in range(len(order))]

@@ -32,7 +32,13 @@ are tested against known truths of these sizes (``--backend-opt NAME=X``):
 
 ``power_capped`` runs every step at the power cap (reported as the SW power-cap reason, slower by
 ``power_cap_slowdown_rel``): the steady state of a serving GPU; there a cell verifying a share s
-of its G's full width reports an SM clock higher by ``power_cap_clock_rel``·(1 − s). The forced-K
+of its G's full width reports an SM clock higher by ``power_cap_clock_rel``·(1 − s). With
+``clock_tau_steps`` = X > 0 that clock also sets the step's time, and the GPU gets there slowly:
+its clock moves toward the running cell's by a share 1 − exp(−1/X) after every step, and a step
+takes its modelled time divided by the clock (relative to the native cell's) it starts at. A cell
+run alone long enough then runs at its own clock, one alternated step by step with its G's other
+cells at the mix's clock; :meth:`SyntheticModel.true_saving` is the saving in the mix (the clock
+the steps share cancels). The forced-K
 arm costs the native step plus ``confidence_path_ms``; the control cell (V = G·(K+1)) is the
 native step captured again and costs the native step.
 
@@ -94,6 +100,7 @@ class SyntheticModel:
     power_cap_clock_rel: float = 0.0
     capture_bias_rel: float = 0.0
     launch_gap_ms: float = 0.0
+    clock_tau_steps: float = 0.0
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -125,6 +132,13 @@ class SyntheticModel:
         for each step before launching the next)."""
         gap = self.launch_gap_ms
         return 1.0 - (self.expected_ms(cell) + gap) / (self.expected_ms(cell.native) + gap)
+
+    def clock_rel(self, cell: Hashable) -> float:
+        """The SM clock a cell settles to under the power cap, relative to its native cell's
+        (1 off the cap, and for every step that is not a decode cell)."""
+        if not self.power_capped or not isinstance(cell, CellSpec):
+            return 1.0
+        return 1.0 + self.power_cap_clock_rel * (1.0 - cell.tokens / cell.full_width)
 
     def mixed_expected_ms(self, shape: MixedShape) -> float:
         """Noise-free time of one rank's mixed step (see the module docstring)."""
@@ -161,10 +175,7 @@ class _SyntheticTelemetry:
         throttled = self._backend.last_throttled
         model = self._backend.model
         capped = model.power_capped
-        clock = 1755.0 if capped else 1980.0
-        cell = self._backend.last_cell
-        if capped and isinstance(cell, CellSpec):
-            clock *= 1.0 + model.power_cap_clock_rel * (1.0 - cell.tokens / cell.full_width)
+        clock = (1755.0 if capped else 1980.0) * self._backend.clock_state()
         return TelemetrySample(
             sm_clock_mhz=1500.0 if throttled else clock,
             temperature_c=60.0 + 10.0 * self._backend.drift(),
@@ -225,6 +236,7 @@ class SyntheticBackend(BackendBase):
         self._real_delay_s = float(real_delay_s)
         self.last_throttled = False
         self._idle = True  # the device has nothing queued: the next step pays the launch gap
+        self._clock_state = 1.0  # the SM clock relative to the native cell's (clock_tau_steps)
         self.begin(0)
 
     def begin(self, round_index: int) -> None:
@@ -260,6 +272,13 @@ class SyntheticBackend(BackendBase):
     def last_cell(self) -> Hashable | None:
         """The cell of the last step run."""
         return self._last
+
+    def clock_state(self) -> float:
+        """The SM clock now, relative to the native cell's: the last cell's settled clock, or with
+        ``clock_tau_steps`` where the GPU's clock has got to (module docstring)."""
+        if self.model.clock_tau_steps > 0.0:
+            return self._clock_state
+        return self.model.clock_rel(self._last)
 
     def drift(self) -> float:
         """Relative drift now, in [-1, 1] (scaled by ``drift_rel`` in the model)."""
@@ -301,6 +320,10 @@ class SyntheticBackend(BackendBase):
             factor *= 1.0 + m.throttle_slowdown_rel
         if m.power_capped:
             factor *= 1.0 + m.power_cap_slowdown_rel
+        if m.clock_tau_steps > 0.0:
+            factor /= self._clock_state
+            target = m.clock_rel(cell)
+            self._clock_state += (target - self._clock_state) * -math.expm1(-1.0 / m.clock_tau_steps)
         gap = m.launch_gap_ms if self._idle else 0.0
         self._idle = False
         self.clock.advance((expected_ms * factor + gap) / 1000.0)
