@@ -129,11 +129,15 @@ def encode_checked(obj: Any) -> bytes:
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise JsonError(f"duplicate JSON key {key!r}")
-        out[key] = value
+    # dict() builds the object in C; only a document with a repeated key pays for the search.
+    # Every object of every parsed document passes here (a third of parsing a rollback state).
+    out = dict(pairs)
+    if len(out) != len(pairs):  # some key came twice: name the first repeated one
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise JsonError(f"duplicate JSON key {key!r}")
+            seen.add(key)
     return out
 
 
