@@ -57,6 +57,27 @@ def test_strict_parser_refuses(name: str, text: str | bytes) -> None:
         loads_strict(text.encode() if isinstance(text, str) else text, what="doc")
 
 
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('{"a": 1, "b": 2, "a": 3}', "a"),  # not adjacent
+        ('{"x": [{"k": 1}, {"m": 1, "n": 2, "m": 1}]}', "m"),  # deep, equal values
+        ('{"z": 1, "y": 2, "y": 3, "z": 4}', "y"),  # the first key seen twice is named
+    ],
+)
+def test_a_repeated_key_is_refused_and_named(text: str, key: str) -> None:
+    with pytest.raises(JsonError) as info:
+        loads_strict(text, what="doc")
+    assert f"duplicate JSON key {key!r}" in str(info.value)
+
+
+def test_objects_without_repeated_keys_keep_every_pair_in_order() -> None:
+    assert list(loads_strict('{"b": 1, "a": {"d": [], "c": null}}').items()) == [
+        ("b", 1),
+        ("a", {"d": [], "c": None}),
+    ]
+
+
 def test_integers_up_to_the_digit_limit_round_trip() -> None:
     big = 10**MAX_JSON_INT_DIGITS - 1
     assert loads_strict(canonical_json([big, -big])) == [big, -big]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
 import multiprocessing
@@ -390,6 +391,72 @@ def _record_many(path: str, worker: int, rounds: int) -> None:
     for version in versions:
         state.record(ident("shared"), version)
         state.record(ident(f"own-{worker}"), version)
+
+
+def test_the_replaced_file_is_freed_after_the_lock_is_released(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The old state's inode is held open across the rename and closed after the lock: freeing
+    its blocks is not part of the time other verifiers wait."""
+    from dspark_calibrate.artifacts import _state
+
+    path = tmp_path / "state.json"
+    state = RollbackState(path)
+    state.record(ident(), 1)
+    old_inode = path.stat().st_ino
+    # Closes of a descriptor of the old file once it has been replaced (the last reference: the
+    # close that frees it), and whether this update still held the lock then.
+    freed: list[bool] = []
+    real_close = os.close
+
+    def lock_held() -> bool:
+        probe = os.open(f"{path}.lock", os.O_RDWR)
+        try:
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            real_close(probe)  # also drops the probe's own lock, if it got one
+        return False
+
+    def close(fd: int) -> None:
+        if os.fstat(fd).st_ino == old_inode and path.stat().st_ino != old_inode:
+            freed.append(lock_held())
+        real_close(fd)
+
+    monkeypatch.setattr(_state.os, "close", close)
+    state.record(ident(), 2)
+    monkeypatch.undo()
+    assert path.stat().st_ino != old_inode  # replaced
+    assert freed == [False]  # held across the rename, closed once the lock was released
+    assert RollbackState(path).highest(ident()) == 2
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors through /proc")
+def test_updates_leak_no_descriptor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Neither a write, nor an update with nothing to write, nor a failed write keeps the
+    replaced file (or the lock) open."""
+    path = tmp_path / "state.json"
+    state = RollbackState(path)
+    state.record(ident(), 1)
+    before = _open_fds()
+    state.record(ident(), 2)
+    RollbackState(path).update([(ident(), 1)], root=None)  # holds everything already
+    fresh = RollbackState(path)
+    fresh.update([(ident("other"), 1)])
+
+    def failing_write(fd: int, data: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(_atomic, "_write_all", failing_write)
+    assert _reason(lambda: state.record(ident(), 3)) is Reason.STATE_UNWRITABLE
+    monkeypatch.undo()
+    assert _open_fds() == before
+    assert RollbackState(path).highest(ident()) == 2
 
 
 def test_eight_processes_keep_the_maximum_and_the_file_always_parses(tmp_path: Path) -> None:

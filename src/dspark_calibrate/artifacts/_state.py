@@ -97,7 +97,11 @@ _LOCK_POLL_S = 0.001
 _FILE_MODE = 0o600
 #: Opening the state only to hold it (see update): never through a symlink, never waiting on a FIFO.
 _HOLD_FLAGS = (
-    os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
+    os.O_RDONLY
+    | os.O_NONBLOCK
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+    | getattr(os, "O_NOCTTY", 0)
 )
 _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
