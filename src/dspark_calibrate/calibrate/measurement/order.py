@@ -163,14 +163,30 @@ def g_blocks(order: Sequence[Cell]) -> list[list[Cell]]:
     return list(blocks.values())
 
 
-def interleaved_steps(counts: Sequence[int], rng: np.random.Generator) -> list[int]:
-    """A sequence holding index ``i`` exactly ``counts[i]`` times, in a uniformly random order: one
-    G's cells alternating step by step, every cell's steps spread over the whole sequence.
+def interleaved_steps(counts: Sequence[int], rng: np.random.Generator, *, stay: float = 0.0) -> list[int]:
+    """A sequence holding index ``i`` exactly ``counts[i]`` times: one G's cells alternating as a
+    policy alternates them, every cell's steps spread over the whole sequence.
+
+    ``stay`` = 0 draws every step's cell at random from the steps left (a uniformly random order);
+    ``stay`` = p > 0 runs a cell for a run of steps, one more with probability p each time (mean
+    ``1 / (1 − p)`` steps, cut at what the cell has left), then draws the next run's cell from the
+    cells with steps left, in proportion to them.
 
     Raises:
-        ConfigError: a negative count.
+        ConfigError: a negative count, or ``stay`` outside [0, 1).
     """
     if any(n < 0 for n in counts):
         raise ConfigError(f"step counts must be >= 0, got {list(counts)}")
-    steps = np.repeat(np.arange(len(counts)), np.asarray(counts, dtype=np.int64))
-    return [int(i) for i in rng.permutation(steps)]
+    if not 0.0 <= stay < 1.0:
+        raise ConfigError(f"stay must be in [0, 1), got {stay!r}")
+    if stay == 0.0:
+        steps = np.repeat(np.arange(len(counts)), np.asarray(counts, dtype=np.int64))
+        return [int(i) for i in rng.permutation(steps)]
+    left = np.asarray(counts, dtype=np.int64).copy()
+    out: list[int] = []
+    while left.sum() > 0:
+        cell = int(rng.choice(len(left), p=left / left.sum()))
+        run = min(int(rng.geometric(1.0 - stay)), int(left[cell]))
+        out.extend([cell] * run)
+        left[cell] -= run
+    return out

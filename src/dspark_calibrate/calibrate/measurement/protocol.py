@@ -32,6 +32,18 @@ which moves each cell's median by ``carryover_rel``); a serving GPU that stays a
 does not. :func:`widen_for_order` lets the absolute interval also hold the median without it: on
 an H200 at its cap a harness that ran each G for 400 steps saw the G=8 and G=32 cells 1.5-2.4%
 faster than the sweep, of which the carry-over accounts for 0.4-0.6%.
+
+The mix is the last part, and the one an interleaved sweep (``--interleave``) measures instead of
+bounding: it times a G's cells in one sequence, so they share the clock of their mix. But a
+saving under a power cap still depends on how the mix is laid out in time: a compact step right
+after a native one meets the clock the heavier step left, one inside a run of compact steps the
+clock it lets the GPU reach (on an H200 at its cap, savings 0.5-1.4 pp lower at G >= 64 with
+every step drawn at random than in a harness that stayed on a cell half the time). How long a
+serving policy stays on a cell depends on its traffic, so an interleaved sweep alternates two
+designs by round (:data:`MIX_STAYS`): every step drawn at random (a policy that switches every
+step) and runs of four steps on average (one that stays a while). :func:`mix_term` gives each
+design's median and paired saving, :func:`widen_for_mix` stretches the intervals to hold both;
+the points are the paired estimates over all rounds, half of each design.
 """
 
 from __future__ import annotations
@@ -46,11 +58,16 @@ from dspark_calibrate.calibrate.measurement.mixed import Cell
 from dspark_calibrate.calibrate.measurement.stats import CellSamples, CellSummary, paired_saving_interval
 
 __all__ = [
+    "MIX_STAYS",
+    "MixTerm",
     "ProtocolTerm",
     "SplitSample",
+    "mix_arm",
+    "mix_term",
     "protocol_term",
     "saving_at_native_clock",
     "widen_for_clock",
+    "widen_for_mix",
     "widen_for_order",
     "widen_for_protocol",
 ]
@@ -137,16 +154,88 @@ def protocol_term(
 
 
 def widen_for_protocol(summary: CellSummary, term: ProtocolTerm) -> CellSummary:
-    """``summary`` with intervals that also hold its interval moved to each protocol's estimate:
-    the absolute interval scaled by each median's ratio to the sweep's median, the saving interval
-    shifted by each saving's difference from the sweep's saving. The point estimates are kept."""
+    """``summary`` with intervals that also hold its interval moved to each protocol's estimate
+    (:func:`widen_to_hold`). The point estimates are kept."""
+    return widen_to_hold(
+        summary, (term.pipelined_ms, term.synchronous_ms), (term.saving_pipelined, term.saving_synchronous)
+    )
+
+
+#: The stay probability of each design an interleaved sweep alternates, by round parity (module
+#: docstring): 0 (every step's cell drawn at random) and 0.75 (runs of four steps on average).
+MIX_STAYS: tuple[float, float] = (0.0, 0.75)
+
+
+def mix_arm(round_index: int) -> int:
+    """The design (index into :data:`MIX_STAYS`) an interleaved sweep's round uses."""
+    return round_index % len(MIX_STAYS)
+
+
+@dataclass(frozen=True, slots=True)
+class MixTerm:
+    """One cell under the two designs of an interleaved sweep (module docstring).
+
+    Attributes:
+        switching_ms, runs_ms: the median step time in the rounds of each design.
+        saving_switching, saving_runs: the paired saving against the native cell in each design's
+            rounds (None for a native cell, or where fewer than two rounds pair).
+    """
+
+    switching_ms: float
+    runs_ms: float
+    saving_switching: float | None = None
+    saving_runs: float | None = None
+
+
+def _arm(samples: CellSamples, arm: int) -> CellSamples:
+    keep = [i for i, r in enumerate(samples.round_ids) if mix_arm(r) == arm]
+    return CellSamples(
+        samples.spec,
+        tuple(samples.raw_ms[i] for i in keep),
+        tuple(samples.round_ids[i] for i in keep),
+        tuple(samples.epoch_ids[i] for i in keep),
+    )
+
+
+def mix_term(samples: CellSamples, native: CellSamples | None = None) -> MixTerm | None:
+    """The cell's median and (with its native cell's samples) paired saving in each design's rounds.
+
+    Returns:
+        None when a design has no kept sample of the cell.
+    """
+    arms = [_arm(samples, a) for a in range(len(MIX_STAYS))]
+    if not all(a.raw_ms for a in arms):
+        return None
+    medians = [float(np.median(a.raw_ms)) for a in arms]
+    savings: list[float | None] = [None, None]
+    if native is not None:
+        for i, mine in enumerate(arms):
+            s = paired_saving_interval(mine, _arm(native, i))
+            savings[i] = None if s is None else s.saving
+    return MixTerm(medians[0], medians[1], savings[0], savings[1])
+
+
+def widen_for_mix(summary: CellSummary, term: MixTerm) -> CellSummary:
+    """``summary`` with intervals that also hold its interval moved to each design's estimate
+    (:func:`widen_to_hold`). The point estimates are kept."""
+    return widen_to_hold(
+        summary, (term.switching_ms, term.runs_ms), (term.saving_switching, term.saving_runs)
+    )
+
+
+def widen_to_hold(
+    summary: CellSummary, medians: Sequence[float], savings: Sequence[float | None]
+) -> CellSummary:
+    """``summary`` with intervals that also hold its interval moved to other estimates of the same
+    cell: the absolute interval scaled by each median's ratio to the summary's median, the saving
+    interval shifted by each saving's difference from the summary's saving (None: skipped)."""
     lows, highs = [summary.ci_low_ms], [summary.ci_high_ms]
-    for ms in (term.pipelined_ms, term.synchronous_ms):
+    for ms in medians:
         ratio = ms / summary.median_ms
         lows.append(summary.ci_low_ms * ratio)
         highs.append(summary.ci_high_ms * ratio)
     s_lows, s_highs = [summary.saving_ci_low], [summary.saving_ci_high]
-    for saving in (term.saving_pipelined, term.saving_synchronous):
+    for saving in savings:
         if saving is not None:
             shift = saving - summary.saving
             s_lows.append(summary.saving_ci_low + shift)

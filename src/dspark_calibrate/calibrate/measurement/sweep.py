@@ -71,11 +71,16 @@ from dspark_calibrate.calibrate.measurement.order import (
     visit_order,
 )
 from dspark_calibrate.calibrate.measurement.protocol import (
+    MIX_STAYS,
+    MixTerm,
     ProtocolTerm,
     SplitSample,
+    mix_arm,
+    mix_term,
     protocol_term,
     saving_at_native_clock,
     widen_for_clock,
+    widen_for_mix,
     widen_for_order,
     widen_for_protocol,
 )
@@ -359,6 +364,7 @@ class CellResult:
     power_rel: float | None = None
     carryover_rel: float | None = None
     protocol: ProtocolTerm | None = None
+    mix: MixTerm | None = None
 
     def at_native_clock(self) -> float | None:
         """A compact cell's saving at its native cell's SM clock (:func:`~.protocol.saving_at_native_clock`);
@@ -524,6 +530,21 @@ class SweepResult:
                 if saving is not None and abs(saving - c.summary.saving) > largest:
                     largest, where = abs(saving - c.summary.saving), c.spec.label()
         return {"measured": True, "launch_ms_per_g": launch, "largest_saving_shift": largest, "cell": where}
+
+    def mix_summary(self) -> dict[str, Any]:
+        """An interleaved sweep's mix term (:func:`~.protocol.mix_term`): the largest move of a
+        compact saving between the design of every step drawn at random and that of runs, with its
+        cell. ``measured`` is False for a sweep of one cell per visit."""
+        if not self.config.interleave:
+            return {"measured": False}
+        largest, where = 0.0, None
+        for c in self.cells:
+            t = c.mix
+            if t is None or t.saving_switching is None or t.saving_runs is None:
+                continue
+            if abs(t.saving_runs - t.saving_switching) > abs(largest):
+                largest, where = t.saving_runs - t.saving_switching, c.spec.label()
+        return {"measured": True, "stays": list(MIX_STAYS), "runs_minus_switching": largest, "cell": where}
 
     def clock_summary(self) -> dict[str, Any]:
         """The clock's term (:func:`~.protocol.widen_for_clock`): the largest amount a compact
@@ -780,8 +801,14 @@ def finish_cells(
     if config.mixed is not None:
         return results, between, None
     carry = _carryover(states)
-    clock = _clock_in_visits(states) if config.interleave else None
-    return _with_checks(results, carry, _protocol_terms(states), clock), between, carry
+    if not config.interleave:
+        return _with_checks(results, carry, _protocol_terms(states)), between, carry
+    mix = {
+        c: t
+        for c in config.cells
+        if (t := mix_term(kept[c], None if c.kind is CellKind.NATIVE else kept.get(c.native))) is not None
+    }
+    return _with_checks(results, carry, _protocol_terms(states), _clock_in_visits(states), mix), between, carry
 
 
 def _clock_in_visits(states: Mapping[Cell, _CellState]) -> dict[Cell, float | None]:
@@ -857,11 +884,12 @@ def _with_checks(
     carry: Carryover | None,
     protocol: Mapping[Cell, ProtocolTerm] | None = None,
     clock: Mapping[Cell, float | None] | None = None,
+    mix: Mapping[Cell, MixTerm] | None = None,
 ) -> tuple[CellResult, ...]:
     """The cells with their control bias (and widened savings where it is not 0), their clock and
     power relative to the native cell (``clock``: given, else the ratio of their medians), the
-    carry-over's shift of their median, and their step protocol's term (intervals stretched to
-    hold both protocols)."""
+    carry-over's shift of their median, their step protocol's term (intervals stretched to hold
+    both protocols) and an interleaved sweep's mix term (to hold both designs)."""
     summaries = {c.spec: c.summary for c in results}
     biases = control_biases(summaries)
     if clock is None:
@@ -883,6 +911,9 @@ def _with_checks(
         term = (protocol or {}).get(c.spec)
         if term is not None and summary is not None:
             summary = widen_for_protocol(summary, term)
+        mixed = (mix or {}).get(c.spec)
+        if mixed is not None and summary is not None:
+            summary = widen_for_mix(summary, mixed)
         if summary is not None and c.spec.kind is CellKind.COMPACT:
             # Only a lighter cell gains clock under a cap; the control and forced-K arm run the
             # native width, and widening them would only add telemetry noise to the overhead price.
@@ -899,6 +930,7 @@ def _with_checks(
                 power_rel=power.get(c.spec),
                 carryover_rel=shift,
                 protocol=term,
+                mix=mixed,
             )
         )
     return tuple(out)
@@ -1099,8 +1131,9 @@ class _Harness:
         """One visit to several cells of one G, alternated step by step (``--interleave``).
 
         Cells captured anew in this epoch get their full warm-up alone first; then the re-warm
-        runs every cell ``rewarm`` times in one random interleaving, untimed, and the timed
-        sequence runs each cell ``samples × replays`` times in another (:func:`~.order.interleaved_steps`).
+        runs every cell ``rewarm`` times in one interleaving, untimed, and the timed sequence runs
+        each cell ``samples × replays`` times in another (:func:`~.order.interleaved_steps`), both
+        of the round's design (:func:`~.protocol.mix_arm`: every step drawn at random, or runs).
         A cell's sample is the mean of its next ``replays`` steps of the sequence, its telemetry
         the first reading taken after the last of them; every sample's previous cell is the one
         visited before the group (the carry-over the group as a whole inherits).
@@ -1112,8 +1145,9 @@ class _Harness:
         counts = [self._samples_wanted(c) for c in cells]
         # Every rank draws the same sequences: steps with collectives must match across ranks.
         rng = np.random.default_rng([self.config.seed, self.round, int(cells[0].key[0]), 0x1E])
-        warm_order = interleaved_steps([self.rewarm] * len(cells), rng)
-        order = interleaved_steps([n * th.replays_per_sample for n in counts], rng)
+        stay = MIX_STAYS[mix_arm(self.round)]
+        warm_order = interleaved_steps([self.rewarm] * len(cells), rng, stay=stay)
+        order = interleaved_steps([n * th.replays_per_sample for n in counts], rng, stay=stay)
         self.comm.barrier()
         t0 = self.timer.now()
         measured, failure = self._measure_group(cells, epoch, firsts, counts, warm_order, order)
@@ -1803,6 +1837,7 @@ def decode_checks(result: SweepResult) -> dict[str, Any]:
         if order is None
         else {"mode": "serving", "steps": order.steps, "source": order.source},
         "visits": "interleaved" if result.config.interleave else "one cell",
+        "mix_term": result.mix_summary(),
         "step_protocol": result.protocol_summary(),
         "clock_term": result.clock_summary(),
     }
