@@ -936,6 +936,10 @@ def _with_checks(
     return tuple(out)
 
 
+#: Seconds an interleaved visit runs its G's mix untimed before it times it (at least the sweep's
+#: re-warm): on an H200 at its power cap, a G visited for a few dozen steps after another G ran
+#: 1-2.5% off the speed a harness measured after 40 steps of settling (0.1-1.3 s by G).
+SETTLE_S = 0.2
 #: Steps of an interleaved sequence between two telemetry readings (and between two waits of the
 #: host for the device: the next chunk is queued before the one before it is waited for).
 _CHUNK_STEPS = 8
@@ -1017,6 +1021,8 @@ class _Harness:
         # new process (a pass, a resume) starts without one.
         self.last_cell: Cell | None = None
         self.order = config.serving_order
+        # The mean step (ms) of each G's cells, for an interleaved visit's re-warm (:meth:`_settle_steps`).
+        self.settle_ms: dict[int, float] = {}
         if config.interleave and not isinstance(timer, SequenceTimer):
             raise ConfigError(
                 f"--interleave times a G's cells in one sequence, which {type(timer).__name__} (the "
@@ -1141,12 +1147,13 @@ class _Harness:
         th = self.config.thresholds
         epoch = self.epoch(self.round)
         firsts = [self._needs_capture(c, epoch) for c in cells]
-        warms = [th.warmup_steps + self.rewarm if f else self.rewarm for f in firsts]
+        rewarm = self._settle_steps(cells)
+        warms = [th.warmup_steps + rewarm if f else rewarm for f in firsts]
         counts = [self._samples_wanted(c) for c in cells]
         # Every rank draws the same sequences: steps with collectives must match across ranks.
         rng = np.random.default_rng([self.config.seed, self.round, int(cells[0].key[0]), 0x1E])
         stay = MIX_STAYS[mix_arm(self.round)]
-        warm_order = interleaved_steps([self.rewarm] * len(cells), rng, stay=stay)
+        warm_order = interleaved_steps([rewarm] * len(cells), rng, stay=stay)
         order = interleaved_steps([n * th.replays_per_sample for n in counts], rng, stay=stay)
         self.comm.barrier()
         t0 = self.timer.now()
@@ -1161,6 +1168,22 @@ class _Harness:
         ]
         self.last_cell = cells[order[-1]] if order else cells[-1]
         self._write(records, sync=False)
+
+    def _settle_steps(self, cells: Sequence[Cell]) -> int:
+        """Re-warm replays of each cell before an interleaved visit's timed sequence: the sweep's
+        re-warm, or more, so that the untimed mix runs at least :data:`SETTLE_S` (estimated from
+        the medians of the cells' samples so far; the sweep's re-warm alone before any). A visit
+        inherits the clock state the previous G left, and a power-capped GPU's clock takes a
+        fraction of a second to settle to the new mix; a serving engine stays at one G for many
+        steps, so what it sees is the settled clock. A G's mean step is kept once its cells have
+        samples, so its visits share few re-warm levels (what the carry-over estimate groups by)."""
+        g = int(cells[0].key[0])
+        if g not in self.settle_ms:
+            medians = [float(np.median([r.ms for r in self.states[c].rows])) for c in cells if self.states[c].rows]
+            if len(medians) < len(cells):
+                return self.rewarm
+            self.settle_ms[g] = max(float(np.mean(medians)), 1e-9)
+        return max(math.ceil(1000.0 * SETTLE_S / (self.settle_ms[g] * len(cells))), self.rewarm)
 
     def _measure_group(
         self,
