@@ -378,6 +378,29 @@ def summarize_harness(
 # --- the comparison ---------------------------------------------------------------------------------
 
 
+def harness_agreement(first: Mapping[str, Any], second: Mapping[str, Any]) -> dict[str, Any]:
+    """How far two runs of this harness in one job are apart (pure): the compact savings (pp) and
+    the medians (relative, after their common offset). What a sweep can be expected to match is
+    bounded by this: the harness's own savings move between runs too."""
+    one = {(c["graph_batch_size"], c["verifier_budget"]): c for c in first["cells"]}
+    two = {(c["graph_batch_size"], c["verifier_budget"]): c for c in second["cells"]}
+    common = sorted(set(one) & set(two))
+    diffs = [abs(_pp(one[k]["saving"] - two[k]["saving"])) for k in common if one[k]["kind"] == "compact"]
+    logs = [math.log(two[k]["median_ms"] / one[k]["median_ms"]) for k in common]
+    offset = float(np.median(logs)) if logs else 0.0
+    return {
+        "cells": len(common),
+        "saving_diff_median_pp": float(np.median(diffs)) if diffs else None,
+        "saving_diff_max_pp": float(np.max(diffs)) if diffs else None,
+        "saving_diff_pp": {
+            f"G{k[0]}/V{k[1]}": d
+            for k, d in zip([k for k in common if one[k]["kind"] == "compact"], diffs, strict=True)
+        },
+        "common_offset_rel": offset,
+        "median_rel_diff_after_offset_max": float(np.max([abs(x - offset) for x in logs])) if logs else None,
+    }
+
+
 def _pp(x: float) -> float:
     return 100.0 * x
 
@@ -511,7 +534,7 @@ def _commit() -> str | None:
     return done.stdout.strip() or None
 
 
-def run_job(mode: Mode, out: Path, log: Any, work: Path) -> int:
+def run_job(mode: Mode, out: Path, log: Any, work: Path, *, repeat: bool = False) -> int:
     """Sweep, harness, comparison; see the module docstring. The sweep's files go to ``work``
     (outside ``out``: a lent machine returns few files) and come back in one archive. Returns 0,
     or 1 when a stage failed."""
@@ -531,12 +554,20 @@ def run_job(mode: Mode, out: Path, log: Any, work: Path) -> int:
     harness = run_harness(mode)
     (out / "independent.json").write_text(json.dumps(harness, indent=2, sort_keys=True) + "\n")
     print(f"harness done after {time.perf_counter() - started:.0f} s", file=log, flush=True)
+    agreement = None
+    if repeat:
+        again = run_harness(mode, seed=8)
+        (out / "independent_repeat.json").write_text(json.dumps(again, indent=2, sort_keys=True) + "\n")
+        agreement = harness_agreement(harness, again)
+        print(f"harness repeat done after {time.perf_counter() - started:.0f} s", file=log, flush=True)
     status = 0
     if (sweep_dir / "adaptive.parquet").exists():
         result = compare_files(sweep_dir, out / "independent.json")
     else:
         result = {"gpu": harness["gpu"], "error": f"the sweep wrote no summary (rc={rc}); see job_log.txt"}
         status = 1
+    if agreement is not None:
+        result["harness_repeat"] = agreement
     result.update(
         command=" ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
         commit=_commit(),
@@ -546,7 +577,10 @@ def run_job(mode: Mode, out: Path, log: Any, work: Path) -> int:
     write_independent(result, out / "sweep_efficiency.json")
     with tarfile.open(out / "independent_work.tgz", "w:gz") as tar:
         tar.add(work, arcname="work")
-    summary = {k: result.get(k) for k in ("gpu", "cells", *TARGETS, "paired_rel", "meets", "job_wall_s")}
+    summary = {
+        k: result.get(k)
+        for k in ("gpu", "cells", *TARGETS, "paired_rel", "meets", "harness_repeat", "job_wall_s")
+    }
     print(json.dumps(summary, sort_keys=True), file=log, flush=True)
     print(json.dumps(summary, sort_keys=True))
     return status
@@ -570,7 +604,15 @@ def main(argv: list[str] | None = None) -> int:
             help="job: the sweep's GPU-second budget (default: the mode's, 240 on the GPU)",
         )
         p.add_argument(
-            "--steps-per-block", type=int, default=None, help="steps of each G's harness sequence (default 400)"
+            "--steps-per-block",
+            type=int,
+            default=None,
+            help="steps of each G's harness sequence (default 400)",
+        )
+        p.add_argument(
+            "--harness-repeat",
+            action="store_true",
+            help="job: run the harness a second time (another seed) and state how far its two runs are apart",
         )
         p.add_argument(
             "--sweep-interleave",
@@ -595,7 +637,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     work = args.work or Path(tempfile.mkdtemp(prefix="independent-"))
     with open(args.out / "job_log.txt", "a", encoding="utf-8") as log:
-        return run_job(mode, args.out, log, work)
+        return run_job(mode, args.out, log, work, repeat=args.harness_repeat)
 
 
 if __name__ == "__main__":
