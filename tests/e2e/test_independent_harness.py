@@ -127,6 +127,23 @@ def test_the_budget_and_sequence_can_be_shortened() -> None:
             ih.with_budget(ih.FULL, *bad)
 
 
+def test_an_interleaved_sweep_can_be_asked_for() -> None:
+    mode = ih.with_budget(ih.FULL, None, None, interleave=True)
+    assert ih.sweep_command(mode, Path("/x"))[-1] == "--interleave"
+    assert ih.with_budget(mode, None, None, interleave=True) == mode  # not added twice
+
+
+def test_two_harness_runs_state_how_far_they_are_apart() -> None:
+    _, first = _case(0.0, {})
+    _, second = _case(0.01, {8: 0.004, 16: -0.012})
+    agreement = ih.harness_agreement(first, second)
+    assert agreement["cells"] == 6
+    assert agreement["saving_diff_pp"] == pytest.approx({"G8/V16": 0.4, "G16/V32": 1.2})
+    assert (agreement["saving_diff_median_pp"], agreement["saving_diff_max_pp"]) == pytest.approx((0.8, 1.2))
+    assert agreement["common_offset_rel"] == pytest.approx(math.log(1.01), abs=2e-3)
+    assert ih.harness_agreement(first, first)["saving_diff_max_pp"] == 0.0
+
+
 def test_the_sequence_alternates_like_a_policy() -> None:
     cells = [CellSpec(8, 0, 5), CellSpec(8, 16, 5), CellSpec(8, 32, 5), CellSpec(8, 48, 5)]
     seq = ih.alternating_sequence(np.random.default_rng(1), cells, 4000)

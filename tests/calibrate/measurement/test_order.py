@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from dspark_calibrate.calibrate.measurement.ladder import CellSpec, plan_cells
 from dspark_calibrate.calibrate.measurement.order import (
     ServingOrder,
+    g_blocks,
+    interleaved_steps,
     rows_per_step,
     serving_transitions,
     visit_order,
@@ -92,3 +94,42 @@ def test_rows_per_step_counts_the_fullest_rank() -> None:
     rank = np.array([0, 0, 1, 0, 1, 0, 1, 1, 1])
     assert rows_per_step(step, rank) == [2, 1, 3]
     assert rows_per_step(np.array([], dtype=np.int64), np.array([], dtype=np.int64)) == []
+
+
+# --- interleaved visits -----------------------------------------------------------------------------
+
+
+def test_g_blocks_keep_a_gs_cells_together_where_the_g_first_came() -> None:
+    cells = visit_order(CELLS, seed=3, round_index=1)
+    blocks = g_blocks(cells)
+    assert [c for b in blocks for c in b] != []  # every cell is in one block
+    assert sorted(c for b in blocks for c in b) == sorted(cells)
+    for b in blocks:
+        assert len({c.graph_batch_size for c in b}) == 1
+    first_seen = list(dict.fromkeys(c.graph_batch_size for c in cells))
+    assert [b[0].graph_batch_size for b in blocks] == first_seen
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    counts=st.lists(st.integers(0, 30), min_size=1, max_size=6),
+    stay=st.sampled_from([0.0, 0.5, 0.75, 0.95]),
+    seed=st.integers(0, 2**31),
+)
+def test_an_interleaving_holds_each_cell_exactly_its_steps(counts: list[int], stay: float, seed: int) -> None:
+    got = interleaved_steps(counts, np.random.default_rng(seed), stay=stay)
+    assert Counter(got) == Counter({i: n for i, n in enumerate(counts) if n})
+    assert got == interleaved_steps(counts, np.random.default_rng(seed), stay=stay)  # reproducible
+
+
+@pytest.mark.parametrize(("stay", "low", "high"), [(0.0, 0.2, 0.3), (0.75, 0.75, 0.87)])
+def test_stay_sets_how_often_a_step_repeats_the_cell_before_it(stay: float, low: float, high: float) -> None:
+    got = interleaved_steps([500] * 4, np.random.default_rng(0), stay=stay)
+    repeats = float(np.mean([a == b for a, b in itertools.pairwise(got)]))
+    assert low <= repeats <= high  # 1/4 at random; 0.75 + 0.25/4 in runs
+
+
+@pytest.mark.parametrize(("counts", "stay"), [([3, -1], 0.0), ([3, 3], 1.0), ([3], -0.1), ([1], float("nan"))])
+def test_an_interleaving_refuses_what_it_cannot_draw(counts: list[int], stay: float) -> None:
+    with pytest.raises(ConfigError):
+        interleaved_steps(counts, np.random.default_rng(0), stay=stay)

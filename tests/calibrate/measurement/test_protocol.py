@@ -17,15 +17,20 @@ from dspark_calibrate.calibrate.measurement.backends.synthetic import SyntheticB
 from dspark_calibrate.calibrate.measurement.journal import read_journal
 from dspark_calibrate.calibrate.measurement.ladder import CellKind, CellSpec
 from dspark_calibrate.calibrate.measurement.protocol import (
+    MIX_STAYS,
+    MixTerm,
     ProtocolTerm,
     SplitSample,
+    mix_arm,
+    mix_term,
     protocol_term,
     saving_at_native_clock,
     widen_for_clock,
+    widen_for_mix,
     widen_for_order,
     widen_for_protocol,
 )
-from dspark_calibrate.calibrate.measurement.stats import CellSummary, Thresholds
+from dspark_calibrate.calibrate.measurement.stats import CellSamples, CellSummary, Thresholds
 from dspark_calibrate.calibrate.measurement.sweep import SampleRow, SweepResult, run_sweep
 from dspark_calibrate.calibrate.measurement.timing import HostTimer, SplitTimer
 from dspark_calibrate.cli import build_calibrate_app
@@ -164,6 +169,44 @@ def test_widening_holds_both_protocols_and_keeps_the_point(
     assert (s.median_ms, s.saving) == (6.5, 0.235)
     assert (s.ci_low_ms, s.ci_high_ms) == pytest.approx(abs_bounds)
     assert (s.saving_ci_low, s.saving_ci_high) == pytest.approx(saving_bounds)
+
+
+@pytest.mark.parametrize(
+    ("term", "abs_bounds", "saving_bounds"),
+    [
+        (MixTerm(6.3, 6.7, 0.25, 0.22), (6.4 * 6.3 / 6.5, 6.6 * 6.7 / 6.5), (0.217, 0.253)),
+        (MixTerm(6.5, 6.5, 0.235, 0.235), (6.4, 6.6), (0.232, 0.238)),
+        (MixTerm(6.3, 6.7), (6.4 * 6.3 / 6.5, 6.6 * 6.7 / 6.5), (0.232, 0.238)),
+    ],
+    ids=["both designs apart", "designs agree", "native (absolute only)"],
+)
+def test_the_mix_term_holds_both_designs_and_keeps_the_point(
+    term: MixTerm, abs_bounds: tuple[float, float], saving_bounds: tuple[float, float]
+) -> None:
+    s = widen_for_mix(_summary(), term)
+    assert (s.median_ms, s.saving) == (6.5, 0.235)
+    assert (s.ci_low_ms, s.ci_high_ms) == pytest.approx(abs_bounds)
+    assert (s.saving_ci_low, s.saving_ci_high) == pytest.approx(saving_bounds)
+
+
+def test_rounds_alternate_the_two_designs() -> None:
+    assert [MIX_STAYS[mix_arm(r)] for r in range(4)] == [0.0, 0.75, 0.0, 0.75]
+
+
+def test_the_mix_term_splits_samples_by_design() -> None:
+    # The cell runs 8 ms in the rounds of every step drawn at random, 7.6 in those of runs; its
+    # native cell 10 ms in both: savings 20% and 24%.
+    rounds = tuple(r for r in range(8) for _ in range(3))
+    cell, native = CellSpec(8, 9, 3), CellSpec(8, 0, 3)
+    mine = CellSamples(cell, tuple(8.0 if mix_arm(r) == 0 else 7.6 for r in rounds), rounds)
+    theirs = CellSamples(native, (10.0,) * len(rounds), rounds)
+    term = mix_term(mine, theirs)
+    assert term is not None
+    assert (term.switching_ms, term.runs_ms) == pytest.approx((8.0, 7.6))
+    assert (term.saving_switching, term.saving_runs) == pytest.approx((0.20, 0.24))
+    assert mix_term(theirs) == MixTerm(10.0, 10.0)
+    only_even = CellSamples(cell, (8.0, 8.0), (0, 2))
+    assert mix_term(only_even, theirs) is None  # one design has no sample
 
 
 @pytest.mark.parametrize(

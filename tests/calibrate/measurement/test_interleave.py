@@ -1,0 +1,283 @@
+"""Interleaved visits (``sweep --interleave``): a G's cells timed in one alternating sequence, at
+the clock of the G's mix, against a synthetic GPU whose clock lags the cells it runs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from dspark_calibrate.calibrate.measurement.backends.synthetic import SyntheticBackend
+from dspark_calibrate.calibrate.measurement.journal import read_journal
+from dspark_calibrate.calibrate.measurement.ladder import CellKind, CellSpec
+from dspark_calibrate.calibrate.measurement.protocol import mix_arm
+from dspark_calibrate.calibrate.measurement.stats import Thresholds
+from dspark_calibrate.calibrate.measurement.sweep import SweepConfig, SweepResult, run_sweep
+from dspark_calibrate.calibrate.measurement.timing import HostTimer
+from dspark_calibrate.cli import build_calibrate_app
+from dspark_calibrate.errors import ConfigError
+from tests.calibrate.conftest import make_config
+
+LADDER = (2, 4, 8)
+DESIGN = {"recapture_every": 4, "epochs_required": 4, "samples_per_visit": 3}
+HEAVY = {"per_tile_ms": 1.0, "tile": 4, "noise_rel": 0.002, "outlier_prob": 0.0}
+#: At the power cap a light cell's clock settles 6%·(1 − its share of the full width) above its
+#: native cell's, over about 20 steps: long enough that an interleaved G runs at its mix's clock,
+#: short enough that a cell visited alone gains most of its own.
+LAGGING_CLOCK: dict[str, Any] = {"power_capped": True, "power_cap_clock_rel": 0.06, "clock_tau_steps": 20.0}
+
+
+def _config(seed: int, interleave: bool, **model: Any) -> tuple[SweepConfig, SyntheticBackend]:
+    backend = SyntheticBackend(seed=seed, **{**HEAVY, **model})
+    config, _ = make_config(
+        backend, thresholds=Thresholds.quick(**DESIGN), ladder=LADDER, seed=seed, interleave=interleave
+    )
+    return config, backend
+
+
+def _sweep(seed: int, interleave: bool = True, **model: Any) -> tuple[SweepResult, SyntheticBackend]:
+    config, backend = _config(seed, interleave, **model)
+    return run_sweep(config, backend, journal_path=None), backend
+
+
+def _compact(result: SweepResult) -> list[Any]:
+    return [c for c in result.cells if c.spec.kind is CellKind.COMPACT and c.summary is not None]
+
+
+# --- the configuration ------------------------------------------------------------------------------
+
+
+def test_a_sweep_of_one_cell_per_visit_keeps_its_digest() -> None:
+    config, _ = _config(0, False)
+    assert "interleave" not in config.to_dict()
+    assert replace(config, interleave=True).digest() != config.digest()
+
+
+def test_a_mixed_sweep_cannot_interleave() -> None:
+    config, _ = _config(0, False)
+    with pytest.raises(ConfigError, match="--interleave"):
+        replace(config, mixed={"groups": []}, interleave=True)
+
+
+class _PlainTimer:
+    """A timer that times samples of one step only (no sequences)."""
+
+    def __init__(self, inner: HostTimer) -> None:
+        self._inner = inner
+
+    def now(self) -> float:
+        return self._inner.now()
+
+    def warm(self, step: Any, replays: int) -> None:
+        self._inner.warm(step, replays)
+
+    def measure(self, step: Any, *, replays: int, samples: int, on_sample: Any = None) -> list[float]:
+        return self._inner.measure(step, replays=replays, samples=samples, on_sample=on_sample)
+
+
+def test_a_timer_that_cannot_time_sequences_is_refused_before_anything_runs() -> None:
+    config, backend = _config(0, True)
+    timer = backend.timer()
+    assert isinstance(timer, HostTimer)
+    with pytest.raises(ConfigError, match="drop --interleave"):
+        run_sweep(config, backend, journal_path=None, timer=_PlainTimer(timer))
+    assert backend.clock() == 0.0  # nothing ran
+
+
+# --- the visits -------------------------------------------------------------------------------------
+
+
+def test_a_round_visits_each_gs_open_cells_together(tmp_path: Path) -> None:
+    config, backend = _config(1, True)
+    journal = tmp_path / "j.jsonl"
+    result = run_sweep(config, backend, journal_path=journal)
+    assert result.complete
+    visits = [r for r in read_journal(journal).records if r["type"] == "visit"]
+    by_round: dict[int, list[int]] = {}
+    for v in visits:
+        by_round.setdefault(v["round"], []).append(v["g"])
+    for gs in by_round.values():
+        # A G's cells are journalled together: G changes at most once per G in a round.
+        changes = [g for i, g in enumerate(gs) if i == 0 or gs[i - 1] != g]
+        assert len(changes) == len(set(gs))
+    # Every sample of a group's visit follows the cell visited before the group.
+    for v in visits:
+        prev = {tuple(s["prev"]) if s["prev"] else None for s in v["samples"]}
+        assert len(prev) == 1
+        assert None not in prev or v["round"] == 0
+    # Samples carry no first replay: every step of a sequence is queued behind another.
+    assert all("first" not in s for v in visits for s in v["samples"])
+    assert result.protocol_summary() == {"measured": False}
+    mix = result.mix_summary()
+    assert mix["measured"] and mix["stays"] == [0.0, 0.75]
+
+
+def test_an_interleaved_sweep_resumes_its_journal(tmp_path: Path) -> None:
+    config, backend = _config(2, True)
+    journal = tmp_path / "j.jsonl"
+    paused = run_sweep(config, backend, journal_path=journal, until_round=3)
+    assert paused.paused
+    config2, backend2 = _config(2, True)
+    resumed = run_sweep(config2, backend2, journal_path=journal, resume=True)
+    assert resumed.complete and resumed.resumed
+    assert resumed.rounds > 3
+    assert all(c.samples_taken > 0 for c in resumed.cells)
+
+
+def test_the_rewarm_settles_the_mix_for_a_fraction_of_a_second(tmp_path: Path) -> None:
+    config, backend = _config(3, True)
+    journal = tmp_path / "j.jsonl"
+    run_sweep(config, backend, journal_path=journal)
+    visits = [r for r in read_journal(journal).records if r["type"] == "visit"]
+    later = [v for v in visits if v["round"] >= 1]
+    # Steps of 2-10 ms: 0.2 s of the mix is far more than the quick preset's one re-warm replay.
+    assert min(v["warmup"] for v in later) > config.thresholds.rewarm_steps
+    # Each cell's share of the re-warm times the cells of its G runs about 0.2 s of steps.
+    v = later[0]
+    cells_in_visit = sum(1 for w in later if w["round"] == v["round"] and w["g"] == v["g"])
+    step_ms = float(np.median([s["ms"] for s in v["samples"]]))
+    assert 0.1 <= v["warmup"] * cells_in_visit * step_ms / 1000 <= 0.6
+
+
+# --- against a known truth --------------------------------------------------------------------------
+
+
+def _point_errors(seeds: range, interleave: bool) -> tuple[list[float], list[bool]]:
+    errors, covered = [], []
+    for seed in seeds:
+        result, backend = _sweep(seed, interleave, **LAGGING_CLOCK)
+        for c in _compact(result):
+            truth = backend.model.true_saving(c.spec)
+            errors.append(c.summary.saving - truth)
+            covered.append(c.summary.saving_ci_low <= truth <= c.summary.saving_ci_high)
+    return errors, covered
+
+
+def test_interleaving_measures_the_saving_at_the_mixs_clock() -> None:
+    """A cell visited alone runs at the clock its lighter load allows and its saving comes out
+    high; interleaved with its G, it shares the mix's clock and the saving is the mix's."""
+    alone, _ = _point_errors(range(2), interleave=False)
+    mixed, covered = _point_errors(range(2), interleave=True)
+    assert np.mean(alone) > 0.002  # biased high by the clock it gains alone (0.28 pp here)
+    assert abs(np.mean(mixed)) < 0.001  # -0.03 pp here: noise
+    assert np.mean(covered) >= 0.93
+
+
+@pytest.mark.slow
+def test_interleaved_intervals_cover_the_mix_truth_over_many_seeds() -> None:
+    mixed, covered = _point_errors(range(2, 10), interleave=True)
+    assert abs(np.mean(mixed)) < 0.001
+    assert np.mean(covered) >= 0.93
+
+
+def test_without_a_lagging_clock_both_visits_agree() -> None:
+    for interleave in (False, True):
+        errors, covered = _point_errors_plain(interleave)
+        assert abs(np.mean(errors)) < 0.0015
+        assert np.mean(covered) >= 0.93
+
+
+def _point_errors_plain(interleave: bool) -> tuple[list[float], list[bool]]:
+    result, backend = _sweep(5, interleave)
+    errors = [c.summary.saving - backend.model.true_saving(c.spec) for c in _compact(result)]
+    covered = [
+        c.summary.saving_ci_low <= backend.model.true_saving(c.spec) <= c.summary.saving_ci_high
+        for c in _compact(result)
+    ]
+    return errors, covered
+
+
+def test_intervals_hold_both_layouts_of_the_mix() -> None:
+    """With a clock that follows the last few steps, runs and every-step switching give different
+    savings; each compact cell's interval holds both designs' estimates."""
+    result, _ = _sweep(6, True, **{**LAGGING_CLOCK, "clock_tau_steps": 3.0})
+    apart = 0
+    for c in _compact(result):
+        t = c.mix
+        assert t is not None and t.saving_switching is not None and t.saving_runs is not None
+        assert c.summary.saving_ci_low <= min(t.saving_switching, t.saving_runs)
+        assert max(t.saving_switching, t.saving_runs) <= c.summary.saving_ci_high
+        apart += abs(t.saving_runs - t.saving_switching) > 0.005
+    assert apart >= 3  # the clock's lag moves savings by more than half a point between designs
+    assert abs(result.mix_summary()["runs_minus_switching"]) > 0.005
+
+
+def test_clocks_are_compared_within_the_same_visits() -> None:
+    result, _ = _sweep(7, True, **LAGGING_CLOCK)
+    clocks = [c.clock_rel for c in result.cells if c.clock_rel is not None]
+    assert clocks and max(abs(x - 1.0) for x in clocks) < 0.01  # one mix, one clock
+    # Alone, a light cell reports the clock it settles to.
+    alone, _ = _sweep(7, False, **LAGGING_CLOCK)
+    assert max(c.clock_rel or 1.0 for c in alone.cells) > 1.005
+
+
+def test_the_rounds_alternate_the_designs() -> None:
+    config, backend = _config(8, True)
+    result = run_sweep(config, backend, journal_path=None)
+    rounds = set(result.samples.column("round").to_pylist())
+    assert {mix_arm(r) for r in rounds} == {0, 1}
+
+
+# --- the command ------------------------------------------------------------------------------------
+
+
+def test_the_cli_interleaves_and_says_so(tmp_path: Path) -> None:
+    out = tmp_path / "s.parquet"
+    args = ["sweep", "--k", "3", "--ladder", "2,4", "--out", str(out), "--preset", "quick", "--interleave"]
+    args += ["--backend-opt", "power_capped=true", "--backend-opt", "clock_tau_steps=5", "--no-plot"]
+    res = CliRunner().invoke(build_calibrate_app(), [*args, "--json"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    checks = report.get("checks", report)
+    assert checks["visits"] == "interleaved"
+    assert checks["mix_term"]["measured"] is True
+    res = CliRunner().invoke(build_calibrate_app(), [*args[:-1], "--out", str(tmp_path / "t.parquet")])
+    assert res.exit_code == 0, res.output
+    assert "interleaved" in res.output and "every step drawn at random or in runs" in res.output
+
+
+def test_the_cli_refuses_interleaving_a_mixed_sweep(tmp_path: Path) -> None:
+    res = CliRunner().invoke(
+        build_calibrate_app(),
+        ["sweep", "--k", "3", "--ladder", "2,4", "--out", str(tmp_path / "m.parquet"), "--mixed", "--interleave"],
+    )
+    assert res.exit_code == 2, res.output
+    assert "--interleave" in res.output
+
+
+def test_a_cell_spec_key_is_what_the_journal_keys_visits_by() -> None:
+    assert CellSpec(8, 0, 3).key == (8, 0)
+
+
+def test_the_synthetic_clock_lags_the_cells_it_runs() -> None:
+    backend = SyntheticBackend(
+        seed=0, noise_rel=0.0, drift_rel=0.0, cold_penalty_rel=0.0, outlier_prob=0.0, **LAGGING_CLOCK
+    )
+    native, light = CellSpec(8, 0, 3), CellSpec(8, 8, 3)
+    steps = [backend.prepare(native), backend.prepare(light)]
+    timer = backend.timer()
+    assert isinstance(timer, HostTimer)
+    settled = backend.model.clock_rel(light)
+    assert settled == pytest.approx(1 + 0.06 * (1 - 8 / 32))
+    ms = timer.measure_sequence(steps, [1] * 200, chunk=50)
+    assert backend.clock_state() == pytest.approx(settled, rel=1e-4)  # 200 steps >> 20
+    assert ms[-1] < ms[0]  # the light step sped up as the clock rose
+    assert ms[0] / ms[-1] == pytest.approx(settled, rel=1e-3)
+    ms = timer.measure_sequence(steps, [0] * 3, chunk=50)  # back to native: the clock falls slowly
+    assert 1.0 < backend.clock_state() < settled
+
+
+def test_a_host_timed_sequence_calls_telemetry_in_order() -> None:
+    backend = SyntheticBackend(seed=0)
+    steps = [backend.prepare(CellSpec(4, 0, 3)), backend.prepare(CellSpec(4, 4, 3))]
+    seen: list[int] = []
+    timer = backend.timer()
+    assert isinstance(timer, HostTimer)
+    ms = timer.measure_sequence(steps, [0, 1, 1, 0, 1], chunk=2, on_chunk=seen.append)
+    assert len(ms) == 5 and all(m > 0 for m in ms)
+    assert seen == [1, 3, 4]
