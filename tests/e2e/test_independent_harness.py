@@ -144,6 +144,19 @@ def test_two_harness_runs_state_how_far_they_are_apart() -> None:
     assert ih.harness_agreement(first, first)["saving_diff_max_pp"] == 0.0
 
 
+def test_two_harness_runs_pool_into_one_reference() -> None:
+    _, first = _case(0.0, {})
+    _, second = _case(0.02, {8: 0.004})
+    pooled = ih.pooled_harness(first, second)
+    assert pooled["pooled_runs"] == 2 and len(pooled["cells"]) == 6
+    one = {(c["graph_batch_size"], c["verifier_budget"]): c for c in first["cells"]}
+    two = {(c["graph_batch_size"], c["verifier_budget"]): c for c in second["cells"]}
+    for c in pooled["cells"]:
+        key = (c["graph_batch_size"], c["verifier_budget"])
+        assert c["median_ms"] == pytest.approx((one[key]["median_ms"] + two[key]["median_ms"]) / 2)
+        assert c["saving"] == pytest.approx((one[key]["saving"] + two[key]["saving"]) / 2)
+
+
 def test_the_sequence_alternates_like_a_policy() -> None:
     cells = [CellSpec(8, 0, 5), CellSpec(8, 16, 5), CellSpec(8, 32, 5), CellSpec(8, 48, 5)]
     seq = ih.alternating_sequence(np.random.default_rng(1), cells, 4000)
