@@ -288,3 +288,35 @@ def test_every_kind_has_its_own_table_limit() -> None:
     # The bundle members a serving process admits keep the serving limit.
     for kind in ("cost-table", "calibration", "admission", "mixed-cost-table", "mixed-admission"):
         assert TABLE_LIMITS[kind].max_decoded_bytes <= 16 * 1024 * 1024, kind
+
+
+def _encodings(data: bytes) -> set[tuple[str, tuple[str, ...]]]:
+    meta = pq.ParquetFile(io.BytesIO(data)).metadata
+    return {
+        (meta.row_group(g).column(c).compression, meta.row_group(g).column(c).encodings)
+        for g in range(meta.num_row_groups)
+        for c in range(meta.num_columns)
+    }
+
+
+@pytest.mark.parametrize(
+    ("rows", "compression", "codec", "dictionary"),
+    [
+        ("small", None, "UNCOMPRESSED", False),  # serving members: plain, the cheapest to decode
+        ("large", None, "ZSTD", True),  # a sweep's table keeps zstd and dictionaries
+        ("small", "zstd", "ZSTD", True),  # an explicit codec is honoured as before
+        ("large", "none", "UNCOMPRESSED", True),
+    ],
+)
+def test_encode_picks_plain_pages_for_small_tables(
+    rows: str, compression: str | None, codec: str, dictionary: bool
+) -> None:
+    from dspark_calibrate.artifacts._parquet import _PLAIN_ROWS
+
+    small = make_cost_table()
+    table = small if rows == "small" else small.take([i % small.num_rows for i in range(_PLAIN_ROWS + 1)])
+    data = encode_artifact(table, {"format": "x"}, compression=compression)
+    found = _encodings(data)
+    assert {c for c, _ in found} == {codec}
+    assert any("RLE_DICTIONARY" in e or "PLAIN_DICTIONARY" in e for _, e in found) is dictionary
+    assert pq.read_table(io.BytesIO(data)).equals(table)

@@ -81,6 +81,10 @@ _THREADED_ROWS = 1 << 16
 #: measured, ~5 ms of a 30 ms admission). And the serving path verifies members while every rank
 #: starts at once, so no core is idle to overlap on: the worker only adds CPU there.
 _BACKGROUND_ROWS = 1 << 10
+#: Rows up to which ``encode_artifact`` writes a table uncompressed and without dictionaries by
+#: default. Serving members (cost table, calibration, admission) have tens of rows; a larger
+#: table is a sweep's, where zstd pays for itself.
+_PLAIN_ROWS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +208,7 @@ def encode_artifact(
     table: pa.Table,
     metadata: Mapping[str, Any],
     *,
-    compression: str = "zstd",
+    compression: str | None = None,
     row_group_size: int | None = None,
 ) -> bytes:
     """Encode a table and its footer document as Parquet bytes.
@@ -213,12 +217,20 @@ def encode_artifact(
     base64 copy of the footer), no min/max statistics, and CRC-32 page checksums that the reader
     verifies. So a changed byte either changes what verification reads or fails to decode; our
     column types all survive Parquet without the Arrow schema.
+
+    Without an explicit ``compression``, a table of at most :data:`_PLAIN_ROWS` rows (every
+    serving bundle member) is stored uncompressed and without dictionaries: it is a few KiB
+    either way, and decoding it plainly takes about half the CPU of zstd with dictionaries (each
+    zstd page sets up a decompression context), paid by every serving rank at every admission.
+    Larger tables (sweeps, samples) keep zstd. Readers accept any encoding.
     """
+    plain = compression is None and table.num_rows <= _PLAIN_ROWS
     sink = pa.BufferOutputStream()
     writer = pq.ParquetWriter(
         sink,
         table.schema.remove_metadata(),
-        compression=compression,
+        compression="none" if plain else (compression or "zstd"),
+        use_dictionary=not plain,
         store_schema=False,
         write_statistics=False,
         write_page_checksum=True,
