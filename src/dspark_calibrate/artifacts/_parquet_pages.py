@@ -159,35 +159,177 @@ class _Reader:
         """Read a struct; returns the fields named in ``wanted`` (id -> what it must be: ``_INT``,
         ``_BIN``, a mapping for a nested struct, ``("list", spec)`` for a list of ``spec``).
 
+        Fields not wanted are skipped by :func:`_skip` (what :meth:`value` reads, in one tight
+        function: the footer's schema and column metadata are mostly skipped, on every admission).
+
         Raises:
             PageHeaderError: a wanted field of another type, or malformed data.
         """
         out: dict[int, Any] = {}
         last = 0
+        data, end = self.data, self.end
         while True:
-            fid, kind = self.field(last)
+            # The field header, as :meth:`field` reads it.
+            pos = self.pos
+            if pos >= end:
+                raise PageHeaderError("truncated Thrift data")
+            header = data[pos]
+            self.pos = pos + 1
+            kind = header & 0x0F
             if kind == _STOP:
                 return out
-            last = fid
-            spec = wanted.get(fid, _SKIP)
+            delta = header >> 4
+            last = last + delta if delta else self.zigzag()
+            spec = wanted.get(last, _SKIP)
             if spec is _SKIP:
-                self.value(kind, depth)
+                if kind in _SCALARS:
+                    if depth > _MAX_NESTING:
+                        raise PageHeaderError("Thrift data nests too deeply")
+                    self.pos = _skip_scalar(data, self.pos, end, kind)
+                else:
+                    self.pos = _skip(data, self.pos, end, kind, depth)
+            elif spec is _INT and kind in _INTS and depth <= _MAX_NESTING:
+                out[last] = self.zigzag()
             else:
-                out[fid] = self._typed(kind, spec, depth, fid)
+                out[last] = self._typed(kind, spec, depth, last)
 
     def _typed(self, kind: int, spec: Any, depth: int, fid: int) -> Any:
-        if isinstance(spec, tuple):
+        if type(spec) is tuple:
             if kind != _LIST:
                 raise PageHeaderError(f"Thrift field {fid} is not a list")
             size, element = self.container()
             return [self._typed(element, spec[1], depth + 1, fid) for _ in range(size)]
-        if isinstance(spec, Mapping):
+        if type(spec) is dict:  # the specs below are plain dicts
             if kind != _STRUCT:
                 raise PageHeaderError(f"Thrift field {fid} is not a struct")
             return self.struct(spec, depth + 1)
         if (spec is _INT and kind not in (_I16, _I32, _I64)) or (spec is _BIN and kind != _BINARY):
             raise PageHeaderError(f"Thrift field {fid} has type {kind}")
         return self.value(kind, depth)
+
+
+def _varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    """``(value, next position)`` of the varint at ``pos`` (as :meth:`_Reader.varint`)."""
+    shift = result = 0
+    while pos < end:
+        b = data[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise PageHeaderError("Thrift varint longer than 64 bits")
+    raise PageHeaderError("truncated Thrift data")
+
+
+def _skip(data: bytes, pos: int, end: int, kind: int, depth: int) -> int:
+    """Skip one value of ``kind`` at ``data[pos:end]``; returns the position after it.
+
+    Reads exactly what :meth:`_Reader.value` reads and refuses what it refuses (truncation, a
+    varint over 64 bits, nesting over :data:`_MAX_NESTING`, containers over
+    :data:`_MAX_ELEMENTS`, unknown types), without a method call per value: a struct's or a
+    list's integers and binaries are skipped inline.
+
+    Raises:
+        PageHeaderError: malformed data.
+    """
+    if depth > _MAX_NESTING:
+        raise PageHeaderError("Thrift data nests too deeply")
+    if kind == _STRUCT:
+        depth += 1
+        while True:
+            if pos >= end:
+                raise PageHeaderError("truncated Thrift data")
+            header = data[pos]
+            pos += 1
+            field = header & 0x0F
+            if field == _STOP:
+                return pos
+            if not header >> 4:  # a long-form field id: a zigzag varint (the id is not needed)
+                _, pos = _varint(data, pos, end)
+            if depth > _MAX_NESTING:
+                raise PageHeaderError("Thrift data nests too deeply")
+            pos = (
+                _skip_scalar(data, pos, end, field)
+                if field in _SCALARS
+                else _skip(data, pos, end, field, depth)
+            )
+    if kind in _SCALARS:
+        return _skip_scalar(data, pos, end, kind)
+    if kind in (_LIST, _SET):
+        if pos >= end:
+            raise PageHeaderError("truncated Thrift data")
+        header = data[pos]
+        pos += 1
+        size = header >> 4
+        if size == 15:
+            size, pos = _varint(data, pos, end)
+        if size > _MAX_ELEMENTS:
+            raise PageHeaderError(f"Thrift list of {size} elements")
+        element = header & 0x0F
+        if element in (_TRUE, _FALSE):  # booleans inside containers take one byte each
+            if pos + size > end:
+                raise PageHeaderError("Thrift value runs past its data")
+            return pos + size
+        if size and depth + 1 > _MAX_NESTING:
+            raise PageHeaderError("Thrift data nests too deeply")
+        if element in _SCALARS:
+            for _ in range(size):
+                pos = _skip_scalar(data, pos, end, element)
+        else:
+            for _ in range(size):
+                pos = _skip(data, pos, end, element, depth + 1)
+        return pos
+    if kind == _MAP:
+        size, pos = _varint(data, pos, end)
+        if size > _MAX_ELEMENTS:
+            raise PageHeaderError(f"Thrift map of {size} entries")
+        if size:
+            if pos >= end:
+                raise PageHeaderError("truncated Thrift data")
+            types = data[pos]
+            pos += 1
+            for _ in range(size):
+                pos = _skip(data, pos, end, types >> 4, depth + 1)
+                pos = _skip(data, pos, end, types & 0x0F, depth + 1)
+        return pos
+    raise PageHeaderError(f"unknown Thrift type {kind}")
+
+
+_INTS = frozenset({_I16, _I32, _I64})
+#: Types :func:`_skip_scalar` skips (every type but containers, structs and unknown ids).
+_SCALARS = frozenset({_TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY})
+
+
+def _skip_scalar(data: bytes, pos: int, end: int, kind: int) -> int:
+    """Skip one value of a scalar ``kind`` (one of :data:`_SCALARS`); returns the next position.
+
+    A field's booleans carry their value in the type id (no byte); fixed-width values are that
+    many bytes; integers are varints; binaries a varint length and the bytes.
+    """
+    if kind == _BINARY:
+        n, pos = _varint(data, pos, end)
+        if pos + n > end:
+            raise PageHeaderError("Thrift value runs past its data")
+        return pos + n
+    if kind in (_TRUE, _FALSE):
+        return pos
+    if kind in (_BYTE, _DOUBLE):
+        n = _FIXED[kind]
+        if pos + n > end:
+            raise PageHeaderError("Thrift value runs past its data")
+        return pos + n
+    start = pos  # a varint whose value is not needed: its bytes up to the last one
+    while True:
+        if pos >= end:
+            raise PageHeaderError("truncated Thrift data")
+        b = data[pos]
+        pos += 1
+        if not b & 0x80:
+            return pos
+        if pos - start >= 10:
+            raise PageHeaderError("Thrift varint longer than 64 bits")
 
 
 _SKIP, _INT, _BIN = object(), object(), object()
