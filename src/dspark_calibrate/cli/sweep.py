@@ -275,6 +275,7 @@ def _check_lines(result: Any) -> list[str]:
             "clock: at its native cell's SM clock a compact saving would move by up to "
             f"{-100 * clock_term['largest_saving_shift']:+.2f} pp ({clock_term['cell']}), as a mix of steps switching "
             "cells may run it; intervals hold both"
+            + ("" if result.config.interleave else " (--interleave times each G's cells in their mix instead)")
         )
     clocks = [c.clock_rel for c in result.cells if c.clock_rel is not None and c.spec.kind.value != "native"]
     if clocks:
