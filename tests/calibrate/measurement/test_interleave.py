@@ -20,7 +20,7 @@ from dspark_calibrate.calibrate.measurement.stats import Thresholds
 from dspark_calibrate.calibrate.measurement.sweep import SweepConfig, SweepResult, run_sweep
 from dspark_calibrate.calibrate.measurement.timing import HostTimer
 from dspark_calibrate.cli import build_calibrate_app
-from dspark_calibrate.errors import ConfigError
+from dspark_calibrate.errors import ConfigError, MeasurementError
 from tests.calibrate.conftest import make_config
 
 LADDER = (2, 4, 8)
@@ -127,6 +127,24 @@ def test_an_interleaved_sweep_resumes_its_journal(tmp_path: Path) -> None:
     assert resumed.complete and resumed.resumed
     assert resumed.rounds > 3
     assert all(c.samples_taken > 0 for c in resumed.cells)
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [({"fail_at": 400}, "device lost"), ({"nan_at": 400}, "non-finite")],
+    ids=["backend raises mid-sequence", "non-finite times"],
+)
+def test_a_failed_sequence_names_the_group_and_keeps_the_journal(
+    tmp_path: Path, options: dict[str, int], match: str
+) -> None:
+    backend = SyntheticBackend(seed=0, **options)
+    config, _ = make_config(backend, thresholds=Thresholds.quick(**DESIGN), ladder=LADDER, interleave=True)
+    journal = tmp_path / "j.jsonl"
+    with pytest.raises(MeasurementError, match=match) as err:
+        run_sweep(config, backend, journal_path=journal)
+    assert "cell G" in str(err.value)
+    visits = [r for r in read_journal(journal).records if r["type"] == "visit"]
+    assert visits, "samples measured before the failure stay in the journal"
 
 
 def test_the_rewarm_settles_the_mix_for_a_fraction_of_a_second(tmp_path: Path) -> None:
