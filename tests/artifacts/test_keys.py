@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives.serialization import (
     PrivateFormat,
     PublicFormat,
 )
+from securesystemslib.exceptions import UnverifiedSignatureError
 from securesystemslib.signer import CryptoSigner, Signature, SSlibKey
 
 from dspark_calibrate.artifacts import _atomic, _keys
@@ -453,3 +454,99 @@ def test_tally_tolerates_a_mapping_key_that_differs_from_the_key_objects_keyid()
     assert tally_signatures(
         b"m", [("index-name", sig)], {"index-name": signer.public_key}
     ).accepted_keyids == ("index-name",)
+
+
+# -- Ed25519 verified directly: the same verdicts as securesystemslib's SSlibKey -----------------
+
+
+def _ed25519_case(name: str) -> tuple[SSlibKey, bytes, bytes]:
+    """``(trusted key, signature, message)`` for one row of the table below."""
+    signer, other = ed25519.Ed25519PrivateKey.generate(), ed25519.Ed25519PrivateKey.generate()
+    key = SSlibKey.from_crypto(signer.public_key())
+    payload = b'{"a":1,"b":[1,2]}'
+    sig = signer.sign(payload)
+    if name == "valid":
+        return key, sig, payload
+    if name == "wrong_key":  # signed by a key the root does not hold, under the trusted keyid
+        return key, other.sign(payload), payload
+    if name == "wrong_signature":
+        return key, sig[:10] + bytes([sig[10] ^ 1]) + sig[11:], payload
+    if name == "non_canonical_payload":  # the same JSON value, other bytes: not what was signed
+        return key, sig, b'{"b": [1, 2], "a": 1}'
+    if name == "truncated_signature":
+        return key, sig[:63], payload
+    if name == "empty_signature":
+        return key, b"", payload
+    if name == "key_not_hex":
+        return SSlibKey(key.keyid, "ed25519", "ed25519", {"public": "zz" * 32}), sig, payload
+    if name == "key_33_bytes":
+        return (
+            SSlibKey(key.keyid, "ed25519", "ed25519", {"public": key.keyval["public"] + "00"}),
+            sig,
+            payload,
+        )
+    if name == "key_upper_hex":  # the same key value in upper case: decodes to the same key
+        return (
+            SSlibKey(key.keyid, "ed25519", "ed25519", {"public": key.keyval["public"].upper()}),
+            sig,
+            payload,
+        )
+    raise AssertionError(name)
+
+
+ED25519_CASES = [
+    ("valid", True),
+    ("wrong_key", False),
+    ("wrong_signature", False),
+    ("non_canonical_payload", False),
+    ("truncated_signature", False),
+    ("empty_signature", False),
+    ("key_not_hex", False),
+    ("key_33_bytes", False),
+    ("key_upper_hex", True),
+]
+
+
+@pytest.mark.parametrize(("name", "valid"), ED25519_CASES, ids=[c[0] for c in ED25519_CASES])
+def test_direct_ed25519_verification_agrees_with_securesystemslib(name: str, valid: bool) -> None:
+    key, sig, message = _ed25519_case(name)
+    direct = _keys._signature_valid(key, sig, message)
+    try:
+        key.verify_signature(Signature(key.keyid, sig.hex()), message)
+        library = True
+    except UnverifiedSignatureError:
+        library = False
+    assert direct is library is valid
+    tally = tally_signatures(message, [(key.keyid, sig)], {key.keyid: key})
+    assert tally.accepted_keyids == ((key.keyid,) if valid else ())
+    assert tally.invalid_keyids == (() if valid else (key.keyid,))
+
+
+def test_direct_ed25519_reuses_a_key_object_only_for_the_same_value() -> None:
+    key, sig, message = _ed25519_case("valid")
+    other, other_sig, _ = _ed25519_case("valid")
+    assert _keys._signature_valid(key, sig, message)
+    assert _keys._ed25519_public(key.keyval["public"]) is _keys._ed25519_public(key.keyval["public"])
+    # Another key's value is another cache entry: its signature never passes for the first key.
+    assert _keys._signature_valid(other, other_sig, message)
+    assert not _keys._signature_valid(key, other_sig, message)
+    assert not _keys._signature_valid(other, sig, message)
+
+
+def test_other_key_types_still_go_through_securesystemslib(monkeypatch: pytest.MonkeyPatch) -> None:
+    private = ec.generate_private_key(ec.SECP256R1())
+    key = SSlibKey.from_crypto(private.public_key())
+    from cryptography.hazmat.primitives import hashes
+
+    sig = private.sign(b"m", ec.ECDSA(hashes.SHA256()))
+    calls: list[str] = []
+    real = SSlibKey.verify_signature
+
+    def spy(self: SSlibKey, signature: Signature, data: bytes) -> None:
+        calls.append(self.keytype)
+        real(self, signature, data)
+
+    monkeypatch.setattr(SSlibKey, "verify_signature", spy)
+    assert _keys._signature_valid(key, sig, b"m")
+    assert not _keys._signature_valid(key, sig, b"n")
+    assert calls == ["ecdsa", "ecdsa"]

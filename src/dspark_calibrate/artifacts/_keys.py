@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Literal, get_args
 from urllib.parse import urlparse
 
-from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes, PublicKeyTypes
 from cryptography.hazmat.primitives.serialization import (
@@ -231,14 +231,7 @@ def tally_signatures(
             # A trusted entry that does not decode can never verify anything.
             invalid.add(keyid)
             continue
-        try:
-            # securesystemslib wraps every failure of the underlying library (bad encoding, wrong
-            # curve, InvalidSignature) in UnverifiedSignatureError or its subclass
-            # VerificationError, so nothing from pyca/cryptography escapes here.
-            # The keyid already did its only job (choosing the key); label the signature with the
-            # key's own keyid, which securesystemslib requires to match.
-            key.verify_signature(Signature(key.keyid, sig.hex()), message)
-        except UnverifiedSignatureError:
+        if not _signature_valid(key, sig, message):
             invalid.add(keyid)
             continue
         previous = accepted.get(identity)
@@ -248,6 +241,50 @@ def tally_signatures(
         invalid_keyids=tuple(sorted(invalid)),
         unknown_keyids=tuple(sorted(unknown)),
     )
+
+
+def _signature_valid(key: Key, sig: bytes, message: bytes) -> bool:
+    """Whether ``sig`` is ``key``'s signature over ``message``; never raises.
+
+    An Ed25519 key (``ed25519``/``ed25519``, the default) is verified here with pyca/cryptography,
+    exactly as securesystemslib's ``SSlibKey`` verifies it (``Ed25519PublicKey`` from
+    ``bytes.fromhex(keyval.public)``, then ``verify(sig, message)``; any failure is a bad
+    signature), reusing the decoded public key object, which is memoised on the exact key value
+    string: every admission verifies four envelopes with the same root keys. Any other key goes
+    through securesystemslib.
+    """
+    public = key.keyval.get("public") if isinstance(key.keyval, Mapping) else None
+    if (
+        type(key) is SSlibKey
+        and key.keytype == "ed25519"
+        and key.scheme == "ed25519"
+        and isinstance(public, str)
+    ):
+        try:
+            _ed25519_public(public).verify(sig, message)
+        except (InvalidSignature, ValueError, TypeError, UnsupportedAlgorithm):  # bad signature or key
+            return False
+        return True
+    try:
+        # securesystemslib wraps every failure of the underlying library (bad encoding, wrong
+        # curve, InvalidSignature) in UnverifiedSignatureError or its subclass
+        # VerificationError, so nothing from pyca/cryptography escapes here.
+        # The keyid already did its only job (choosing the key); label the signature with the
+        # key's own keyid, which securesystemslib requires to match.
+        key.verify_signature(Signature(key.keyid, sig.hex()), message)
+    except UnverifiedSignatureError:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=256)
+def _ed25519_public(public: str) -> ed25519.Ed25519PublicKey:
+    """The Ed25519 public key whose ``keyval.public`` (hex) is exactly ``public``.
+
+    Raises:
+        ValueError: not hex, or not 32 bytes (not cached: it is raised again on every call).
+    """
+    return ed25519.Ed25519PublicKey.from_public_bytes(bytes.fromhex(public))
 
 
 def public_key_of(signer: Signer) -> Key:
