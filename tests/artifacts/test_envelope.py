@@ -638,3 +638,13 @@ def test_constants() -> None:
     assert PREDICATE_TYPE == "https://dspark-calibrate.dev/artifact/v1"
     assert BUNDLE_PREDICATE_TYPE == "https://dspark-calibrate.dev/bundle/v1"
     assert MAX_ENVELOPE_BYTES == 1 << 20
+
+
+def test_parsed_mapping_keeps_the_canonical_bytes_it_was_measured_on() -> None:
+    """The verifier compares a detached envelope with these bytes instead of encoding the
+    embedded one again; bytes input has none (its size is its own length)."""
+    env = sign_envelope(_payload(), [ED[0]])
+    parsed = parse_envelope(env)
+    assert parsed.encoded == canonical_json(env)
+    assert parse_envelope(canonical_json(env)).encoded is None
+    assert parse_envelope(canonical_json(env)) == parsed  # not part of equality

@@ -28,12 +28,13 @@ import enum
 import itertools
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from dspark_calibrate.artifacts._models import field_names
 from dspark_calibrate.errors import ConfigError
 from dspark_calibrate.schemas import (
     DRAIN_GUARD_SUMMARY_KEYS,
@@ -270,7 +271,7 @@ class CostCell:
 
     def to_dict(self) -> dict[str, Any]:
         """Every column as a JSON-ready dict (None where the cell does not state it)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: getattr(self, name) for name in field_names(type(self))}
 
     @classmethod
     def from_dict(cls, row: Mapping[str, Any]) -> CostCell:
@@ -279,8 +280,8 @@ class CostCell:
         Raises:
             ConfigError: an unknown column, or a value :class:`CostCell` refuses.
         """
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(row) - names)
+        names = field_names(cls)
+        unknown = sorted(set(row).difference(names))
         if unknown:
             raise ConfigError(f"cost-table row has unknown columns {unknown}")
         return cls(**{n: row[n] for n in names if n in row})

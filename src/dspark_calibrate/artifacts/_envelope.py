@@ -21,7 +21,7 @@ import binascii
 import copy
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from securesystemslib.dsse import Envelope
@@ -93,11 +93,14 @@ class ParsedEnvelope:
         payload_type: the ``payloadType`` string.
         payload: the decoded payload bytes (parse them only after the signatures verify).
         signatures: ``(keyid, raw signature bytes)`` pairs, in envelope order, duplicates kept.
+        encoded: the envelope's canonical JSON when it was given as a mapping (its size was
+            measured on these bytes), else None.
     """
 
     payload_type: str
     payload: bytes
     signatures: tuple[tuple[str, bytes], ...]
+    encoded: bytes | None = field(default=None, repr=False, compare=False)
 
     def pae(self) -> bytes:
         """The bytes every signature must cover."""
@@ -296,10 +299,11 @@ def _check_fields(obj: Mapping[str, Any], allowed: frozenset[str], where: str) -
         raise _invalid(f"{where}: {'; '.join(parts)}; re-sign the artifact")
 
 
-def _envelope_object(data: Any, max_bytes: int) -> Mapping[str, Any]:
+def _envelope_object(data: Any, max_bytes: int) -> tuple[Mapping[str, Any], bytes | None]:
     """The envelope as a JSON object, measured before it is parsed (bytes) or by its canonical
-    size (a mapping)."""
+    size (a mapping, returned with its canonical bytes)."""
     # Size first, before any parsing work is spent on the input.
+    encoded: bytes | None = None
     if isinstance(data, bytes | bytearray):
         if len(data) > max_bytes:
             raise EnvelopeError(
@@ -313,9 +317,10 @@ def _envelope_object(data: Any, max_bytes: int) -> Mapping[str, Any]:
             raise _invalid(f"{exc}; re-sign the artifact") from exc
     elif isinstance(data, Mapping):
         try:
-            size = len(canonical_json(dict(data)))
+            encoded = canonical_json(dict(data))
         except JsonError as exc:
             raise _invalid(f"envelope: {exc}; re-sign the artifact") from exc
+        size = len(encoded)
         if size > max_bytes:
             raise EnvelopeError(
                 Reason.ENVELOPE_TOO_LARGE,
@@ -327,7 +332,7 @@ def _envelope_object(data: Any, max_bytes: int) -> Mapping[str, Any]:
         raise _invalid(f"envelope must be a JSON object, got {type(data).__name__}")
     if not isinstance(obj, Mapping):
         raise _invalid("envelope: not a JSON object; re-sign the artifact")
-    return obj
+    return obj, encoded
 
 
 def _signatures(raw_signatures: Any) -> list[tuple[str, bytes]]:
@@ -378,7 +383,7 @@ def parse_envelope(data: bytes | Mapping[str, Any], *, max_bytes: int = MAX_ENVE
             ``ENVELOPE_INVALID`` (not JSON, duplicate keys, missing/unknown fields, wrong types,
             non-canonical base64), ``SIGNATURE_MISSING`` (an empty ``signatures`` list).
     """
-    obj = _envelope_object(data, max_bytes)
+    obj, encoded = _envelope_object(data, max_bytes)
     _check_fields(obj, _ENVELOPE_FIELDS, "envelope")
 
     payload_type = obj["payloadType"]
@@ -394,7 +399,9 @@ def parse_envelope(data: bytes | Mapping[str, Any], *, max_bytes: int = MAX_ENVE
     except ValueError as exc:
         raise _invalid(f"envelope.payload: {exc}; re-sign the artifact") from exc
     signatures = _signatures(obj["signatures"])
-    return ParsedEnvelope(payload_type=payload_type, payload=payload, signatures=tuple(signatures))
+    return ParsedEnvelope(
+        payload_type=payload_type, payload=payload, signatures=tuple(signatures), encoded=encoded
+    )
 
 
 # --------------------------------------------------------------------------------------------

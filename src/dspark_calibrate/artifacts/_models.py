@@ -16,6 +16,17 @@ from typing import Any, ClassVar
 from dspark_calibrate.artifacts._canonical import canonical_json, sha256_hex
 from dspark_calibrate.errors import InvalidValueError
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def field_names(cls: type) -> tuple[str, ...]:
+    """A dataclass's field names in declaration order (fixed once the class exists; fingerprints
+    and cells are built several times per admission, so the names are looked up once)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
 __all__ = [
     "FINGERPRINT_FLAGS",
     "NON_PRINTABLE_ASCII",
@@ -163,16 +174,16 @@ class Fingerprint:
     )
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name in self._LADDER_FIELDS:
+        for name in self.field_names():
+            value = getattr(self, name)
+            if name in self._LADDER_FIELDS:
                 if isinstance(value, list):
-                    object.__setattr__(self, f.name, tuple(value))
-                _check_ladder(f.name, getattr(self, f.name))
-            elif f.name in self._INT_FIELDS:
-                _check_int(f.name, value)
+                    object.__setattr__(self, name, tuple(value))
+                _check_ladder(name, getattr(self, name))
+            elif name in self._INT_FIELDS:
+                _check_int(name, value)
             else:
-                _check_str(f.name, value, hex64=f.name in self._HEX_FIELDS)
+                _check_str(name, value, hex64=name in self._HEX_FIELDS)
         rl, gl, n = self.rank_local_graph_batch_sizes, self.global_graph_batch_sizes, self.gpu_count
         if rl is not None and gl is not None and n is not None and tuple(g * n for g in rl) != gl:
             raise ModelError(
@@ -183,7 +194,7 @@ class Fingerprint:
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
         """All field names, in declaration order."""
-        return tuple(f.name for f in dataclasses.fields(cls))
+        return field_names(cls)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict of every field (ladders as lists, missing fields as ``None``)."""
@@ -298,8 +309,7 @@ class Provenance:
         """Build from a dict, refusing unknown fields."""
         if not isinstance(data, Mapping):
             raise ModelError(f"provenance must be a JSON object, got {type(data).__name__}")
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
+        unknown = sorted(set(data).difference(field_names(cls)))
         if unknown:
             raise ModelError(f"provenance has unknown field(s) {unknown}")
         kwargs = dict(data)

@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from dspark_calibrate.artifacts._canonical import JsonError, canonical_json, loads_strict
+from dspark_calibrate.artifacts._canonical import JsonError, loads_strict
 from dspark_calibrate.artifacts._content import ArtifactNotice, content_findings, content_notices
 from dspark_calibrate.artifacts._envelope import (
     PAYLOAD_TYPE,
@@ -286,9 +286,10 @@ def _step1_envelope(loaded: LoadedArtifact | OpenedArtifact, limits: ReadLimits)
         env = parse_envelope(
             embedded if embedded is not None else detached or b"", max_bytes=limits.max_envelope_bytes
         )
-        # The detached copy is normally the canonical JSON of the embedded one; only a copy that
-        # differs in bytes needs parsing to tell a harmless re-encoding from a conflict.
-        if embedded is not None and detached is not None and detached != canonical_json(embedded):
+        # The detached copy is normally the canonical JSON of the embedded one (which parsing
+        # it encoded, to measure it); only a copy that differs in bytes needs parsing to tell a
+        # harmless re-encoding from a conflict.
+        if embedded is not None and detached is not None and detached != env.encoded:
             other = parse_envelope(detached, max_bytes=limits.max_envelope_bytes)
             if (other.payload_type, other.payload) != (env.payload_type, env.payload):
                 raise _Stop(
