@@ -396,3 +396,36 @@ def test_concurrent_hashing_of_different_sizes_agrees() -> None:
         for _ in range(5):
             got = list(pool.map(lambda t: logical_sha256_keys(t, ["id"]), tables * 4))
             assert got == expected * 4
+
+
+# Several float64 columns, as a cost table has: checked for NaN, ±Inf and −0.0 in one pass, and
+# column by column only when that pass finds one.
+many_floats = st.lists(st.tuples(finite, finite, st.none() | finite), min_size=1, max_size=12)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(many_floats, st.integers(0, 3))
+def test_property_several_float_columns_match_reference(data: list[Any], start: int) -> None:
+    pad = [(1.5, 2.5, None)] * start
+    rows_ = pad + data
+    table = pa.table(
+        {
+            "id": pa.array(range(len(rows_)), pa.int64()),
+            "a": pa.array([r[0] for r in rows_], pa.float64()),
+            "b": pa.array([r[1] for r in rows_], pa.float64()),
+            "c": pa.array([r[2] for r in rows_], pa.float64()),
+        }
+    ).slice(start)  # read at an offset, too
+    assert canonical_table_bytes(table, ["id"]) == reference_encoding(table, ["id"])
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("column", ["a", "b"])
+def test_non_finite_in_one_of_several_float_columns_is_refused_by_name(bad: float, column: str) -> None:
+    values = {"a": [0.5, -0.0, 2.0], "b": [1.0, 2.0, 3.0]}
+    values[column][2] = bad
+    table = pa.table(
+        {"id": pa.array([1, 2, 3], pa.int64()), **{k: pa.array(v, pa.float64()) for k, v in values.items()}}
+    )
+    with pytest.raises(LogicalHashError, match=f"column {column}: row 2"):
+        logical_sha256_keys(table, ["id"])
