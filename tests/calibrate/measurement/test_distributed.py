@@ -122,6 +122,15 @@ def _scenarios(rank: int, world: int, tmp: str) -> None:
     ref_result = run_sweep(ref_cfg, ref, journal_path=None, comm=comm)
     report["tp_size"] = ref.describe()["tp_size"]
     report["tp_complete"] = ref_result.complete
+
+    # (f) interleaved: every rank must run the same sequence of cells, or the all-reduce inside
+    # the step would pair one rank's native step with another's compact one (or hang)
+    from dataclasses import replace
+
+    il_cfg = replace(ref_cfg, cells=plan_cells(k=3, ladder=(2,), budgets={2: (3,)}), interleave=True)
+    il_result = run_sweep(il_cfg, ref, journal_path=None, comm=comm)
+    report["tp_interleaved_complete"] = il_result.complete
+    report["tp_interleaved_samples"] = il_result.samples.num_rows
     Path(tmp, f"rank{rank}.json").write_text(json.dumps(report))
     dist.destroy_process_group()
 
@@ -138,10 +147,12 @@ def test_two_gloo_ranks(tmp_path: Path) -> None:
         assert rep["complete"] and rep["sample_ranks"] == [1]  # rank 1 is slower: every sample is its time
         assert rep["resumed"] and rep["resumed_medians"] == rep["medians"]
         assert rep["tp_size"] == 2 and rep["tp_complete"]
+        assert rep["tp_interleaved_complete"] and rep["tp_interleaved_samples"] > 0
         assert rep["failure"] and "rank(s) [1] of 2" in rep["failure"]
     assert "failed here" in r1["failure"] and "device lost" in r1["failure"]
     assert r0["fail_journal_visits"] >= 1
     assert r0["medians"] == r1["medians"]
+    assert r0["tp_interleaved_samples"] == r1["tp_interleaved_samples"]
     assert read_journal(tmp_path / "sweep.jsonl").header["config"]["world_size"] == 2
 
 
