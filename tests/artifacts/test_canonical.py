@@ -154,3 +154,64 @@ def test_reader_and_writer_share_the_node_limit() -> None:
         loads_strict(json.dumps([*fits, 0]))
     with pytest.raises(JsonError, match="values"):
         canonical_json([*fits, 0])
+
+
+# -- loads_strict's walk: depth and count only, the same verdicts as check_document ------------
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**20), 10**20)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=3), children, max_size=4)
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(json_values)
+def test_parsed_walk_counts_as_check_document_does(value: Any) -> None:
+    from dspark_calibrate.artifacts import _canonical
+
+    assert _canonical._shape(value, 0) == _canonical._walk(value, 0)
+    assert loads_strict(json.dumps(value)) == value
+
+
+def _nested(depth: int, leaf: Any) -> Any:
+    for i in range(depth):
+        leaf = [leaf] if i % 2 else {"k": leaf}
+    return leaf
+
+
+@pytest.mark.parametrize("leaf", [1, [], {}])
+@pytest.mark.parametrize("extra", [-1, 0, 1])
+def test_parsed_depth_limit_is_check_documents(leaf: Any, extra: int) -> None:
+    from dspark_calibrate.artifacts._canonical import MAX_JSON_DEPTH, check_document
+
+    doc = _nested(MAX_JSON_DEPTH + extra, leaf)
+    try:
+        check_document(doc)
+        expected = True
+    except JsonError:
+        expected = False
+    try:
+        loads_strict(json.dumps(doc))
+        parsed = True
+    except JsonError:
+        parsed = False
+    assert parsed is expected
+
+
+def test_parsed_node_limit_is_check_documents(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dspark_calibrate.artifacts import _canonical
+
+    monkeypatch.setattr(_canonical, "MAX_JSON_NODES", 10)
+    ok, over = json.dumps([[1, 2], {"a": [3, 4, 5]}, 6]), json.dumps([[1, 2], {"a": [3, 4, 5, 6]}, 7])
+    assert loads_strict(ok)  # 10 values
+    with pytest.raises(JsonError, match="11 values"):
+        loads_strict(over)
+    with pytest.raises(JsonError, match="11 values"):
+        _canonical.check_document(json.loads(over))

@@ -96,6 +96,35 @@ def _walk(obj: Any, depth: int) -> int:
     return nodes
 
 
+def _shape(obj: Any, depth: int) -> int:
+    """Values in a document :func:`json.loads` built with :func:`loads_strict`'s hooks, checking
+    only the nesting depth on the way (what :func:`_walk` checks that parsing cannot).
+
+    Such a document holds nothing else :func:`_walk` refuses: its object keys are strings (JSON
+    has no others), every integer passed ``_bounded_int`` and every float ``_finite_float``
+    while parsing, and NaN/Infinity literals were refused. So counting its values and measuring
+    its depth is the whole check, without a type test per key and per scalar (admission parses
+    ~15 documents, a state update two more).
+    """
+    if depth > MAX_JSON_DEPTH:
+        raise JsonError(f"JSON nests deeper than {MAX_JSON_DEPTH} levels")
+    kind = type(obj)
+    if kind is dict:
+        values: Any = obj.values()
+    elif kind is list:
+        values = obj
+    else:
+        return 1
+    if depth == MAX_JSON_DEPTH and len(values):  # its values would be one level too deep
+        raise JsonError(f"JSON nests deeper than {MAX_JSON_DEPTH} levels")
+    nodes = 1 + len(values)
+    for value in values:
+        kind = type(value)
+        if kind is dict or kind is list:
+            nodes += _shape(value, depth + 1) - 1
+    return nodes
+
+
 def check_document(obj: Any) -> None:
     """Refuse a value that is not within the document limits (``_limits``): nesting deeper than
     :data:`MAX_JSON_DEPTH`, more than ``MAX_JSON_NODES`` values, an integer of more than
@@ -177,7 +206,7 @@ def loads_strict(data: bytes | str, *, what: str = "JSON document") -> Any:
         text = data.decode("utf-8") if isinstance(data, bytes | bytearray) else data
         # The hooks refuse duplicates, constants and huge literals while parsing; depth and size
         # are checked by one walk over the result (the parser's own recursion stops near 1,000
-        # levels with RecursionError, handled below).
+        # levels with RecursionError, handled below): check_document's limits, see _shape.
         obj = json.loads(
             text,
             object_pairs_hook=_no_duplicates,
@@ -185,7 +214,9 @@ def loads_strict(data: bytes | str, *, what: str = "JSON document") -> Any:
             parse_float=_finite_float,
             parse_int=_bounded_int,
         )
-        check_document(obj)
+        nodes = _shape(obj, 0)
+        if nodes > MAX_JSON_NODES:
+            raise JsonError(f"JSON holds {nodes} values, more than the {MAX_JSON_NODES}-value limit")
         return obj
     except JsonError as exc:
         raise JsonError(f"{what}: {exc}") from None
