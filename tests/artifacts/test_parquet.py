@@ -320,3 +320,22 @@ def test_encode_picks_plain_pages_for_small_tables(
     assert {c for c, _ in found} == {codec}
     assert any("RLE_DICTIONARY" in e or "PLAIN_DICTIONARY" in e for _, e in found) is dictionary
     assert pq.read_table(io.BytesIO(data)).equals(table)
+
+
+def test_table_size_with_the_callers_columns_is_the_same(tmp_path: Path) -> None:
+    table = pa.table(
+        {
+            "i": pa.array([1, 2, None], pa.int64()),
+            "s": pa.array(["a", None, "ccc"]),
+            "l": pa.array([[1.0], None, [2.0, 3.0]], pa.list_(pa.float64())),
+            "ls": pa.array([["x"], [], None], pa.list_(pa.string())),
+            "f": pa.array([b"ab", b"cd", b"ef"], pa.binary(2)),
+        }
+    )
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    md = pq.ParquetFile(io.BytesIO(sink.getvalue())).metadata
+    columns = [md.schema.column(j) for j in range(len(md.schema))]
+    counts = {"l.list.element": 4, "ls.list.element": 3}
+    assert table_size(md, counts, columns) == table_size(md, counts)
+    assert table_size(md, None, columns) == table_size(md)

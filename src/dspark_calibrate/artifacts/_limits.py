@@ -36,7 +36,7 @@ Performs no I/O: it reads an already parsed ``pyarrow.parquet.FileMetaData``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -177,13 +177,18 @@ class TableSize:
     list_bytes: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
 
-def table_size(metadata: pq.FileMetaData, list_values: Mapping[str, int] | None = None) -> TableSize:
+def table_size(
+    metadata: pq.FileMetaData,
+    list_values: Mapping[str, int] | None = None,
+    columns: Sequence[pq.ColumnSchema] | None = None,
+) -> TableSize:
     """Bound the decoded size of the table ``metadata`` describes, without decoding it.
 
     Args:
         metadata: the file's footer, as pyarrow parsed it.
         list_values: level slots per list column (``_parquet_pages.list_value_counts``); without
             them a list column counts its offsets only and its values are unbounded.
+        columns: ``metadata.schema``'s leaf columns in order, when the caller has them already.
     """
     groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
     group_rows = [max(g.num_rows, 0) for g in groups]
@@ -193,31 +198,36 @@ def table_size(metadata: pq.FileMetaData, list_values: Mapping[str, int] | None 
     string_worst = sum(
         r * (_OFFSET_BYTES + max(g.total_byte_size, 0)) for r, g in zip(group_rows, groups, strict=True)
     )
-    schema = metadata.schema
+    if columns is None:
+        schema = metadata.schema
+        columns = [schema.column(j) for j in range(len(schema))]
     decoded = worst = 0
     strings: list[str] = []
     lists: list[str] = []
     counts = dict(list_values or {})
     list_bytes: dict[str, int] = {}
-    for j in range(len(schema)):
-        column = schema.column(j)
+    for column in columns:
+        # Each property is read once: pyarrow builds its value anew on every access.
+        physical = column.physical_type
+        width = _WIDTH.get(physical)
         if column.max_repetition_level > 0:
-            lists.append(column.path)
-            slots = max(counts.get(column.path, 0), 0)
-            if column.physical_type in _WIDTH:
-                low = high = slots * _WIDTH[column.physical_type]
-            elif column.physical_type == "FIXED_LEN_BYTE_ARRAY":
+            path = column.path
+            lists.append(path)
+            slots = max(counts.get(path, 0), 0)
+            if width is not None:
+                low = high = slots * width
+            elif physical == "FIXED_LEN_BYTE_ARRAY":
                 low = high = slots * max(column.length, 0)
             else:  # strings in a list: an offset each, and at most a row group's bytes each
                 low, high = slots * _OFFSET_BYTES, slots * (_OFFSET_BYTES + largest_group)
             decoded += rows * _OFFSET_BYTES + low
             worst += rows * _OFFSET_BYTES + high
-            if column.path in counts:
-                list_bytes[column.path] = low
-        elif column.physical_type in _WIDTH:
-            decoded += rows * _WIDTH[column.physical_type]
-            worst += rows * _WIDTH[column.physical_type]
-        elif column.physical_type == "FIXED_LEN_BYTE_ARRAY":
+            if path in counts:
+                list_bytes[path] = low
+        elif width is not None:
+            decoded += rows * width
+            worst += rows * width
+        elif physical == "FIXED_LEN_BYTE_ARRAY":
             decoded += rows * max(column.length, 0)
             worst += rows * max(column.length, 0)
         else:  # BYTE_ARRAY

@@ -415,11 +415,13 @@ def _check_table(
         ArtifactReadError: TABLE_TOO_LARGE.
     """
     try:
-        schema = pf.metadata.schema
+        metadata = pf.metadata
+        schema = metadata.schema
         leaves = [schema.column(j) for j in range(len(schema))]
-        lists = [c.path for c in leaves if c.max_repetition_level > 0]
-        counts = list_value_counts(data, footer_start(data), [c.path for c in leaves], lists)
-        size = table_size(pf.metadata, counts)
+        paths = [c.path for c in leaves]
+        lists = [path for c, path in zip(leaves, paths, strict=True) if c.max_repetition_level > 0]
+        counts = list_value_counts(data, footer_start(data), paths, lists)
+        size = table_size(metadata, counts, leaves)
     except (pa.ArrowException, OSError, ValueError) as exc:  # e.g. a column name that is not UTF-8
         raise _corrupt(path, exc) from exc
     if kind is None:
