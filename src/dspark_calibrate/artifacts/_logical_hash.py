@@ -9,6 +9,7 @@ millisecond.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 from collections.abc import Iterator, Sequence
@@ -279,21 +280,30 @@ def canonical_order(table: pa.Table, kind: str) -> pa.Table:
 def _chunks(table: pa.Table, keys: Sequence[str]) -> Iterator[bytes | memoryview]:
     ordered = _canonical_order(table, keys)
     schema = ordered.schema
-    tags = [type_tag(t) for t in schema.types]
-    header = [LOGICAL_HASH_DOMAIN, _u64(len(tags))]
-    for name, tag in zip(schema.names, tags, strict=True):
-        header += (_text(name), _text(tag))
-    header.append(_u64(ordered.num_rows))
-    yield b"".join(header)
+    names = tuple(schema.names)
+    tags = tuple(type_tag(t) for t in schema.types)
+    yield _schema_header(names, tags)
+    yield _u64(ordered.num_rows)
     arrays = [_array(column) for column in ordered.columns]
     plain = _plain_float64(arrays, tags)
-    for name, tag, arr, values in zip(schema.names, tags, arrays, plain, strict=True):
+    for name, tag, arr, values in zip(names, tags, arrays, plain, strict=True):
         if values is not None:
             # What _encode yields for this column: all slots valid, the stored values unchanged.
             yield _validity(len(arr), None)
             yield values
         else:
             yield from _encode(arr, name, tag)
+
+
+@functools.lru_cache(maxsize=64)
+def _schema_header(names: tuple[str, ...], tags: tuple[str, ...]) -> bytes:
+    """The encoding's schema part: domain, column count, then each name and type tag. A pure
+    function of the names and tags (each artifact kind has one schema, hashed at every
+    admission), so it is memoised on exactly those strings."""
+    header = [LOGICAL_HASH_DOMAIN, _u64(len(tags))]
+    for name, tag in zip(names, tags, strict=True):
+        header += (_text(name), _text(tag))
+    return b"".join(header)
 
 
 def _plain_float64(arrays: Sequence[pa.Array], tags: Sequence[str]) -> list[memoryview | None]:
