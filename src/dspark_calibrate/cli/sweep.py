@@ -269,6 +269,14 @@ def _check_lines(result: Any) -> list[str]:
             f"{100 * carry.largest_saving_shift():.2f} pp (limit {100 * result.config.thresholds.carryover_limit_rel:.2f} pp)"
         )
     lines.append(_protocol_line(result.protocol_summary(), mix=result.mix_summary()))
+    settling = result.settling_summary()
+    if settling["measured"] and settling["largest_g"] is not None:
+        parts = [f"G{g} {100 * d:+.2f}%" for g, d in settling["per_g"].items() if d is not None]
+        lines.append(
+            "settling: a native step moves from a visit's first sample to its last by "
+            + ", ".join(parts)
+            + "; a process that stays at one G runs where that drift leads, beyond the absolute intervals"
+        )
     clock_term = result.clock_summary()
     if clock_term["cell"]:
         lines.append(

@@ -4,6 +4,7 @@ the clock of the G's mix, against a synthetic GPU whose clock lags the cells it 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typer.testing import CliRunner
 from dspark_calibrate.calibrate.measurement.backends.synthetic import SyntheticBackend
 from dspark_calibrate.calibrate.measurement.journal import read_journal
 from dspark_calibrate.calibrate.measurement.ladder import CellKind, CellSpec
-from dspark_calibrate.calibrate.measurement.protocol import mix_arm
+from dspark_calibrate.calibrate.measurement.protocol import mix_arm, within_visit_drift
 from dspark_calibrate.calibrate.measurement.stats import Thresholds
 from dspark_calibrate.calibrate.measurement.sweep import SweepConfig, SweepResult, run_sweep
 from dspark_calibrate.calibrate.measurement.timing import HostTimer
@@ -257,6 +258,7 @@ def test_the_cli_interleaves_and_says_so(tmp_path: Path) -> None:
     res = CliRunner().invoke(build_calibrate_app(), [*args[:-1], "--out", str(tmp_path / "t.parquet")])
     assert res.exit_code == 0, res.output
     assert "interleaved" in res.output and "every step drawn at random or in runs" in res.output
+    assert "settling: a native step moves" in res.output
 
 
 def test_the_cli_refuses_interleaving_a_mixed_sweep(tmp_path: Path) -> None:
@@ -299,3 +301,38 @@ def test_a_host_timed_sequence_calls_telemetry_in_order() -> None:
     ms = timer.measure_sequence(steps, [0, 1, 1, 0, 1], chunk=2, on_chunk=seen.append)
     assert len(ms) == 5 and all(m > 0 for m in ms)
     assert seen == [1, 3, 4]
+
+
+# --- settling within a visit ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("samples", "expected"),
+    [
+        ([(0, 0, 10.0), (0, 1, 10.1), (0, 2, 10.2), (1, 3, 10.0), (1, 4, 10.2)], math.log(1.02)),
+        ([(0, 2, 10.2), (0, 0, 10.0), (0, 1, 10.1)], math.log(1.02)),  # by sample index, not row order
+        ([(0, 0, 10.0), (1, 1, 10.0)], None),  # no visit of two samples
+        ([], None),
+        ([(0, 0, 10.0), (0, 1, 9.9), (1, 2, 10.0), (1, 3, 9.9), (2, 4, 10.0), (2, 5, 10.5)], math.log(0.99)),
+    ],
+    ids=["rising", "unsorted", "single samples", "empty", "median of visits"],
+)
+def test_within_visit_drift(samples: list[tuple[int, int, float]], expected: float | None) -> None:
+    got = within_visit_drift(samples)
+    assert got == (None if expected is None else pytest.approx(expected))
+
+
+def test_a_visit_still_settling_shows_in_the_settling_check() -> None:
+    """After a larger G the synthetic step runs 5% slower, decaying over ~60 steps, longer than the
+    settle: an interleaved visit's native samples at the smallest G (every visit follows a larger
+    one) speed up from first to last, which the check reports; without it they do not."""
+    steady = {"cold_penalty_rel": 0.0, "drift_rel": 0.0}  # no switch penalty, no slow heat cycle
+    slow, _ = _sweep(9, True, carryover_rel=0.05, carryover_decay_steps=60.0, **steady)
+    settled, _ = _sweep(9, True, **steady)
+    moving = slow.settling_summary()
+    assert moving["measured"] and moving["largest_g"] == "2"
+    assert moving["per_g"]["2"] < -0.004
+    still = settled.settling_summary()
+    assert max(abs(d) for d in still["per_g"].values() if d is not None) < 0.003
+    alone, _ = _sweep(9, False)
+    assert alone.settling_summary() == {"measured": False}

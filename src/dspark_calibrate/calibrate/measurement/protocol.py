@@ -70,6 +70,7 @@ __all__ = [
     "widen_for_mix",
     "widen_for_order",
     "widen_for_protocol",
+    "within_visit_drift",
 ]
 
 
@@ -289,3 +290,22 @@ def widen_for_order(summary: CellSummary, carryover_rel: float | None) -> CellSu
         ci_low_ms=min(summary.ci_low_ms, summary.ci_low_ms * scale),
         ci_high_ms=max(summary.ci_high_ms, summary.ci_high_ms * scale),
     )
+
+
+def within_visit_drift(samples: Sequence[tuple[int, int, float]]) -> float | None:
+    """How far a cell's step time moves from the first to the last sample of a visit: the median
+    over visits of ``log(last / first)`` (``samples``: ``(round, sample index, ms)`` of kept
+    samples; a round is one visit). None without a visit of two samples.
+
+    A visit that is still settling (a power-capped GPU's clock falling for seconds after a lighter
+    G, or rising after a heavier one) shows it here; a process that stays at one G runs at the end
+    of that drift, beyond the visit's median."""
+    by_visit: dict[int, list[tuple[int, float]]] = {}
+    for rnd, index, ms in samples:
+        by_visit.setdefault(rnd, []).append((index, ms))
+    moves = []
+    for rows in by_visit.values():
+        if len(rows) >= 2:
+            rows.sort()
+            moves.append(math.log(rows[-1][1] / rows[0][1]))
+    return float(np.median(moves)) if moves else None

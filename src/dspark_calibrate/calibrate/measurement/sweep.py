@@ -83,6 +83,7 @@ from dspark_calibrate.calibrate.measurement.protocol import (
     widen_for_mix,
     widen_for_order,
     widen_for_protocol,
+    within_visit_drift,
 )
 from dspark_calibrate.calibrate.measurement.stats import (
     NO_BETWEEN_RUN,
@@ -500,6 +501,22 @@ class SweepResult:
             term.saving_synchronous,
             at_clock,
         )
+
+    def settling_summary(self) -> dict[str, Any]:
+        """An interleaved sweep's settling check: per G, how far the native cell's step time moves
+        from a visit's first sample to its last (:func:`~.protocol.within_visit_drift`), and the G
+        that moves most. ``measured`` is False for a sweep of one cell per visit."""
+        if not self.config.interleave or self.config.mixed is not None:
+            return {"measured": False}
+        names = ["graph_batch_size", "verifier_budget", "round", "sample_index", "step_time_ms", "kept"]
+        cols = self.samples.select(names)
+        rows: dict[int, list[tuple[int, int, float]]] = {}
+        for g, v, rnd, i, ms, kept in zip(*(c.to_pylist() for c in cols.columns), strict=True):
+            if v == 0 and kept:
+                rows.setdefault(int(g), []).append((int(rnd), int(i), float(ms)))
+        per_g = {str(g): within_visit_drift(r) for g, r in sorted(rows.items())}
+        moved = [(abs(d), g) for g, d in per_g.items() if d is not None]
+        return {"measured": True, "per_g": per_g, "largest_g": max(moved)[1] if moved else None}
 
     def control_summary(self) -> dict[str, Any]:
         """Per G, the control cell's saving (0 is the truth), its interval and whether the G's
@@ -1861,6 +1878,7 @@ def decode_checks(result: SweepResult) -> dict[str, Any]:
         else {"mode": "serving", "steps": order.steps, "source": order.source},
         "visits": "interleaved" if result.config.interleave else "one cell",
         "mix_term": result.mix_summary(),
+        "settling": result.settling_summary(),
         "step_protocol": result.protocol_summary(),
         "clock_term": result.clock_summary(),
     }

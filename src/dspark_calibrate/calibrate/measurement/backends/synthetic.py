@@ -20,7 +20,8 @@ are tested against known truths of these sizes (``--backend-opt NAME=X``):
 - ``common_shift_rel``: per epoch, one shift of SD X shared by every cell (a new epoch starts with
   each process and whenever a cell is captured a second time in it);
 - ``carryover_rel``: a visit that follows one to a larger G runs slower by X, decaying over
-  ``carryover_decay_steps`` steps (e-folding) after the switch;
+  ``carryover_decay_steps`` steps (e-folding) after the switch of G (a G's cells alternating
+  among themselves keep decaying it);
 - ``capture_bias_rel``: a bias of the measurement, not of serving: every cell other than the
   native one (compact and control) runs faster by X in the sweep, so the control cell shows it
   (:meth:`SyntheticModel.true_saving` leaves it out);
@@ -230,6 +231,7 @@ class SyntheticBackend(BackendBase):
         self.clock = VirtualClock()
         self._last: Hashable | None = None
         self._since_switch = 0
+        self._since_g_change = 0
         self._steps = 0
         self._fail_at = fail_at
         self._nan_at = nan_at
@@ -299,18 +301,18 @@ class SyntheticBackend(BackendBase):
             self.clock.advance(math.nan)
             return
         m = self.model
+        g = cell.graph_batch_size if isinstance(cell, CellSpec) else None
         if cell != self._last:
-            self._previous_g = self._last.graph_batch_size if isinstance(self._last, CellSpec) else None
+            last_g = self._last.graph_batch_size if isinstance(self._last, CellSpec) else None
+            if g != last_g:  # the carry-over is the G's: it decays over the steps since G changed
+                self._previous_g, self._since_g_change = last_g, 0
             self._last, self._since_switch = cell, 0
         cold = m.cold_penalty_rel * math.exp(-self._since_switch / max(m.cold_decay_steps, 1e-9))
         carry = 0.0
-        if (
-            isinstance(cell, CellSpec)
-            and self._previous_g is not None
-            and self._previous_g > cell.graph_batch_size
-        ):
-            carry = m.carryover_rel * math.exp(-self._since_switch / m.carryover_decay_steps)
+        if g is not None and self._previous_g is not None and self._previous_g > g:
+            carry = m.carryover_rel * math.exp(-self._since_g_change / m.carryover_decay_steps)
         self._since_switch += 1
+        self._since_g_change += 1
         factor = (1.0 + m.drift_rel * self.drift() + cold) * (1.0 + carry)
         factor *= math.exp(self._rng.normal(0.0, m.noise_rel))
         if self._rng.random() < m.outlier_prob:
