@@ -16,16 +16,16 @@ from typing import Any, ClassVar
 from dspark_calibrate.artifacts._canonical import canonical_json, sha256_hex
 from dspark_calibrate.errors import InvalidValueError
 
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
-
 
 def field_names(cls: type) -> tuple[str, ...]:
     """A dataclass's field names in declaration order (fixed once the class exists; fingerprints
     and cells are built several times per admission, so the names are looked up once)."""
-    names = _FIELD_NAMES.get(cls)
-    if names is None:
-        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
-    return names
+    return _field_names(cls)
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 __all__ = [
     "FINGERPRINT_FLAGS",
