@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from dspark_calibrate.errors import InvalidValueError
+
 __all__ = ["CudaEventTimer", "HostTimer", "SequenceTimer", "SplitTimer", "Step", "Timer"]
 
 
@@ -91,10 +93,10 @@ class SequenceTimer(Timer, Protocol):
 
 def _check_sequence(steps: Sequence[Step], order: Sequence[int], chunk: int) -> None:
     if chunk < 1:
-        raise ValueError(f"chunk must be >= 1, not {chunk}")
+        raise InvalidValueError(f"chunk must be >= 1, not {chunk}")
     bad = sorted({i for i in order if not 0 <= i < len(steps)})
     if bad:
-        raise ValueError(f"order names steps {bad} of {len(steps)}")
+        raise InvalidValueError(f"order names steps {bad} of {len(steps)}")
 
 
 def _no_sync() -> None:
