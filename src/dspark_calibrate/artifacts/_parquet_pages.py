@@ -69,20 +69,8 @@ class _Reader:
         return value
 
     def varint(self) -> int:
-        # Locals, not byte(): admission reads a list column's footer on every calibration table.
-        data, pos, end = self.data, self.pos, self.end
-        shift = result = 0
-        while pos < end:
-            b = data[pos]
-            pos += 1
-            result |= (b & 0x7F) << shift
-            if not b & 0x80:
-                self.pos = pos
-                return result
-            shift += 7
-            if shift > 63:
-                raise PageHeaderError("Thrift varint longer than 64 bits")
-        raise PageHeaderError("truncated Thrift data")
+        value, self.pos = _varint(self.data, self.pos, self.end)
+        return value
 
     def zigzag(self) -> int:
         n = self.varint()
@@ -209,7 +197,8 @@ class _Reader:
 
 
 def _varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
-    """``(value, next position)`` of the varint at ``pos`` (as :meth:`_Reader.varint`)."""
+    """``(value, next position)`` of the varint at ``pos``: the one decoder of Thrift varints here
+    (:meth:`_Reader.varint` and :func:`_skip` both read through it)."""
     shift = result = 0
     while pos < end:
         b = data[pos]
