@@ -154,13 +154,23 @@ TINY = Mode(
 
 
 def with_budget(
-    mode: Mode, sweep_budget: float | None, steps_per_block: int | None, *, interleave: bool = False
+    mode: Mode,
+    sweep_budget: float | None,
+    steps_per_block: int | None,
+    *,
+    interleave: bool = False,
+    settle_s: float | None = None,
 ) -> Mode:
     """``mode`` with another sweep budget (GPU-seconds) and harness sequence length, where given,
-    and (``interleave``) a sweep that visits each G's cells in one interleaved sequence."""
+    and (``interleave``) a sweep that visits each G's cells in one interleaved sequence, running
+    each visit's mix untimed for ``settle_s`` first (the sweep's default where None)."""
     sweep = list(mode.sweep)
     if interleave and "--interleave" not in sweep:
         sweep.append("--interleave")
+    if settle_s is not None:
+        if not interleave:
+            raise SystemExit("--sweep-settle-s needs --sweep-interleave")
+        sweep += ["--settle-s", f"{settle_s:g}"]
     if sweep_budget is not None:
         if not sweep_budget > 0:
             raise SystemExit(f"--sweep-budget must be > 0, not {sweep_budget}")
@@ -524,6 +534,7 @@ def compare_files(sweep_dir: Path, harness_file: Path) -> dict[str, Any]:
         "clock_term": extra.get("clock_term"),
         "visits": extra.get("visits"),
         "mix_term": extra.get("mix_term"),
+        "settling": extra.get("settling"),
     }
     result["harness"] = {k: harness.get(k) for k in ("seconds", "telemetry", "discard")}
     return result
@@ -648,6 +659,12 @@ def main(argv: list[str] | None = None) -> int:
             action="store_true",
             help="job: the sweep visits each G's cells in one step-by-step alternating sequence (--interleave)",
         )
+        p.add_argument(
+            "--sweep-settle-s",
+            type=float,
+            default=None,
+            help="job: with --sweep-interleave, seconds each visit runs its mix untimed (--settle-s)",
+        )
     cmp_ = sub.add_parser("compare")
     cmp_.add_argument("--sweep", required=True, type=Path, help="the sweep's out dir (adaptive.parquet)")
     cmp_.add_argument("--harness", required=True, type=Path, help="independent.json")
@@ -657,7 +674,11 @@ def main(argv: list[str] | None = None) -> int:
         write_independent(compare_files(args.sweep, args.harness), args.out)
         return 0
     mode = with_budget(
-        TINY if args.tiny else FULL, args.sweep_budget, args.steps_per_block, interleave=args.sweep_interleave
+        TINY if args.tiny else FULL,
+        args.sweep_budget,
+        args.steps_per_block,
+        interleave=args.sweep_interleave,
+        settle_s=args.sweep_settle_s,
     )
     args.out.mkdir(parents=True, exist_ok=True)
     if args.cmd == "harness":

@@ -32,9 +32,11 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from independent_harness import FULL, TINY, Mode, _Nvml, alternating_sequence  # noqa: E402
+import itertools
 
-from dspark_calibrate.calibrate.measurement.ladder import CellSpec, parse_ladder  # noqa: E402
+from independent_harness import FULL, TINY, Mode, _Nvml, alternating_sequence
+
+from dspark_calibrate.calibrate.measurement.ladder import CellSpec, parse_ladder
 
 #: Window edges (seconds since the switch) the curves are binned by.
 EDGES_S = (0.0, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0)
@@ -87,14 +89,14 @@ def curve(
     t_end = np.cumsum(np.asarray(ms, dtype=np.float64)) / 1000.0  # each step's end, seconds
     idx = np.asarray(order)
     out = []
-    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+    for lo, hi in itertools.pairwise(edges):
         sel = (t_end > lo) & (t_end <= hi)
         if not sel.any():
             continue
         row: dict[str, Any] = {"from_s": lo, "to_s": hi, "steps": int(sel.sum()), "cells": {}}
         arr = np.asarray(ms)
         medians = {}
-        for i, c in enumerate(cells):
+        for i, _c in enumerate(cells):
             mine = arr[sel & (idx == i)]
             if len(mine):
                 medians[i] = float(np.median(mine))
@@ -112,7 +114,9 @@ def curve(
     return out
 
 
-def settle_time(rows: Sequence[Mapping[str, Any]], *, tolerance_pp: float, tolerance_rel: float) -> dict[str, Any]:
+def settle_time(
+    rows: Sequence[Mapping[str, Any]], *, tolerance_pp: float, tolerance_rel: float
+) -> dict[str, Any]:
     """The first window start from which every window's savings stay within ``tolerance_pp`` of
     the settled savings and the native median within ``tolerance_rel`` of its settled value (the
     settled values: medians over the windows that start in the dwell's last third)."""
@@ -125,7 +129,9 @@ def settle_time(rows: Sequence[Mapping[str, Any]], *, tolerance_pp: float, toler
     settled_saving = {
         n: float(np.median(vals))
         for n in names
-        if (vals := [r["cells"][n]["saving"] for r in tail if r["cells"].get(n, {}).get("saving") is not None])
+        if (
+            vals := [r["cells"][n]["saving"] for r in tail if r["cells"].get(n, {}).get("saving") is not None]
+        )
     }
     settled_native = float(np.median([r["cells"][native]["median_ms"] for r in tail if native in r["cells"]]))
     off = []
@@ -215,7 +221,9 @@ def main(argv: list[str] | None = None) -> int:
                     "to_g": b,
                     "steps": len(order),
                     "windows": rows,
-                    "settling": settle_time(rows, tolerance_pp=args.tolerance_pp, tolerance_rel=args.tolerance_rel),
+                    "settling": settle_time(
+                        rows, tolerance_pp=args.tolerance_pp, tolerance_rel=args.tolerance_rel
+                    ),
                 }
             )
             st = results[-1]["settling"]

@@ -179,6 +179,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             until_round=until_round,
             pass_epoch=args.pass_index,
             interleave=args.interleave,
+            settle_s=args.settle_s,
         )
         marks: list[float] = []
 
@@ -545,6 +546,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--budgets", action="append", default=None, help="G:V1,V2 (repeatable)")
     run.add_argument(
         "--interleave", action="store_true", help="visit a G's cells in one step-by-step alternating sequence"
+    )
+    run.add_argument(
+        "--settle-s", type=float, default=None, help="with --interleave: seconds of untimed mix per visit"
     )
     run.add_argument("--out-dir", required=True)
     run.set_defaults(fn=cmd_run)

@@ -63,6 +63,7 @@ __all__ = [
     "RewarmOption",
     "SamplesPerVisitOption",
     "SeedOption",
+    "SettleOption",
     "SweepOptions",
     "ThrottlePolicyOption",
     "UntilRoundOption",
@@ -170,6 +171,16 @@ InterleaveFlag = Annotated[
         help="Visit a G's open cells together in one sequence that alternates them step by step, as a "
         "policy does, so every cell is timed at the clock the G's mix runs at (not the higher clock a "
         "light cell reaches alone under a power cap).",
+    ),
+]
+SettleOption = Annotated[
+    float | None,
+    typer.Option(
+        "--settle-s",
+        help="With --interleave: seconds each visit runs its G's mix untimed before timing it "
+        "(default 0.2). A power-capped GPU's clock follows a new mix over seconds; see docs/sweep.md.",
+        metavar="S",
+        show_default=False,
     ),
 ]
 WorkloadOption = Annotated[
@@ -413,6 +424,7 @@ class SweepOptions:
     protocol: str
     order: str
     interleave: bool
+    settle_s: float | None
     workload: Path | None
     preset: str
     precision: float | None

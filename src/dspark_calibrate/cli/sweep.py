@@ -108,6 +108,7 @@ from dspark_calibrate.cli._sweep_options import (
     RewarmOption,
     SamplesPerVisitOption,
     SeedOption,
+    SettleOption,
     SweepOptions,
     ThrottlePolicyOption,
     UntilRoundOption,
@@ -273,7 +274,8 @@ def _check_lines(result: Any) -> list[str]:
     if settling["measured"] and settling["largest_g"] is not None:
         parts = [f"G{g} {100 * d:+.2f}%" for g, d in settling["per_g"].items() if d is not None]
         lines.append(
-            "settling: a native step moves from a visit's first sample to its last by "
+            f"settling (after {settling['settle_s']:g} s of untimed mix per visit): a native step moves "
+            "from a visit's first sample to its last by "
             + ", ".join(parts)
             + "; a process that stays at one G runs where that drift leads, beyond the absolute intervals"
         )
@@ -800,6 +802,7 @@ def _sweep_request(
         world_size=live.get("gpu_count"),
         order=_serving_order(opts, ladder),
         interleave=opts.interleave,
+        settle_s=opts.settle_s,
     )
 
 
@@ -836,6 +839,9 @@ def run_sweep(opts: SweepOptions) -> None:
             )
         if opts.mixed_workload is not None or opts.mixed_grid is not None:
             raise ConfigError("--mixed-workload and --mixed-grid need --mixed; add --mixed")
+        from dspark_calibrate.calibrate.measurement.sweep import check_settle
+
+        check_settle(opts.settle_s, interleave=opts.interleave)
         request = _sweep_request(opts, backend_options, live, base_fp)
         if opts.passes > 1:
             rounds = request.thresholds.recapture_every or 3
@@ -868,6 +874,7 @@ def sweep_command(
     protocol: ProtocolOption = "adaptive",
     order: OrderOption = "random",
     interleave: InterleaveFlag = False,
+    settle_s: SettleOption = None,
     workload: WorkloadOption = None,
     preset: PresetOption = "default",
     precision: PrecisionOption = None,

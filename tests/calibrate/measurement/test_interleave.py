@@ -18,7 +18,13 @@ from dspark_calibrate.calibrate.measurement.journal import read_journal
 from dspark_calibrate.calibrate.measurement.ladder import CellKind, CellSpec
 from dspark_calibrate.calibrate.measurement.protocol import mix_arm, within_visit_drift
 from dspark_calibrate.calibrate.measurement.stats import Thresholds
-from dspark_calibrate.calibrate.measurement.sweep import SweepConfig, SweepResult, run_sweep
+from dspark_calibrate.calibrate.measurement.sweep import (
+    MAX_SETTLE_S,
+    SETTLE_S,
+    SweepConfig,
+    SweepResult,
+    run_sweep,
+)
 from dspark_calibrate.calibrate.measurement.timing import HostTimer
 from dspark_calibrate.cli import build_calibrate_app
 from dspark_calibrate.errors import ConfigError, MeasurementError
@@ -57,6 +63,32 @@ def test_a_sweep_of_one_cell_per_visit_keeps_its_digest() -> None:
     config, _ = _config(0, False)
     assert "interleave" not in config.to_dict()
     assert replace(config, interleave=True).digest() != config.digest()
+
+
+def test_the_default_settle_keeps_an_interleaved_digest_and_another_changes_it() -> None:
+    config, _ = _config(0, True)
+    assert "settle_s" not in config.to_dict()
+    assert config.settle_seconds == SETTLE_S
+    longer = replace(config, settle_s=1.5)
+    assert longer.to_dict()["settle_s"] == 1.5 and longer.settle_seconds == 1.5
+    assert longer.digest() != config.digest()
+
+
+@pytest.mark.parametrize(
+    ("settle_s", "interleave", "match"),
+    [
+        (1.0, False, "add --interleave"),
+        (-0.1, True, "0..60"),
+        (math.nan, True, "0..60"),
+        (math.inf, True, "0..60"),
+        (MAX_SETTLE_S + 1.0, True, "0..60"),
+    ],
+    ids=["without-interleave", "negative", "nan", "inf", "above-the-cap"],
+)
+def test_a_bad_settle_is_refused(settle_s: float, interleave: bool, match: str) -> None:
+    config, _ = _config(0, interleave)
+    with pytest.raises(ConfigError, match=match):
+        replace(config, settle_s=settle_s)
 
 
 def test_a_mixed_sweep_cannot_interleave() -> None:
@@ -249,16 +281,31 @@ def test_the_cli_interleaves_and_says_so(tmp_path: Path) -> None:
     out = tmp_path / "s.parquet"
     args = ["sweep", "--k", "3", "--ladder", "2,4", "--out", str(out), "--preset", "quick", "--interleave"]
     args += ["--backend-opt", "power_capped=true", "--backend-opt", "clock_tau_steps=5", "--no-plot"]
-    res = CliRunner().invoke(build_calibrate_app(), [*args, "--json"])
+    res = CliRunner().invoke(build_calibrate_app(), [*args, "--settle-s", "0.5", "--json"])
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
     checks = report.get("checks", report)
     assert checks["visits"] == "interleaved"
     assert checks["mix_term"]["measured"] is True
+    assert checks["settling"]["settle_s"] == 0.5
     res = CliRunner().invoke(build_calibrate_app(), [*args[:-1], "--out", str(tmp_path / "t.parquet")])
     assert res.exit_code == 0, res.output
     assert "interleaved" in res.output and "every step drawn at random or in runs" in res.output
-    assert "settling: a native step moves" in res.output
+    assert "settling (after 0.2 s of untimed mix per visit): a native step moves" in res.output
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--settle-s", "1"], ["--interleave", "--settle-s", "nan"], ["--interleave", "--settle-s", "-1"]],
+    ids=["without-interleave", "nan", "negative"],
+)
+def test_the_cli_refuses_a_bad_settle_before_measuring(tmp_path: Path, extra: list[str]) -> None:
+    out = tmp_path / "s.parquet"
+    res = CliRunner().invoke(
+        build_calibrate_app(), ["sweep", "--k", "3", "--ladder", "2,4", "--out", str(out), *extra]
+    )
+    assert res.exit_code == 2, res.output
+    assert "--settle-s" in res.output and not out.exists()
 
 
 def test_the_cli_refuses_interleaving_a_mixed_sweep(tmp_path: Path) -> None:
@@ -336,3 +383,18 @@ def test_a_visit_still_settling_shows_in_the_settling_check() -> None:
     assert max(abs(d) for d in still["per_g"].values() if d is not None) < 0.003
     alone, _ = _sweep(9, False)
     assert alone.settling_summary() == {"measured": False}
+
+
+def test_a_longer_settle_lets_the_visit_settle_before_it_is_timed() -> None:
+    """The same slow carry-over as above (~60 steps, 0.3 s of the smallest G's mix): 0.2 s of
+    settle leaves the visit moving, 1.5 s lets it settle before the first timed sample; the
+    summary states the settle it used."""
+    steady = {"cold_penalty_rel": 0.0, "drift_rel": 0.0}
+    model = {**HEAVY, "carryover_rel": 0.05, "carryover_decay_steps": 60.0, **steady}
+    config, backend = _config(9, True, **model)
+    short = run_sweep(config, backend, journal_path=None).settling_summary()
+    config, backend = _config(9, True, **model)
+    long = run_sweep(replace(config, settle_s=1.5), backend, journal_path=None).settling_summary()
+    assert short["settle_s"] == SETTLE_S and long["settle_s"] == 1.5
+    assert short["per_g"]["2"] < -0.004
+    assert abs(long["per_g"]["2"]) < 0.002

@@ -162,6 +162,9 @@ class SweepConfig:
         interleave: visit one G's open cells together, in one sequence that alternates them step
             by step (:func:`~.order.interleaved_steps`), instead of one cell per visit: every cell
             is then timed at the clock its G's mix runs at (decode sweeps only).
+        settle_s: with ``interleave``, seconds each visit runs its G's mix untimed before timing
+            it (None: :data:`SETTLE_S`); a power-capped GPU's operating point follows the mix with
+            a delay of seconds (docs/sweep.md "Interleaved visits").
     """
 
     k: int
@@ -176,8 +179,10 @@ class SweepConfig:
     mixed: Mapping[str, Any] | None = None
     order: Mapping[str, Any] | None = None
     interleave: bool = False
+    settle_s: float | None = None
 
     def __post_init__(self) -> None:
+        check_settle(self.settle_s, interleave=self.interleave)
         if self.interleave and self.mixed is not None:
             raise ConfigError("--interleave alternates decode cells; a mixed sweep visits one step at a time")
         if self.order is not None and self.mixed is not None:
@@ -234,7 +239,14 @@ class SweepConfig:
             out["order"] = dict(self.order)
         if self.interleave:  # and a sweep of one cell per visit
             out["interleave"] = True
+        if self.settle_s is not None:  # and an interleaved sweep at the default settle
+            out["settle_s"] = self.settle_s
         return out
+
+    @property
+    def settle_seconds(self) -> float:
+        """Seconds an interleaved visit runs its mix untimed first (:attr:`settle_s`)."""
+        return SETTLE_S if self.settle_s is None else self.settle_s
 
     @property
     def serving_order(self) -> ServingOrder | None:
@@ -503,9 +515,10 @@ class SweepResult:
         )
 
     def settling_summary(self) -> dict[str, Any]:
-        """An interleaved sweep's settling check: per G, how far the native cell's step time moves
-        from a visit's first sample to its last (:func:`~.protocol.within_visit_drift`), and the G
-        that moves most. ``measured`` is False for a sweep of one cell per visit."""
+        """An interleaved sweep's settling check: the settle each visit ran first (``settle_s``),
+        per G how far the native cell's step time moves from a visit's first sample to its last
+        (:func:`~.protocol.within_visit_drift`), and the G that moves most. ``measured`` is False
+        for a sweep of one cell per visit."""
         if not self.config.interleave or self.config.mixed is not None:
             return {"measured": False}
         names = ["graph_batch_size", "verifier_budget", "round", "sample_index", "step_time_ms", "kept"]
@@ -516,7 +529,12 @@ class SweepResult:
                 rows.setdefault(int(g), []).append((int(rnd), int(i), float(ms)))
         per_g = {str(g): within_visit_drift(r) for g, r in sorted(rows.items())}
         moved = [(abs(d), g) for g, d in per_g.items() if d is not None]
-        return {"measured": True, "per_g": per_g, "largest_g": max(moved)[1] if moved else None}
+        return {
+            "measured": True,
+            "settle_s": self.config.settle_seconds,
+            "per_g": per_g,
+            "largest_g": max(moved)[1] if moved else None,
+        }
 
     def control_summary(self) -> dict[str, Any]:
         """Per G, the control cell's saving (0 is the truth), its interval and whether the G's
@@ -957,6 +975,23 @@ def _with_checks(
 #: re-warm): on an H200 at its power cap, a G visited for a few dozen steps after another G ran
 #: 1-2.5% off the speed a harness measured after 40 steps of settling (0.1-1.3 s by G).
 SETTLE_S = 0.2
+#: The longest settle ``--settle-s`` accepts, in seconds (a visit per G per round pays it).
+MAX_SETTLE_S = 60.0
+
+
+def check_settle(settle_s: float | None, *, interleave: bool) -> None:
+    """Refuse a settle that is not a finite number of seconds in ``0..MAX_SETTLE_S``, or one
+    given without ``--interleave`` (the only visits that settle).
+
+    Raises:
+        ConfigError: naming ``--settle-s`` and the fix.
+    """
+    if settle_s is None:
+        return
+    if not interleave:
+        raise ConfigError("--settle-s sets an interleaved visit's untimed mix; add --interleave")
+    if not (math.isfinite(settle_s) and 0.0 <= settle_s <= MAX_SETTLE_S):
+        raise ConfigError(f"--settle-s {settle_s!r} is not a number of seconds in 0..{MAX_SETTLE_S:g}")
 #: Steps of an interleaved sequence between two telemetry readings (and between two waits of the
 #: host for the device: the next chunk is queued before the one before it is waited for).
 _CHUNK_STEPS = 8
@@ -1188,7 +1223,8 @@ class _Harness:
 
     def _settle_steps(self, cells: Sequence[Cell]) -> int:
         """Re-warm replays of each cell before an interleaved visit's timed sequence: the sweep's
-        re-warm, or more, so that the untimed mix runs at least :data:`SETTLE_S` (estimated from
+        re-warm, or more, so that the untimed mix runs at least the settle (``--settle-s``,
+        :data:`SETTLE_S` by default; estimated from
         the medians of the cells' samples so far; the sweep's re-warm alone before any). A visit
         inherits the clock state the previous G left, and a power-capped GPU's clock takes a
         fraction of a second to settle to the new mix; a serving engine stays at one G for many
@@ -1200,7 +1236,8 @@ class _Harness:
             if len(medians) < len(cells):
                 return self.rewarm
             self.settle_ms[g] = max(float(np.mean(medians)), 1e-9)
-        return max(math.ceil(1000.0 * SETTLE_S / (self.settle_ms[g] * len(cells))), self.rewarm)
+        settle_s = self.config.settle_seconds
+        return max(math.ceil(1000.0 * settle_s / (self.settle_ms[g] * len(cells))), self.rewarm)
 
     def _measure_group(
         self,
@@ -2079,6 +2116,7 @@ class SweepRequest:
         order: the serving order the rounds follow (None: a seeded random order).
         interleave: visit a G's open cells in one step-by-step alternating sequence
             (:attr:`SweepConfig.interleave`).
+        settle_s: an interleaved visit's untimed mix, seconds (:attr:`SweepConfig.settle_s`).
     """
 
     backend: str
@@ -2107,6 +2145,7 @@ class SweepRequest:
     world_size: int | None = None
     order: ServingOrder | None = None
     interleave: bool = False
+    settle_s: float | None = None
 
 
 IMPORT_BACKEND = "import-samples"
@@ -2229,6 +2268,7 @@ def execute(
             fingerprint=fingerprint.to_dict(),
             order=None if request.order is None else request.order.to_dict(),
             interleave=request.interleave,
+            settle_s=request.settle_s,
         )
         return sweep(
             config=config,
