@@ -22,6 +22,7 @@ Run (one GPU, ~2 minutes): ``PYTHONPATH=src python3 benchmarks/settling_curve.py
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -32,8 +33,6 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import itertools
-
 from independent_harness import FULL, TINY, Mode, _Nvml, alternating_sequence
 
 from dspark_calibrate.calibrate.measurement.ladder import CellSpec, parse_ladder
