@@ -426,6 +426,10 @@ def harness_agreement(first: Mapping[str, Any], second: Mapping[str, Any]) -> di
         },
         "common_offset_rel": offset,
         "median_rel_diff_after_offset_max": float(np.max([abs(x - offset) for x in logs])) if logs else None,
+        # One run's level SD per cell beyond the common offset: the pair's SD over √2.
+        "level_sd_rel": float(np.std([x - offset for x in logs], ddof=1) / math.sqrt(2.0))
+        if len(logs) > 1
+        else None,
     }
 
 
@@ -434,16 +438,25 @@ def _pp(x: float) -> float:
 
 
 def compare(
-    sweep_rows: Sequence[Mapping[str, Any]], between: Mapping[str, Any], harness: Mapping[str, Any]
+    sweep_rows: Sequence[Mapping[str, Any]],
+    between: Mapping[str, Any],
+    harness: Mapping[str, Any],
+    *,
+    level_prior_rel: float | None = None,
 ) -> dict[str, Any]:
-    """The sweep's stated intervals against the harness's measurements (module docstring). Pure."""
+    """The sweep's stated intervals against the harness's measurements (module docstring). Pure.
+
+    ``level_prior_rel``: a per-run SD of a cell's level beyond the common offset, measured
+    elsewhere (``harness_agreement``'s ``level_sd_rel`` of another job): the absolute coverage is
+    then also stated with each interval widened by it, in quadrature, for two runs (the sweep's
+    and the harness's), ``absolute_coverage_with_level_prior``."""
     mine = {(r["graph_batch_size"], r["verifier_budget"]): r for r in sweep_rows}
     other = {(c["graph_batch_size"], c["verifier_budget"]): c for c in harness["cells"]}
     common = sorted(set(mine) & set(other))
     queued = all(mine[c].get("pipelined_ms") is not None for c in common)
     reference = "pipelined_ms" if queued else "step_time_ms"
     offset = float(np.median([math.log(other[c]["median_ms"] / mine[c][reference]) for c in common]))
-    cells, covered, diffs, absolute, shifted = [], [], [], [], []
+    cells, covered, diffs, absolute, shifted, widened = [], [], [], [], [], []
     for key in common:
         s, h = mine[key], other[key]
         kind = str(h["kind"])
@@ -468,6 +481,10 @@ def compare(
         absolute.append(s["ci_low_ms"] <= h["median_ms"] <= s["ci_high_ms"])
         moved = h["median_ms"] * math.exp(-offset)
         shifted.append(s["ci_low_ms"] <= moved <= s["ci_high_ms"])
+        if level_prior_rel is not None:
+            lo, hi = math.log(s["ci_low_ms"]), math.log(s["ci_high_ms"])
+            half = math.hypot((hi - lo) / 2.0, 1.96 * math.sqrt(2.0) * level_prior_rel)
+            widened.append(abs(math.log(moved) - (hi + lo) / 2.0) <= half)
         if kind == CellKind.COMPACT.value:
             inside = s["saving_ci_low"] <= h["saving"] <= s["saving_ci_high"]
             covered.append(inside)
@@ -493,6 +510,8 @@ def compare(
         "common_offset_rel": math.expm1(offset),
         "common_offset_against": reference,
         "absolute_coverage_after_common_offset": float(np.mean(shifted)),
+        "level_prior_rel": level_prior_rel,
+        "absolute_coverage_with_level_prior": float(np.mean(widened)) if widened else None,
         "control_bias_max_pp": max((abs(_pp(v)) for v in controls.values()), default=None),
         "control_bias_per_g_pp": {str(g): _pp(v) for g, v in sorted(controls.items())},
         "independent_control_max_pp": max(independent_controls, default=None),
@@ -513,12 +532,16 @@ def compare(
     return result
 
 
-def compare_files(sweep_dir: Path, harness_file: Path) -> dict[str, Any]:
+def compare_files(
+    sweep_dir: Path, harness_file: Path, *, level_prior_rel: float | None = None
+) -> dict[str, Any]:
     """:func:`compare` on a sweep directory (``adaptive.parquet``) and a harness JSON."""
     art = read_artifact(sweep_dir / "adaptive.parquet")
     extra = art.provenance_untrusted().extra
     harness = json.loads(harness_file.read_text())
-    result = compare(art.table.to_pylist(), extra.get("between_run", {}), harness)
+    result = compare(
+        art.table.to_pylist(), extra.get("between_run", {}), harness, level_prior_rel=level_prior_rel
+    )
     meta_file = sweep_dir / "adaptive.json"
     if meta_file.exists():
         meta = json.loads(meta_file.read_text())
@@ -669,9 +692,17 @@ def main(argv: list[str] | None = None) -> int:
     cmp_.add_argument("--sweep", required=True, type=Path, help="the sweep's out dir (adaptive.parquet)")
     cmp_.add_argument("--harness", required=True, type=Path, help="independent.json")
     cmp_.add_argument("--out", type=Path, default=RESULT)
+    cmp_.add_argument(
+        "--level-prior-rel",
+        type=float,
+        default=None,
+        help="a per-run level SD measured in another job (its harness_repeat.level_sd_rel)",
+    )
     args = parser.parse_args(argv)
     if args.cmd == "compare":
-        write_independent(compare_files(args.sweep, args.harness), args.out)
+        write_independent(
+            compare_files(args.sweep, args.harness, level_prior_rel=args.level_prior_rel), args.out
+        )
         return 0
     mode = with_budget(
         TINY if args.tiny else FULL,

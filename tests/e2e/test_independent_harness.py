@@ -112,7 +112,9 @@ def test_the_offset_compares_queued_steps_with_queued_steps() -> None:
         r["ci_low_ms"], r["ci_high_ms"] = queued * 0.995, (queued + 0.26) * 1.005
     plain = ih.compare([{k: v for k, v in r.items() if k != "pipelined_ms"} for r in rows], {}, harness)
     paired = ih.compare(rows, {}, harness)
-    assert paired["common_offset_against"] == "pipelined_ms" and plain["common_offset_against"] == "step_time_ms"
+    assert (
+        paired["common_offset_against"] == "pipelined_ms" and plain["common_offset_against"] == "step_time_ms"
+    )
     assert abs(paired["common_offset_rel"]) < 1e-9 < abs(plain["common_offset_rel"])
     assert paired["absolute_coverage_after_common_offset"] == 1.0 and paired["saving_ci_coverage"] == 1.0
 
@@ -142,6 +144,51 @@ def test_two_harness_runs_state_how_far_they_are_apart() -> None:
     assert (agreement["saving_diff_median_pp"], agreement["saving_diff_max_pp"]) == pytest.approx((0.8, 1.2))
     assert agreement["common_offset_rel"] == pytest.approx(math.log(1.01), abs=2e-3)
     assert ih.harness_agreement(first, first)["saving_diff_max_pp"] == 0.0
+
+
+def test_two_harness_runs_state_one_runs_level_sd() -> None:
+    """Cells whose levels move by known amounts beyond a common offset: the per-run SD is the
+    SD of those moves over √2 (two runs, each carrying its own)."""
+    _, first = _case(0.0, {})
+    moves = [0.01, -0.01, 0.0, 0.02, -0.02, 0.0]
+    second = {
+        **first,
+        "cells": [
+            {**c, "median_ms": c["median_ms"] * math.exp(m)}
+            for c, m in zip(first["cells"], moves, strict=True)
+        ],
+    }
+    agreement = ih.harness_agreement(first, second)
+    assert agreement["level_sd_rel"] == pytest.approx(np.std(moves, ddof=1) / math.sqrt(2), rel=1e-9)
+    assert ih.harness_agreement(first, first)["level_sd_rel"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("prior", "covered"),
+    [(None, None), (0.0, 4 / 6), (0.006, 1.0)],
+    ids=["no-prior", "zero-prior-is-the-plain-coverage", "prior-carries-the-moves"],
+)
+def test_a_level_prior_widens_the_absolute_coverage(prior: float | None, covered: float | None) -> None:
+    """The sweep's absolute intervals are ±1%; the harness sees G=8 1.5% slower than the common
+    offset: without a level prior those two cells fall out (4 of 6), with one run's level SD of
+    0.6% (1.96·√2·0.6% = 1.66%, with the ±1% in quadrature 1.94%) all six are inside."""
+    rows, harness = _case(0.01, {})
+    harness = {
+        **harness,
+        "cells": [
+            {
+                **c,
+                "median_ms": c["median_ms"]
+                * (1.015 if c["graph_batch_size"] == 8 and c["kind"] != "control" else 1.0),
+            }
+            for c in harness["cells"]
+        ],
+    }
+    result = ih.compare(rows, {}, harness, level_prior_rel=prior)
+    assert result["level_prior_rel"] == prior
+    assert result["absolute_coverage_with_level_prior"] == (
+        None if covered is None else pytest.approx(covered)
+    )
 
 
 def test_two_harness_runs_pool_into_one_reference() -> None:
