@@ -113,6 +113,58 @@ class _PlainTimer:
         return self._inner.measure(step, replays=replays, samples=samples, on_sample=on_sample)
 
 
+class _SpyTimer:
+    """A sequence timer that records what it is asked to run."""
+
+    def __init__(self, inner: HostTimer) -> None:
+        self._inner = inner
+        self.calls: list[tuple[str, int]] = []
+
+    def now(self) -> float:
+        return self._inner.now()
+
+    def warm(self, step: Any, replays: int) -> None:
+        self.calls.append(("warm", replays))
+        self._inner.warm(step, replays)
+
+    def measure(self, step: Any, *, replays: int, samples: int, on_sample: Any = None) -> list[float]:
+        return self._inner.measure(step, replays=replays, samples=samples, on_sample=on_sample)
+
+    def measure_sequence(self, steps: Any, order: Any, *, chunk: int, on_chunk: Any = None) -> list[float]:
+        self.calls.append(("sequence", len(order)))
+        return self._inner.measure_sequence(steps, order, chunk=chunk, on_chunk=on_chunk)
+
+
+def test_the_settle_is_queued_with_the_timed_steps_in_one_sequence(tmp_path: Path) -> None:
+    """No wait between a visit's settle and its timed steps (an idle device's clock rises under a
+    power cap): the only warm-ups are first captures', and each visit is one sequence holding the
+    settle (every cell's re-warm) and then its samples' steps."""
+    config, backend = _config(3, True)
+    spy = _SpyTimer(backend.timer())
+    journal = tmp_path / "j.jsonl"
+    run_sweep(config, backend, journal_path=journal, timer=spy)
+    th = config.thresholds
+    assert {replays for kind, replays in spy.calls if kind == "warm"} <= {th.warmup_steps}
+    visits = [r for r in read_journal(journal).records if r["type"] == "visit"]
+    groups: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for v in visits:
+        groups.setdefault((v["round"], v["g"]), []).append(v)
+    sequences, captured, firsts = [], 0, []
+    for kind, n in spy.calls:
+        if kind == "warm":
+            captured += 1  # a cell captured anew in this visit: its warm-up runs alone first
+        else:
+            sequences.append(n)
+            firsts.append(captured)
+            captured = 0
+    expected = []
+    for vs, first in zip(groups.values(), firsts, strict=True):
+        settle = sum(v["warmup"] for v in vs) - first * th.warmup_steps  # every cell's re-warm
+        assert settle > 0
+        expected.append(settle + sum(len(v["samples"]) for v in vs) * th.replays_per_sample)
+    assert sequences == expected
+
+
 def test_a_timer_that_cannot_time_sequences_is_refused_before_anything_runs() -> None:
     config, backend = _config(0, True)
     timer = backend.timer()

@@ -238,7 +238,7 @@ class SweepConfig:
         if self.order is not None:  # so does a random order
             out["order"] = dict(self.order)
         if self.interleave:  # and a sweep of one cell per visit
-            out["interleave"] = True
+            out["interleave"] = INTERLEAVE_DESIGN
         if self.settle_s is not None:  # and an interleaved sweep at the default settle
             out["settle_s"] = self.settle_s
         return out
@@ -971,6 +971,10 @@ def _with_checks(
     return tuple(out)
 
 
+#: The version of the interleaved visit's design, in the configuration (so in its digest): 2 queues
+#: the settle and the timed steps as one sequence (no idle gap between them); a journal of an
+#: earlier design is not resumed under this one.
+INTERLEAVE_DESIGN = 2
 #: Seconds an interleaved visit runs its G's mix untimed before it times it (at least the sweep's
 #: re-warm): on an H200 at its power cap, a G visited for a few dozen steps after another G ran
 #: 1-2.5% off the speed a harness measured after 40 steps of settling (0.1-1.3 s by G).
@@ -1013,18 +1017,6 @@ def _reading(telemetry: Telemetry) -> tuple[float, float, float, float]:
     r = telemetry.read()
     values = (r.sm_clock_mhz, r.temperature_c, r.power_w, r.throttle_reasons)
     return tuple(math.nan if x is None else float(x) for x in values)  # type: ignore[return-value]
-
-
-class _Sequence:
-    """A sequence of steps run as one (an interleaved re-warm, through :meth:`Timer.warm`)."""
-
-    def __init__(self, steps: Sequence[Step], order: Sequence[int]) -> None:
-        self._steps = steps
-        self._order = order
-
-    def __call__(self) -> None:
-        for i in self._order:
-            self._steps[i]()
 
 
 class _Harness:
@@ -1188,10 +1180,11 @@ class _Harness:
     def _visit_group(self, cells: Sequence[Cell]) -> None:
         """One visit to several cells of one G, alternated step by step (``--interleave``).
 
-        Cells captured anew in this epoch get their full warm-up alone first; then the re-warm
-        runs every cell ``rewarm`` times in one interleaving, untimed, and the timed sequence runs
-        each cell ``samples × replays`` times in another (:func:`~.order.interleaved_steps`), both
-        of the round's design (:func:`~.protocol.mix_arm`: every step drawn at random, or runs).
+        Cells captured anew in this epoch get their full warm-up alone first; then the settle runs
+        every cell ``rewarm`` times in one interleaving and the timed sequence each cell
+        ``samples × replays`` times in another (:func:`~.order.interleaved_steps`), both of the
+        round's design (:func:`~.protocol.mix_arm`: every step drawn at random, or runs), queued
+        as one sequence so the device never idles between them (the settle's times are dropped).
         A cell's sample is the mean of its next ``replays`` steps of the sequence, its telemetry
         the first reading taken after the last of them; every sample's previous cell is the one
         visited before the group (the carry-over the group as a whole inherits).
@@ -1265,18 +1258,22 @@ class _Harness:
                     if th.warmup_steps:
                         self.timer.warm(self.steps[cell], th.warmup_steps)
             steps = [self.steps[c] for c in cells]
-            if warm_order:
-                self.timer.warm(_Sequence(steps, warm_order), 1)
             assert isinstance(self.timer, SequenceTimer)  # checked when the sweep starts
-            ms = self.timer.measure_sequence(steps, order, chunk=_CHUNK_STEPS, on_chunk=on_chunk)
-            if len(ms) != len(order) or not marks or marks[-1][0] != len(order) - 1:
+            # The settle is queued in the same sequence as the timed steps, its times dropped:
+            # waiting for it to finish would leave the device idle before the first timed step,
+            # and a power-capped GPU's clock rises in that gap, so the first timed steps (the
+            # heavy native ones most) would run fast.
+            lead = len(warm_order)
+            full = [*warm_order, *order]
+            ms = self.timer.measure_sequence(steps, full, chunk=_CHUNK_STEPS, on_chunk=on_chunk)[lead:]
+            if len(ms) != len(order) or not marks or marks[-1][0] != len(full) - 1:
                 raise MeasurementError(
-                    f"timer returned {len(ms)} step times for {len(order)} steps, telemetry last read "
-                    f"after step {marks[-1][0] if marks else None}"
+                    f"timer returned {len(ms)} step times for {len(order)} timed steps, telemetry last "
+                    f"read after step {marks[-1][0] - lead if marks else None}"
                 )
         except (*_BACKEND_ERRORS, MeasurementError) as exc:
             return empty, exc
-        at = [m for m, _ in marks]
+        at = [m - lead for m, _ in marks]
         out = []
         for index, n in enumerate(counts):
             mine = [i for i, c in enumerate(order) if c == index]
