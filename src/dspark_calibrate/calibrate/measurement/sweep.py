@@ -996,6 +996,8 @@ def check_settle(settle_s: float | None, *, interleave: bool) -> None:
         raise ConfigError("--settle-s sets an interleaved visit's untimed mix; add --interleave")
     if not (math.isfinite(settle_s) and 0.0 <= settle_s <= MAX_SETTLE_S):
         raise ConfigError(f"--settle-s {settle_s!r} is not a number of seconds in 0..{MAX_SETTLE_S:g}")
+
+
 #: Steps of an interleaved sequence between two telemetry readings (and between two waits of the
 #: host for the device: the next chunk is queued before the one before it is waited for).
 _CHUNK_STEPS = 8
