@@ -118,7 +118,8 @@ def settle_time(
 ) -> dict[str, Any]:
     """The first window start from which every window's savings stay within ``tolerance_pp`` of
     the settled savings and the native median within ``tolerance_rel`` of its settled value (the
-    settled values: medians over the windows that start in the dwell's last third)."""
+    settled values: medians over the windows that start in the dwell's last third); None when
+    only those last windows agree with them (the dwell did not settle before its last third)."""
     if not rows:
         return {"settle_s": None}
     end = rows[-1]["to_s"]
@@ -146,12 +147,14 @@ def settle_time(
         nat = r["cells"].get(native)
         rel = abs(nat["median_ms"] / settled_native - 1.0) if nat else 0.0
         off.append((r["from_s"], worst_pp, rel))
-    settle = 0.0
+    settle: float | None = 0.0
     for start, pp, rel in off:
         if pp > tolerance_pp or rel > tolerance_rel:
-            settle = None  # type: ignore[assignment]
+            settle = None
         elif settle is None:
             settle = start
+    if settle is not None and settle >= tail[0]["from_s"] and off[0][0] < tail[0]["from_s"]:
+        settle = None  # only the windows the settled values come from agree with them
     return {
         "settle_s": settle,
         "settled_savings": settled_saving,
