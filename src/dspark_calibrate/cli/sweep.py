@@ -273,10 +273,19 @@ def _check_lines(result: Any) -> list[str]:
     settling = result.settling_summary()
     if settling["measured"] and settling["largest_g"] is not None:
         parts = [f"G{g} {100 * d:+.2f}%" for g, d in settling["per_g"].items() if d is not None]
+        moves = settling.get("saving_move_per_g", {})
+        largest = max(moves.items(), key=lambda x: abs(x[1]), default=None)
+        moved = (
+            f"; a compact saving moves by up to {100 * largest[1]:+.2f} pp over a visit "
+            f"({settling['saving_move_cell'][largest[0]]})"
+            if largest is not None
+            else ""
+        )
         lines.append(
             f"settling (after {settling['settle_s']:g} s of untimed mix per visit): a native step moves "
             "from a visit's first sample to its last by "
             + ", ".join(parts)
+            + moved
             + "; a process that stays at one G runs where that drift leads, beyond the absolute intervals"
         )
     clock_term = result.clock_summary()

@@ -433,6 +433,7 @@ def test_a_visit_still_settling_shows_in_the_settling_check() -> None:
     assert moving["per_g"]["2"] < -0.004
     still = settled.settling_summary()
     assert max(abs(d) for d in still["per_g"].values() if d is not None) < 0.003
+
     alone, _ = _sweep(9, False)
     assert alone.settling_summary() == {"measured": False}
 
@@ -450,3 +451,54 @@ def test_a_longer_settle_lets_the_visit_settle_before_it_is_timed() -> None:
     assert short["settle_s"] == SETTLE_S and long["settle_s"] == 1.5
     assert short["per_g"]["2"] < -0.004
     assert abs(long["per_g"]["2"]) < 0.002
+
+
+def test_every_interleaved_cell_gets_its_settling_term(monkeypatch: pytest.MonkeyPatch) -> None:
+    """finish_cells hands each cell its own within-visit drift and its native cell's (None for a
+    native cell) to the settling term; a sweep of one cell per visit has none."""
+    import dspark_calibrate.calibrate.measurement.sweep as sweep_module
+
+    seen: list[tuple[float | None, float | None]] = []
+    real = sweep_module.widen_for_settling
+
+    def spy(summary: Any, drift: float | None, native_drift: float | None) -> Any:
+        seen.append((drift, native_drift))
+        return real(summary, drift, native_drift)
+
+    monkeypatch.setattr(sweep_module, "widen_for_settling", spy)
+    model = {"cold_penalty_rel": 0.0, "drift_rel": 0.0, "carryover_rel": 0.05, "carryover_decay_steps": 60.0}
+    result, _ = _sweep(9, True, **model)
+    measured = [c for c in result.cells if c.summary is not None]
+    assert len(seen) == len(measured)
+    natives = result.settling_summary()["per_g"]
+    assert sorted(d for d, n in seen if n is None) == pytest.approx(sorted(natives.values()))
+    assert all(n in natives.values() for _, n in seen if n is not None)
+    seen.clear()
+    _sweep(9, False, **model)
+    assert seen == []
+
+
+def test_a_compact_saving_that_moves_over_a_visit_shows_in_the_settling_check() -> None:
+    """One compact cell's samples made 1% faster at each later sample of a visit (a saving that
+    grows while the visit runs): the check reports that G's saving move, about (1 − s)·2% over
+    three samples, at that cell; the other G's savings do not move."""
+    steady = {"cold_penalty_rel": 0.0, "drift_rel": 0.0, "noise_rel": 0.0005}
+    result, _ = _sweep(9, True, **steady)
+    target = next(c for c in _compact(result) if c.spec.key[0] == 8)
+    table = result.samples
+    names = ("graph_batch_size", "verifier_budget", "round", "step_time_ms")
+    g, v, rnd, ms = (table.column(n).to_pylist() for n in names)
+    seen: dict[int, int] = {}
+    for i in range(len(ms)):
+        if (g[i], v[i]) == target.spec.key:
+            k = seen.get(rnd[i], 0)
+            seen[rnd[i]] = k + 1
+            ms[i] *= 1.0 - 0.01 * k
+    column = table.schema.get_field_index("step_time_ms")
+    moved = replace(result, samples=table.set_column(column, "step_time_ms", [ms]))
+    before, after = result.settling_summary(), moved.settling_summary()
+    assert max(abs(m) for m in before["saving_move_per_g"].values()) < 0.002
+    assert after["saving_move_cell"]["8"] == target.spec.label()
+    want = (1.0 - target.summary.saving) * 0.02
+    assert after["saving_move_per_g"]["8"] == pytest.approx(want, abs=0.002)
+    assert abs(after["saving_move_per_g"]["2"]) < 0.002

@@ -29,6 +29,7 @@ from dspark_calibrate.calibrate.measurement.protocol import (
     widen_for_mix,
     widen_for_order,
     widen_for_protocol,
+    widen_for_settling,
 )
 from dspark_calibrate.calibrate.measurement.stats import CellSamples, CellSummary, Thresholds
 from dspark_calibrate.calibrate.measurement.sweep import SampleRow, SweepResult, run_sweep
@@ -184,6 +185,42 @@ def test_the_mix_term_holds_both_designs_and_keeps_the_point(
     term: MixTerm, abs_bounds: tuple[float, float], saving_bounds: tuple[float, float]
 ) -> None:
     s = widen_for_mix(_summary(), term)
+    assert (s.median_ms, s.saving) == (6.5, 0.235)
+    assert (s.ci_low_ms, s.ci_high_ms) == pytest.approx(abs_bounds)
+    assert (s.saving_ci_low, s.saving_ci_high) == pytest.approx(saving_bounds)
+
+
+_END = 1 - (1 - 0.235) * math.exp(-0.02 - 0.01)  # the saving where a visit ends: 0.2576
+
+
+@pytest.mark.parametrize(
+    ("drift", "native_drift", "abs_bounds", "saving_bounds"),
+    [
+        (-0.02, 0.01, (6.4 * math.exp(-0.02), 6.6), (0.232, 0.238 + _END - 0.235)),
+        (0.02, -0.01, (6.4, 6.6 * math.exp(0.02)), (0.232 + (1 - (1 - 0.235) * math.exp(0.03)) - 0.235, 0.238)),
+        (0.0, 0.0, (6.4, 6.6), (0.232, 0.238)),
+        (0.01, None, (6.4, 6.6 * math.exp(0.01)), (0.232, 0.238)),
+        (None, 0.01, (6.4, 6.6), (0.232, 0.238)),
+        (math.nan, 0.01, (6.4, 6.6), (0.232, 0.238)),
+        (0.01, math.inf, (6.4, 6.6 * math.exp(0.01)), (0.232, 0.238)),
+    ],
+    ids=[
+        "saving-grows-over-the-visit",
+        "saving-shrinks-over-the-visit",
+        "settled",
+        "native-cell-absolute-only",
+        "no-drift",
+        "nan-drift",
+        "infinite-native-drift",
+    ],
+)
+def test_the_settling_term_holds_where_a_visit_ends_and_keeps_the_point(
+    drift: float | None,
+    native_drift: float | None,
+    abs_bounds: tuple[float, float],
+    saving_bounds: tuple[float, float],
+) -> None:
+    s = widen_for_settling(_summary(), drift, native_drift)
     assert (s.median_ms, s.saving) == (6.5, 0.235)
     assert (s.ci_low_ms, s.ci_high_ms) == pytest.approx(abs_bounds)
     assert (s.saving_ci_low, s.saving_ci_high) == pytest.approx(saving_bounds)

@@ -70,6 +70,7 @@ __all__ = [
     "widen_for_mix",
     "widen_for_order",
     "widen_for_protocol",
+    "widen_for_settling",
     "within_visit_drift",
 ]
 
@@ -290,6 +291,20 @@ def widen_for_order(summary: CellSummary, carryover_rel: float | None) -> CellSu
         ci_low_ms=min(summary.ci_low_ms, summary.ci_low_ms * scale),
         ci_high_ms=max(summary.ci_high_ms, summary.ci_high_ms * scale),
     )
+
+
+def widen_for_settling(summary: CellSummary, drift: float | None, native_drift: float | None) -> CellSummary:
+    """``summary`` with intervals that also hold its interval moved to where a visit ends: the
+    median scaled by ``exp(drift)`` (the cell's within-visit drift, :func:`within_visit_drift`)
+    and, for a cell with a native cell's drift, the saving ``1 − (1 − s)·exp(drift −
+    native_drift)`` (a visit whose savings still move at its end measures them before a process
+    that stays at one G does). Unchanged without a drift; the point estimates are kept."""
+    if drift is None or not math.isfinite(drift):
+        return summary
+    savings: list[float | None] = [None]
+    if native_drift is not None and math.isfinite(native_drift):
+        savings = [1.0 - (1.0 - summary.saving) * math.exp(drift - native_drift)]
+    return widen_to_hold(summary, (summary.median_ms * math.exp(drift),), savings)
 
 
 def within_visit_drift(samples: Sequence[tuple[int, int, float]]) -> float | None:

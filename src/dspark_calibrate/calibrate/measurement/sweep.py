@@ -83,6 +83,7 @@ from dspark_calibrate.calibrate.measurement.protocol import (
     widen_for_mix,
     widen_for_order,
     widen_for_protocol,
+    widen_for_settling,
     within_visit_drift,
 )
 from dspark_calibrate.calibrate.measurement.stats import (
@@ -517,23 +518,41 @@ class SweepResult:
     def settling_summary(self) -> dict[str, Any]:
         """An interleaved sweep's settling check: the settle each visit ran first (``settle_s``),
         per G how far the native cell's step time moves from a visit's first sample to its last
-        (:func:`~.protocol.within_visit_drift`), and the G that moves most. ``measured`` is False
-        for a sweep of one cell per visit."""
+        (:func:`~.protocol.within_visit_drift`) and the G that moves most, and per G the largest
+        move of a compact cell's saving over a visit, ``(1 − s)·(1 − exp(d_cell − d_native))``
+        for drifts ``d`` and saving ``s`` (``saving_move_per_g``, with its cell in
+        ``saving_move_cell``): visits whose savings still move are shorter than the mix needs to
+        settle. ``measured`` is False for a sweep of one cell per visit."""
         if not self.config.interleave or self.config.mixed is not None:
             return {"measured": False}
         names = ["graph_batch_size", "verifier_budget", "round", "sample_index", "step_time_ms", "kept"]
         cols = self.samples.select(names)
-        rows: dict[int, list[tuple[int, int, float]]] = {}
+        rows: dict[tuple[int, int], list[tuple[int, int, float]]] = {}
         for g, v, rnd, i, ms, kept in zip(*(c.to_pylist() for c in cols.columns), strict=True):
-            if v == 0 and kept:
-                rows.setdefault(int(g), []).append((int(rnd), int(i), float(ms)))
-        per_g = {str(g): within_visit_drift(r) for g, r in sorted(rows.items())}
+            if kept:
+                rows.setdefault((int(g), int(v)), []).append((int(rnd), int(i), float(ms)))
+        drift = {key: within_visit_drift(r) for key, r in rows.items()}
+        per_g = {str(g): d for (g, v), d in sorted(drift.items()) if v == 0}
         moved = [(abs(d), g) for g, d in per_g.items() if d is not None]
+        moves: dict[str, tuple[float, str]] = {}
+        for c in self.cells:
+            spec = c.spec
+            if not isinstance(spec, CellSpec) or spec.kind is not CellKind.COMPACT or c.summary is None:
+                continue
+            mine, native = drift.get(spec.key), drift.get((spec.key[0], 0))
+            if mine is None or native is None:
+                continue
+            move = (1.0 - c.summary.saving) * -math.expm1(mine - native)
+            g = str(spec.key[0])
+            if g not in moves or abs(move) > abs(moves[g][0]):
+                moves[g] = (move, spec.label())
         return {
             "measured": True,
             "settle_s": self.config.settle_seconds,
             "per_g": per_g,
             "largest_g": max(moved)[1] if moved else None,
+            "saving_move_per_g": {g: m for g, (m, _) in sorted(moves.items(), key=lambda x: int(x[0]))},
+            "saving_move_cell": {g: cell for g, (_, cell) in sorted(moves.items(), key=lambda x: int(x[0]))},
         }
 
     def control_summary(self) -> dict[str, Any]:
@@ -843,7 +862,14 @@ def finish_cells(
         for c in config.cells
         if (t := mix_term(kept[c], None if c.kind is CellKind.NATIVE else kept.get(c.native))) is not None
     }
-    return _with_checks(results, carry, _protocol_terms(states), _clock_in_visits(states), mix), between, carry
+    settle = {c: _visit_drift(st) for c, st in states.items()}
+    checked = _with_checks(results, carry, _protocol_terms(states), _clock_in_visits(states), mix, settle)
+    return checked, between, carry
+
+
+def _visit_drift(st: _CellState) -> float | None:
+    """The cell's within-visit drift over its kept samples (:func:`~.protocol.within_visit_drift`)."""
+    return within_visit_drift([(r.round, r.sample_index, r.ms) for r in st.rows if r.kept])
 
 
 def _clock_in_visits(states: Mapping[Cell, _CellState]) -> dict[Cell, float | None]:
@@ -920,11 +946,13 @@ def _with_checks(
     protocol: Mapping[Cell, ProtocolTerm] | None = None,
     clock: Mapping[Cell, float | None] | None = None,
     mix: Mapping[Cell, MixTerm] | None = None,
+    settle: Mapping[Cell, float | None] | None = None,
 ) -> tuple[CellResult, ...]:
     """The cells with their control bias (and widened savings where it is not 0), their clock and
     power relative to the native cell (``clock``: given, else the ratio of their medians), the
     carry-over's shift of their median, their step protocol's term (intervals stretched to hold
-    both protocols) and an interleaved sweep's mix term (to hold both designs)."""
+    both protocols), an interleaved sweep's mix term (to hold both designs) and its settling term
+    (``settle``: each cell's within-visit drift; intervals stretched to hold where visits end)."""
     summaries = {c.spec: c.summary for c in results}
     biases = control_biases(summaries)
     if clock is None:
@@ -949,6 +977,9 @@ def _with_checks(
         mixed = (mix or {}).get(c.spec)
         if mixed is not None and summary is not None:
             summary = widen_for_mix(summary, mixed)
+        if settle is not None and summary is not None:
+            native = None if c.spec.kind is CellKind.NATIVE else settle.get(c.spec.native)
+            summary = widen_for_settling(summary, settle.get(c.spec), native)
         if summary is not None and c.spec.kind is CellKind.COMPACT:
             # Only a lighter cell gains clock under a cap; the control and forced-K arm run the
             # native width, and widening them would only add telemetry noise to the overhead price.
