@@ -135,6 +135,7 @@ class _SpyTimer:
         return self._inner.measure_sequence(steps, order, chunk=chunk, on_chunk=on_chunk)
 
 
+@pytest.mark.slow  # 0.5 s: over the fast tier's 0.3 s
 def test_the_settle_is_queued_with_the_timed_steps_in_one_sequence(tmp_path: Path) -> None:
     """No wait between a visit's settle and its timed steps (an idle device's clock rises under a
     power cap): the only warm-ups are first captures', and each visit is one sequence holding the
@@ -438,6 +439,7 @@ def test_a_visit_still_settling_shows_in_the_settling_check() -> None:
     assert alone.settling_summary() == {"measured": False}
 
 
+@pytest.mark.slow  # 0.5 s: over the fast tier's 0.3 s
 def test_a_longer_settle_lets_the_visit_settle_before_it_is_timed() -> None:
     """The same slow carry-over as above (~60 steps, 0.3 s of the smallest G's mix): 0.2 s of
     settle leaves the visit moving, 1.5 s lets it settle before the first timed sample; the
@@ -453,6 +455,7 @@ def test_a_longer_settle_lets_the_visit_settle_before_it_is_timed() -> None:
     assert abs(long["per_g"]["2"]) < 0.002
 
 
+@pytest.mark.slow  # 0.5 s: over the fast tier's 0.3 s
 def test_every_interleaved_cell_gets_its_settling_term(monkeypatch: pytest.MonkeyPatch) -> None:
     """finish_cells hands each cell its own within-visit drift and its native cell's (None for a
     native cell) to the settling term; a sweep of one cell per visit has none."""
