@@ -286,7 +286,7 @@ def _check_lines(result: Any) -> list[str]:
             "from a visit's first sample to its last by "
             + ", ".join(parts)
             + moved
-            + "; a process that stays at one G runs where that drift leads, beyond the absolute intervals"
+            + "; the intervals also hold where the visits end (a process that stays at one G runs there)"
         )
     clock_term = result.clock_summary()
     if clock_term["cell"]:

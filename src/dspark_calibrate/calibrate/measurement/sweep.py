@@ -1006,9 +1006,10 @@ def _with_checks(
 #: the settle and the timed steps as one sequence (no idle gap between them); a journal of an
 #: earlier design is not resumed under this one.
 INTERLEAVE_DESIGN = 2
-#: Seconds an interleaved visit runs its G's mix untimed before it times it (at least the sweep's
-#: re-warm): on an H200 at its power cap, a G visited for a few dozen steps after another G ran
-#: 1-2.5% off the speed a harness measured after 40 steps of settling (0.1-1.3 s by G).
+#: Seconds an interleaved visit runs its G's mix untimed before it times it by default (at least
+#: the sweep's re-warm). On an H200 at its power cap a heavy G entered after a lighter one ran 3%
+#: fast for 0.2 s and 0.3-0.6% for the next 0.8 s (benchmarks/settling_curve.py): such GPUs want
+#: ``--settle-s 0.75``; the default keeps sweeps of lighter, uncapped steps short.
 SETTLE_S = 0.2
 #: The longest settle ``--settle-s`` accepts, in seconds (a visit per G per round pays it).
 MAX_SETTLE_S = 60.0
