@@ -49,7 +49,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -288,29 +288,43 @@ def _time_block_host(steps: Sequence[Any], block: _Block) -> None:
         block.ms.append((time.perf_counter() - t0) * 1000.0)
 
 
-def run_harness(mode: Mode, *, seed: int = 7) -> dict[str, Any]:
-    """Capture every cell once, then time each G's alternating sequences (module docstring)."""
-    import torch
-
+def open_backend(mode: Mode) -> tuple[Any, bool]:
+    """The reference backend of the mode's step, and whether it runs on CUDA (the GPU benchmarks
+    beside this harness build theirs here too)."""
     from dspark_calibrate.calibrate.measurement.backends.reference import ReferenceBackend
 
     s = mode.step
-    cells = mode.cells()
     ladder = parse_ladder(str(s["ladder"]))
     backend = ReferenceBackend(
         config=str(s["config"]), layers=int(s["layers"]), context_len=int(s["context_len"]), ep=int(s["ep"]),
         device=s["device"], max_rows=max(ladder), max_row_len=int(s["k"]) + 1,
     )  # fmt: skip
-    cuda = backend.describe()["device"] == "cuda"
+    return backend, backend.describe()["device"] == "cuda"
+
+
+def warm_steps(steps: Iterable[Any], cuda: bool, replays: int = 4) -> None:
+    """Replay every step a few times (autotuning, allocator growth) and wait for them."""
+    for step in steps:
+        for _ in range(replays):
+            step()
+    if cuda:
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def run_harness(mode: Mode, *, seed: int = 7) -> dict[str, Any]:
+    """Capture every cell once, then time each G's alternating sequences (module docstring)."""
+    import torch
+
+    cells = mode.cells()
+    ladder = parse_ladder(str(mode.step["ladder"]))
+    backend, cuda = open_backend(mode)
     nvml = _Nvml(cuda)
     t0 = time.perf_counter()
     by_g = {g: [c for c in cells if c.graph_batch_size == g] for g in ladder}
     steps = {c: backend.prepare(c) for c in cells}
-    for step in steps.values():  # warm every graph once (autotuning, allocator growth)
-        for _ in range(4):
-            step()
-    if cuda:
-        torch.cuda.synchronize()
+    warm_steps(steps.values(), cuda)
     rng = np.random.default_rng(seed)
     blocks: list[_Block] = []
     for _ in range(mode.blocks):

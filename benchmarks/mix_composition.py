@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from independent_harness import FULL, TINY, Mode, _Nvml
-from settling_curve import _run_mix, _run_mix_host
+from independent_harness import FULL, TINY, Mode, _Nvml, open_backend, warm_steps
+from settling_curve import _run_mix, _run_mix_host, _timed
 
 from dspark_calibrate.calibrate.measurement.ladder import parse_ladder
 
@@ -90,15 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     mode: Mode = TINY if args.tiny else FULL
     import torch
 
-    from dspark_calibrate.calibrate.measurement.backends.reference import ReferenceBackend
-
     s = mode.step
     ladder = parse_ladder(str(s["ladder"]))
-    backend = ReferenceBackend(
-        config=str(s["config"]), layers=int(s["layers"]), context_len=int(s["context_len"]), ep=int(s["ep"]),
-        device=s["device"], max_rows=max(ladder), max_row_len=int(s["k"]) + 1,
-    )  # fmt: skip
-    cuda = backend.describe()["device"] == "cuda"
+    backend, cuda = open_backend(mode)
     nvml = _Nvml(cuda)
     gs = [int(g) for g in args.g.split(",")] if cuda else [ladder[-1]]
     scale = 1.0 if cuda else 1.0 / 40.0
@@ -109,18 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     for g in gs:
         group = [c for c in cells if c.graph_batch_size == g]
         steps = [backend.prepare(c) for c in group]
-        for st in steps:
-            for _ in range(4):
-                st()
-        if cuda:
-            torch.cuda.synchronize()
-        probe = []
-        for st in steps:
-            a = time.perf_counter()
-            st()
-            if cuda:
-                torch.cuda.synchronize()
-            probe.append((time.perf_counter() - a) * 1000.0)
+        warm_steps(steps, cuda)
+        probe = [_timed(st, torch, cuda) for st in steps]
         mean_ms = float(np.mean(probe))
         for rep in range(args.repeats):
             for d in rng.permutation(len(DESIGNS)).tolist():

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from independent_harness import FULL, TINY, Mode, _Nvml, alternating_sequence
+from independent_harness import FULL, TINY, Mode, _Nvml, alternating_sequence, open_backend, warm_steps
 
 from dspark_calibrate.calibrate.measurement.ladder import CellSpec, parse_ladder
 
@@ -178,24 +178,14 @@ def main(argv: list[str] | None = None) -> int:
     mode: Mode = TINY if args.tiny else FULL
     import torch
 
-    from dspark_calibrate.calibrate.measurement.backends.reference import ReferenceBackend
-
     s = mode.step
     ladder = parse_ladder(str(s["ladder"]))
-    backend = ReferenceBackend(
-        config=str(s["config"]), layers=int(s["layers"]), context_len=int(s["context_len"]), ep=int(s["ep"]),
-        device=s["device"], max_rows=max(ladder), max_row_len=int(s["k"]) + 1,
-    )  # fmt: skip
-    cuda = backend.describe()["device"] == "cuda"
+    backend, cuda = open_backend(mode)
     nvml = _Nvml(cuda)
     cells = mode.cells()
     by_g = {g: [c for c in cells if c.graph_batch_size == g] for g in ladder}
     steps = {c: backend.prepare(c) for c in cells}
-    for step in steps.values():
-        for _ in range(4):
-            step()
-    if cuda:
-        torch.cuda.synchronize()
+    warm_steps(steps.values(), cuda)
     transitions = TRANSITIONS if cuda else ((ladder[0], ladder[-1]), (ladder[-1], ladder[0]))
     edges = EDGES_S if cuda else tuple(e / 40.0 for e in EDGES_S)
     from_s, to_s = (args.from_s, args.to_s) if cuda else (args.from_s / 40.0, args.to_s / 40.0)
