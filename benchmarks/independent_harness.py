@@ -160,11 +160,24 @@ def with_budget(
     *,
     interleave: bool = False,
     settle_s: float | None = None,
+    passes: int | None = None,
+    recapture_every: int | None = None,
 ) -> Mode:
     """``mode`` with another sweep budget (GPU-seconds) and harness sequence length, where given,
     and (``interleave``) a sweep that visits each G's cells in one interleaved sequence, running
-    each visit's mix untimed for ``settle_s`` first (the sweep's default where None)."""
+    each visit's mix untimed for ``settle_s`` first (the sweep's default where None); ``passes``
+    and ``recapture_every`` replace the sweep's (one process re-capturing every two rounds has
+    three times the epochs of four passes, so each G's own σ_d rests on more of them)."""
     sweep = list(mode.sweep)
+    for name, value in (("--passes", passes), ("--recapture-every", recapture_every)):
+        if value is None:
+            continue
+        if value < 1:
+            raise SystemExit(f"{name} must be >= 1, not {value}")
+        if name in sweep:
+            sweep[sweep.index(name) + 1] = str(value)
+        else:
+            sweep += [name, str(value)]
     if interleave and "--interleave" not in sweep:
         sweep.append("--interleave")
     if settle_s is not None:
@@ -696,6 +709,13 @@ def main(argv: list[str] | None = None) -> int:
             action="store_true",
             help="job: the sweep visits each G's cells in one step-by-step alternating sequence (--interleave)",
         )
+        p.add_argument("--sweep-passes", type=int, default=None, help="job: the sweep's --passes (default 4)")
+        p.add_argument(
+            "--sweep-recapture-every",
+            type=int,
+            default=None,
+            help="job: the sweep's --recapture-every (default 6: with four passes, one epoch each)",
+        )
         p.add_argument(
             "--sweep-settle-s",
             type=float,
@@ -724,6 +744,8 @@ def main(argv: list[str] | None = None) -> int:
         args.steps_per_block,
         interleave=args.sweep_interleave,
         settle_s=args.sweep_settle_s,
+        passes=args.sweep_passes,
+        recapture_every=args.sweep_recapture_every,
     )
     args.out.mkdir(parents=True, exist_ok=True)
     if args.cmd == "harness":

@@ -82,8 +82,18 @@ def test_the_json_report_states_the_paired_shift_it_was_given(tmp_path: Path) ->
     assert between["paired_rel_low"] <= between["paired_rel"] <= between["paired_rel_upper"]
     assert 0.0 < between["resolvable_shift_rel"] < 0.004  # the design resolves 0.4%
     table = pq.read_table(out).to_pydict()
-    assert set(table["paired_rel"]) == {between["paired_rel"]}
-    assert set(table["paired_rel_upper"]) == {between["paired_rel_upper"]}
+    # Each compact or control row states its G's own σ_d, carrying its upper value where it is
+    # above the pooled one; a native row states the pooled σ_d.
+    groups = {g["native"]: g for g in between["paired_groups"]}
+    assert set(groups) == {f"G{g}/V0" for g in LADDER}
+    rows = zip(table["graph_batch_size"], table["verifier_budget"], table["paired_rel"], table["paired_rel_upper"])
+    for g, v, rel, upper in rows:
+        if v == 0:
+            assert (rel, upper) == (between["paired_rel"], between["paired_rel_upper"])
+        else:
+            own = groups[f"G{g}/V0"]
+            assert rel == own["estimate"] and own["low"] <= rel <= own["upper"]
+            assert upper == max(own["upper"], between["paired_rel_upper"])
     assert report["order"] == "random" and report["carryover"]["rewarm_steps"] >= 1
 
 

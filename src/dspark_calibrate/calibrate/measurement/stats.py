@@ -75,6 +75,7 @@ __all__ = [
     "CellSummary",
     "Decision",
     "FixedProtocolRule",
+    "GroupPaired",
     "Interval",
     "PrecisionRule",
     "SavingInterval",
@@ -384,6 +385,32 @@ class SavingInterval:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupPaired:
+    """σ_d of the cells paired with one native cell (one G of a decode sweep), by REML.
+
+    A capture or a process moves the heavy steps of a power-capped GPU more than the light ones
+    (on an H200, the control cell of G=256, the native graph captured again, moved by up to 1%
+    between builds while G=8's moved by 0.05%), so one σ_d pooled over every G is mostly the light
+    G's, and a heavy G's saving intervals would carry too little. Each G therefore gets its own
+    estimate from its own cells' log-ratios.
+
+    Attributes:
+        native: the native cell's label (``G256/V0``).
+        estimate: the REML estimate of the group's σ_d.
+        low, upper: its profile-likelihood interval.
+        df: between-epoch degrees of freedom behind it.
+        series: the group's cells that contributed.
+    """
+
+    native: str
+    estimate: float
+    low: float
+    upper: float
+    df: int
+    series: int
+
+
+@dataclass(frozen=True, slots=True)
 class BetweenRun:
     """Between-epoch variance components of one sweep, pooled over its cells (log scale).
 
@@ -413,6 +440,8 @@ class BetweenRun:
         epochs_are_processes: the epochs were separate processes (passes), so the shift a process
             draws is among what the epochs showed; otherwise a process is assumed to draw one more
             shift of the epochs' size on top of them (:attr:`own_process_share`).
+        paired_groups: σ_d per native cell (:class:`GroupPaired`); a cell's saving interval
+            carries its group's upper value where that is the larger (:meth:`for_cell`).
     """
 
     epochs: int
@@ -431,6 +460,28 @@ class BetweenRun:
     resolvable_shift_rel: float | None = None
     level_resolvable_rel: float | None = None
     epochs_are_processes: bool = False
+    paired_groups: tuple[GroupPaired, ...] = ()
+
+    def for_cell(self, cell: Cell) -> BetweenRun:
+        """The components as ``cell``'s saving interval carries them: σ_d of the cell's own group
+        (:class:`GroupPaired`: its estimate, interval and degrees of freedom), its upper value
+        never below the pooled one (a group measured in few epochs can be low by chance; one
+        measured well above the pool is what its G does). Unchanged for a native cell, a cell
+        whose group was not estimated, or a sweep without a pooled estimate."""
+        if cell.kind is CellKind.NATIVE or self.paired_rel_upper is None:
+            return self
+        label = cell.native.label()
+        group = next((g for g in self.paired_groups if g.native == label), None)
+        if group is None:
+            return self
+        return replace(
+            self,
+            paired_rel=group.estimate,
+            paired_rel_low=group.low,
+            paired_rel_upper=max(group.upper, self.paired_rel_upper),
+            paired_df=group.df,
+            paired_cells=group.series,
+        )
 
     @property
     def own_process_share(self) -> float:
@@ -795,7 +846,7 @@ def estimate_between_run(
       (:func:`common_round_effects`); its rounds' spread within an epoch is the drift they shared;
     - σ_u (cell level): per cell, its round log-medians less that shared level;
     - σ_d (paired): per non-native cell, its round log-ratio to the native cell of its G (the
-      pairing cancels the shared level).
+      pairing cancels the shared level); pooled over every G, and per G (``paired_groups``).
 
     Each component comes with its profile-likelihood interval and the smallest shift the design
     resolves; the intervals carry the upper ends of σ_u and σ_d (:class:`BetweenRun`).
@@ -825,6 +876,12 @@ def estimate_between_run(
     # correlate at 1/2, and their pooled sum of squares carries fewer independent pieces.
     per_g = [sum(1 for c in compared if c.native == n) for n in {c.native for c in compared}]
     paired = reml_component(ratios, confidence=confidence, design=design_effect(per_g, PAIRED_CORRELATION))
+    groups = []
+    for native in dict.fromkeys(c.native for c in compared):
+        mine = [r for c, r in zip(compared, ratios, strict=True) if c.native == native]
+        g = reml_component(mine, confidence=confidence, design=design_effect([len(mine)], PAIRED_CORRELATION))
+        if g.series:
+            groups.append(GroupPaired(native.label(), g.estimate, g.low, g.high, g.between_df, g.series))
     return BetweenRun(
         epochs=len(epochs),
         cells=len(multi),
@@ -842,6 +899,7 @@ def estimate_between_run(
         resolvable_shift_rel=paired.resolvable if paired.series else None,
         level_resolvable_rel=level.resolvable if level.series else None,
         epochs_are_processes=epochs_are_processes,
+        paired_groups=tuple(groups),
     )
 
 

@@ -487,13 +487,14 @@ class SweepResult:
         bias = c.control_bias
         # Null where nothing was estimated: fewer than two epochs, or no cell paired in two.
         estimated = self.between.estimated and self.between.paired_cells > 0
+        mine = self.between.for_cell(c.spec)  # σ_d of the cell's G, as its saving interval carries it
         return (
             None if bias is None else bias.bias,
             None if bias is None else bias.low,
             None if bias is None else bias.high,
             c.control_widened,
-            self.between.paired_rel if estimated else None,
-            self.between.paired_carried(self.config.thresholds.confidence) if estimated else None,
+            mine.paired_rel if estimated else None,
+            mine.paired_carried(self.config.thresholds.confidence) if estimated else None,
             c.clock_rel,
             c.power_rel,
             c.carryover_rel,
@@ -846,7 +847,7 @@ def finish_cells(
         _finish_cell(
             states[c],
             config,
-            between,
+            between.for_cell(c),
             None if c.kind is CellKind.NATIVE else kept.get(c.native),
             None if c.kind is CellKind.NATIVE else states.get(c.native),
         )
