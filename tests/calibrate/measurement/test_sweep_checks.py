@@ -86,7 +86,8 @@ def test_the_json_report_states_the_paired_shift_it_was_given(tmp_path: Path) ->
     # above the pooled one; a native row states the pooled σ_d.
     groups = {g["native"]: g for g in between["paired_groups"]}
     assert set(groups) == {f"G{g}/V0" for g in LADDER}
-    rows = zip(table["graph_batch_size"], table["verifier_budget"], table["paired_rel"], table["paired_rel_upper"])
+    columns = ("graph_batch_size", "verifier_budget", "paired_rel", "paired_rel_upper")
+    rows = zip(*(table[name] for name in columns), strict=True)
     for g, v, rel, upper in rows:
         if v == 0:
             assert (rel, upper) == (between["paired_rel"], between["paired_rel_upper"])
