@@ -242,7 +242,13 @@ def _between_line(between: Any, confidence: float) -> str:
         )
     else:
         what = f"paired SD not resolved (REML {_pct(between.paired_rel)}, 95% upper {carried})"
-    return f"between-run ({between.estimator}, {between.epochs} epochs): {what}; intervals carry {carried}{resolve}"
+    line = f"between-run ({between.estimator}, {between.epochs} epochs): {what}; intervals carry {carried}{resolve}"
+    groups = [g for g in between.paired_groups if g.upper > (between.paired_rel_upper or 0.0)]
+    if groups:
+        line += "; per G above the pool: " + ", ".join(
+            f"{g.native.split('/')[0]} {_pct(g.estimate)} (carries {_pct(g.upper)})" for g in groups
+        )
+    return line
 
 
 def _check_lines(result: Any) -> list[str]:

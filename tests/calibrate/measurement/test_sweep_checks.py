@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,8 @@ from typer.testing import CliRunner
 
 from dspark_calibrate.calibrate.measurement.backends.synthetic import SyntheticBackend
 from dspark_calibrate.calibrate.measurement.journal import read_journal
-from dspark_calibrate.calibrate.measurement.ladder import CellKind
-from dspark_calibrate.calibrate.measurement.stats import Thresholds
+from dspark_calibrate.calibrate.measurement.ladder import CellKind, CellSpec
+from dspark_calibrate.calibrate.measurement.stats import BetweenRun, Thresholds
 from dspark_calibrate.calibrate.measurement.sweep import SweepResult, run_sweep
 from dspark_calibrate.cli import build_calibrate_app
 from tests.calibrate.conftest import make_config
@@ -287,3 +288,75 @@ def test_a_design_that_cannot_resolve_the_shift_says_what_to_add(tmp_path: Path)
     res = _cli(*args, "--preset", "quick", "--out", str(out), "--no-plot")
     assert res.exit_code == 0, res.output
     assert "not the 0.40%" in res.stdout and "--passes 4" in res.stdout
+
+
+#: Only G=8 moves between captures, by 0.8% per cell: a log-ratio to its native moves by 1.1%.
+HEAVY = {"heavy_shift_rel": 0.008, "heavy_from_g": 8.0}
+
+
+def _heavy_hits(seeds: range) -> tuple[list[bool], list[bool], list[Any]]:
+    """Over ``seeds``, whether each G=8 cell's saving interval holds the noise-free saving, and
+    whether it holds a fresh serving process's (its own capture of the cell and of the native
+    draws a log-ratio shift of SD √2·0.8%, what a saving interval predicts), with each sweep's
+    components."""
+    truth: list[bool] = []
+    fresh: list[bool] = []
+    between = []
+    sd = math.sqrt(2.0) * HEAVY["heavy_shift_rel"]
+    for seed in seeds:
+        result, backend = _sweep(seed, **HEAVY)
+        rng = np.random.default_rng(seed)
+        for c in result.cells:
+            if c.spec.kind is CellKind.NATIVE or c.spec.graph_batch_size != 8 or c.summary is None:
+                continue
+            s = c.summary
+            true = backend.model.true_saving(c.spec)  # type: ignore[arg-type]
+            served = 1.0 - (1.0 - true) * math.exp(float(rng.normal(0.0, sd)))
+            truth.append(s.saving_ci_low <= true <= s.saving_ci_high)
+            fresh.append(s.saving_ci_low <= served <= s.saving_ci_high)
+        between.append(result.between)
+    return truth, fresh, between
+
+
+@pytest.mark.slow
+def test_a_heavy_g_that_moves_between_captures_gets_its_own_paired_sd() -> None:
+    truth, fresh, between = _heavy_hits(range(300, 303))
+    for b in between:
+        groups = {g.native: g for g in b.paired_groups}
+        assert set(groups) == {"G2/V0", "G4/V0", "G8/V0"}
+        heavy = groups["G8/V0"]
+        assert heavy.estimate > b.paired_rel and heavy.upper > b.paired_rel_upper  # the pool is mostly G=2, 4
+        assert 0.004 <= heavy.estimate <= 0.03, heavy
+    assert np.mean(truth) >= COVERAGE and np.mean(fresh) >= COVERAGE, (np.mean(truth), np.mean(fresh))
+
+
+@pytest.mark.slow
+def test_the_pooled_paired_sd_alone_misses_a_heavy_g(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Twelve seeds: with each G's own σ_d, G=8's intervals hold a fresh serving process's
+    saving; with the pooled σ_d alone (the cell's group ignored) they do not."""
+    truth, fresh, _ = _heavy_hits(range(400, 412))
+    assert np.mean(truth) >= COVERAGE and np.mean(fresh) >= COVERAGE, (np.mean(truth), np.mean(fresh))
+    monkeypatch.setattr(BetweenRun, "for_cell", lambda self, cell: self)
+    _, pooled, _ = _heavy_hits(range(400, 412))
+    assert np.mean(pooled) < COVERAGE, np.mean(pooled)
+
+
+def test_the_summary_names_the_g_whose_own_paired_sd_is_carried() -> None:
+    from dspark_calibrate.calibrate.measurement.stats import GroupPaired
+    from dspark_calibrate.cli.sweep import _between_line
+
+    base = BetweenRun(6, 9, 0.0, 5, 0.001, 0.0012, 6, paired_df=12, paired_rel_upper=0.002, paired_rel_low=0.0005)
+    light = GroupPaired("G8/V0", 0.0004, 0.0, 0.0015, 10, 2)
+    heavy = GroupPaired("G256/V0", 0.005, 0.001, 0.012, 10, 2)
+    line = _between_line(replace(base, paired_groups=(light, heavy)), 0.95)
+    assert "per G above the pool: G256 0.50% (carries 1.20%)" in line and "G8 " not in line
+    assert "per G" not in _between_line(replace(base, paired_groups=(light,)), 0.95)
+    # A cell takes its own group's estimate and the larger upper value; a native cell the pool's.
+    between = replace(base, paired_groups=(light, heavy))
+    compact = CellSpec(256, 512, 5)
+    assert between.for_cell(compact).paired_rel_upper == 0.012
+    assert between.for_cell(compact).paired_rel == 0.005 and between.for_cell(compact).paired_df == 10
+    assert between.for_cell(CellSpec(8, 16, 5)).paired_rel_upper == 0.002
+    assert between.for_cell(CellSpec(8, 16, 5)).paired_rel == 0.0004
+    assert between.for_cell(CellSpec(256, 0, 5)) is between
+    assert between.for_cell(CellSpec(64, 128, 5)) is between  # no group estimated for G=64

@@ -17,6 +17,8 @@ are tested against known truths of these sizes (``--backend-opt NAME=X``):
 
 - ``epoch_shift_rel``: per epoch and per cell, a multiplicative shift of SD X (drawn when the cell
   is captured, once per capture epoch or pass; it adds to ``capture_rel`` in quadrature);
+- ``heavy_shift_rel``: like ``epoch_shift_rel``, for the cells of G >= ``heavy_from_g`` only (a
+  power-capped GPU's heavy steps move more between captures than its light ones);
 - ``common_shift_rel``: per epoch, one shift of SD X shared by every cell (a new epoch starts with
   each process and whenever a cell is captured a second time in it);
 - ``carryover_rel``: a visit that follows one to a larger G runs slower by X, decaying over
@@ -95,6 +97,8 @@ class SyntheticModel:
     mixed_per_row_ms: float = 0.02
     mixed_attention_ms: float = 0.004
     epoch_shift_rel: float = 0.0
+    heavy_shift_rel: float = 0.0
+    heavy_from_g: float = 0.0
     common_shift_rel: float = 0.0
     carryover_rel: float = 0.0
     carryover_decay_steps: float = 8.0
@@ -267,7 +271,10 @@ class SyntheticBackend(BackendBase):
         if cell in self._epoch_cells:
             self._new_epoch()
         self._epoch_cells.add(cell)
-        sd = math.hypot(self.model.capture_rel, self.model.epoch_shift_rel)
+        m = self.model
+        sd = math.hypot(m.capture_rel, m.epoch_shift_rel)
+        if m.heavy_shift_rel and isinstance(cell, CellSpec) and cell.graph_batch_size >= m.heavy_from_g:
+            sd = math.hypot(sd, m.heavy_shift_rel)
         return math.exp(float(self._capture_rng.normal(0.0, sd))) * self._common_factor
 
     @property
