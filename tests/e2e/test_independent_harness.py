@@ -135,6 +135,21 @@ def test_an_interleaved_sweep_can_be_asked_for() -> None:
     assert ih.with_budget(mode, None, None, interleave=True) == mode  # not added twice
 
 
+def test_the_sweeps_passes_and_recapture_period_can_be_replaced() -> None:
+    mode = ih.with_budget(ih.FULL, None, None, passes=1, recapture_every=2)
+    cmd = ih.sweep_command(mode, Path("/x"))
+    assert cmd[cmd.index("--passes") + 1] == "1" and cmd[cmd.index("--recapture-every") + 1] == "2"
+    assert cmd.count("--passes") == 1 and cmd.count("--recapture-every") == 1
+    for bad in ({"passes": 0}, {"recapture_every": -1}):
+        with pytest.raises(SystemExit):
+            ih.with_budget(ih.FULL, None, None, **bad)
+
+
+def test_an_unknown_process_state_is_refused() -> None:
+    with pytest.raises(SystemExit, match="process-state"):
+        ih.run_harness(ih.TINY, process_state="warm")
+
+
 def test_two_harness_runs_state_how_far_they_are_apart() -> None:
     _, first = _case(0.0, {})
     _, second = _case(0.01, {8: 0.004, 16: -0.012})
@@ -265,3 +280,6 @@ def test_the_tiny_job_runs_end_to_end(tmp_path: Path) -> None:
     assert result["gpu"] == "cpu" and result["cells"] == 8 and result["compact_cells"] == 4
     assert all(math.isfinite(c["independent_ms"]) for c in result["per_cell"])
     assert result["between_run"]["estimator"] == "reml"
+    # The harness's first build comes after a matmul, as the sweep's does.
+    assert result["harness"]["process_state"] == "sweep"
+    assert {g["native"] for g in result["between_run"]["paired_groups"]} <= {"G2/V0", "G4/V0"}
