@@ -88,6 +88,7 @@ class Mode:
         discard: the first steps of each sequence, dropped (the switch from the previous G).
         chunk: steps enqueued between two telemetry reads.
         sweep_timeout_s: the sweep's hard limit (its own budget ends it sooner).
+        sweep_seed: the sweep's ``--seed`` (its round order and visit sequences).
     """
 
     step: Mapping[str, Any]
@@ -97,6 +98,7 @@ class Mode:
     discard: int
     chunk: int
     sweep_timeout_s: float
+    sweep_seed: int = 1
 
     def cells(self) -> list[CellSpec]:
         """Native, control and the listed compact cells of every G."""
@@ -168,6 +170,7 @@ def with_budget(
     settle_s: float | None = None,
     passes: int | None = None,
     recapture_every: int | None = None,
+    seed: int | None = None,
 ) -> Mode:
     """``mode`` with another sweep budget (GPU-seconds) and harness sequence length, where given,
     and (``interleave``) a sweep that visits each G's cells in one interleaved sequence, running
@@ -199,7 +202,12 @@ def with_budget(
             sweep += ["--adaptive-budget", f"{sweep_budget:g}"]
     if steps_per_block is not None and steps_per_block <= mode.discard:
         raise SystemExit(f"--steps-per-block must exceed the {mode.discard} steps discarded per sequence")
-    return replace(mode, sweep=tuple(sweep), steps_per_block=steps_per_block or mode.steps_per_block)
+    return replace(
+        mode,
+        sweep=tuple(sweep),
+        steps_per_block=steps_per_block or mode.steps_per_block,
+        sweep_seed=mode.sweep_seed if seed is None else seed,
+    )
 
 
 def sweep_command(mode: Mode, out_dir: Path) -> list[str]:
@@ -207,7 +215,7 @@ def sweep_command(mode: Mode, out_dir: Path) -> list[str]:
     s = mode.step
     cmd = [
         sys.executable, str(ROOT / "benchmarks" / "sweep_efficiency.py"), "run", "--tag", "independent",
-        "--protocols", "adaptive", "--seed", "1", "--k", str(s["k"]), "--ladder", str(s["ladder"]),
+        "--protocols", "adaptive", "--seed", str(mode.sweep_seed), "--k", str(s["k"]), "--ladder", str(s["ladder"]),
         "--config", str(s["config"]), "--layers", str(s["layers"]), "--context-len", str(s["context_len"]),
         "--ep", str(s["ep"]), "--throttle-policy", "serving", "--out-dir", str(out_dir),
     ]  # fmt: skip
@@ -740,6 +748,7 @@ def main(argv: list[str] | None = None) -> int:
             default="sweep",
             help="what the process runs on the GPU before the harness's first build (default: a matmul, as the sweep does)",
         )
+        p.add_argument("--sweep-seed", type=int, default=None, help="job: the sweep's --seed (default 1)")
         p.add_argument("--sweep-passes", type=int, default=None, help="job: the sweep's --passes (default 4)")
         p.add_argument(
             "--sweep-recapture-every",
@@ -777,6 +786,7 @@ def main(argv: list[str] | None = None) -> int:
         settle_s=args.sweep_settle_s,
         passes=args.sweep_passes,
         recapture_every=args.sweep_recapture_every,
+        seed=args.sweep_seed,
     )
     args.out.mkdir(parents=True, exist_ok=True)
     if args.cmd == "harness":
