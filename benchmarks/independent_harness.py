@@ -32,7 +32,9 @@ Subcommands (run from the repository root with ``PYTHONPATH=src``):
                        ``DIR/independent_work.tgz`` (the sweep's files, written under
                        ``--work``, outside ``DIR``). On one H200 it stays under 8 minutes.
 ``harness --out DIR``  this harness alone (``DIR/independent.json``).
-``compare --sweep DIR --harness FILE [--out FILE]``  the comparison alone (CPU).
+``compare --sweep DIR --harness FILE [--out FILE] [--recompute]``  the comparison alone (CPU);
+                       ``--recompute`` summarises the recorded sweep again with this checkout's
+                       statistics (a past job's ``independent_work.tgz``, unpacked).
 
 Both protocols time the step in one process state: the harness times a matmul before its first
 build, as the sweep's resource check does before the sweep loads its backend. A process whose
@@ -591,15 +593,25 @@ def compare(
 
 
 def compare_files(
-    sweep_dir: Path, harness_file: Path, *, level_prior_rel: float | None = None
+    sweep_dir: Path, harness_file: Path, *, level_prior_rel: float | None = None, recompute: bool = False
 ) -> dict[str, Any]:
-    """:func:`compare` on a sweep directory (``adaptive.parquet``) and a harness JSON."""
+    """:func:`compare` on a sweep directory (``adaptive.parquet``) and a harness JSON;
+    ``recompute``: the sweep's rows summarised again from its journal with this checkout's
+    statistics (:func:`~dspark_calibrate.calibrate.measurement.sweep.resummarize`), not as
+    recorded."""
     art = read_artifact(sweep_dir / "adaptive.parquet")
     extra = art.provenance_untrusted().extra
     harness = json.loads(harness_file.read_text())
-    result = compare(
-        art.table.to_pylist(), extra.get("between_run", {}), harness, level_prior_rel=level_prior_rel
-    )
+    rows, between = art.table.to_pylist(), extra.get("between_run", {})
+    if recompute:
+        from dspark_calibrate.calibrate.measurement.sweep import resummarize
+
+        again = resummarize(
+            sweep_dir / "adaptive.journal.jsonl", passes=bool(between.get("epochs_are_processes"))
+        )
+        rows, between = again.summary_table().to_pylist(), again.between.to_dict()
+    result = compare(rows, between, harness, level_prior_rel=level_prior_rel)
+    result["recomputed"] = recompute
     meta_file = sweep_dir / "adaptive.json"
     if meta_file.exists():
         meta = json.loads(meta_file.read_text())
@@ -772,10 +784,18 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="a per-run level SD measured in another job (its harness_repeat.level_sd_rel)",
     )
+    cmp_.add_argument(
+        "--recompute",
+        action="store_true",
+        help="summarise the sweep again from its journal with this checkout's statistics",
+    )
     args = parser.parse_args(argv)
     if args.cmd == "compare":
         write_independent(
-            compare_files(args.sweep, args.harness, level_prior_rel=args.level_prior_rel), args.out
+            compare_files(
+                args.sweep, args.harness, level_prior_rel=args.level_prior_rel, recompute=args.recompute
+            ),
+            args.out,
         )
         return 0
     mode = with_budget(

@@ -284,3 +284,8 @@ def test_the_tiny_job_runs_end_to_end(tmp_path: Path) -> None:
     # The harness's first build comes after a matmul, as the sweep's does.
     assert result["harness"]["process_state"] == "sweep"
     assert {g["native"] for g in result["between_run"]["paired_groups"]} <= {"G2/V0", "G4/V0"}
+    # Summarised again from its journal with the same statistics, the sweep compares the same.
+    again = ih.compare_files(work / "sweep", out / "independent.json", recompute=True)
+    assert again["recomputed"] and not result["recomputed"]
+    for key in (*ih.TARGETS, "per_cell"):
+        assert again[key] == result[key], key

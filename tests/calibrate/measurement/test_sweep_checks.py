@@ -18,8 +18,9 @@ from dspark_calibrate.calibrate.measurement.backends.synthetic import SyntheticB
 from dspark_calibrate.calibrate.measurement.journal import read_journal
 from dspark_calibrate.calibrate.measurement.ladder import CellKind, CellSpec
 from dspark_calibrate.calibrate.measurement.stats import BetweenRun, Thresholds
-from dspark_calibrate.calibrate.measurement.sweep import SweepResult, run_sweep
+from dspark_calibrate.calibrate.measurement.sweep import SweepResult, resummarize, run_sweep
 from dspark_calibrate.cli import build_calibrate_app
+from dspark_calibrate.errors import ConfigError
 from tests.calibrate.conftest import make_config
 
 LADDER = (2, 4, 8)
@@ -345,7 +346,9 @@ def test_the_summary_names_the_g_whose_own_paired_sd_is_carried() -> None:
     from dspark_calibrate.calibrate.measurement.stats import GroupPaired
     from dspark_calibrate.cli.sweep import _between_line
 
-    base = BetweenRun(6, 9, 0.0, 5, 0.001, 0.0012, 6, paired_df=12, paired_rel_upper=0.002, paired_rel_low=0.0005)
+    base = BetweenRun(
+        6, 9, 0.0, 5, 0.001, 0.0012, 6, paired_df=12, paired_rel_upper=0.002, paired_rel_low=0.0005
+    )
     light = GroupPaired("G8/V0", 0.0004, 0.0, 0.0015, 10, 2)
     heavy = GroupPaired("G256/V0", 0.005, 0.001, 0.012, 10, 2)
     line = _between_line(replace(base, paired_groups=(light, heavy)), 0.95)
@@ -360,3 +363,37 @@ def test_the_summary_names_the_g_whose_own_paired_sd_is_carried() -> None:
     assert between.for_cell(CellSpec(8, 16, 5)).paired_rel == 0.0004
     assert between.for_cell(CellSpec(256, 0, 5)) is between
     assert between.for_cell(CellSpec(64, 128, 5)) is between  # no group estimated for G=64
+
+
+@pytest.mark.parametrize("interleave", [False, True])
+def test_a_journal_summarised_again_gives_the_sweeps_own_table(tmp_path: Path, interleave: bool) -> None:
+    """``resummarize`` rebuilds a finished sweep from its journal alone: the same rows, the same
+    between-run components (what lets a change to the statistics be checked on past sweeps)."""
+    journal = tmp_path / "s.journal.jsonl"
+    backend = SyntheticBackend(seed=6, **HEAVY)
+    config, _ = make_config(
+        backend, thresholds=Thresholds.quick(**DESIGN), ladder=LADDER, seed=6, interleave=interleave
+    )
+    result = run_sweep(config, backend, journal_path=journal)
+    again = resummarize(journal, passes=False)
+    assert again.config.to_dict() == result.config.to_dict()
+    assert again.summary_table().to_pylist() == result.summary_table().to_pylist()
+    assert again.between == result.between and not again.paused and again.rounds == result.rounds
+
+
+@pytest.mark.parametrize(
+    ("header", "match"),
+    [
+        ({}, "no sweep configuration"),
+        ({"config": {"mixed": {"groups": []}}}, "mixed sweep"),
+        ({"config": {"k": 3}}, "incomplete"),
+    ],
+)
+def test_a_journal_that_cannot_be_summarised_again_is_refused(
+    tmp_path: Path, header: dict[str, Any], match: str
+) -> None:
+    journal = tmp_path / "bad.journal.jsonl"
+    head = {"type": "header", "format": "dspark-calibrate/sweep-journal", "version": 1, **header}
+    journal.write_text(json.dumps(head) + "\n")
+    with pytest.raises(ConfigError, match=match):
+        resummarize(journal, passes=False)

@@ -61,7 +61,7 @@ from dspark_calibrate.calibrate.measurement.distributed import (
     SingleProcess,
     from_environment,
 )
-from dspark_calibrate.calibrate.measurement.journal import Journal
+from dspark_calibrate.calibrate.measurement.journal import Journal, read_journal
 from dspark_calibrate.calibrate.measurement.ladder import CellKind, CellSpec, plan_cells
 from dspark_calibrate.calibrate.measurement.mixed import Cell, MixedCellSpec
 from dspark_calibrate.calibrate.measurement.order import (
@@ -126,6 +126,7 @@ __all__ = [
     "execute",
     "result_from_imported",
     "result_from_rounds",
+    "resummarize",
     "round_order",
     "run_record",
     "run_sweep",
@@ -1054,6 +1055,104 @@ def _reading(telemetry: Telemetry) -> tuple[float, float, float, float]:
     return tuple(math.nan if x is None else float(x) for x in values)  # type: ignore[return-value]
 
 
+@dataclass(frozen=True, slots=True)
+class _Replayed:
+    """What journal records set beyond the cells' samples (None: no record set it)."""
+
+    seconds: float
+    round: int | None
+    rewarm: int | None
+    finished: bool
+
+
+def _replay_records(states: Mapping[Cell, _CellState], records: Sequence[Mapping[str, Any]]) -> _Replayed:
+    """Add journal records' samples, visits and stop decisions to ``states``; return the rest.
+
+    Raises:
+        ConfigError: a record names a cell ``states`` does not hold.
+    """
+    by_key = {c.key: c for c in states}
+
+    def state(rec: Mapping[str, Any]) -> _CellState:
+        spec = by_key.get((int(rec["g"]), int(rec["v"])))
+        if spec is None:
+            raise ConfigError(f"journal names cell ({rec['g']}, {rec['v']}), which this sweep does not measure")
+        return states[spec]
+
+    seconds, rnd, rewarm, finished = 0.0, None, None, False
+    for rec in records:
+        kind = rec.get("type")
+        if kind == "visit":
+            st = state(rec)
+            st.rows.extend(SampleRow.from_json(s) for s in rec["samples"])
+            st.visits += 1
+            st.seconds += float(rec["seconds"])
+            seconds += float(rec["seconds"])
+            st.warmup_steps += int(rec["warmup"])
+            st.visited_rounds.add(int(rec["round"]))
+        elif kind == "stop":
+            state(rec).decision = Decision(Status(rec["status"]), str(rec["reason"]), str(rec.get("detail", "")))
+        elif kind == "round":
+            rnd = int(rec["round"]) + 1
+        elif kind == "rewarm":
+            rewarm = int(rec["steps"])
+        elif kind == "done":
+            finished = True
+    return _Replayed(seconds, rnd, rewarm, finished)
+
+
+def resummarize(journal_path: Path, *, passes: bool) -> SweepResult:
+    """A recorded decode sweep summarised again from its journal, with this version's statistics
+    and without its backend: what a change to the intervals does to a sweep already measured
+    (its digest-keyed configuration and every kept and dropped sample are in the journal).
+    ``passes``: its epochs were separate processes (the journal does not say; the summary's
+    ``between_run.epochs_are_processes`` does).
+
+    Raises:
+        ConfigError: an unreadable journal, or a mixed sweep's (its cells are geometries).
+    """
+    contents = read_journal(journal_path)
+    head = contents.header.get("config")
+    if not isinstance(head, Mapping):
+        raise ConfigError(f"{journal_path}: the journal's header holds no sweep configuration")
+    if head.get("mixed") is not None:
+        raise ConfigError(f"{journal_path}: a mixed sweep's journal cannot be summarised again here")
+    try:
+        k = int(head["k"])
+        config = SweepConfig(
+            k=k,
+            ladder=tuple(int(g) for g in head["ladder"]),
+            cells=tuple(CellSpec(int(g), int(v), k) for g, v in head["cells"]),
+            protocol=str(head["protocol"]),
+            thresholds=Thresholds.from_dict(head["thresholds"]),
+            seed=int(head["seed"]),
+            backend=dict(head["backend"]),
+            world_size=int(head["world_size"]),
+            fingerprint=dict(head["fingerprint"]),
+            order=head.get("order"),
+            interleave=bool(head.get("interleave")),
+            settle_s=head.get("settle_s"),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{journal_path}: the journal's configuration is incomplete ({exc!r})") from exc
+    states = {c: _CellState(c) for c in config.cells}
+    done = _replay_records(states, contents.records)
+    results, between, carry = finish_cells(config, states, passes=passes)
+    table = _samples_table((states[c] for c in config.cells), config.key_columns)
+    return SweepResult(
+        config,
+        results,
+        table,
+        done.round or 0,
+        done.seconds,
+        True,
+        between=between,
+        paused=not done.finished,
+        carryover=carry,
+        rewarm_steps=done.rewarm or config.thresholds.rewarm_steps,
+    )
+
+
 class _Harness:
     """The mutable state of one running sweep; :func:`run_sweep` is its only user."""
 
@@ -1111,34 +1210,11 @@ class _Harness:
     # -- journal replay ---------------------------------------------------------------------------
     def replay(self, records: Sequence[Mapping[str, Any]]) -> None:
         """Rebuild the state from journal records (identical on every rank)."""
-        for rec in records:
-            kind = rec.get("type")
-            if kind == "visit":
-                st = self._state(rec)
-                st.rows.extend(SampleRow.from_json(s) for s in rec["samples"])
-                st.visits += 1
-                st.seconds += float(rec["seconds"])
-                self.seconds_total += float(rec["seconds"])
-                st.warmup_steps += int(rec["warmup"])
-                st.visited_rounds.add(int(rec["round"]))
-            elif kind == "stop":
-                self._state(rec).decision = Decision(
-                    Status(rec["status"]), str(rec["reason"]), str(rec.get("detail", ""))
-                )
-            elif kind == "round":
-                self.round = int(rec["round"]) + 1
-            elif kind == "rewarm":
-                self.rewarm = int(rec["steps"])
-            elif kind == "done":
-                self.finished = True
-
-    def _state(self, rec: Mapping[str, Any]) -> _CellState:
-        spec = self.by_key.get((int(rec["g"]), int(rec["v"])))
-        if spec is None:
-            raise ConfigError(
-                f"journal names cell ({rec['g']}, {rec['v']}), which this sweep does not measure"
-            )
-        return self.states[spec]
+        done = _replay_records(self.states, records)
+        self.seconds_total += done.seconds
+        self.round = done.round if done.round is not None else self.round
+        self.rewarm = done.rewarm if done.rewarm is not None else self.rewarm
+        self.finished = self.finished or done.finished
 
     # -- measuring --------------------------------------------------------------------------------
     def open_cells(self) -> list[Cell]:
