@@ -39,7 +39,7 @@ Subcommands (run from the repository root with ``PYTHONPATH=src``):
 Both protocols time the step in one process state: the harness times a matmul before its first
 build, as the sweep's resource check does before the sweep loads its backend. A process whose
 first GPU work is the step's build runs differently (on an H200, G=8 2.1-2.3% faster, G=64's
-compact savings 0.4-1.0 pp higher; ``benchmarks/layout_probe.py``), and no sweep process is in that
+compact savings 0.4-1.0 pp higher; ``benchmarks/layout_probe.py``), and no reference-backend sweep is in that
 state; ``--harness-process-state first-build`` times it.
 
 ``--tiny`` runs all of it on the CPU with the ``tiny`` config in well under a minute (the test of
@@ -347,7 +347,7 @@ def warm_steps(steps: Iterable[Any], cuda: bool, replays: int = 4) -> None:
 #: nothing, the step is the process's first GPU work. On an H200 the first-build state ran G=8's
 #: native step 2.1-2.3% faster and G=64's compact savings 0.4-1.0 pp higher than every later
 #: build and every build after a matmul (``benchmarks/layout_probe.py``; not placement, not heat),
-#: a state no sweep process is in; the default compares the protocols in one state.
+#: a state no reference-backend sweep is in; the default compares the protocols in one state.
 PROCESS_STATES = ("sweep", "first-build")
 
 

@@ -1149,7 +1149,7 @@ def resummarize(journal_path: Path, *, passes: bool) -> SweepResult:
         between=between,
         paused=not done.finished,
         carryover=carry,
-        rewarm_steps=done.rewarm or config.thresholds.rewarm_steps,
+        rewarm_steps=config.thresholds.rewarm_steps if done.rewarm is None else done.rewarm,
     )
 
 
