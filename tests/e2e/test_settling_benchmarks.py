@@ -1,5 +1,6 @@
-"""``benchmarks/settling_curve.py`` and ``benchmarks/mix_composition.py``: their pure parts on known
-inputs, and each whole benchmark in its tiny CPU mode (the GPU runs' logic, without a GPU)."""
+"""``benchmarks/settling_curve.py``, ``benchmarks/mix_composition.py`` and
+``benchmarks/layout_probe.py``: their pure parts on known inputs, and each whole benchmark in its
+tiny CPU mode (the GPU runs' logic, without a GPU)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from benchmarks import layout_probe as lp
 from benchmarks import mix_composition as mc
 from benchmarks import settling_curve as sc
 
@@ -88,3 +90,27 @@ def test_the_tiny_benchmark_runs_end_to_end(tmp_path: Path, module: object) -> N
     assert data["gpu"] == "cpu" and data["benchmark"] in {"settling_curve", "mix_composition"}
     rows = data.get("transitions") or data.get("results")
     assert rows
+
+
+def test_the_layout_probe_states_each_cells_median_and_saving() -> None:
+    order = [0, 1, 2, 0, 1, 2, 0]
+    ms = [10.0, 7.0, 10.2, 10.4, 7.2, 9.8, 10.0]
+    med, saving = lp.cell_stats(order, ms, 3)
+    assert med == [10.0, 7.1, 10.0] and saving == pytest.approx([0.0, 0.29, 0.0])
+
+
+def test_the_layout_probe_reads_no_temperature_without_nvml() -> None:
+    class Off:
+        handle = None
+
+    assert lp.temperatures(Off()) == {"gpu_c": None, "memory_c": None}  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_the_tiny_layout_probe_builds_the_step_again(tmp_path: Path) -> None:
+    assert lp.main(["--tiny", "--out", str(tmp_path), "--pads", "0,0"]) == 0
+    data = json.loads((tmp_path / "layout_probe.json").read_text())
+    assert data["gpu"] == "cpu" and [b["build"] for b in data["builds"]] == [0, 1]
+    for build in data["builds"]:
+        (entry,) = build["g"].values()
+        assert entry["saving"][0] == 0.0 and all(math.isfinite(x) for x in entry["median_ms"])
