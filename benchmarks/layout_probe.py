@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -53,9 +54,22 @@ def temperatures(nvml: _Nvml) -> dict[str, float | None]:
     return out
 
 
+#: Steps of each sequence in the tiny CPU mode: host-timed steps vary with the machine's load, so
+#: sequences sized by time would too (and a short one can miss a cell).
+TINY_STEPS = 120
+
+
+def sequence_steps(seconds: float, mean_ms: float, *, tiny: bool) -> int:
+    """Steps that fill ``seconds`` at ``mean_ms`` a step (at least 16); :data:`TINY_STEPS` in the
+    tiny mode."""
+    return TINY_STEPS if tiny else max(int(seconds * 1000.0 / mean_ms), 16)
+
+
 def cell_stats(order: Sequence[int], ms: Sequence[float], cells: int) -> tuple[list[float], list[float]]:
-    """Each cell's median step (ms) and its saving against the native one (index 0)."""
-    med = [float(np.median([m for i, m in zip(order, ms, strict=True) if i == c])) for c in range(cells)]
+    """Each cell's median step (ms, NaN for a cell without steps) and its saving against the
+    native one (index 0)."""
+    per = [[m for i, m in zip(order, ms, strict=True) if i == c] for c in range(cells)]
+    med = [float(np.median(p)) if p else math.nan for p in per]
     return med, [1.0 - m / med[0] for m in med]
 
 
@@ -79,7 +93,6 @@ def main(argv: list[str] | None = None) -> int:
     pads = [int(p) for p in args.pads.split(",")]
     ladder = parse_ladder(str(mode.step["ladder"]))
     gs = [int(g) for g in args.g.split(",")] if not args.tiny else [ladder[-1]]
-    scale = 1.0 if not args.tiny else 1.0 / 40.0
     rng = np.random.default_rng(11)
     builds: list[dict[str, Any]] = []
     t0 = time.perf_counter()
@@ -101,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
             steps = [backend.prepare(c) for c in group]
             warm_steps(steps, cuda)
             mean_ms = float(np.mean([_timed(st, torch, cuda) for st in steps]))
-            settle = alternating_sequence(rng, group, max(int(args.settle_s * scale * 1000 / mean_ms), 8))
-            timed = alternating_sequence(rng, group, max(int(args.timed_s * scale * 1000 / mean_ms), 16))
+            settle = alternating_sequence(rng, group, sequence_steps(args.settle_s, mean_ms, tiny=args.tiny))
+            timed = alternating_sequence(rng, group, sequence_steps(args.timed_s, mean_ms, tiny=args.tiny))
             if cuda:
                 _run_mix(torch, steps, settle, mode.chunk, nvml)
                 ms, readings = _run_mix(torch, steps, timed, mode.chunk, nvml)

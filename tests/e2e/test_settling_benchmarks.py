@@ -99,6 +99,14 @@ def test_the_layout_probe_states_each_cells_median_and_saving() -> None:
     assert med == [10.0, 7.1, 10.0] and saving == pytest.approx([0.0, 0.29, 0.0])
 
 
+def test_the_layout_probe_sizes_its_sequences_by_time_except_on_the_cpu() -> None:
+    assert lp.sequence_steps(2.5, 10.0, tiny=False) == 250
+    assert lp.sequence_steps(2.5, 1000.0, tiny=False) == 16  # never fewer than 16 steps
+    assert {lp.sequence_steps(2.5, ms, tiny=True) for ms in (1000.0, 0.1)} == {lp.TINY_STEPS}
+    med, saving = lp.cell_stats([0, 1, 0], [10.0, 8.0, 10.0], 3)  # the third cell drew no step
+    assert med[:2] == [10.0, 8.0] and math.isnan(med[2]) and math.isnan(saving[2])
+
+
 def test_the_layout_probe_reads_no_temperature_without_nvml() -> None:
     class Off:
         handle = None
