@@ -7,6 +7,7 @@ import os
 import platform
 import subprocess
 import sys
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -52,17 +53,25 @@ def git_commit() -> str | None:
     return out.stdout.decode().strip() or None
 
 
-def write_result(name: str, data: dict[str, Any]) -> Path:
-    """Write ``results/<name>.json`` with machine, command, commit and time added."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
+def write_result(
+    name: str, data: dict[str, Any], *, out_dir: Path | None = None, argv: Sequence[str] | None = None
+) -> Path:
+    """Write ``results/<name>.json`` (``out_dir/<name>.json`` where given: a lent GPU machine's
+    ``$OUT``) with machine, command, commit and time added; ``argv``: the script's arguments
+    when its ``main`` was called with them (a test), else ``sys.argv``."""
+    command = (
+        [Path(sys.argv[0]).as_posix(), *sys.argv[1:]] if argv is None else [f"benchmarks/{name}.py", *argv]
+    )
     record = {
         "benchmark": name,
         "measured_at": datetime.now(UTC).replace(microsecond=0).isoformat(),
         "machine": machine_info(),
-        "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+        "command": " ".join(command),
         "commit": git_commit(),
         **data,
     }
-    path = RESULTS / f"{name}.json"
+    target = RESULTS if out_dir is None else out_dir
+    target.mkdir(parents=True, exist_ok=True)
+    path = target / f"{name}.json"
     path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return path

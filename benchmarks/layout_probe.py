@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import sys
 import time
@@ -33,6 +32,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import write_result
 from independent_harness import FULL, TINY, Mode, _Nvml, alternating_sequence, open_backend, warm_steps
 from settling_curve import _run_mix, _run_mix_host, _timed
 
@@ -146,8 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
         builds.append(row)
-    out = {
-        "benchmark": "layout_probe",
+    data = {
         "gpu": gpu,
         "step": dict(mode.step),
         "pads_mib": pads,
@@ -155,11 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         "settle_s": args.settle_s,
         "timed_s": args.timed_s,
         "seconds": time.perf_counter() - t0,
-        "command": " ".join(["benchmarks/layout_probe.py", *(argv if argv is not None else sys.argv[1:])]),
         "builds": builds,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "layout_probe.json").write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    write_result("layout_probe", data, out_dir=args.out, argv=argv)
     return 0
 
 

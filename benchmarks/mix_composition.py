@@ -17,7 +17,6 @@ Run (one GPU, ~3 minutes): ``PYTHONPATH=src python3 benchmarks/mix_composition.p
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Sequence
@@ -27,6 +26,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import write_result
 from independent_harness import FULL, TINY, Mode, _Nvml, open_backend, warm_steps
 from settling_curve import _run_mix, _run_mix_host, _timed
 
@@ -137,19 +137,16 @@ def main(argv: list[str] | None = None) -> int:
                 )
     gpu = torch.cuda.get_device_name(0) if cuda else "cpu"
     backend.close()
-    out = {
-        "benchmark": "mix_composition",
+    data = {
         "gpu": gpu,
         "step": dict(s),
         "designs": [list(d) for d in DESIGNS],
         "settle_s": args.settle_s,
         "timed_s": args.timed_s,
         "seconds": time.perf_counter() - t0,
-        "command": " ".join(["benchmarks/mix_composition.py", *(argv if argv is not None else sys.argv[1:])]),
         "results": results,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "mix_composition.json").write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    write_result("mix_composition", data, out_dir=args.out, argv=argv)
     return 0
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -33,6 +32,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import write_result
 from independent_harness import FULL, TINY, Mode, _Nvml, alternating_sequence, open_backend, warm_steps
 
 from dspark_calibrate.calibrate.measurement.ladder import CellSpec, parse_ladder
@@ -226,8 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     gpu = torch.cuda.get_device_name(0) if cuda else "cpu"
     backend.close()
-    out = {
-        "benchmark": "settling_curve",
+    data = {
         "gpu": gpu,
         "step": dict(s),
         "from_s": from_s,
@@ -235,11 +234,9 @@ def main(argv: list[str] | None = None) -> int:
         "tolerance_pp": args.tolerance_pp,
         "tolerance_rel": args.tolerance_rel,
         "seconds": time.perf_counter() - t0,
-        "command": " ".join(["benchmarks/settling_curve.py", *(argv if argv is not None else sys.argv[1:])]),
         "transitions": results,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "settling_curve.json").write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    write_result("settling_curve", data, out_dir=args.out, argv=argv)
     return 0
 
 
