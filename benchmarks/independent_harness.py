@@ -342,12 +342,9 @@ def warm_steps(steps: Iterable[Any], cuda: bool, replays: int = 4) -> None:
         torch.cuda.synchronize()
 
 
-#: What the process has run on the GPU before the harness builds its step. ``sweep``: a timed
-#: matmul, as the sweep's resource check runs before it loads its backend; ``first-build``:
-#: nothing, the step is the process's first GPU work. On an H200 the first-build state ran G=8's
-#: native step 2.1-2.3% faster and G=64's compact savings 0.4-1.0 pp higher than every later
-#: build and every build after a matmul (``benchmarks/layout_probe.py``; not placement, not heat),
-#: a state no reference-backend sweep is in; the default compares the protocols in one state.
+#: What the process has run on the GPU before the harness builds its step (module docstring).
+#: ``sweep``: a timed matmul, as the sweep's resource check runs before it loads its backend;
+#: ``first-build``: nothing, the step is the process's first GPU work.
 PROCESS_STATES = ("sweep", "first-build")
 
 
