@@ -163,6 +163,12 @@ TINY = Mode(
 # --- the sweep --------------------------------------------------------------------------------------
 
 
+#: A sweep's hard limit for a budget B of GPU-seconds: ``1.25 × B + 60`` s (the H200 sweeps ran
+#: 1.03-1.06 × their budget in wall time, plus the start and first captures), never below the mode's.
+SWEEP_TIMEOUT_PER_BUDGET = 1.25
+SWEEP_TIMEOUT_BASE_S = 60.0
+
+
 def with_budget(
     mode: Mode,
     sweep_budget: float | None,
@@ -172,15 +178,22 @@ def with_budget(
     settle_s: float | None = None,
     passes: int | None = None,
     recapture_every: int | None = None,
+    samples_per_visit: int | None = None,
     seed: int | None = None,
 ) -> Mode:
     """``mode`` with another sweep budget (GPU-seconds) and harness sequence length, where given,
     and (``interleave``) a sweep that visits each G's cells in one interleaved sequence, running
     each visit's mix untimed for ``settle_s`` first (the sweep's default where None); ``passes``
     and ``recapture_every`` replace the sweep's (one process re-capturing every two rounds has
-    three times the epochs of four passes, so each G's own σ_d rests on more of them)."""
+    three times the epochs of four passes, so each G's own σ_d rests on more of them), and
+    ``samples_per_visit`` its samples per visit. A budget above the mode's own raises the sweep's
+    hard limit with it, so that the budget, not the limit, ends the sweep."""
     sweep = list(mode.sweep)
-    for name, value in (("--passes", passes), ("--recapture-every", recapture_every)):
+    for name, value in (
+        ("--passes", passes),
+        ("--recapture-every", recapture_every),
+        ("--samples-per-visit", samples_per_visit),
+    ):
         if value is None:
             continue
         if value < 1:
@@ -204,11 +217,15 @@ def with_budget(
             sweep += ["--adaptive-budget", f"{sweep_budget:g}"]
     if steps_per_block is not None and steps_per_block <= mode.discard:
         raise SystemExit(f"--steps-per-block must exceed the {mode.discard} steps discarded per sequence")
+    timeout = mode.sweep_timeout_s
+    if sweep_budget is not None:
+        timeout = max(timeout, SWEEP_TIMEOUT_PER_BUDGET * sweep_budget + SWEEP_TIMEOUT_BASE_S)
     return replace(
         mode,
         sweep=tuple(sweep),
         steps_per_block=steps_per_block or mode.steps_per_block,
         sweep_seed=mode.sweep_seed if seed is None else seed,
+        sweep_timeout_s=timeout,
     )
 
 
@@ -766,6 +783,12 @@ def main(argv: list[str] | None = None) -> int:
             help="job: the sweep's --recapture-every (default 6: with four passes, one epoch each)",
         )
         p.add_argument(
+            "--sweep-samples-per-visit",
+            type=int,
+            default=None,
+            help="job: the sweep's --samples-per-visit (default 3)",
+        )
+        p.add_argument(
             "--sweep-settle-s",
             type=float,
             default=None,
@@ -803,6 +826,7 @@ def main(argv: list[str] | None = None) -> int:
         settle_s=args.sweep_settle_s,
         passes=args.sweep_passes,
         recapture_every=args.sweep_recapture_every,
+        samples_per_visit=args.sweep_samples_per_visit,
         seed=args.sweep_seed,
     )
     args.out.mkdir(parents=True, exist_ok=True)

@@ -124,6 +124,9 @@ def test_the_budget_and_sequence_can_be_shortened() -> None:
     cmd = ih.sweep_command(mode, Path("/x"))
     assert cmd[cmd.index("--adaptive-budget") + 1] == "150" and mode.steps_per_block == 300
     assert ih.with_budget(ih.FULL, None, None) == ih.FULL
+    # A budget beyond the mode's raises the sweep's hard limit with it; a smaller one keeps it.
+    assert mode.sweep_timeout_s == ih.FULL.sweep_timeout_s
+    assert ih.with_budget(ih.FULL, 400.0, None).sweep_timeout_s == pytest.approx(1.25 * 400 + 60)
     for bad in ((0.0, None), (None, ih.FULL.discard)):
         with pytest.raises(SystemExit):
             ih.with_budget(ih.FULL, *bad)
@@ -136,12 +139,13 @@ def test_an_interleaved_sweep_can_be_asked_for() -> None:
 
 
 def test_the_sweeps_passes_and_recapture_period_can_be_replaced() -> None:
-    mode = ih.with_budget(ih.FULL, None, None, passes=1, recapture_every=2, seed=5)
+    mode = ih.with_budget(ih.FULL, None, None, passes=1, recapture_every=2, samples_per_visit=6, seed=5)
     cmd = ih.sweep_command(mode, Path("/x"))
     assert cmd[cmd.index("--seed") + 1] == "5" and cmd.count("--seed") == 1
     assert cmd[cmd.index("--passes") + 1] == "1" and cmd[cmd.index("--recapture-every") + 1] == "2"
+    assert cmd[cmd.index("--samples-per-visit") + 1] == "6" and cmd.count("--samples-per-visit") == 1
     assert cmd.count("--passes") == 1 and cmd.count("--recapture-every") == 1
-    for bad in ({"passes": 0}, {"recapture_every": -1}):
+    for bad in ({"passes": 0}, {"recapture_every": -1}, {"samples_per_visit": 0}):
         with pytest.raises(SystemExit):
             ih.with_budget(ih.FULL, None, None, **bad)
 
