@@ -110,26 +110,71 @@ def test_g_blocks_keep_a_gs_cells_together_where_the_g_first_came() -> None:
     assert [b[0].graph_batch_size for b in blocks] == first_seen
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
     counts=st.lists(st.integers(0, 30), min_size=1, max_size=6),
     stay=st.sampled_from([0.0, 0.5, 0.75, 0.95]),
+    balanced=st.booleans(),
     seed=st.integers(0, 2**31),
 )
-def test_an_interleaving_holds_each_cell_exactly_its_steps(counts: list[int], stay: float, seed: int) -> None:
-    got = interleaved_steps(counts, np.random.default_rng(seed), stay=stay)
+def test_an_interleaving_holds_each_cell_exactly_its_steps(
+    counts: list[int], stay: float, balanced: bool, seed: int
+) -> None:
+    got = interleaved_steps(counts, np.random.default_rng(seed), stay=stay, balanced=balanced)
     assert Counter(got) == Counter({i: n for i, n in enumerate(counts) if n})
-    assert got == interleaved_steps(counts, np.random.default_rng(seed), stay=stay)  # reproducible
+    again = interleaved_steps(counts, np.random.default_rng(seed), stay=stay, balanced=balanced)
+    assert got == again  # reproducible
 
 
-@pytest.mark.parametrize(("stay", "low", "high"), [(0.0, 0.2, 0.3), (0.75, 0.75, 0.87)])
-def test_stay_sets_how_often_a_step_repeats_the_cell_before_it(stay: float, low: float, high: float) -> None:
-    got = interleaved_steps([500] * 4, np.random.default_rng(0), stay=stay)
+@settings(max_examples=60, deadline=None)
+@given(
+    counts=st.lists(st.integers(0, 20), min_size=1, max_size=5),
+    durations=st.lists(st.floats(0.1, 50.0), min_size=5, max_size=5),
+    stay=st.sampled_from([0.0, 0.75]),
+    seed=st.integers(0, 2**31),
+)
+def test_a_balanced_interleaving_centres_every_cell_in_time(
+    counts: list[int], durations: list[float], stay: float, seed: int
+) -> None:
+    """Whatever each cell's step time, every cell's steps are centred on the sequence's middle in
+    time, so a clock drifting linearly over the sequence slows every cell alike."""
+    order = interleaved_steps(counts, np.random.default_rng(seed), stay=stay, balanced=True)
+    assert order == order[::-1] or any(n % 2 for n in counts)  # a palindrome, odd steps aside
+    ends = np.cumsum([durations[i] for i in order])
+    middles = ends - np.array([durations[i] for i in order]) / 2.0
+    odd = {i for i, n in enumerate(counts) if n % 2}
+    for cell in {i for i, n in enumerate(counts) if n} - odd:
+        centre = float(np.mean(middles[np.array(order) == cell]))
+        assert centre == pytest.approx(ends[-1] / 2.0, rel=1e-9, abs=1e-9)
+
+
+def test_balanced_blocks_visit_every_cell_once_before_any_again() -> None:
+    order = interleaved_steps([8, 8, 8, 8], np.random.default_rng(3), balanced=True)
+    half = order[:16]
+    for block in range(4):
+        assert sorted(half[4 * block : 4 * block + 4]) == [0, 1, 2, 3]
+    assert order[16:] == half[::-1]
+
+
+@pytest.mark.parametrize(
+    ("stay", "balanced", "low", "high"),
+    [
+        (0.0, False, 0.2, 0.3),  # 1/4 at random
+        (0.75, False, 0.75, 0.87),  # 0.75 + 0.25/4 in runs
+        (0.0, True, 0.03, 0.1),  # 1/16: only where a block ends on the cell the next begins with
+        (0.75, True, 0.70, 0.82),  # runs as drawn, a few merged across blocks
+    ],
+)
+def test_stay_sets_how_often_a_step_repeats_the_cell_before_it(
+    stay: float, balanced: bool, low: float, high: float
+) -> None:
+    got = interleaved_steps([500] * 4, np.random.default_rng(0), stay=stay, balanced=balanced)
     repeats = float(np.mean([a == b for a, b in itertools.pairwise(got)]))
-    assert low <= repeats <= high  # 1/4 at random; 0.75 + 0.25/4 in runs
+    assert low <= repeats <= high
 
 
+@pytest.mark.parametrize("balanced", [False, True])
 @pytest.mark.parametrize(("counts", "stay"), [([3, -1], 0.0), ([3, 3], 1.0), ([3], -0.1), ([1], float("nan"))])
-def test_an_interleaving_refuses_what_it_cannot_draw(counts: list[int], stay: float) -> None:
+def test_an_interleaving_refuses_what_it_cannot_draw(counts: list[int], stay: float, balanced: bool) -> None:
     with pytest.raises(ConfigError):
-        interleaved_steps(counts, np.random.default_rng(0), stay=stay)
+        interleaved_steps(counts, np.random.default_rng(0), stay=stay, balanced=balanced)

@@ -1005,9 +1005,10 @@ def _with_checks(
 
 
 #: The version of the interleaved visit's design, in the configuration (so in its digest): 2 queues
-#: the settle and the timed steps as one sequence (no idle gap between them); a journal of an
-#: earlier design is not resumed under this one.
-INTERLEAVE_DESIGN = 2
+#: the settle and the timed steps as one sequence (no idle gap between them); 3 times a balanced
+#: sequence (:func:`~.order.interleaved_steps` with ``balanced``: blocks, run forward then
+#: backward); a journal of an earlier design is not resumed under this one.
+INTERLEAVE_DESIGN = 3
 #: Seconds an interleaved visit runs its G's mix untimed before it times it by default (at least
 #: the sweep's re-warm). On an H200 at its power cap a heavy G entered after a lighter one ran 3%
 #: fast for 0.2 s and 0.3-0.6% for the next 0.8 s (benchmarks/settling_curve.py): such GPUs want
@@ -1293,8 +1294,10 @@ class _Harness:
 
         Cells captured anew in this epoch get their full warm-up alone first; then the settle runs
         every cell ``rewarm`` times in one interleaving and the timed sequence each cell
-        ``samples × replays`` times in another (:func:`~.order.interleaved_steps`), both of the
-        round's design (:func:`~.protocol.mix_arm`: every step drawn at random, or runs), queued
+        ``samples × replays`` times in another (:func:`~.order.interleaved_steps`, balanced: blocks
+        run forward then backward, so a clock wandering over the visit slows every cell alike),
+        both of the round's design
+        (:func:`~.protocol.mix_arm`: every step drawn at random, or runs), queued
         as one sequence so the device never idles between them (the settle's times are dropped).
         A cell's sample is the mean of its next ``replays`` steps of the sequence, its telemetry
         the first reading taken after the last of them; every sample's previous cell is the one
@@ -1310,7 +1313,7 @@ class _Harness:
         rng = np.random.default_rng([self.config.seed, self.round, int(cells[0].key[0]), 0x1E])
         stay = MIX_STAYS[mix_arm(self.round)]
         warm_order = interleaved_steps([rewarm] * len(cells), rng, stay=stay)
-        order = interleaved_steps([n * th.replays_per_sample for n in counts], rng, stay=stay)
+        order = interleaved_steps([n * th.replays_per_sample for n in counts], rng, stay=stay, balanced=True)
         self.comm.barrier()
         t0 = self.timer.now()
         measured, failure = self._measure_group(cells, epoch, firsts, counts, warm_order, order)

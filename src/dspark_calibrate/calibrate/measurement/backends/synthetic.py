@@ -24,6 +24,10 @@ are tested against known truths of these sizes (``--backend-opt NAME=X``):
 - ``carryover_rel``: a visit that follows one to a larger G runs slower by X, decaying over
   ``carryover_decay_steps`` steps (e-folding) after the switch of G (a G's cells alternating
   among themselves keep decaying it);
+- ``wander_rel``: the power controller's clock wander, shared by every cell: each step runs slower
+  by ``exp(w)``, w a stationary Gauss-Markov process in (virtual) time of SD X whose correlation
+  decays over ``wander_tau_s`` seconds (e-folding; on an H200 at its cap the clock moves by
+  ±1-2% from one 0.1-0.5 s window to the next);
 - ``capture_bias_rel``: a bias of the measurement, not of serving: every cell other than the
   native one (compact and control) runs faster by X in the sweep, so the control cell shows it
   (:meth:`SyntheticModel.true_saving` leaves it out);
@@ -106,6 +110,8 @@ class SyntheticModel:
     capture_bias_rel: float = 0.0
     launch_gap_ms: float = 0.0
     clock_tau_steps: float = 0.0
+    wander_rel: float = 0.0
+    wander_tau_s: float = 0.2
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -113,9 +119,16 @@ class SyntheticModel:
                 continue
             if not math.isfinite(value) or value < 0:
                 raise ConfigError(f"synthetic model {name}={value!r} must be finite and >= 0")
-        if self.tile < 1 or self.base_ms <= 0 or self.drift_period_s <= 0 or self.carryover_decay_steps <= 0:
+        if (
+            self.tile < 1
+            or self.base_ms <= 0
+            or self.drift_period_s <= 0
+            or self.carryover_decay_steps <= 0
+            or self.wander_tau_s <= 0
+        ):
             raise ConfigError(
-                "synthetic model needs tile >= 1, base_ms > 0, drift_period_s > 0 and carryover_decay_steps > 0"
+                "synthetic model needs tile >= 1, base_ms > 0, drift_period_s > 0, carryover_decay_steps > 0"
+                " and wander_tau_s > 0"
             )
 
     def expected_ms(self, cell: CellSpec) -> float:
@@ -258,6 +271,9 @@ class SyntheticBackend(BackendBase):
         )
         # A process starts an epoch: its common shift, and no cell captured in it yet.
         self._common_rng = np.random.default_rng([*start, 3])
+        self._wander_rng = np.random.default_rng([*start, 4])
+        self._wander = float(self._wander_rng.normal(0.0, self.model.wander_rel))  # stationary at start
+        self._wander_at = self.clock()
         self._new_epoch()
         self._previous_g: int | None = None
 
@@ -329,6 +345,8 @@ class SyntheticBackend(BackendBase):
             factor *= 1.0 + m.throttle_slowdown_rel
         if m.power_capped:
             factor *= 1.0 + m.power_cap_slowdown_rel
+        if m.wander_rel > 0.0:
+            factor *= math.exp(self._wander_now())
         if m.clock_tau_steps > 0.0:
             factor /= self._clock_state
             target = m.clock_rel(cell)
@@ -336,6 +354,17 @@ class SyntheticBackend(BackendBase):
         gap = m.launch_gap_ms if self._idle else 0.0
         self._idle = False
         self.clock.advance((expected_ms * factor + gap) / 1000.0)
+
+    def _wander_now(self) -> float:
+        """The clock wander at the virtual time now (``wander_rel``): the process moved on from
+        its last value by the time since, exactly (an Ornstein-Uhlenbeck step)."""
+        m = self.model
+        now = self.clock()
+        keep = math.exp(-max(now - self._wander_at, 0.0) / m.wander_tau_s)
+        fresh = math.sqrt(max(1.0 - keep * keep, 0.0)) * m.wander_rel
+        self._wander = keep * self._wander + fresh * float(self._wander_rng.standard_normal())
+        self._wander_at = now
+        return self._wander
 
     def _wait_idle(self) -> None:
         """The timer waited for the device: nothing is queued any more."""
