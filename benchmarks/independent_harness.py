@@ -179,6 +179,7 @@ def with_budget(
     passes: int | None = None,
     recapture_every: int | None = None,
     samples_per_visit: int | None = None,
+    max_samples: int | None = None,
     seed: int | None = None,
 ) -> Mode:
     """``mode`` with another sweep budget (GPU-seconds) and harness sequence length, where given,
@@ -186,13 +187,15 @@ def with_budget(
     each visit's mix untimed for ``settle_s`` first (the sweep's default where None); ``passes``
     and ``recapture_every`` replace the sweep's (one process re-capturing every two rounds has
     three times the epochs of four passes, so each G's own σ_d rests on more of them), and
-    ``samples_per_visit`` its samples per visit. A budget above the mode's own raises the sweep's
+    ``samples_per_visit`` its samples per visit, ``max_samples`` its cap of samples per cell (a
+    cell at the cap stops, whatever budget is left). A budget above the mode's own raises the sweep's
     hard limit with it, so that the budget, not the limit, ends the sweep."""
     sweep = list(mode.sweep)
     for name, value in (
         ("--passes", passes),
         ("--recapture-every", recapture_every),
         ("--samples-per-visit", samples_per_visit),
+        ("--max-samples", max_samples),
     ):
         if value is None:
             continue
@@ -789,6 +792,12 @@ def main(argv: list[str] | None = None) -> int:
             help="job: the sweep's --samples-per-visit (default 3)",
         )
         p.add_argument(
+            "--sweep-max-samples",
+            type=int,
+            default=None,
+            help="job: the sweep's --max-samples, its cap of samples per cell (default 128)",
+        )
+        p.add_argument(
             "--sweep-settle-s",
             type=float,
             default=None,
@@ -827,6 +836,7 @@ def main(argv: list[str] | None = None) -> int:
         passes=args.sweep_passes,
         recapture_every=args.sweep_recapture_every,
         samples_per_visit=args.sweep_samples_per_visit,
+        max_samples=args.sweep_max_samples,
         seed=args.sweep_seed,
     )
     args.out.mkdir(parents=True, exist_ok=True)

@@ -139,13 +139,16 @@ def test_an_interleaved_sweep_can_be_asked_for() -> None:
 
 
 def test_the_sweeps_passes_and_recapture_period_can_be_replaced() -> None:
-    mode = ih.with_budget(ih.FULL, None, None, passes=1, recapture_every=2, samples_per_visit=6, seed=5)
+    mode = ih.with_budget(
+        ih.FULL, None, None, passes=1, recapture_every=2, samples_per_visit=6, max_samples=300, seed=5
+    )
     cmd = ih.sweep_command(mode, Path("/x"))
     assert cmd[cmd.index("--seed") + 1] == "5" and cmd.count("--seed") == 1
     assert cmd[cmd.index("--passes") + 1] == "1" and cmd[cmd.index("--recapture-every") + 1] == "2"
     assert cmd[cmd.index("--samples-per-visit") + 1] == "6" and cmd.count("--samples-per-visit") == 1
+    assert cmd[cmd.index("--max-samples") + 1] == "300" and cmd.count("--max-samples") == 1
     assert cmd.count("--passes") == 1 and cmd.count("--recapture-every") == 1
-    for bad in ({"passes": 0}, {"recapture_every": -1}, {"samples_per_visit": 0}):
+    for bad in ({"passes": 0}, {"recapture_every": -1}, {"samples_per_visit": 0}, {"max_samples": 0}):
         with pytest.raises(SystemExit):
             ih.with_budget(ih.FULL, None, None, **bad)
 
