@@ -322,7 +322,7 @@ def _protocol_line(summary: dict[str, Any], *, mix: dict[str, Any]) -> str:
         )
         return (
             "visits: each G's cells interleaved, queued back to back (a serving loop that launches ahead, "
-            f"at the clock of the G's mix), every step drawn at random or in runs, by round{moved}"
+            f"at the clock of the G's mix), switching every step or in runs, by round, each visit balanced{moved}"
         )
     if not summary["measured"]:
         return (

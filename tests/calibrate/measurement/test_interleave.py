@@ -344,7 +344,7 @@ def test_the_cli_interleaves_and_says_so(tmp_path: Path) -> None:
     assert checks["settling"]["settle_s"] == 0.5
     res = CliRunner().invoke(build_calibrate_app(), [*args[:-1], "--out", str(tmp_path / "t.parquet")])
     assert res.exit_code == 0, res.output
-    assert "interleaved" in res.output and "every step drawn at random or in runs" in res.output
+    assert "interleaved" in res.output and "switching every step or in runs, by round, each visit balanced" in res.output
     assert "settling (after 0.2 s of untimed mix per visit): a native step moves" in res.output
 
 

@@ -40,8 +40,9 @@ after a native one meets the clock the heavier step left, one inside a run of co
 clock it lets the GPU reach (on an H200 at its cap, savings 0.5-1.4 pp lower at G >= 64 with
 every step drawn at random than in a harness that stayed on a cell half the time). How long a
 serving policy stays on a cell depends on its traffic, so an interleaved sweep alternates two
-designs by round (:data:`MIX_STAYS`): every step drawn at random (a policy that switches every
-step) and runs of four steps on average (one that stays a while). :func:`mix_term` gives each
+designs by round (:data:`MIX_STAYS`): cells switching every step (a policy that switches every
+step) and runs of steps (one that stays a while), each laid out in balanced blocks
+(:func:`~.order.interleaved_steps`). :func:`mix_term` gives each
 design's median and paired saving, :func:`widen_for_mix` stretches the intervals to hold both;
 the points are the paired estimates over all rounds, half of each design.
 """
@@ -164,7 +165,7 @@ def widen_for_protocol(summary: CellSummary, term: ProtocolTerm) -> CellSummary:
 
 
 #: The stay probability of each design an interleaved sweep alternates, by round parity (module
-#: docstring): 0 (every step's cell drawn at random) and 0.75 (runs of four steps on average).
+#: docstring): 0 (the cell switches every step) and 0.75 (runs drawn four steps long on average).
 MIX_STAYS: tuple[float, float] = (0.0, 0.75)
 
 

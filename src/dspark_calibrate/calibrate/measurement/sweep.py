@@ -589,7 +589,7 @@ class SweepResult:
 
     def mix_summary(self) -> dict[str, Any]:
         """An interleaved sweep's mix term (:func:`~.protocol.mix_term`): the largest move of a
-        compact saving between the design of every step drawn at random and that of runs, with its
+        compact saving between the design that switches cells every step and that of runs, with its
         cell. ``measured`` is False for a sweep of one cell per visit."""
         if not self.config.interleave:
             return {"measured": False}
@@ -1297,7 +1297,7 @@ class _Harness:
         ``samples × replays`` times in another (:func:`~.order.interleaved_steps`, balanced: blocks
         run forward then backward, so a clock wandering over the visit slows every cell alike),
         both of the round's design
-        (:func:`~.protocol.mix_arm`: every step drawn at random, or runs), queued
+        (:func:`~.protocol.mix_arm`: switching every step, or runs), queued
         as one sequence so the device never idles between them (the settle's times are dropped).
         A cell's sample is the mean of its next ``replays`` steps of the sequence, its telemetry
         the first reading taken after the last of them; every sample's previous cell is the one
