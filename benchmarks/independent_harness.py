@@ -34,7 +34,8 @@ Subcommands (run from the repository root with ``PYTHONPATH=src``):
 ``harness --out DIR``  this harness alone (``DIR/independent.json``).
 ``compare --sweep DIR --harness FILE [--out FILE] [--recompute]``  the comparison alone (CPU);
                        ``--recompute`` summarises the recorded sweep again with this checkout's
-                       statistics (a past job's ``independent_work.tgz``, unpacked).
+                       statistics (a past job's ``independent_work.tgz``, unpacked) and adds
+                       ``mix_designs``: each mix design's savings against the harness's.
 
 Both protocols time the step in one process state: the harness times a matmul before its first
 build, as the sweep's resource check does before the sweep loads its backend. A process whose
@@ -609,6 +610,32 @@ def compare(
     return result
 
 
+def by_mix_design(cells: list[dict[str, Any]], designs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """An interleaved sweep's compact savings in each mix design's rounds against the harness's.
+
+    The sweep's point is the paired saving over all rounds, half of each design (switching every
+    step, runs); ``designs`` maps a cell's label to its :class:`~.protocol.MixTerm`. Each compact
+    entry of ``cells`` gains ``sweep_saving_switching`` and ``sweep_saving_runs``; the return
+    value holds, per design, how far its savings are from the harness's (median and max, pp):
+    which design the harness's own mix is nearer. None for a sweep of one cell per visit."""
+    apart: dict[str, list[float]] = {"switching": [], "runs": []}
+    for entry in cells:
+        term = designs.get(entry["cell"])
+        if entry["kind"] != CellKind.COMPACT.value or term is None:
+            continue
+        for name, value in (("switching", term.saving_switching), ("runs", term.saving_runs)):
+            entry[f"sweep_saving_{name}"] = value
+            if value is not None:
+                apart[name].append(abs(_pp(value - entry["independent_saving"])))
+    if not any(apart.values()):
+        return None
+    return {
+        name: {"cells": len(v), "diff_median_pp": float(np.median(v)), "diff_max_pp": float(np.max(v))}
+        for name, v in apart.items()
+        if v
+    }
+
+
 def compare_files(
     sweep_dir: Path, harness_file: Path, *, level_prior_rel: float | None = None, recompute: bool = False
 ) -> dict[str, Any]:
@@ -629,6 +656,9 @@ def compare_files(
         rows, between = again.summary_table().to_pylist(), again.between.to_dict()
     result = compare(rows, between, harness, level_prior_rel=level_prior_rel)
     result["recomputed"] = recompute
+    if recompute:
+        designs = {c.spec.label(): c.mix for c in again.cells if c.mix is not None}
+        result["mix_designs"] = by_mix_design(result["per_cell"], designs)
     meta_file = sweep_dir / "adaptive.json"
     if meta_file.exists():
         meta = json.loads(meta_file.read_text())

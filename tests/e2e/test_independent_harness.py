@@ -17,6 +17,7 @@ import pytest
 from benchmarks import independent_harness as ih
 
 from dspark_calibrate.calibrate.measurement.ladder import CellSpec
+from dspark_calibrate.calibrate.measurement.protocol import MixTerm
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -255,6 +256,29 @@ def test_the_full_mode_is_the_heavy_step_with_24_cells() -> None:
     for flag in ("--passes", "--samples-per-visit", "--budgets"):
         assert flag in cmd
     assert cmd[cmd.index("--config") + 1] == "llama-70b" and cmd[cmd.index("--layers") + 1] == "4"
+
+
+def test_each_mix_designs_savings_are_compared_with_the_harness() -> None:
+    cells = [
+        {"cell": "G8/V0", "kind": "native", "independent_saving": 0.0},
+        {"cell": "G8/V16", "kind": "compact", "independent_saving": 0.100},
+        {"cell": "G8/V24", "kind": "compact", "independent_saving": 0.200},
+        {"cell": "G8/V32", "kind": "control", "independent_saving": 0.0},
+    ]
+    designs = {
+        "G8/V0": MixTerm(10.0, 10.0),
+        "G8/V16": MixTerm(9.0, 9.0, saving_switching=0.090, saving_runs=0.101),
+        "G8/V24": MixTerm(8.0, 8.0, saving_switching=0.180, saving_runs=None),
+        "G8/V32": MixTerm(10.0, 10.0, saving_switching=0.01, saving_runs=0.0),
+    }
+    got = ih.by_mix_design(cells, designs)
+    assert got is not None
+    assert got["switching"]["cells"] == 2 and got["runs"]["cells"] == 1
+    assert got["switching"]["diff_median_pp"] == pytest.approx(1.5)  # 1.0 and 2.0 pp apart
+    assert got["switching"]["diff_max_pp"] == pytest.approx(2.0)
+    assert got["runs"]["diff_max_pp"] == pytest.approx(0.1)
+    assert cells[1]["sweep_saving_runs"] == 0.101 and "sweep_saving_switching" not in cells[3]
+    assert ih.by_mix_design(cells, {}) is None  # a sweep of one cell per visit
 
 
 @pytest.mark.slow
