@@ -1296,9 +1296,9 @@ class _Harness:
         every cell ``rewarm`` times in one interleaving and the timed sequence each cell
         ``samples × replays`` times in another (:func:`~.order.interleaved_steps`, balanced: blocks
         run forward then backward, so a clock wandering over the visit slows every cell alike),
-        both of the round's design
-        (:func:`~.protocol.mix_arm`: switching every step, or runs), queued
-        as one sequence so the device never idles between them (the settle's times are dropped).
+        both of the round's design (:func:`~.protocol.mix_arm`: switching every step, or runs),
+        queued as one sequence so the device never idles between them (the settle's times are
+        dropped).
         A cell's sample is the mean of its next ``replays`` steps of the sequence, its telemetry
         the first reading taken after the last of them; every sample's previous cell is the one
         visited before the group (the carry-over the group as a whole inherits).
