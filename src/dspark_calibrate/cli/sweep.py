@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -413,8 +414,8 @@ def _thresholds(protocol: str, preset: str, chosen: dict[str, Any]) -> Any:
     from dspark_calibrate.calibrate.measurement.stats import Thresholds
     from dspark_calibrate.calibrate.measurement.telemetry import THROTTLE_POLICIES
 
-    if preset not in ("default", "quick"):
-        raise ConfigError(f"--preset {preset!r} is unknown; use default or quick")
+    if preset not in PRESETS:
+        raise ConfigError(f"--preset {preset!r} is unknown; use {', '.join(PRESETS[:-1])} or {PRESETS[-1]}")
     policy = chosen.get("throttle_policy")
     if policy is not None and policy not in THROTTLE_POLICIES:
         raise ConfigError(
@@ -422,10 +423,42 @@ def _thresholds(protocol: str, preset: str, chosen: dict[str, Any]) -> Any:
             "(serving keeps power-capped samples, the state a serving GPU runs in)"
         )
     if protocol == "fixed":
+        if preset == POWER_CAPPED:
+            raise ConfigError(f"--preset {POWER_CAPPED} is an adaptive design; drop --protocol fixed")
         return Thresholds.fixed_protocol(**chosen)
     if preset == "quick":
         return Thresholds.quick(**chosen)
+    if preset == POWER_CAPPED:
+        return Thresholds.power_capped(**chosen)
     return Thresholds.adaptive(**chosen)
+
+
+#: ``--preset`` names; ``power-capped`` also sets ``--interleave`` and ``--settle-s`` (:func:`with_preset`).
+POWER_CAPPED = "power-capped"
+PRESETS = ("default", "quick", POWER_CAPPED)
+#: The settle ``--preset power-capped`` gives an interleaved visit unless ``--settle-s`` is given:
+#: on an H200 at its cap a heavy G entered after a lighter one settles within 0.5-1 s.
+POWER_CAPPED_SETTLE_S = 0.75
+
+
+def with_preset(opts: SweepOptions) -> SweepOptions:
+    """``opts`` with what its preset implies beyond thresholds: ``power-capped`` visits a G's
+    cells interleaved (unless ``--no-interleave``) and settles each visit 0.75 s (unless
+    ``--settle-s``); every other preset leaves ``--interleave`` off unless given.
+
+    Raises:
+        ConfigError: ``power-capped`` with ``--mixed`` (a mixed sweep cannot interleave).
+    """
+    if opts.preset != POWER_CAPPED:
+        return replace(opts, interleave=bool(opts.interleave))
+    if opts.mixed:
+        raise ConfigError(
+            f"--preset {POWER_CAPPED} interleaves decode cells, which a --mixed sweep cannot; "
+            "use --preset default with --mixed"
+        )
+    interleave = True if opts.interleave is None else opts.interleave
+    settle = opts.settle_s if opts.settle_s is not None or not interleave else POWER_CAPPED_SETTLE_S
+    return replace(opts, interleave=interleave, settle_s=settle)
 
 
 def _backend_options(pairs: list[str], named: dict[str, Any]) -> dict[str, Any]:
@@ -816,7 +849,7 @@ def _sweep_request(
         pass_epoch=opts.pass_index,
         world_size=live.get("gpu_count"),
         order=_serving_order(opts, ladder),
-        interleave=opts.interleave,
+        interleave=bool(opts.interleave),
         settle_s=opts.settle_s,
     )
 
@@ -831,6 +864,7 @@ def run_sweep(opts: SweepOptions) -> None:
     from dspark_calibrate.calibrate.measurement.ladder import parse_ladder
 
     try:
+        opts = with_preset(opts)
         # Outputs first: a sweep measures for minutes and must not learn at the end that it
         # cannot write (the journal and the samples file go beside --out).
         check_output_file(opts.out, suffixes=(".parquet", ".pq"), what="the sweep summary (a Parquet file)")
@@ -856,7 +890,7 @@ def run_sweep(opts: SweepOptions) -> None:
             raise ConfigError("--mixed-workload and --mixed-grid need --mixed; add --mixed")
         from dspark_calibrate.calibrate.measurement.sweep import check_settle
 
-        check_settle(opts.settle_s, interleave=opts.interleave)
+        check_settle(opts.settle_s, interleave=bool(opts.interleave))
         request = _sweep_request(opts, backend_options, live, base_fp)
         if opts.passes > 1:
             rounds = request.thresholds.recapture_every or 3
@@ -888,7 +922,7 @@ def sweep_command(
     pass_index: PassIndexOption = None,
     protocol: ProtocolOption = "adaptive",
     order: OrderOption = "random",
-    interleave: InterleaveFlag = False,
+    interleave: InterleaveFlag = None,
     settle_s: SettleOption = None,
     workload: WorkloadOption = None,
     preset: PresetOption = "default",

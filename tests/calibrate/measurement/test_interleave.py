@@ -362,6 +362,51 @@ def test_the_cli_refuses_a_bad_settle_before_measuring(tmp_path: Path, extra: li
     assert "--settle-s" in res.output and not out.exists()
 
 
+def _journal_config(out: Path) -> dict[str, Any]:
+    head = read_journal(out.with_name(out.stem + ".journal.jsonl")).header
+    return dict(head["config"])
+
+
+@pytest.mark.slow  # 2 s: two small sweeps
+def test_the_power_capped_preset_sets_the_held_out_design(tmp_path: Path) -> None:
+    """``--preset power-capped`` interleaves, settles 0.75 s and takes six samples a visit and an
+    epoch every six rounds; options given win over it, ``--no-interleave`` included."""
+    base = ["sweep", "--k", "3", "--ladder", "2,4", "--preset", "power-capped", "--no-plot"]
+    base += ["--backend-opt", "power_capped=true", "--max-samples", "24", "--precision", "0.05"]
+    out = tmp_path / "p.parquet"
+    res = CliRunner().invoke(build_calibrate_app(), [*base, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    config = _journal_config(out)
+    assert config["interleave"] == 3 and config["settle_s"] == 0.75
+    th = config["thresholds"]
+    assert (th["samples_per_visit"], th["recapture_every"]) == (6, 6)
+    assert (th["max_samples_per_cell"], th["precision_rel"]) == (24, 0.05)  # given: they win
+    out = tmp_path / "q.parquet"
+    res = CliRunner().invoke(build_calibrate_app(), [*base, "--no-interleave", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    config = _journal_config(out)
+    assert "interleave" not in config and "settle_s" not in config
+    assert config["thresholds"]["samples_per_visit"] == 6
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        (["--preset", "power-capped", "--mixed"], "--preset power-capped interleaves decode cells"),
+        (["--preset", "power-capped", "--protocol", "fixed"], "an adaptive design; drop --protocol fixed"),
+        (["--preset", "fast"], "use default, quick or power-capped"),
+        (["--preset", "power-capped", "--no-interleave", "--settle-s", "1"], "add --interleave"),
+    ],
+)
+def test_the_cli_refuses_a_preset_it_cannot_apply(tmp_path: Path, extra: list[str], match: str) -> None:
+    out = tmp_path / "r.parquet"
+    args = ["sweep", "--k", "3", "--ladder", "2,4", "--out", str(out), "--no-plot", *extra]
+    res = CliRunner().invoke(build_calibrate_app(), args)
+    assert res.exit_code == 2, res.output
+    assert match in " ".join(res.output.split())
+    assert not out.exists()
+
+
 def test_the_cli_refuses_interleaving_a_mixed_sweep(tmp_path: Path) -> None:
     res = CliRunner().invoke(
         build_calibrate_app(),
