@@ -67,6 +67,7 @@ import numpy as np
 
 from dspark_calibrate.artifacts import read_artifact
 from dspark_calibrate.calibrate.measurement.ladder import CellKind, CellSpec, parse_budgets, parse_ladder
+from dspark_calibrate.calibrate.measurement.protocol import MixTerm
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "sweep_efficiency.json"
@@ -610,11 +611,11 @@ def compare(
     return result
 
 
-def by_mix_design(cells: list[dict[str, Any]], designs: Mapping[str, Any]) -> dict[str, Any] | None:
+def by_mix_design(cells: list[dict[str, Any]], designs: Mapping[str, MixTerm]) -> dict[str, Any] | None:
     """An interleaved sweep's compact savings in each mix design's rounds against the harness's.
 
     The sweep's point is the paired saving over all rounds, half of each design (switching every
-    step, runs); ``designs`` maps a cell's label to its :class:`~.protocol.MixTerm`. Each compact
+    step, runs); ``designs`` maps a cell's label to its mix term. Each compact
     entry of ``cells`` gains ``sweep_saving_switching`` and ``sweep_saving_runs``; the return
     value holds, per design, how far its savings are from the harness's (median and max, pp):
     which design the harness's own mix is nearer. None for a sweep of one cell per visit."""

@@ -45,15 +45,16 @@ assert len(DESIGNS) == len(MIX_STAYS)
 
 def _design_of(sweep: Path) -> dict[str, Any]:
     """The interleave design and samples per visit from the journal's header (empty without one)."""
-    for journal in sorted(sweep.glob("*.journal.jsonl")):
-        with open(journal, encoding="utf-8") as fh:
-            head = json.loads(fh.readline()).get("config", {})
-        return {
-            "interleave_design": head.get("interleave"),
-            "samples_per_visit": head.get("thresholds", {}).get("samples_per_visit"),
-            "settle_s": head.get("settle_s"),
-        }
-    return {}
+    journals = sorted(sweep.glob("*.journal.jsonl"))
+    if not journals:
+        return {}
+    with open(journals[0], encoding="utf-8") as fh:
+        head = json.loads(fh.readline()).get("config", {})
+    return {
+        "interleave_design": head.get("interleave"),
+        "samples_per_visit": head.get("thresholds", {}).get("samples_per_visit"),
+        "settle_s": head.get("settle_s"),
+    }
 
 
 def load_samples(sweep: Path) -> pd.DataFrame:

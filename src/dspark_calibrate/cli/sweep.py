@@ -436,19 +436,19 @@ def _thresholds(protocol: str, preset: str, chosen: dict[str, Any]) -> Any:
 #: ``--preset`` names; ``power-capped`` also sets ``--interleave`` and ``--settle-s`` (:func:`with_preset`).
 POWER_CAPPED = "power-capped"
 PRESETS = ("default", "quick", POWER_CAPPED)
-#: The settle ``--preset power-capped`` gives an interleaved visit unless ``--settle-s`` is given:
-#: on an H200 at its cap a heavy G entered after a lighter one settles within 0.5-1 s.
-POWER_CAPPED_SETTLE_S = 0.75
 
 
 def with_preset(opts: SweepOptions) -> SweepOptions:
     """``opts`` with what its preset implies beyond thresholds: ``power-capped`` visits a G's
-    cells interleaved (unless ``--no-interleave``) and settles each visit 0.75 s (unless
-    ``--settle-s``); every other preset leaves ``--interleave`` off unless given.
+    cells interleaved (unless ``--no-interleave``) and settles each visit for
+    ``POWER_CAPPED_SETTLE_S`` (unless ``--settle-s``); every other preset leaves ``--interleave``
+    off unless given.
 
     Raises:
         ConfigError: ``power-capped`` with ``--mixed`` (a mixed sweep cannot interleave).
     """
+    from dspark_calibrate.calibrate.measurement.sweep import POWER_CAPPED_SETTLE_S
+
     if opts.preset != POWER_CAPPED:
         return replace(opts, interleave=bool(opts.interleave))
     if opts.mixed:

@@ -186,12 +186,9 @@ def interleaved_steps(
       each cell's step time (a step ending t after the start has its mirror image starting t
       before the end), so a clock drifting linearly over the sequence slows every cell alike.
 
-    Under a power cap the clock wanders by ±1-2% from one 0.1-0.5 s window to the next. A random
-    order leaves a cell's few steps in a short visit bunched in some windows and not others, and
-    its saving carries those windows' clock; spread evenly, every cell meets the visit's windows
-    alike (on a synthetic GPU with such a wander, correlation times 0.05-1 s against visits of
-    0.23 s, the SD of an identical cell's log-ratio to its native over one visit falls by 40-57%
-    with cells switching every step and by 27-45% in runs).
+    Under a power cap the clock wanders within a visit (docs/sweep.md "Interleaved visits"): a
+    random order leaves a cell's few steps bunched in some of its windows and not others, and its
+    saving carries those windows' clock; spread evenly, every cell meets the visit's windows alike.
 
     Raises:
         ConfigError: a negative count, or ``stay`` outside [0, 1).

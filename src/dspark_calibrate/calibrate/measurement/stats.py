@@ -245,7 +245,8 @@ class Thresholds:
     @classmethod
     def power_capped(cls, **overrides: Any) -> Thresholds:
         """The adaptive protocol as held out on an H200 at its power cap (``--preset power-capped``,
-        with interleaved visits and a 0.75 s settle; docs/sweep.md "What the intervals cover"):
+        with interleaved visits and ``sweep.POWER_CAPPED_SETTLE_S``; docs/sweep.md "What the
+        intervals cover"):
         six samples per visit, a capture epoch every six rounds, 0.4% precision and a 320-sample
         cap, so that the cells run the rounds those epochs need before the cap stops them."""
         base: dict[str, Any] = {

@@ -111,6 +111,7 @@ from dspark_calibrate.runtime_plugin.live import CPU_DEVICE, SYNTHETIC_DEVICE, c
 
 __all__ = [
     "IMPORT_BACKEND",
+    "POWER_CAPPED_SETTLE_S",
     "PROTOCOLS",
     "CellResult",
     "SweepConfig",
@@ -1012,8 +1013,10 @@ INTERLEAVE_DESIGN = 3
 #: Seconds an interleaved visit runs its G's mix untimed before it times it by default (at least
 #: the sweep's re-warm). On an H200 at its power cap a heavy G entered after a lighter one ran 3%
 #: fast for 0.2 s and 0.3-0.6% for the next 0.8 s (benchmarks/settling_curve.py): such GPUs want
-#: ``--settle-s 0.75``; the default keeps sweeps of lighter, uncapped steps short.
+#: :data:`POWER_CAPPED_SETTLE_S`; the default keeps sweeps of lighter, uncapped steps short.
 SETTLE_S = 0.2
+#: The settle of a GPU at its power cap (``--preset power-capped``, or ``--settle-s`` by hand).
+POWER_CAPPED_SETTLE_S = 0.75
 #: The longest settle ``--settle-s`` accepts, in seconds (a visit per G per round pays it).
 MAX_SETTLE_S = 60.0
 

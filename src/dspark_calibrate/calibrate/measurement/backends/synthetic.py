@@ -26,8 +26,7 @@ are tested against known truths of these sizes (``--backend-opt NAME=X``):
   among themselves keep decaying it);
 - ``wander_rel``: the power controller's clock wander, shared by every cell: each step runs slower
   by ``exp(w)``, w a stationary Gauss-Markov process in (virtual) time of SD X whose correlation
-  decays over ``wander_tau_s`` seconds (e-folding; on an H200 at its cap the clock moves by
-  ±1-2% from one 0.1-0.5 s window to the next);
+  decays over ``wander_tau_s`` seconds (e-folding);
 - ``capture_bias_rel``: a bias of the measurement, not of serving: every cell other than the
   native one (compact and control) runs faster by X in the sweep, so the control cell shows it
   (:meth:`SyntheticModel.true_saving` leaves it out);
