@@ -253,13 +253,21 @@ def sweep_command(mode: Mode, out_dir: Path) -> list[str]:
 # --- the harness ------------------------------------------------------------------------------------
 
 
-def alternating_sequence(rng: np.random.Generator, cells: Sequence[CellSpec], steps: int) -> list[int]:
+#: The harness's stay probability: each step stays on the previous cell with it (module docstring).
+STAY = 0.5
+
+
+def alternating_sequence(
+    rng: np.random.Generator, cells: Sequence[CellSpec], steps: int, stay_p: float = STAY
+) -> list[int]:
     """Indices into ``cells`` (native first) for ``steps`` steps: each step stays on the previous
-    cell with probability 1/2, else draws a cell, the native one with weight 0.4 and the rest
-    sharing 0.6, as a policy alternates native and compact steps."""
+    cell with probability ``stay_p``, else draws a cell, the native one with weight 0.4 and the
+    rest sharing 0.6, as a policy alternates native and compact steps."""
+    if not 0.0 <= stay_p < 1.0:
+        raise SystemExit(f"a harness stay probability must be in [0, 1), not {stay_p}")
     weights = np.array([0.4] + [0.6 / (len(cells) - 1)] * (len(cells) - 1))
     draws = rng.choice(len(cells), size=steps, p=weights)
-    stay = rng.random(steps) < 0.5
+    stay = rng.random(steps) < stay_p
     out = [int(draws[0])]
     for i in range(1, steps):
         out.append(out[-1] if stay[i] else int(draws[i]))
@@ -303,10 +311,12 @@ class _Nvml:
 
 @dataclass
 class _Block:
-    """One G's timed sequence: which cell each step ran and how long it took (ms)."""
+    """One G's timed sequence: which cell each step ran and how long it took (ms), and the stay
+    probability it was drawn with."""
 
     g: int
     cells: list[int]
+    stay: float = STAY
     ms: list[float] = field(default_factory=list)
     telemetry: list[tuple[float, float, int]] = field(default_factory=list)
 
@@ -370,15 +380,23 @@ def warm_steps(steps: Iterable[Any], cuda: bool, replays: int = 4) -> None:
 PROCESS_STATES = ("sweep", "first-build")
 
 
-def run_harness(mode: Mode, *, seed: int = 7, process_state: str = "sweep") -> dict[str, Any]:
+def run_harness(
+    mode: Mode, *, seed: int = 7, process_state: str = "sweep", stays: Sequence[float] = (STAY,)
+) -> dict[str, Any]:
     """Capture every cell once, then time each G's alternating sequences (module docstring), in
-    ``process_state`` (:data:`PROCESS_STATES`; it decides only a process's first build)."""
+    ``process_state`` (:data:`PROCESS_STATES`; it decides only a process's first build).
+
+    ``stays``: the stay probabilities to draw sequences with. Each block times, for every G (in
+    random order), one sequence per stay (in random order), so every stay meets the same captures
+    and the same drift. The result's cells are those of the first stay; ``by_stay`` holds each."""
     import torch
 
     from dspark_calibrate.calibrate.measurement import resources
 
     if process_state not in PROCESS_STATES:
         raise SystemExit(f"--harness-process-state {process_state!r} is unknown; use one of {PROCESS_STATES}")
+    if not stays or len(set(stays)) != len(stays):
+        raise SystemExit(f"--harness-stays needs distinct stay probabilities, not {list(stays)}")
     cells = mode.cells()
     ladder = parse_ladder(str(mode.step["ladder"]))
     if process_state == "sweep" and torch.cuda.is_available() and mode.step["device"] in (None, "cuda"):
@@ -393,18 +411,45 @@ def run_harness(mode: Mode, *, seed: int = 7, process_state: str = "sweep") -> d
     blocks: list[_Block] = []
     for _ in range(mode.blocks):
         for g in rng.permutation(ladder).tolist():
-            block = _Block(int(g), alternating_sequence(rng, by_g[g], mode.steps_per_block))
-            group = [steps[c] for c in by_g[g]]
-            if cuda:
-                _time_block_cuda(torch, group, block, mode.chunk, nvml)
-            else:
-                _time_block_host(group, block)
-            blocks.append(block)
+            for stay in rng.permutation(np.asarray(stays, dtype=np.float64)).tolist():
+                seq = alternating_sequence(rng, by_g[g], mode.steps_per_block, float(stay))
+                block = _Block(int(g), seq, float(stay))
+                group = [steps[c] for c in by_g[g]]
+                if cuda:
+                    _time_block_cuda(torch, group, block, mode.chunk, nvml)
+                else:
+                    _time_block_host(group, block)
+                blocks.append(block)
     seconds = time.perf_counter() - t0
     gpu = torch.cuda.get_device_name(0) if cuda else "cpu"
     backend.close()
-    result = summarize_harness(by_g, blocks, discard=mode.discard, gpu=gpu, seconds=seconds)
-    return {**result, "process_state": process_state}
+    each = {
+        stay: summarize_harness(
+            by_g, [b for b in blocks if b.stay == stay], discard=mode.discard, gpu=gpu, seconds=seconds
+        )
+        for stay in stays
+    }
+    result = dict(each[stays[0]])
+    if len(stays) > 1:
+        result["by_stay"] = {
+            f"{stay:g}": {k: r[k] for k in ("cells", "switch_share")} for stay, r in each.items()
+        }
+    result["steps"] = [
+        {"g": b.g, "stay": b.stay, "cells": b.cells, "ms": [round(x, 5) for x in b.ms]} for b in blocks
+    ]
+    return {**result, "process_state": process_state, "stays": list(stays)}
+
+
+def _after(block: _Block, discard: int) -> list[tuple[int, float, bool]]:
+    """A block's kept steps as (cell index, ms, whether the step before it ran another cell)."""
+    return [
+        (block.cells[i], block.ms[i], block.cells[i] != block.cells[i - 1])
+        for i in range(max(discard, 1), len(block.cells))
+    ]
+
+
+def _saving(mine: Sequence[float], native: Sequence[float]) -> float | None:
+    return 1.0 - float(np.median(mine)) / float(np.median(native)) if mine and native else None
 
 
 def summarize_harness(
@@ -416,17 +461,23 @@ def summarize_harness(
     seconds: float,
 ) -> dict[str, Any]:
     """Per cell, the median step time over every step after each block's first ``discard``, the
-    saving against the native cell's median, and the saving in each block (its spread)."""
+    saving against the native cell's median, and the saving in each block (its spread); and the
+    split by the step before: ``switch_share`` (the share of the cell's steps that follow another
+    cell), ``saving_after_switch`` and ``saving_after_stay`` (the cell's steps that follow another
+    cell, or itself, against the native cell's steps that do the same)."""
     times: dict[CellSpec, list[float]] = {c: [] for cs in by_g.values() for c in cs}
+    split: dict[tuple[CellSpec, bool], list[float]] = {(c, w): [] for c in times for w in (False, True)}
     per_block: dict[CellSpec, list[float]] = {c: [] for c in times}
     telemetry: dict[int, list[tuple[float, float, int]]] = {}
     for b in blocks:
         cells = by_g[b.g]
-        kept = list(zip(b.cells[discard:], b.ms[discard:], strict=True))
+        kept = _after(b, discard)
         medians = {}
         for i, cell in enumerate(cells):
-            mine = [ms for j, ms in kept if j == i]
+            mine = [ms for j, ms, _ in kept if j == i]
             times[cell] += mine
+            for switched in (False, True):
+                split[cell, switched] += [ms for j, ms, w in kept if j == i and w == switched]
             if mine:
                 medians[cell] = float(np.median(mine))
         native = medians.get(cells[0])
@@ -435,21 +486,27 @@ def summarize_harness(
                 per_block[cell].append(1.0 - m / native)
         telemetry.setdefault(b.g, []).extend(b.telemetry)
     out_cells = []
+    shares: list[float] = []
     for cells in by_g.values():
         native = float(np.median(times[cells[0]]))
         for cell in cells:
             med = float(np.median(times[cell]))
+            n_switch, n_all = len(split[cell, True]), len(times[cell])
+            shares.append(n_switch / n_all)
             out_cells.append(
                 {
                     "graph_batch_size": cell.graph_batch_size,
                     "verifier_budget": cell.verifier_budget,
                     "kind": cell.kind.value,
-                    "steps": len(times[cell]),
+                    "steps": n_all,
                     "median_ms": med,
                     "p10_ms": float(np.quantile(times[cell], 0.1)),
                     "p90_ms": float(np.quantile(times[cell], 0.9)),
                     "saving": 1.0 - med / native,
                     "saving_per_block": per_block[cell],
+                    "switch_share": n_switch / n_all,
+                    "saving_after_switch": _saving(split[cell, True], split[cells[0], True]),
+                    "saving_after_stay": _saving(split[cell, False], split[cells[0], False]),
                 }
             )
     tel = {
@@ -461,7 +518,14 @@ def summarize_harness(
         for g, rs in telemetry.items()
         if rs
     }
-    return {"gpu": gpu, "seconds": seconds, "cells": out_cells, "telemetry": tel, "discard": discard}
+    return {
+        "gpu": gpu,
+        "seconds": seconds,
+        "cells": out_cells,
+        "telemetry": tel,
+        "discard": discard,
+        "switch_share": float(np.mean(shares)),
+    }
 
 
 # --- the comparison ---------------------------------------------------------------------------------
@@ -707,7 +771,14 @@ def _commit() -> str | None:
 
 
 def run_job(
-    mode: Mode, out: Path, log: Any, work: Path, *, repeat: bool = False, process_state: str = "sweep"
+    mode: Mode,
+    out: Path,
+    log: Any,
+    work: Path,
+    *,
+    repeat: bool = False,
+    process_state: str = "sweep",
+    stays: Sequence[float] = (STAY,),
 ) -> int:
     """Sweep, harness, comparison; see the module docstring. The sweep's files go to ``work``
     (outside ``out``: a lent machine returns few files) and come back in one archive. Returns 0,
@@ -725,7 +796,7 @@ def run_job(
         rc = 124
     sweep_s = time.perf_counter() - started
     print(f"sweep rc={rc} after {sweep_s:.0f} s", file=log, flush=True)
-    harness = run_harness(mode, process_state=process_state)
+    harness = run_harness(mode, process_state=process_state, stays=stays)
     (out / "independent.json").write_text(json.dumps(harness, indent=2, sort_keys=True) + "\n")
     print(f"harness done after {time.perf_counter() - started:.0f} s", file=log, flush=True)
     agreement = None
@@ -769,6 +840,15 @@ def run_job(
     return status
 
 
+def _stays(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers in [0, 1), got {text!r}"
+        ) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments and dispatch."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -807,6 +887,13 @@ def main(argv: list[str] | None = None) -> int:
             choices=PROCESS_STATES,
             default="sweep",
             help="what the process runs on the GPU before the harness's first build (default: a matmul, as the sweep does)",
+        )
+        p.add_argument(
+            "--harness-stays",
+            type=_stays,
+            default=(STAY,),
+            help="comma-separated stay probabilities the harness draws its sequences with, each in "
+            "every block (default 0.5); the comparison uses the first, the others go to by_stay",
         )
         p.add_argument("--sweep-seed", type=int, default=None, help="job: the sweep's --seed (default 1)")
         p.add_argument("--sweep-passes", type=int, default=None, help="job: the sweep's --passes (default 4)")
@@ -872,13 +959,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     args.out.mkdir(parents=True, exist_ok=True)
     if args.cmd == "harness":
-        result = run_harness(mode, process_state=args.harness_process_state)
+        result = run_harness(mode, process_state=args.harness_process_state, stays=args.harness_stays)
         (args.out / "independent.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
         return 0
     work = args.work or Path(tempfile.mkdtemp(prefix="independent-"))
     with open(args.out / "job_log.txt", "a", encoding="utf-8") as log:
         return run_job(
-            mode, args.out, log, work, repeat=args.harness_repeat, process_state=args.harness_process_state
+            mode,
+            args.out,
+            log,
+            work,
+            repeat=args.harness_repeat,
+            process_state=args.harness_process_state,
+            stays=args.harness_stays,
         )
 
 

@@ -320,3 +320,41 @@ def test_the_tiny_job_runs_end_to_end(tmp_path: Path) -> None:
     assert again["recomputed"] and not result["recomputed"]
     for key in (*ih.TARGETS, "per_cell"):
         assert again[key] == result[key], key
+
+
+def test_the_split_by_the_step_before_on_a_known_sequence() -> None:
+    """Steps that follow another cell run 10% slower (native 10 ms, compact 8 ms): the split states
+    each regime's saving exactly, the share of switched steps, and the overall saving between."""
+    cells = [CellSpec(8, 0, 5), CellSpec(8, 16, 5)]
+    seq = [0, 0, 1, 1, 1, 0, 1, 0, 0, 1, 1, 0]
+    base = {0: 10.0, 1: 8.0}
+    ms = [base[c] * (1.1 if i and c != seq[i - 1] else 1.0) for i, c in enumerate(seq)]
+    block = ih._Block(8, seq, 0.5, ms)
+    out = ih.summarize_harness({8: cells}, [block], discard=1, gpu="cpu", seconds=1.0)
+    compact = out["cells"][1]
+    assert compact["saving_after_switch"] == pytest.approx(0.2) and compact[
+        "saving_after_stay"
+    ] == pytest.approx(0.2)
+    # compact steps after index 0: 1,1,1,1,1,1 at 2,3,4,6,9,10 -> switched at 2, 6, 9
+    assert compact["switch_share"] == pytest.approx(3 / 6)
+    assert out["switch_share"] == pytest.approx((3 / 5 + 3 / 6) / 2)  # native: switched at 5, 7, 11
+
+
+@pytest.mark.parametrize("stays", [(), (0.5, 0.5), (1.0,), (-0.1,)])
+def test_bad_stays_are_refused(stays: tuple[float, ...]) -> None:
+    with pytest.raises(SystemExit):
+        if len(stays) == 1:
+            ih.alternating_sequence(
+                np.random.default_rng(0), [CellSpec(8, 0, 5), CellSpec(8, 16, 5)], 10, stays[0]
+            )
+        else:
+            ih.run_harness(ih.TINY, stays=stays)
+
+
+def test_a_higher_stay_switches_less() -> None:
+    cells = [CellSpec(8, 0, 5), CellSpec(8, 16, 5), CellSpec(8, 32, 5), CellSpec(8, 48, 5)]
+    rates = []
+    for stay in (0.0, 0.5, 0.85):
+        seq = ih.alternating_sequence(np.random.default_rng(2), cells, 4000, stay)
+        rates.append(np.mean([a != b for a, b in itertools.pairwise(seq)]))
+    assert rates[0] > 0.6 > rates[1] > 0.25 > rates[2] > 0.05, rates
