@@ -230,6 +230,13 @@ def _between_line(between: Any, confidence: float) -> str:
     resolve = ""
     if between.resolvable_shift_rel is not None:
         resolve = f"; the design resolves shifts >= {_pct(between.resolvable_shift_rel)}"
+        by_g = [g for g in between.paired_groups if g.resolvable is not None]
+        if by_g:
+            worst = max(by_g, key=lambda g: g.resolvable)
+            resolve += (
+                f" pooled over every G (each G alone {_pct(min(g.resolvable for g in by_g))}-"
+                f"{_pct(worst.resolvable)}, {worst.native.split('/')[0]} the least)"
+            )
         if between.resolvable_shift_rel > RESOLVE_TARGET_REL:
             resolve += (
                 f", not the {_pct(RESOLVE_TARGET_REL)} an H200 at its power cap has shown: add passes (--passes 4) "

@@ -5,6 +5,7 @@ moments collapsed to 0."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -95,18 +96,61 @@ def test_heavy_tailed_interval_coverage_over_many_sweeps() -> None:
     assert np.mean([f.high >= 0.004 for f in fits]) >= 0.88
 
 
+def _series_of(
+    rng: np.random.Generator, taus: Sequence[float], epochs: int, rounds: int, sigma: float
+) -> list[Series]:
+    """One series per round-noise SD in ``taus`` (Gaussian), an epoch shift of SD ``sigma``."""
+    out = []
+    for s, tau in enumerate(taus):
+        values, epoch_of = {}, {}
+        for e in range(epochs):
+            shift = rng.normal(0.0, sigma)
+            for i in range(rounds):
+                values[e * rounds + i] = 0.1 * s + shift + rng.normal(0.0, tau)
+                epoch_of[e * rounds + i] = e
+        out.append((values, epoch_of))
+    return out
+
+
+#: Designs the resolvable shift is checked on: (round SDs of the series, epochs, rounds per epoch,
+#: design effect). The sweep's paired series span a 15-fold range of round noise (G=8 to G=256 at
+#: the power cap), and a G's group of three correlated series carries a design effect of 1.5.
+_DESIGNS = {
+    "alike, few epochs": (tuple(np.linspace(0.006, 0.014, 12)), 3, 3, 1.0),
+    "15-fold noise range": (tuple(np.geomspace(0.001, 0.015, 18)), 9, 6, 1.0),
+    "one G's three cells": ((0.004, 0.008, 0.015), 9, 6, 1.5),
+}
+
+
 @pytest.mark.slow
-def test_the_resolvable_shift_is_detected_about_half_the_time() -> None:
-    """At the stated resolvable σ the interval excludes 0 in roughly half of the sweeps; at twice
-    it, in most; at a quarter of it, in few (the claim behind ``resolvable_shift_rel``)."""
-    rng = np.random.default_rng(5)
-    design = {"count": 12, "epochs": 3, "rounds": 3, "tau": 0.01}
-    resolvable = reml_component(_series(rng, sigma=0.0, **design)).resolvable  # type: ignore[arg-type]
+@pytest.mark.parametrize("name", list(_DESIGNS))
+def test_the_resolvable_shift_is_resolved_a_third_of_the_time_and_twice_it_mostly(name: str) -> None:
+    """At the stated resolvable σ the interval excludes 0 in 20-45% of sweeps (the expected-data
+    ratio is the median one's; with few epochs its skew takes a little off); at twice it, in most;
+    at a quarter of it, in few: the claim behind ``resolvable_shift_rel``, on series as unlike as
+    a sweep's. A bound from the pooled round noise alone claimed 0.13% where 0.03% is resolved
+    half the time, in the 15-fold design."""
+    taus, epochs, rounds, design = _DESIGNS[name]
+    rng = np.random.default_rng(7)
+    resolvable = reml_component(_series_of(rng, taus, epochs, rounds, 0.0), design=design).resolvable
     rate = {}
     for factor in (0.25, 1.0, 2.0):
-        fits = [reml_component(_series(rng, sigma=factor * resolvable, **design)) for _ in range(40)]  # type: ignore[arg-type]
+        fits = [
+            reml_component(_series_of(rng, taus, epochs, rounds, factor * resolvable), design=design)
+            for _ in range(60)
+        ]
         rate[factor] = float(np.mean([f.resolved for f in fits]))
-    assert rate[0.25] <= 0.25 and 0.2 <= rate[1.0] <= 0.8 and rate[2.0] >= 0.8, rate
+    assert rate[0.25] <= 0.12 and 0.15 <= rate[1.0] <= 0.5 and rate[2.0] >= 0.75, rate
+
+
+def test_a_quiet_series_resolves_more_than_a_noisy_one() -> None:
+    """A shared σ seen by series of 0.1% and 1.5% round noise: the design resolves far less than the
+    noisy series alone would, and about what the quiet ones alone do."""
+    rng = np.random.default_rng(3)
+    quiet = reml_component(_series_of(rng, [0.001] * 6, 9, 6, 0.0)).resolvable
+    noisy = reml_component(_series_of(rng, [0.015] * 6, 9, 6, 0.0)).resolvable
+    both = reml_component(_series_of(rng, [0.001] * 6 + [0.015] * 6, 9, 6, 0.0)).resolvable
+    assert both < 1.1 * quiet < noisy / 5, (quiet, noisy, both)
 
 
 def test_more_epochs_resolve_smaller_shifts() -> None:

@@ -416,6 +416,7 @@ class GroupPaired:
         low, upper: its profile-likelihood interval.
         df: between-epoch degrees of freedom behind it.
         series: the group's cells that contributed.
+        resolvable: the smallest σ_d the group's own design resolves (None: none it could).
     """
 
     native: str
@@ -424,6 +425,7 @@ class GroupPaired:
     upper: float
     df: int
     series: int
+    resolvable: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -897,7 +899,10 @@ def estimate_between_run(
         mine = [r for c, r in zip(compared, ratios, strict=True) if c.native == native]
         g = reml_component(mine, confidence=confidence, design=design_effect([len(mine)], PAIRED_CORRELATION))
         if g.series:
-            groups.append(GroupPaired(native.label(), g.estimate, g.low, g.high, g.between_df, g.series))
+            resolvable = g.resolvable if math.isfinite(g.resolvable) else None
+            groups.append(
+                GroupPaired(native.label(), g.estimate, g.low, g.high, g.between_df, g.series, resolvable)
+            )
     return BetweenRun(
         epochs=len(epochs),
         cells=len(multi),
