@@ -183,6 +183,7 @@ def with_budget(
     samples_per_visit: int | None = None,
     max_samples: int | None = None,
     seed: int | None = None,
+    dwell: float | None = None,
 ) -> Mode:
     """``mode`` with another sweep budget (GPU-seconds) and harness sequence length, where given,
     and (``interleave``) a sweep that visits each G's cells in one interleaved sequence, running
@@ -190,8 +191,10 @@ def with_budget(
     and ``recapture_every`` replace the sweep's (one process re-capturing every two rounds has
     three times the epochs of four passes, so each G's own σ_d rests on more of them), and
     ``samples_per_visit`` its samples per visit, ``max_samples`` its cap of samples per cell (a
-    cell at the cap stops, whatever budget is left). A budget above the mode's own raises the sweep's
-    hard limit with it, so that the budget, not the limit, ends the sweep."""
+    cell at the cap stops, whatever budget is left), ``dwell`` its ``--dwell`` (every visit in runs
+    of that mean length: the harness's own dwell is 1 / its ``switch_share``). A budget above the
+    mode's own raises the sweep's hard limit with it, so that the budget, not the limit, ends the
+    sweep."""
     sweep = list(mode.sweep)
     for name, value in (
         ("--passes", passes),
@@ -213,6 +216,10 @@ def with_budget(
         if not interleave:
             raise SystemExit("--sweep-settle-s needs --sweep-interleave")
         sweep += ["--settle-s", f"{settle_s:g}"]
+    if dwell is not None:
+        if not interleave:
+            raise SystemExit("--sweep-dwell needs --sweep-interleave")
+        sweep += ["--dwell", f"{dwell:g}"]
     if sweep_budget is not None:
         if not sweep_budget > 0:
             raise SystemExit(f"--sweep-budget must be > 0, not {sweep_budget}")
@@ -896,6 +903,12 @@ def main(argv: list[str] | None = None) -> int:
             "every block (default 0.5); the comparison uses the first, the others go to by_stay",
         )
         p.add_argument("--sweep-seed", type=int, default=None, help="job: the sweep's --seed (default 1)")
+        p.add_argument(
+            "--sweep-dwell",
+            type=float,
+            default=None,
+            help="job: with --sweep-interleave, the sweep's --dwell (mean run on one cell, steps)",
+        )
         p.add_argument("--sweep-passes", type=int, default=None, help="job: the sweep's --passes (default 4)")
         p.add_argument(
             "--sweep-recapture-every",
@@ -956,6 +969,7 @@ def main(argv: list[str] | None = None) -> int:
         samples_per_visit=args.sweep_samples_per_visit,
         max_samples=args.sweep_max_samples,
         seed=args.sweep_seed,
+        dwell=args.sweep_dwell,
     )
     args.out.mkdir(parents=True, exist_ok=True)
     if args.cmd == "harness":

@@ -358,3 +358,10 @@ def test_a_higher_stay_switches_less() -> None:
         seq = ih.alternating_sequence(np.random.default_rng(2), cells, 4000, stay)
         rates.append(np.mean([a != b for a, b in itertools.pairwise(seq)]))
     assert rates[0] > 0.6 > rates[1] > 0.25 > rates[2] > 0.05, rates
+
+
+def test_the_sweep_can_be_asked_for_a_dwell() -> None:
+    mode = ih.with_budget(ih.FULL, None, None, interleave=True, dwell=2.6)
+    assert mode.sweep[mode.sweep.index("--dwell") + 1] == "2.6"
+    with pytest.raises(SystemExit, match="--sweep-interleave"):
+        ih.with_budget(ih.FULL, None, None, dwell=2.6)

@@ -69,6 +69,7 @@ from dspark_calibrate.cli._sweep_options import (
     ContextLenOption,
     ControlFlag,
     DeviceOption,
+    DwellOption,
     EpochsRequiredOption,
     FactoryOption,
     FingerprintOption,
@@ -321,6 +322,12 @@ def _check_lines(result: Any) -> list[str]:
 def _protocol_line(summary: dict[str, Any], *, mix: dict[str, Any]) -> str:
     """What the step protocol moves: the launch a waiting step pays, the largest saving shift; for
     an interleaved sweep, what the layout of the mix moves instead."""
+    if mix.get("dwell") is not None:
+        return (
+            "visits: each G's cells interleaved, queued back to back (a serving loop that launches ahead, "
+            f"at the clock of the G's mix), in runs of {mix['dwell']:g} steps on average (--dwell), each "
+            "visit balanced; the savings are those of a policy with that dwell"
+        )
     if mix["measured"]:
         moved = (
             f"; runs instead of switching every step move a saving by up to "
@@ -858,6 +865,7 @@ def _sweep_request(
         order=_serving_order(opts, ladder),
         interleave=bool(opts.interleave),
         settle_s=opts.settle_s,
+        dwell=opts.dwell,
     )
 
 
@@ -880,9 +888,11 @@ def run_sweep(opts: SweepOptions) -> None:
         backend_options = _sweep_backend_options(opts)
         live = _sweep_live(opts)
         base_fp = read_fingerprint(opts.fingerprint) if opts.fingerprint is not None else None
-        if opts.mixed and (opts.order != "random" or opts.workload is not None or opts.interleave):
+        if opts.mixed and (
+            opts.order != "random" or opts.workload is not None or opts.interleave or opts.dwell is not None
+        ):
             raise ConfigError(
-                "--order serving, --workload and --interleave order decode cells; drop them with --mixed"
+                "--order serving, --workload, --interleave and --dwell order decode cells; drop them with --mixed"
             )
         if opts.mixed:
             _sweep_mixed(
@@ -895,9 +905,10 @@ def run_sweep(opts: SweepOptions) -> None:
             )
         if opts.mixed_workload is not None or opts.mixed_grid is not None:
             raise ConfigError("--mixed-workload and --mixed-grid need --mixed; add --mixed")
-        from dspark_calibrate.calibrate.measurement.sweep import check_settle
+        from dspark_calibrate.calibrate.measurement.sweep import check_dwell, check_settle
 
         check_settle(opts.settle_s, interleave=bool(opts.interleave))
+        check_dwell(opts.dwell, interleave=bool(opts.interleave))
         request = _sweep_request(opts, backend_options, live, base_fp)
         if opts.passes > 1:
             rounds = request.thresholds.recapture_every or 3
@@ -931,6 +942,7 @@ def sweep_command(
     order: OrderOption = "random",
     interleave: InterleaveFlag = None,
     settle_s: SettleOption = None,
+    dwell: DwellOption = None,
     workload: WorkloadOption = None,
     preset: PresetOption = "default",
     precision: PrecisionOption = None,

@@ -59,6 +59,7 @@ from dspark_calibrate.calibrate.measurement.mixed import Cell
 from dspark_calibrate.calibrate.measurement.stats import CellSamples, CellSummary, paired_saving_interval
 
 __all__ = [
+    "MAX_DWELL",
     "MIX_STAYS",
     "MixTerm",
     "ProtocolTerm",
@@ -67,6 +68,7 @@ __all__ = [
     "mix_term",
     "protocol_term",
     "saving_at_native_clock",
+    "stay_for_dwell",
     "widen_for_clock",
     "widen_for_mix",
     "widen_for_order",
@@ -167,6 +169,17 @@ def widen_for_protocol(summary: CellSummary, term: ProtocolTerm) -> CellSummary:
 #: The stay probability of each design an interleaved sweep alternates, by round parity (module
 #: docstring): 0 (the cell switches every step) and 0.75 (runs drawn four steps long on average).
 MIX_STAYS: tuple[float, float] = (0.0, 0.75)
+
+
+#: The longest mean run ``--dwell`` accepts, in steps (a visit's timed steps per cell bound the
+#: runs it can hold anyway: docs/sweep.md "Interleaved visits").
+MAX_DWELL = 64.0
+
+
+def stay_for_dwell(dwell: float) -> float:
+    """The stay probability whose runs last ``dwell`` steps on average: ``1 − 1/dwell`` (a
+    geometric run; 1 switches every step)."""
+    return 1.0 - 1.0 / dwell
 
 
 def mix_arm(round_index: int) -> int:

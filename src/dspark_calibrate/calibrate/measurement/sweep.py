@@ -71,6 +71,7 @@ from dspark_calibrate.calibrate.measurement.order import (
     visit_order,
 )
 from dspark_calibrate.calibrate.measurement.protocol import (
+    MAX_DWELL,
     MIX_STAYS,
     MixTerm,
     ProtocolTerm,
@@ -79,6 +80,7 @@ from dspark_calibrate.calibrate.measurement.protocol import (
     mix_term,
     protocol_term,
     saving_at_native_clock,
+    stay_for_dwell,
     widen_for_clock,
     widen_for_mix,
     widen_for_order,
@@ -168,6 +170,11 @@ class SweepConfig:
         settle_s: with ``interleave``, seconds each visit runs its G's mix untimed before timing
             it (None: :data:`SETTLE_S`); a power-capped GPU's operating point follows the mix with
             a delay of seconds (docs/sweep.md "Interleaved visits").
+        dwell: with ``interleave``, the mean run (steps) a policy stays on one cell: every visit
+            lays its cells out in runs of that mean length (:func:`~.protocol.stay_for_dwell`).
+            None: half the rounds switch every step and half run cells in runs
+            (:data:`~.protocol.MIX_STAYS`), and the intervals hold both. At a power cap a saving
+            moves with the dwell (docs/sweep.md "The policy's dwell").
     """
 
     k: int
@@ -183,9 +190,11 @@ class SweepConfig:
     order: Mapping[str, Any] | None = None
     interleave: bool = False
     settle_s: float | None = None
+    dwell: float | None = None
 
     def __post_init__(self) -> None:
         check_settle(self.settle_s, interleave=self.interleave)
+        check_dwell(self.dwell, interleave=self.interleave)
         if self.interleave and self.mixed is not None:
             raise ConfigError("--interleave alternates decode cells; a mixed sweep visits one step at a time")
         if self.order is not None and self.mixed is not None:
@@ -244,7 +253,16 @@ class SweepConfig:
             out["interleave"] = INTERLEAVE_DESIGN
         if self.settle_s is not None:  # and an interleaved sweep at the default settle
             out["settle_s"] = self.settle_s
+        if self.dwell is not None:  # and one of both mix designs
+            out["dwell"] = self.dwell
         return out
+
+    def visit_stay(self, round_index: int) -> float:
+        """The stay probability of an interleaved visit in round ``round_index``: the dwell's, or
+        the round's mix design's (:attr:`dwell`)."""
+        if self.dwell is not None:
+            return stay_for_dwell(self.dwell)
+        return MIX_STAYS[mix_arm(round_index)]
 
     @property
     def settle_seconds(self) -> float:
@@ -594,6 +612,8 @@ class SweepResult:
         cell. ``measured`` is False for a sweep of one cell per visit."""
         if not self.config.interleave:
             return {"measured": False}
+        if self.config.dwell is not None:
+            return {"measured": False, "dwell": self.config.dwell, "stays": [self.config.visit_stay(0)]}
         largest, where = 0.0, None
         for c in self.cells:
             t = c.mix
@@ -860,10 +880,12 @@ def finish_cells(
     carry = _carryover(states)
     if not config.interleave:
         return _with_checks(results, carry, _protocol_terms(states)), between, carry
+    # One design at the policy's dwell has no second design to hold.
     mix = {
         c: t
         for c in config.cells
-        if (t := mix_term(kept[c], None if c.kind is CellKind.NATIVE else kept.get(c.native))) is not None
+        if config.dwell is None
+        and (t := mix_term(kept[c], None if c.kind is CellKind.NATIVE else kept.get(c.native))) is not None
     }
     settle = {c: _visit_drift(st) for c, st in states.items()}
     checked = _with_checks(results, carry, _protocol_terms(states), _clock_in_visits(states), mix, settle)
@@ -1036,6 +1058,24 @@ def check_settle(settle_s: float | None, *, interleave: bool) -> None:
         raise ConfigError(f"--settle-s {settle_s!r} is not a number of seconds in 0..{MAX_SETTLE_S:g}")
 
 
+def check_dwell(dwell: float | None, *, interleave: bool) -> None:
+    """Refuse a dwell that is not a finite number of steps in ``1..MAX_DWELL``, or one given
+    without ``--interleave`` (the only visits that alternate cells).
+
+    Raises:
+        ConfigError: naming ``--dwell`` and the fix.
+    """
+    if dwell is None:
+        return
+    if not interleave:
+        raise ConfigError("--dwell sets how long an interleaved visit stays on a cell; add --interleave")
+    if not (math.isfinite(dwell) and 1.0 <= dwell <= MAX_DWELL):
+        raise ConfigError(
+            f"--dwell {dwell!r} is not a mean run of 1..{MAX_DWELL:g} steps (1 switches cells every step; "
+            "build reports the replayed policy's)"
+        )
+
+
 #: Steps of an interleaved sequence between two telemetry readings (and between two waits of the
 #: host for the device: the next chunk is queued before the one before it is waited for).
 _CHUNK_STEPS = 8
@@ -1136,6 +1176,7 @@ def resummarize(journal_path: Path, *, passes: bool) -> SweepResult:
             order=head.get("order"),
             interleave=bool(head.get("interleave")),
             settle_s=head.get("settle_s"),
+            dwell=head.get("dwell"),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"{journal_path}: the journal's configuration is incomplete ({exc!r})") from exc
@@ -1314,7 +1355,7 @@ class _Harness:
         counts = [self._samples_wanted(c) for c in cells]
         # Every rank draws the same sequences: steps with collectives must match across ranks.
         rng = np.random.default_rng([self.config.seed, self.round, int(cells[0].key[0]), 0x1E])
-        stay = MIX_STAYS[mix_arm(self.round)]
+        stay = self.config.visit_stay(self.round)
         warm_order = interleaved_steps([rewarm] * len(cells), rng, stay=stay)
         order = interleaved_steps([n * th.replays_per_sample for n in counts], rng, stay=stay, balanced=True)
         self.comm.barrier()
@@ -2231,6 +2272,7 @@ class SweepRequest:
         interleave: visit a G's open cells in one step-by-step alternating sequence
             (:attr:`SweepConfig.interleave`).
         settle_s: an interleaved visit's untimed mix, seconds (:attr:`SweepConfig.settle_s`).
+        dwell: the policy's mean run on one cell, steps (:attr:`SweepConfig.dwell`).
     """
 
     backend: str
@@ -2260,6 +2302,7 @@ class SweepRequest:
     order: ServingOrder | None = None
     interleave: bool = False
     settle_s: float | None = None
+    dwell: float | None = None
 
 
 IMPORT_BACKEND = "import-samples"
@@ -2383,6 +2426,7 @@ def execute(
             order=None if request.order is None else request.order.to_dict(),
             interleave=request.interleave,
             settle_s=request.settle_s,
+            dwell=request.dwell,
         )
         return sweep(
             config=config,

@@ -1,0 +1,153 @@
+"""``sweep --interleave --dwell L``: every visit laid out in runs of the policy's mean length,
+instead of the two mix designs by round."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from dspark_calibrate.calibrate.measurement.backends.synthetic import SyntheticBackend
+from dspark_calibrate.calibrate.measurement.journal import read_journal
+from dspark_calibrate.calibrate.measurement.ladder import CellKind
+from dspark_calibrate.calibrate.measurement.order import interleaved_steps
+from dspark_calibrate.calibrate.measurement.protocol import MAX_DWELL, MIX_STAYS, stay_for_dwell
+from dspark_calibrate.calibrate.measurement.stats import Thresholds
+from dspark_calibrate.calibrate.measurement.sweep import SweepConfig, SweepResult, run_sweep
+from dspark_calibrate.cli import build_calibrate_app
+from dspark_calibrate.errors import ConfigError
+from tests.calibrate.conftest import make_config
+
+DESIGN = {"recapture_every": 4, "epochs_required": 4, "samples_per_visit": 6}
+#: A power-capped synthetic GPU whose clock follows the running cell over about three steps: a
+#: light cell run for a while reaches a clock 6%·(1 − its share of the full width) above the
+#: native cell's, one switched every step the mix's.
+QUICK_CLOCK: dict[str, Any] = {
+    "per_tile_ms": 1.0,
+    "tile": 4,
+    "noise_rel": 0.002,
+    "outlier_prob": 0.0,
+    "power_capped": True,
+    "power_cap_clock_rel": 0.06,
+    "clock_tau_steps": 3.0,
+}
+
+
+def _config(seed: int = 0, dwell: float | None = None, interleave: bool = True) -> SweepConfig:
+    backend = SyntheticBackend(seed=seed, **QUICK_CLOCK)
+    config, _ = make_config(
+        backend, thresholds=Thresholds.quick(**DESIGN), ladder=(4, 8), seed=seed, interleave=interleave
+    )
+    return replace(config, dwell=dwell)
+
+
+def test_the_dwell_is_in_the_digest_and_every_round_runs_it() -> None:
+    both = _config()
+    assert "dwell" not in both.to_dict()
+    assert [both.visit_stay(r) for r in range(4)] == [MIX_STAYS[r % 2] for r in range(4)]
+    runs = replace(both, dwell=4.0)
+    assert runs.to_dict()["dwell"] == 4.0 and runs.digest() != both.digest()
+    assert {runs.visit_stay(r) for r in range(4)} == {0.75}
+    assert replace(both, dwell=1.0).visit_stay(3) == 0.0  # switches every step
+
+
+@pytest.mark.parametrize(
+    ("dwell", "interleave", "match"),
+    [
+        (2.0, False, "add --interleave"),
+        (0.5, True, "1..64"),
+        (0.0, True, "1..64"),
+        (math.nan, True, "1..64"),
+        (math.inf, True, "1..64"),
+        (MAX_DWELL + 1.0, True, "1..64"),
+    ],
+    ids=["without-interleave", "below-one", "zero", "nan", "inf", "above-the-cap"],
+)
+def test_a_bad_dwell_is_refused(dwell: float, interleave: bool, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        _config(dwell=dwell, interleave=interleave)
+
+
+@pytest.mark.parametrize(("dwell", "per_cell"), [(1.0, 12), (1.5, 12), (2.6, 12), (2.6, 24), (4.0, 24)])
+def test_a_visit_runs_about_the_dwell_asked(dwell: float, per_cell: int) -> None:
+    """The balanced layout at ``stay_for_dwell``: runs as long as asked where a visit's first half
+    holds twice the dwell per cell, a little shorter (cut at the steps a cell has left) where it
+    holds less; never longer."""
+    rng = np.random.default_rng(1)
+    steps = runs = 0
+    for _ in range(300):
+        order = interleaved_steps([per_cell] * 4, rng, stay=stay_for_dwell(dwell), balanced=True)
+        steps += len(order)
+        runs += 1 + sum(a != b for a, b in itertools.pairwise(order))
+    realised = steps / runs
+    floor = 0.95 if per_cell // 2 >= 4 * dwell else 0.85
+    assert floor * dwell <= realised <= 1.1 * dwell, realised
+
+
+def _mean_compact_saving(result: SweepResult) -> float:
+    return float(
+        np.mean([c.summary.saving for c in result.cells if c.spec.kind is CellKind.COMPACT and c.summary])
+    )
+
+
+@pytest.mark.slow  # 2 s: six small sweeps
+def test_longer_runs_let_light_cells_reach_their_own_clock() -> None:
+    """On a GPU whose clock follows the running cell, compact savings measured in runs of six steps
+    exceed those of a policy switching every step, on each of two seeds, and the two-design sweep
+    holds a saving between them; no mix term is stated for one design."""
+    for seed in (3, 4):
+        measured = {}
+        for dwell in (1.0, 6.0, None):
+            backend = SyntheticBackend(seed=seed, **QUICK_CLOCK)
+            measured[dwell] = run_sweep(_config(seed, dwell=dwell), backend, journal_path=None)
+        saving = {d: _mean_compact_saving(r) for d, r in measured.items()}
+        assert saving[6.0] > saving[1.0] + 0.003, saving  # 0.5-0.9 pp apart on these seeds
+        assert saving[1.0] < saving[None] < saving[6.0], saving
+        assert all(c.mix is None for c in measured[6.0].cells)
+        assert measured[6.0].mix_summary() == {
+            "measured": False,
+            "dwell": 6.0,
+            "stays": [stay_for_dwell(6.0)],
+        }
+
+
+@pytest.mark.slow  # 1 s: one small sweep
+def test_the_cli_measures_at_the_dwell_and_says_so(tmp_path: Path) -> None:
+    out = tmp_path / "d.parquet"
+    args = ["sweep", "--k", "3", "--ladder", "2,4", "--interleave", "--dwell", "2.5", "--no-plot"]
+    args += ["--backend-opt", "power_capped=true", "--max-samples", "24", "--precision", "0.05"]
+    res = CliRunner().invoke(build_calibrate_app(), [*args, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "in runs of 2.5 steps on average (--dwell)" in " ".join(res.output.split())
+    head = read_journal(out.with_name(out.stem + ".journal.jsonl")).header
+    assert head["config"]["dwell"] == 2.5
+    res = CliRunner().invoke(build_calibrate_app(), [*args, "--json", "--out", str(tmp_path / "e.parquet")])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert report.get("checks", report)["mix_term"]["dwell"] == 2.5
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        (["--dwell", "2"], "add --interleave"),
+        (["--interleave", "--dwell", "0.5"], "1..64 steps"),
+        (["--mixed", "--dwell", "2"], "--dwell order decode cells"),
+    ],
+    ids=["without-interleave", "below-one", "mixed"],
+)
+def test_the_cli_refuses_a_bad_dwell_before_measuring(tmp_path: Path, extra: list[str], match: str) -> None:
+    out = tmp_path / "r.parquet"
+    res = CliRunner().invoke(
+        build_calibrate_app(),
+        ["sweep", "--k", "3", "--ladder", "2,4", "--out", str(out), "--no-plot", *extra],
+    )
+    assert res.exit_code == 2, res.output
+    assert match in " ".join(res.output.split()) and not out.exists()
