@@ -867,6 +867,47 @@ def _replay_deployed(
     return _Replayed(report, mixed_grid, mixed_evidence, mixed_left, regime)
 
 
+#: How far the replayed policy's dwell may sit from the sweep's before the build says so (25%).
+DWELL_TOLERANCE = 1.25
+
+
+def dwell_note(dwell: Mapping[str, Any], sweep_extra: Mapping[str, Any]) -> str | None:
+    """A note when the sweep did not time its cells at the replayed policy's dwell (pure; ``dwell``
+    from :func:`~.replay.policy_dwell`, ``sweep_extra`` the sweep's provenance ``extra``): at a
+    power cap a compact saving moves with how long a policy stays on a cell (docs/sweep.md "The
+    policy's dwell"). None when the sweep measured at a dwell within :data:`DWELL_TOLERANCE` of it,
+    or the replay chose no step, or the sweep neither interleaved its cells nor ran at a power cap
+    (most of its samples carrying that throttle reason: off the cap the clock does not follow the
+    mix)."""
+    steps = dwell.get("steps")
+    if steps is None:
+        return None
+    mix = sweep_extra.get("mix_term") or {}
+    capped = float((sweep_extra.get("throttle") or {}).get("power_capped_share") or 0.0)
+    if not mix.get("measured") and mix.get("dwell") is None and capped < 0.5:
+        return None
+    measured = mix.get("dwell")
+    if measured is not None and max(steps / measured, measured / steps) <= DWELL_TOLERANCE:
+        return None
+    per_g = ", ".join(
+        f"G{g} {d:.2g}" for g, d in sorted(dwell.get("per_g", {}).items(), key=lambda x: int(x[0]))
+    )
+    if measured is not None:
+        how = f"the sweep timed its cells in runs of {measured:g} steps (--dwell)"
+    elif mix.get("measured"):
+        how = (
+            "the sweep timed half its rounds switching cells every step and half in runs of four "
+            "(intervals hold both)"
+        )
+    else:
+        how = "the sweep timed each cell alone, at its own clock"
+    return (
+        f"policy dwell: the replayed policy stays {steps:.2g} steps on a cell ({per_g}); {how}. At a "
+        f"power cap a compact saving moves with the dwell (docs/sweep.md): sweep --interleave --dwell "
+        f"{steps:.2g} measures at it"
+    )
+
+
 def _build_notes(inputs: BuildInputs, grid: CellGrid, final: CellGrid, replayed: _Replayed) -> list[str]:
     """What a reviewer should know about this build, beyond the inputs' own notes."""
     report = replayed.report
@@ -893,6 +934,9 @@ def _build_notes(inputs: BuildInputs, grid: CellGrid, final: CellGrid, replayed:
             f"{mixed['estimated']} by the decode table's estimate"
         )
     notes.append(f"fixed confidence-path overhead: {report.economics.overhead_source}")
+    dwell = dwell_note(report.dwell(), inputs.sweep_provenance.extra)
+    if dwell:
+        notes.append(dwell)
     if report.shifts is not None:
         notes.append(f"saving shifts drawn with the savings: {report.shifts['source']}")
     notes += control_notes(final)

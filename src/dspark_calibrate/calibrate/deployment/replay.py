@@ -84,6 +84,7 @@ __all__ = [
     "estimate_drain_guard",
     "first_losses",
     "gain_decision",
+    "policy_dwell",
     "prepare_evidence",
     "replay",
     "selector_replay_sha256",
@@ -1014,6 +1015,28 @@ class Economics:
     gross_compact_value_ms_marginal_lower_bound: float = 0.0
 
 
+def policy_dwell(
+    step_id: np.ndarray, graph_batch_size: np.ndarray, verifier_budget: np.ndarray
+) -> dict[str, Any]:
+    """The mean run, in steps, a policy stays on one cell (G, V), in step order: ``steps`` is the
+    steps over the runs, a run ending where the next step runs another cell (another V or another
+    G); ``per_g`` the same for each G's steps and runs. At a power cap a compact saving moves with
+    it (docs/sweep.md "The policy's dwell"): ``sweep --interleave --dwell`` measures at it. Pure.
+
+    Returns:
+        ``{"steps": float | None, "per_g": {G: float}}`` (None for no step).
+    """
+    order = np.argsort(np.asarray(step_id), kind="stable")
+    g = np.asarray(graph_batch_size, dtype=np.int64)[order]
+    v = np.asarray(verifier_budget, dtype=np.int64)[order]
+    if g.size == 0:
+        return {"steps": None, "per_g": {}}
+    ends = np.ones(g.size, dtype=bool)  # a step that ends its run
+    ends[:-1] = (g[1:] != g[:-1]) | (v[1:] != v[:-1])
+    per_g = {str(int(x)): float(np.sum(g == x) / np.sum(ends & (g == x))) for x in np.unique(g)}
+    return {"steps": float(g.size / np.sum(ends)), "per_g": per_g}
+
+
 @dataclass(frozen=True, eq=False)
 class ReplayReport:
     """Everything a replay found. Per-step arrays have one entry per policy step."""
@@ -1049,10 +1072,15 @@ class ReplayReport:
     shifts: Mapping[str, Any] | None = None
     overhead: Mapping[str, Any] = field(default_factory=dict)
 
+    def dwell(self) -> dict[str, Any]:
+        """How long the replayed policy stays on one cell (:func:`policy_dwell`): overall and per G."""
+        return policy_dwell(self.step_id, self.graph_batch_size, self.verifier_budget)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (without the per-step arrays)."""
         e = self.economics
         return {
+            "dwell": self.dwell(),
             "objective": self.objective,
             "predictions": {k: dict(v) for k, v in self.predictions.items()},
             "tpot_gain": self.tpot_gain,
