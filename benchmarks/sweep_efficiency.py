@@ -180,6 +180,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             pass_epoch=args.pass_index,
             interleave=args.interleave,
             settle_s=args.settle_s,
+            dwell=args.dwell,
         )
         marks: list[float] = []
 
@@ -549,6 +550,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     run.add_argument(
         "--settle-s", type=float, default=None, help="with --interleave: seconds of untimed mix per visit"
+    )
+    run.add_argument(
+        "--dwell", type=float, default=None, help="with --interleave: mean run on one cell, steps (--dwell)"
     )
     run.add_argument("--out-dir", required=True)
     run.set_defaults(fn=cmd_run)

@@ -365,3 +365,21 @@ def test_the_sweep_can_be_asked_for_a_dwell() -> None:
     assert mode.sweep[mode.sweep.index("--dwell") + 1] == "2.6"
     with pytest.raises(SystemExit, match="--sweep-interleave"):
         ih.with_budget(ih.FULL, None, None, dwell=2.6)
+
+
+def test_every_sweep_option_the_job_passes_is_one_the_sweep_script_takes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The job's sweep command parses in ``sweep_efficiency.py run`` with each option it sets
+    (an option one script passes and the other lacks fails on the GPU, after the machine starts)."""
+    from benchmarks import sweep_efficiency as se
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(se, "cmd_run", lambda args: seen.update(vars(args)) or 0)
+    mode = ih.with_budget(
+        ih.FULL, 240, None, interleave=True, settle_s=0.75, passes=1, recapture_every=6,
+        samples_per_visit=6, max_samples=320, seed=18, dwell=2.7,
+    )  # fmt: skip
+    assert se.main(ih.sweep_command(mode, Path("/x"))[2:]) == 0
+    assert (seen["dwell"], seen["settle_s"], seen["interleave"]) == (2.7, 0.75, True)
+    assert (seen["samples_per_visit"], seen["max_samples"], seen["seed"]) == (6, 320, 18)
