@@ -998,9 +998,8 @@ def sweep_command(
     """Measure T(G, V) for the native and candidate cells of every G, with honest intervals.
 
     Before measuring, the reference backend estimates its memory and time and refuses what the
-    machine cannot hold. Fields of the deployment fingerprint the sweep cannot probe come from
-    the --live-* options or --fingerprint (docs/fingerprint.md). Ctrl-C keeps the journal:
-    --resume continues.
+    machine cannot hold. Fingerprint fields the sweep cannot probe come from the --live-* options
+    or --fingerprint (docs/fingerprint.md). Ctrl-C keeps the journal: --resume continues.
     """
     # Every parameter is one SweepOptions field of the same name, and nothing else is local yet.
     run_sweep(SweepOptions(**locals()))
