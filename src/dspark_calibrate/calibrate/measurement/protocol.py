@@ -44,7 +44,9 @@ designs by round (:data:`MIX_STAYS`): cells switching every step (a policy that 
 step) and runs of steps (one that stays a while), each laid out in balanced blocks
 (:func:`~.order.interleaved_steps`). :func:`mix_term` gives each
 design's median and paired saving, :func:`widen_for_mix` stretches the intervals to hold both;
-the points are the paired estimates over all rounds, half of each design.
+the points are the paired estimates over all rounds, half of each design. ``--dwell`` instead
+times every visit in runs of the policy's own mean length (:func:`stay_for_dwell`; docs/sweep.md
+"The policy's dwell").
 """
 
 from __future__ import annotations
