@@ -253,7 +253,7 @@ class SweepConfig:
             out["interleave"] = INTERLEAVE_DESIGN
         if self.settle_s is not None:  # and an interleaved sweep at the default settle
             out["settle_s"] = self.settle_s
-        if self.dwell is not None:  # and one of both mix designs
+        if self.dwell is not None:  # a sweep of both mix designs keeps its digest
             out["dwell"] = self.dwell
         return out
 
