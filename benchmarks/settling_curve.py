@@ -119,13 +119,17 @@ def settle_time(
     """The first window start from which every window's savings stay within ``tolerance_pp`` of
     the settled savings and the native median within ``tolerance_rel`` of its settled value (the
     settled values: medians over the windows that start in the dwell's last third); None when
-    only those last windows agree with them (the dwell did not settle before its last third)."""
+    only those last windows agree with them (the dwell did not settle before its last third), or
+    when no window of that last third ran the native cell (nothing to settle against: a dwell of
+    a few slow steps, as on a busy CPU)."""
     if not rows:
         return {"settle_s": None}
     end = rows[-1]["to_s"]
     tail = [r for r in rows if r["from_s"] >= end * 2.0 / 3.0] or [rows[-1]]
     names = sorted({n for r in rows for n in r["cells"]})
-    native = next(n for n in names if n.endswith("/V0"))
+    native = next((n for n in names if n.endswith("/V0")), None)
+    if native is None or not any(native in r["cells"] for r in tail):
+        return {"settle_s": None, "no_native_window": True}
     settled_saving = {
         n: float(np.median(vals))
         for n in names
@@ -219,11 +223,13 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
             st = results[-1]["settling"]
-            print(
-                f"rep {rep} G{a}->G{b}: settle {st['settle_s']} s, first window off "
-                f"{st['first_window_off_pp']:.2f} pp / native {st['first_window_native_rel'] * 100:.2f}%",
-                flush=True,
+            first = (
+                f", first window off {st['first_window_off_pp']:.2f} pp / native "
+                f"{st['first_window_native_rel'] * 100:.2f}%"
+                if "first_window_off_pp" in st
+                else " (no window late in the dwell ran the native cell)"
             )
+            print(f"rep {rep} G{a}->G{b}: settle {st['settle_s']} s{first}", flush=True)
     gpu = torch.cuda.get_device_name(0) if cuda else "cpu"
     backend.close()
     data = {

@@ -122,3 +122,24 @@ def test_the_tiny_layout_probe_builds_the_step_again(tmp_path: Path) -> None:
     for build in data["builds"]:
         (entry,) = build["g"].values()
         assert entry["saving"][0] == 0.0 and all(math.isfinite(x) for x in entry["median_ms"])
+
+
+def test_a_dwell_whose_last_windows_never_ran_the_native_cell_does_not_settle() -> None:
+    """A dwell of a few slow steps (a busy CPU) can leave the native cell out of every window, or
+    out of the last third: there is nothing to settle against, and no settle is claimed."""
+    compact = {"G4/V8": {"median_ms": 0.75, "saving": None}}
+    rows = [{"from_s": 0.0, "to_s": 0.0025, "steps": 2, "cells": compact}]
+    assert sc.settle_time(rows, tolerance_pp=0.2, tolerance_rel=0.002) == {
+        "settle_s": None,
+        "no_native_window": True,
+    }
+    early = [
+        {
+            "from_s": 0.0,
+            "to_s": 0.01,
+            "steps": 2,
+            "cells": {"G4/V0": {"median_ms": 1.0, "saving": 0.0}, **compact},
+        },
+        {"from_s": 0.01, "to_s": 0.03, "steps": 2, "cells": compact},
+    ]
+    assert sc.settle_time(early, tolerance_pp=0.2, tolerance_rel=0.002)["settle_s"] is None
