@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                     ),
                 }
             )
-            st = results[-1]["settling"]
+            st: dict[str, Any] = results[-1]["settling"]  # type: ignore[assignment]
             first = (
                 f", first window off {st['first_window_off_pp']:.2f} pp / native "
                 f"{st['first_window_native_rel'] * 100:.2f}%"
