@@ -52,7 +52,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import subprocess
 import sys
 import tarfile
@@ -68,6 +67,9 @@ import numpy as np
 from dspark_calibrate.artifacts import read_artifact
 from dspark_calibrate.calibrate.measurement.ladder import CellKind, CellSpec, parse_budgets, parse_ladder
 from dspark_calibrate.calibrate.measurement.protocol import MixTerm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import git_commit
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "sweep_efficiency.json"
@@ -765,18 +767,6 @@ def write_independent(result: Mapping[str, Any], out: Path, *, base: Path = RESU
 # --- the one-call job -------------------------------------------------------------------------------
 
 
-def _commit() -> str | None:
-    if os.environ.get("COMMIT"):
-        return os.environ["COMMIT"]
-    try:
-        done = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() or None
-
-
 def run_job(
     mode: Mode,
     out: Path,
@@ -831,7 +821,7 @@ def run_job(
                 result[name] = {k: other.get(k) for k in (*TARGETS, "meets")}
     result.update(
         command=" ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
-        commit=_commit(),
+        commit=git_commit(),
         sweep_wall_s=sweep_s,
         job_wall_s=time.perf_counter() - started,
     )

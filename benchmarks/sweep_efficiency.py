@@ -49,23 +49,14 @@ from dspark_calibrate.calibrate.measurement.stats import (
 )
 from dspark_calibrate.calibrate.measurement.sweep import SweepRequest, execute, samples_path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import git_commit
+
 TARGETS = {"ratio": 0.33, "reproducible_share": 0.95, "ci_coverage": 0.90}
 AGREE_REL = 0.01  # medians "agree" within 1%
 #: Targets of the compute-bound step's two jobs.
 HEAVY_TARGETS = {"ci_coverage_out_of_sample": 0.90, "saving_agreement_share": 0.95}
 SAVING_AGREE = 0.005  # savings "agree" within 0.5 pp
-
-
-def _commit() -> str | None:
-    if os.environ.get("COMMIT"):
-        return os.environ["COMMIT"]
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
 
 
 def _device_info() -> dict[str, Any]:
@@ -232,7 +223,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "summary_logical_sha256": output.summary_sha256,
             "thresholds": request.thresholds.to_dict(),
             "command": " ".join(sys.argv),
-            "commit": _commit(),
+            "commit": git_commit(),
             **_device_info(),
         }
         (out_dir / f"{protocol}.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
