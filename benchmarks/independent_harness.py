@@ -838,12 +838,15 @@ def run_job(
 
 
 def _stays(text: str) -> tuple[float, ...]:
+    """``--harness-stays``, checked when parsed: a job must not learn after its sweep that the
+    harness cannot draw its sequences."""
     try:
-        return tuple(float(x) for x in text.split(","))
+        stays = tuple(float(x) for x in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated numbers in [0, 1), got {text!r}"
-        ) from None
+        stays = ()
+    if not stays or len(set(stays)) != len(stays) or not all(0.0 <= x < 1.0 for x in stays):
+        raise argparse.ArgumentTypeError(f"expected distinct comma-separated numbers in [0, 1), got {text!r}")
+    return stays
 
 
 def main(argv: list[str] | None = None) -> int:

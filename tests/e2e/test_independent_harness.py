@@ -383,3 +383,13 @@ def test_every_sweep_option_the_job_passes_is_one_the_sweep_script_takes(
     assert se.main(ih.sweep_command(mode, Path("/x"))[2:]) == 0
     assert (seen["dwell"], seen["settle_s"], seen["interleave"]) == (2.7, 0.75, True)
     assert (seen["samples_per_visit"], seen["max_samples"], seen["seed"]) == (6, 320, 18)
+
+
+@pytest.mark.parametrize("stays", ["1.0", "0.5,0.5", "-0.1", "x", "0.5,,0"])
+def test_bad_harness_stays_are_refused_before_the_sweep(
+    stays: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Refused while the arguments are parsed, so a job never runs its sweep first."""
+    with pytest.raises(SystemExit) as exit_:
+        ih.main(["job", "--tiny", "--out", "/nonexistent/never-written", "--harness-stays", stays])
+    assert exit_.value.code == 2 and "--harness-stays" in capsys.readouterr().err
