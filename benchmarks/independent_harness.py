@@ -8,7 +8,11 @@ step picks one of the G's cells (native, control and compact), staying on the sa
 while or switching, as a policy alternates them; each step is timed by CUDA events recorded
 between back-to-back graph replays (no re-warm, no rounds, no re-capture), with NVML read every
 few dozen steps. A cell's time is the median of its steps; its saving is against the native
-cell's median. Comparing the two:
+cell's median. Each step stays on the cell before it with probability 1/2 (:data:`STAY`; the
+sequences then run 2.7 steps on a cell), else draws one; ``--harness-stays`` draws each G's
+sequences at several stay probabilities in every block, and the record keeps every step, with each
+saving split by whether the step before ran another cell (``benchmarks/dwell_curve.py`` reads it).
+Comparing the two:
 
 - ``saving_ci_coverage``: the share of compact cells whose saving here lies inside the sweep's
   saving interval;
