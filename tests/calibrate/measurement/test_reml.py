@@ -196,3 +196,9 @@ def test_noiseless_rounds_still_estimate_the_epochs() -> None:
     series = [({r: 0.01 * (r // 2 % 2) for r in range(8)}, {r: r // 2 for r in range(8)}) for _ in range(4)]
     fit = reml_component(series)
     assert fit.estimate > 0.0 and math.isfinite(fit.high)
+
+
+def test_a_design_with_nothing_to_resolve_states_none() -> None:
+    assert EMPTY.resolvable == math.inf and EMPTY.resolvable_or_none is None
+    fit = reml_component(_series(np.random.default_rng(1), sigma=0.0))
+    assert fit.resolvable_or_none == fit.resolvable > 0.0

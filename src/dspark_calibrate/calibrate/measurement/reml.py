@@ -81,6 +81,12 @@ class VarianceComponent:
     confidence: float
 
     @property
+    def resolvable_or_none(self) -> float | None:
+        """:attr:`resolvable` where the design resolves some σ; None without a series, or where no
+        σ the optimiser reaches would be (never a non-finite number in a sweep's JSON)."""
+        return self.resolvable if self.series and math.isfinite(self.resolvable) else None
+
+    @property
     def resolved(self) -> bool:
         """True when σ = 0 lies outside the interval: a shift was measured, not only bounded."""
         return self.low > 0.0

@@ -899,9 +899,10 @@ def estimate_between_run(
         mine = [r for c, r in zip(compared, ratios, strict=True) if c.native == native]
         g = reml_component(mine, confidence=confidence, design=design_effect([len(mine)], PAIRED_CORRELATION))
         if g.series:
-            resolvable = g.resolvable if math.isfinite(g.resolvable) else None
             groups.append(
-                GroupPaired(native.label(), g.estimate, g.low, g.high, g.between_df, g.series, resolvable)
+                GroupPaired(
+                    native.label(), g.estimate, g.low, g.high, g.between_df, g.series, g.resolvable_or_none
+                )
             )
     return BetweenRun(
         epochs=len(epochs),
@@ -917,8 +918,8 @@ def estimate_between_run(
         level_rel_upper=level.high if level.series else None,
         paired_rel_low=paired.low,
         paired_rel_upper=paired.high if paired.series else None,
-        resolvable_shift_rel=paired.resolvable if paired.series else None,
-        level_resolvable_rel=level.resolvable if level.series else None,
+        resolvable_shift_rel=paired.resolvable_or_none,
+        level_resolvable_rel=level.resolvable_or_none,
         epochs_are_processes=epochs_are_processes,
         paired_groups=tuple(groups),
     )
