@@ -190,6 +190,7 @@ def with_budget(
     max_samples: int | None = None,
     seed: int | None = None,
     dwell: float | None = None,
+    precision: float | None = None,
 ) -> Mode:
     """``mode`` with another sweep budget (GPU-seconds) and harness sequence length, where given,
     and (``interleave``) a sweep that visits each G's cells in one interleaved sequence, running
@@ -198,7 +199,8 @@ def with_budget(
     three times the epochs of four passes, so each G's own σ_d rests on more of them), and
     ``samples_per_visit`` its samples per visit, ``max_samples`` its cap of samples per cell (a
     cell at the cap stops, whatever budget is left), ``dwell`` its ``--dwell`` (every visit in runs
-    of that mean length: the harness's own dwell is 1 / its ``switch_share``). A budget above the
+    of that mean length: the harness's own dwell is 1 / its ``switch_share``), ``precision`` its
+    ``--precision`` (the relative half-width at which a cell stops). A budget above the
     mode's own raises the sweep's hard limit with it, so that the budget, not the limit, ends the
     sweep."""
     sweep = list(mode.sweep)
@@ -216,6 +218,10 @@ def with_budget(
             sweep[sweep.index(name) + 1] = str(value)
         else:
             sweep += [name, str(value)]
+    if precision is not None:
+        if not 0 < precision < 1:
+            raise SystemExit(f"--sweep-precision must be in (0, 1), not {precision}")
+        sweep[sweep.index("--precision") + 1] = f"{precision:g}"
     if interleave and "--interleave" not in sweep:
         sweep.append("--interleave")
     if settle_s is not None:
@@ -926,6 +932,12 @@ def main(argv: list[str] | None = None) -> int:
             help="job: the sweep's --max-samples, its cap of samples per cell (default 128)",
         )
         p.add_argument(
+            "--sweep-precision",
+            type=float,
+            default=None,
+            help="job: the sweep's --precision, the relative half-width at which a cell stops (default 0.004)",
+        )
+        p.add_argument(
             "--sweep-settle-s",
             type=float,
             default=None,
@@ -967,6 +979,7 @@ def main(argv: list[str] | None = None) -> int:
         max_samples=args.sweep_max_samples,
         seed=args.sweep_seed,
         dwell=args.sweep_dwell,
+        precision=args.sweep_precision,
     )
     args.out.mkdir(parents=True, exist_ok=True)
     if args.cmd == "harness":
