@@ -186,14 +186,16 @@ SettleOption = Annotated[
     ),
 ]
 DwellOption = Annotated[
-    float | None,
+    str | None,
     typer.Option(
         "--dwell",
         help="With --interleave: the mean run, in steps, your policy stays on one cell (1 = it switches "
-        "every step; build reports the replayed policy's per G). Every visit is then timed in runs of "
-        "that length, instead of half the rounds switching every step and half in runs of four. At a "
-        "power cap a saving moves with it by up to 3-4 pp at large G; see docs/sweep.md.",
-        metavar="STEPS",
+        "every step): one for every G (2.7), one per G (8=1.4,16=2.1,...,256=3.1), or a bare value for "
+        "the G not named (2.7,256=3.1); build reports the replayed policy's per G and the --dwell to "
+        "give. Every visit is then timed in runs of its G's length, instead of half the rounds "
+        "switching every step and half in runs of four. At a power cap a saving moves with it by up "
+        "to 3-4 pp at large G; see docs/sweep.md.",
+        metavar="STEPS|G=STEPS,...",
         show_default=False,
     ),
 ]
@@ -441,7 +443,7 @@ class SweepOptions:
     order: str
     interleave: bool | None
     settle_s: float | None
-    dwell: float | None
+    dwell: str | None
     workload: Path | None
     preset: str
     precision: float | None

@@ -323,10 +323,12 @@ def _protocol_line(summary: dict[str, Any], *, mix: dict[str, Any]) -> str:
     """What the step protocol moves: the launch a waiting step pays, the largest saving shift; for
     an interleaved sweep, what the layout of the mix moves instead."""
     if mix.get("dwell") is not None:
+        from dspark_calibrate.calibrate.measurement.dwell import describe_dwell
+
         return (
             "visits: each G's cells interleaved, queued back to back (a serving loop that launches ahead, "
-            f"at the clock of the G's mix), in runs of {mix['dwell']:g} steps on average (--dwell), each "
-            "visit balanced; the savings are those of a policy with that dwell"
+            f"at the clock of the G's mix), in runs of {describe_dwell(mix['dwell'])} on average (--dwell), "
+            "each visit balanced; the savings are those of a policy with that dwell"
         )
     if mix["measured"]:
         moved = (
@@ -865,8 +867,16 @@ def _sweep_request(
         order=_serving_order(opts, ladder),
         interleave=bool(opts.interleave),
         settle_s=opts.settle_s,
-        dwell=opts.dwell,
+        dwell=_sweep_dwell(opts),
     )
+
+
+def _sweep_dwell(opts: SweepOptions) -> Any:
+    """``--dwell``'s text as a dwell over the ladder (:func:`~.dwell.parse_dwell`); None without it."""
+    from dspark_calibrate.calibrate.measurement.dwell import parse_dwell
+    from dspark_calibrate.calibrate.measurement.ladder import parse_ladder
+
+    return None if opts.dwell is None else parse_dwell(opts.dwell, parse_ladder(opts.ladder))
 
 
 def run_sweep(opts: SweepOptions) -> None:
@@ -905,10 +915,11 @@ def run_sweep(opts: SweepOptions) -> None:
             )
         if opts.mixed_workload is not None or opts.mixed_grid is not None:
             raise ConfigError("--mixed-workload and --mixed-grid need --mixed; add --mixed")
-        from dspark_calibrate.calibrate.measurement.sweep import check_dwell, check_settle
+        from dspark_calibrate.calibrate.measurement.dwell import check_dwell
+        from dspark_calibrate.calibrate.measurement.sweep import check_settle
 
         check_settle(opts.settle_s, interleave=bool(opts.interleave))
-        check_dwell(opts.dwell, interleave=bool(opts.interleave))
+        check_dwell(_sweep_dwell(opts), interleave=bool(opts.interleave))
         request = _sweep_request(opts, backend_options, live, base_fp)
         if opts.passes > 1:
             rounds = request.thresholds.recapture_every or 3

@@ -44,21 +44,53 @@ _DWELL = {"steps": 2.7, "per_g": {"256": 3.1, "8": 1.9}}
             {"mix_term": {"measured": True, "stays": [0.0, 0.75]}},
             "half its rounds switching cells every step",
         ),
-        ({"mix_term": {"measured": False, "dwell": 6.0, "stays": [5 / 6]}}, "in runs of 6 steps (--dwell)"),
+        (
+            {"mix_term": {"measured": False, "dwell": 6.0, "stays": [5 / 6]}},
+            "in runs of 6 steps (--dwell), more than 25% off at G=[8, 256]",
+        ),
+        (
+            {"mix_term": {"measured": False, "dwell": 2.7}},
+            "in runs of 2.7 steps (--dwell), more than 25% off at G=[8]",
+        ),
+        (
+            {"mix_term": {"measured": False, "dwell": {"8": 1.9, "256": 6.0}}},
+            "in runs of G8 1.9, G256 6 steps (--dwell), more than 25% off at G=[256]",
+        ),
+        (
+            {"mix_term": {"measured": False, "dwell": {"8": 1.9, "128": 3.1}}},
+            "more than 25% off at G=[256]",
+        ),
         ({"mix_term": {"measured": False}, "throttle": {"power_capped_share": 0.9}}, "timed each cell alone"),
         ({"throttle": {"power_capped_share": 0.6}}, "timed each cell alone"),
     ],
-    ids=["two-designs", "another-dwell", "one-cell-per-visit-capped", "old-sweep-capped"],
-)
+    ids=[
+        "two-designs", "another-dwell", "one-dwell-off-at-one-g", "per-g-off-at-one-g",
+        "per-g-without-a-g-the-policy-ran", "one-cell-per-visit-capped", "old-sweep-capped",
+    ],
+)  # fmt: skip
 def test_the_build_says_when_the_sweep_timed_another_dwell(extra: dict[str, Any], says: str) -> None:
+    """The note names the G the sweep missed and the --dwell to sweep at: the policy's overall
+    dwell and each G's own where it sits more than 25% from that (G=8 here, not G=256)."""
     note = dwell_note(_DWELL, extra)
     assert note is not None and says in note
-    assert "stays 2.7 steps on a cell (G8 1.9, G256 3.1)" in note and "--dwell 2.7" in note
+    assert "stays 2.7 steps on a cell (G8 1.9, G256 3.1)" in note and "--dwell 2.7,8=1.9 measures" in note
 
 
-@pytest.mark.parametrize("measured", [2.7, 2.2, 3.3])
-def test_a_sweep_at_the_policys_dwell_needs_no_note(measured: float) -> None:
+@pytest.mark.parametrize(
+    "measured",
+    [{"8": 1.9, "256": 3.1}, {"8": 2.2, "256": 2.6}, {"8": 1.6, "256": 3.8}, {"8": 2.0, "64": 9.0, "256": 3.0}],
+    ids=["the-policys", "inside-25pct", "inside-25pct-other-side", "a-g-the-policy-never-ran"],
+)
+def test_a_sweep_at_the_policys_dwell_per_g_needs_no_note(measured: dict[str, float]) -> None:
     assert dwell_note(_DWELL, {"mix_term": {"measured": False, "dwell": measured}}) is None
+
+
+@pytest.mark.parametrize("measured", [2.7, 2.45, 3.05])
+def test_one_dwell_for_every_g_needs_no_note_where_each_g_is_near_it(measured: float) -> None:
+    near = {"steps": 2.7, "per_g": {"256": 3.0, "8": 2.5}}
+    assert dwell_note(near, {"mix_term": {"measured": False, "dwell": measured}}) is None
+    note = dwell_note(near, {"mix_term": {"measured": False, "dwell": 4.5}})
+    assert note is not None and "--dwell 2.7 measures" in note
 
 
 def test_a_replay_without_steps_needs_no_note() -> None:

@@ -90,6 +90,7 @@ from dspark_calibrate.calibrate.deployment.replay import (
 from dspark_calibrate.calibrate.deployment.select_cells import CellSelection, require_cells, select_cells
 from dspark_calibrate.calibrate.deployment.uncertainty import OverheadEvidence, shift_model
 from dspark_calibrate.calibrate.deployment.workload import Workload, read_workload
+from dspark_calibrate.calibrate.measurement.dwell import describe_dwell, dwell_from_json, dwell_option
 from dspark_calibrate.errors import ArtifactRejected, ConfigError, InvalidValueError
 from dspark_calibrate.runtime_plugin.planner import (
     DEFAULT_MIN_VERIFY_LEN,
@@ -871,14 +872,31 @@ def _replay_deployed(
 DWELL_TOLERANCE = 1.25
 
 
+def _near(a: float, b: float) -> bool:
+    return max(a / b, b / a) <= DWELL_TOLERANCE
+
+
+def _off_dwell(policy: Mapping[int, float], swept: Any) -> list[int]:
+    """The G whose policy dwell the sweep's (one value or one per G) missed by more than the
+    tolerance, or did not time at all."""
+    off = []
+    for g, d in sorted(policy.items()):
+        at = swept.get(g) if isinstance(swept, Mapping) else swept
+        if at is None or not _near(d, float(at)):
+            off.append(g)
+    return off
+
+
 def dwell_note(dwell: Mapping[str, Any], sweep_extra: Mapping[str, Any]) -> str | None:
     """A note when the sweep did not time its cells at the replayed policy's dwell (pure; ``dwell``
     from :func:`~.replay.policy_dwell`, ``sweep_extra`` the sweep's provenance ``extra``): at a
     power cap a compact saving moves with how long a policy stays on a cell (docs/sweep.md "The
-    policy's dwell"). None when the sweep measured at a dwell within :data:`DWELL_TOLERANCE` of it,
-    or the replay chose no step, or the sweep neither interleaved its cells nor ran at a power cap
-    (most of its samples carrying that throttle reason: off the cap the clock does not follow the
-    mix)."""
+    policy's dwell"). Each G the policy ran is compared with the sweep's dwell at that G (one for
+    every G, or its own). None when every G was measured within :data:`DWELL_TOLERANCE` of the
+    policy's, or the replay chose no step, or the sweep neither interleaved its cells nor ran at a
+    power cap (most of its samples carrying that throttle reason: off the cap the clock does not
+    follow the mix). The note names the ``--dwell`` to sweep at: the policy's overall dwell, and
+    each G's own where it is outside the tolerance of that."""
     steps = dwell.get("steps")
     if steps is None:
         return None
@@ -886,14 +904,16 @@ def dwell_note(dwell: Mapping[str, Any], sweep_extra: Mapping[str, Any]) -> str 
     capped = float((sweep_extra.get("throttle") or {}).get("power_capped_share") or 0.0)
     if not mix.get("measured") and mix.get("dwell") is None and capped < 0.5:
         return None
-    measured = mix.get("dwell")
-    if measured is not None and max(steps / measured, measured / steps) <= DWELL_TOLERANCE:
-        return None
-    per_g = ", ".join(
-        f"G{g} {d:.2g}" for g, d in sorted(dwell.get("per_g", {}).items(), key=lambda x: int(x[0]))
-    )
-    if measured is not None:
-        how = f"the sweep timed its cells in runs of {measured:g} steps (--dwell)"
+    policy = {int(g): float(d) for g, d in (dwell.get("per_g") or {}).items()}
+    swept = dwell_from_json(mix.get("dwell"))
+    if swept is not None:
+        off = _off_dwell(policy, swept)
+        if not off:
+            return None
+        how = (
+            f"the sweep timed its cells in runs of {describe_dwell(mix['dwell'])} (--dwell), "
+            f"more than {DWELL_TOLERANCE - 1:.0%} off at G={off}"
+        )
     elif mix.get("measured"):
         how = (
             "the sweep timed half its rounds switching cells every step and half in runs of four "
@@ -901,10 +921,12 @@ def dwell_note(dwell: Mapping[str, Any], sweep_extra: Mapping[str, Any]) -> str 
         )
     else:
         how = "the sweep timed each cell alone, at its own clock"
+    per_g = ", ".join(f"G{g} {d:.2g}" for g, d in sorted(policy.items()))
+    flag = dwell_option(steps, {g: d for g, d in policy.items() if not _near(d, steps)})
     return (
         f"policy dwell: the replayed policy stays {steps:.2g} steps on a cell ({per_g}); {how}. At a "
         f"power cap a compact saving moves with the dwell (docs/sweep.md): sweep --interleave --dwell "
-        f"{steps:.2g} measures at it"
+        f"{flag} measures at it"
     )
 
 

@@ -45,8 +45,8 @@ step) and runs of steps (one that stays a while), each laid out in balanced bloc
 (:func:`~.order.interleaved_steps`). :func:`mix_term` gives each
 design's median and paired saving, :func:`widen_for_mix` stretches the intervals to hold both;
 the points are the paired estimates over all rounds, half of each design. ``--dwell`` instead
-times every visit in runs of the policy's own mean length (:func:`stay_for_dwell`; docs/sweep.md
-"The policy's dwell").
+times every visit in runs of the policy's own mean length, one for every G or one per G
+(:mod:`.dwell`; docs/sweep.md "The policy's dwell").
 """
 
 from __future__ import annotations
@@ -61,7 +61,6 @@ from dspark_calibrate.calibrate.measurement.mixed import Cell
 from dspark_calibrate.calibrate.measurement.stats import CellSamples, CellSummary, paired_saving_interval
 
 __all__ = [
-    "MAX_DWELL",
     "MIX_STAYS",
     "MixTerm",
     "ProtocolTerm",
@@ -70,7 +69,6 @@ __all__ = [
     "mix_term",
     "protocol_term",
     "saving_at_native_clock",
-    "stay_for_dwell",
     "widen_for_clock",
     "widen_for_mix",
     "widen_for_order",
@@ -172,16 +170,6 @@ def widen_for_protocol(summary: CellSummary, term: ProtocolTerm) -> CellSummary:
 #: docstring): 0 (the cell switches every step) and 0.75 (runs drawn four steps long on average).
 MIX_STAYS: tuple[float, float] = (0.0, 0.75)
 
-
-#: The longest mean run ``--dwell`` accepts, in steps (a visit's timed steps per cell bound the
-#: runs it can hold anyway: docs/sweep.md "Interleaved visits").
-MAX_DWELL = 64.0
-
-
-def stay_for_dwell(dwell: float) -> float:
-    """The stay probability whose runs last ``dwell`` steps on average: ``1 − 1/dwell`` (a
-    geometric run; 1 switches every step)."""
-    return 1.0 - 1.0 / dwell
 
 
 def mix_arm(round_index: int) -> int:

@@ -61,6 +61,14 @@ from dspark_calibrate.calibrate.measurement.distributed import (
     SingleProcess,
     from_environment,
 )
+from dspark_calibrate.calibrate.measurement.dwell import (
+    Dwell,
+    check_dwell,
+    dwell_at,
+    dwell_from_json,
+    dwell_to_json,
+    stay_for_dwell,
+)
 from dspark_calibrate.calibrate.measurement.journal import Journal, read_journal
 from dspark_calibrate.calibrate.measurement.ladder import CellKind, CellSpec, plan_cells
 from dspark_calibrate.calibrate.measurement.mixed import Cell, MixedCellSpec
@@ -71,7 +79,6 @@ from dspark_calibrate.calibrate.measurement.order import (
     visit_order,
 )
 from dspark_calibrate.calibrate.measurement.protocol import (
-    MAX_DWELL,
     MIX_STAYS,
     MixTerm,
     ProtocolTerm,
@@ -80,7 +87,6 @@ from dspark_calibrate.calibrate.measurement.protocol import (
     mix_term,
     protocol_term,
     saving_at_native_clock,
-    stay_for_dwell,
     widen_for_clock,
     widen_for_mix,
     widen_for_order,
@@ -170,8 +176,9 @@ class SweepConfig:
         settle_s: with ``interleave``, seconds each visit runs its G's mix untimed before timing
             it (None: :data:`SETTLE_S`); a power-capped GPU's operating point follows the mix with
             a delay of seconds (docs/sweep.md "Interleaved visits").
-        dwell: with ``interleave``, the mean run (steps) a policy stays on one cell: every visit
-            lays its cells out in runs of that mean length (:func:`~.protocol.stay_for_dwell`).
+        dwell: with ``interleave``, the mean run (steps) a policy stays on one cell, one for
+            every G or one per G (:mod:`~.dwell`): every visit lays its cells out in runs of its
+            G's mean length (:func:`~.dwell.stay_for_dwell`).
             None: half the rounds switch every step and half run cells in runs
             (:data:`~.protocol.MIX_STAYS`), and the intervals hold both. At a power cap a saving
             moves with the dwell (docs/sweep.md "The policy's dwell").
@@ -190,11 +197,11 @@ class SweepConfig:
     order: Mapping[str, Any] | None = None
     interleave: bool = False
     settle_s: float | None = None
-    dwell: float | None = None
+    dwell: Dwell | None = None
 
     def __post_init__(self) -> None:
         check_settle(self.settle_s, interleave=self.interleave)
-        check_dwell(self.dwell, interleave=self.interleave)
+        check_dwell(self.dwell, interleave=self.interleave, ladder=self.ladder)
         if self.interleave and self.mixed is not None:
             raise ConfigError("--interleave alternates decode cells; a mixed sweep visits one step at a time")
         if self.order is not None and self.mixed is not None:
@@ -254,14 +261,14 @@ class SweepConfig:
         if self.settle_s is not None:  # and an interleaved sweep at the default settle
             out["settle_s"] = self.settle_s
         if self.dwell is not None:  # a sweep of both mix designs keeps its digest
-            out["dwell"] = self.dwell
+            out["dwell"] = dwell_to_json(self.dwell)
         return out
 
-    def visit_stay(self, round_index: int) -> float:
-        """The stay probability of an interleaved visit in round ``round_index``: the dwell's, or
-        the round's mix design's (:attr:`dwell`)."""
+    def visit_stay(self, round_index: int, g: int) -> float:
+        """The stay probability of an interleaved visit to ``g`` in round ``round_index``: its
+        dwell's, or the round's mix design's (:attr:`dwell`)."""
         if self.dwell is not None:
-            return stay_for_dwell(self.dwell)
+            return stay_for_dwell(dwell_at(self.dwell, g))
         return MIX_STAYS[mix_arm(round_index)]
 
     @property
@@ -612,8 +619,14 @@ class SweepResult:
         cell. ``measured`` is False for a sweep of one cell per visit."""
         if not self.config.interleave:
             return {"measured": False}
-        if self.config.dwell is not None:
-            return {"measured": False, "dwell": self.config.dwell, "stays": [self.config.visit_stay(0)]}
+        dwell = self.config.dwell
+        if dwell is not None:
+            stays = {str(g): self.config.visit_stay(0, g) for g in self.config.ladder}
+            return {
+                "measured": False,
+                "dwell": dwell_to_json(dwell),
+                "stays": sorted(set(stays.values())) if not isinstance(dwell, Mapping) else stays,
+            }
         largest, where = 0.0, None
         for c in self.cells:
             t = c.mix
@@ -1058,24 +1071,6 @@ def check_settle(settle_s: float | None, *, interleave: bool) -> None:
         raise ConfigError(f"--settle-s {settle_s!r} is not a number of seconds in 0..{MAX_SETTLE_S:g}")
 
 
-def check_dwell(dwell: float | None, *, interleave: bool) -> None:
-    """Refuse a dwell that is not a finite number of steps in ``1..MAX_DWELL``, or one given
-    without ``--interleave`` (the only visits that alternate cells).
-
-    Raises:
-        ConfigError: naming ``--dwell`` and the fix.
-    """
-    if dwell is None:
-        return
-    if not interleave:
-        raise ConfigError("--dwell sets how long an interleaved visit stays on a cell; add --interleave")
-    if not (math.isfinite(dwell) and 1.0 <= dwell <= MAX_DWELL):
-        raise ConfigError(
-            f"--dwell {dwell!r} is not a mean run of 1..{MAX_DWELL:g} steps (1 switches cells every step; "
-            "build reports the replayed policy's)"
-        )
-
-
 #: Steps of an interleaved sequence between two telemetry readings (and between two waits of the
 #: host for the device: the next chunk is queued before the one before it is waited for).
 _CHUNK_STEPS = 8
@@ -1176,7 +1171,7 @@ def resummarize(journal_path: Path, *, passes: bool) -> SweepResult:
             order=head.get("order"),
             interleave=bool(head.get("interleave")),
             settle_s=head.get("settle_s"),
-            dwell=head.get("dwell"),
+            dwell=dwell_from_json(head.get("dwell")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"{journal_path}: the journal's configuration is incomplete ({exc!r})") from exc
@@ -1355,7 +1350,7 @@ class _Harness:
         counts = [self._samples_wanted(c) for c in cells]
         # Every rank draws the same sequences: steps with collectives must match across ranks.
         rng = np.random.default_rng([self.config.seed, self.round, int(cells[0].key[0]), 0x1E])
-        stay = self.config.visit_stay(self.round)
+        stay = self.config.visit_stay(self.round, int(cells[0].key[0]))
         warm_order = interleaved_steps([rewarm] * len(cells), rng, stay=stay)
         order = interleaved_steps([n * th.replays_per_sample for n in counts], rng, stay=stay, balanced=True)
         self.comm.barrier()
@@ -2272,7 +2267,7 @@ class SweepRequest:
         interleave: visit a G's open cells in one step-by-step alternating sequence
             (:attr:`SweepConfig.interleave`).
         settle_s: an interleaved visit's untimed mix, seconds (:attr:`SweepConfig.settle_s`).
-        dwell: the policy's mean run on one cell, steps (:attr:`SweepConfig.dwell`).
+        dwell: the policy's mean run on one cell, steps, for every G or per G (:attr:`SweepConfig.dwell`).
     """
 
     backend: str
@@ -2302,7 +2297,7 @@ class SweepRequest:
     order: ServingOrder | None = None
     interleave: bool = False
     settle_s: float | None = None
-    dwell: float | None = None
+    dwell: Dwell | None = None
 
 
 IMPORT_BACKEND = "import-samples"
