@@ -24,6 +24,7 @@ from dspark_calibrate.calibrate.measurement.sweep import (
     SETTLE_S,
     SweepConfig,
     SweepResult,
+    resummarize,
     run_sweep,
 )
 from dspark_calibrate.calibrate.measurement.timing import HostTimer
@@ -120,6 +121,7 @@ class _SpyTimer:
     def __init__(self, inner: HostTimer) -> None:
         self._inner = inner
         self.calls: list[tuple[str, int]] = []
+        self.sequences: list[tuple[int, list[int]]] = []  # cells in a sequence, steps of each
 
     def now(self) -> float:
         return self._inner.now()
@@ -133,6 +135,7 @@ class _SpyTimer:
 
     def measure_sequence(self, steps: Any, order: Any, *, chunk: int, on_chunk: Any = None) -> list[float]:
         self.calls.append(("sequence", len(order)))
+        self.sequences.append((len(steps), [list(order).count(i) for i in range(len(steps))]))
         return self._inner.measure_sequence(steps, order, chunk=chunk, on_chunk=on_chunk)
 
 
@@ -159,12 +162,51 @@ def test_the_settle_is_queued_with_the_timed_steps_in_one_sequence(tmp_path: Pat
             sequences.append(n)
             firsts.append(captured)
             captured = 0
-    expected = []
-    for vs, first in zip(groups.values(), firsts, strict=True):
+    expected, seen = [], []
+    for vs, first, n in zip(groups.values(), firsts, sequences, strict=True):
+        if vs[0].get("fill"):
+            continue  # cells that stopped ran too (test_a_visit_keeps_its_gs_whole_mix)
         settle = sum(v["warmup"] for v in vs) - first * th.warmup_steps  # every cell's re-warm
         assert settle > 0
         expected.append(settle + sum(len(v["samples"]) for v in vs) * th.replays_per_sample)
-    assert sequences == expected
+        seen.append(n)
+    assert len(seen) >= 6 and seen == expected
+
+
+@pytest.mark.slow  # 0.5 s: over the fast tier's 0.3 s
+def test_a_visit_keeps_its_gs_whole_mix(tmp_path: Path) -> None:
+    """Once some of a G's cells have stopped, every visit to the G still runs all its cells, each
+    as many timed-sequence steps as a cell that measures (the mix of the design, not a lighter one
+    left by the cells that stopped); the stopped cells' times are dropped: they take no sample
+    after their decision, the journal names them (``fill``), and the journal summarises again to
+    the same cells."""
+    backend = SyntheticBackend(seed=3, **{**HEAVY, "noise_rel": 0.01})
+    staggered = Thresholds.quick(
+        recapture_every=2, epochs_required=2, samples_per_visit=3, precision_rel=0.01, max_samples_per_cell=60
+    )  # cells stop after 12 to 60 samples
+    config, _ = make_config(backend, thresholds=staggered, ladder=(2, 4), seed=3, interleave=True)
+    spy = _SpyTimer(backend.timer())
+    journal = tmp_path / "j.jsonl"
+    result = run_sweep(config, backend, journal_path=journal, timer=spy)
+    assert len({c.samples_taken for c in result.cells}) >= 4
+    per_g = {g: sum(1 for c in config.cells if c.key[0] == g) for g in (2, 4)}
+    visits = [r for r in read_journal(journal).records if r["type"] == "visit"]
+    groups: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for v in visits:
+        groups.setdefault((v["round"], v["g"]), []).append(v)
+    assert len(spy.sequences) == len(groups)
+    filled = 0
+    for ((_, g), vs), (cells, steps) in zip(groups.items(), spy.sequences, strict=True):
+        assert cells == per_g[g] and len(set(steps)) == 1, (g, steps)
+        fill = vs[0].get("fill") or []
+        assert all(v.get("fill", []) == fill for v in vs) and len(vs) + len(fill) == per_g[g]
+        assert not {tuple(k) for k in fill} & {(v["g"], v["v"]) for v in vs}
+        filled += bool(fill)
+    assert filled >= 3, "some visits ran cells that had stopped"
+    for cell in result.cells:  # a filled cell took no sample after its decision
+        last = max(v["round"] for v in visits if (v["g"], v["v"]) == cell.spec.key)
+        assert all(list(cell.spec.key) not in (v.get("fill") or []) or v["round"] > last for v in visits)
+    assert resummarize(journal, passes=False).cells == result.cells
 
 
 def test_a_timer_that_cannot_time_sequences_is_refused_before_anything_runs() -> None:
@@ -377,7 +419,7 @@ def test_the_power_capped_preset_sets_the_held_out_design(tmp_path: Path) -> Non
     res = CliRunner().invoke(build_calibrate_app(), [*base, "--out", str(out)])
     assert res.exit_code == 0, res.output
     config = _journal_config(out)
-    assert config["interleave"] == 3 and config["settle_s"] == 0.75
+    assert config["interleave"] == 4 and config["settle_s"] == 0.75
     th = config["thresholds"]
     assert (th["samples_per_visit"], th["recapture_every"]) == (6, 6)
     assert (th["max_samples_per_cell"], th["precision_rel"]) == (24, 0.05)  # given: they win

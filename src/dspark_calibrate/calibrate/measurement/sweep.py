@@ -1043,8 +1043,9 @@ def _with_checks(
 #: The version of the interleaved visit's design, in the configuration (so in its digest): 2 queues
 #: the settle and the timed steps as one sequence (no idle gap between them); 3 times a balanced
 #: sequence (:func:`~.order.interleaved_steps` with ``balanced``: blocks, run forward then
-#: backward); a journal of an earlier design is not resumed under this one.
-INTERLEAVE_DESIGN = 3
+#: backward); 4 keeps a G's whole mix in every visit (a cell that has stopped still runs, its times
+#: dropped, :meth:`_Harness._mix_fill`); a journal of an earlier design is not resumed under this one.
+INTERLEAVE_DESIGN = 4
 #: Seconds an interleaved visit runs its G's mix untimed before it times it by default (at least
 #: the sweep's re-warm). On an H200 at its power cap a heavy G entered after a lighter one ran 3%
 #: fast for 0.2 s and 0.3-0.6% for the next 0.8 s (benchmarks/settling_curve.py): such GPUs want
@@ -1341,31 +1342,53 @@ class _Harness:
         A cell's sample is the mean of its next ``replays`` steps of the sequence, its telemetry
         the first reading taken after the last of them; every sample's previous cell is the one
         visited before the group (the carry-over the group as a whole inherits).
+        The G's cells that have stopped run in the sequence as well, as many steps as a cell that
+        measures, their times dropped (:meth:`_mix_fill`; the records name them, ``fill``): every
+        visit keeps the G's whole mix, so the cells still measuring are timed at the clock of the
+        design's mix, not of a lighter or heavier one left by the cells that stopped (on an H200 at
+        its cap, G=64's cells ran at 1860-1875 MHz with two of its four cells left against 1815 with
+        all four, and a compact saving 0.3-0.4 pp lower). The visit's time is charged to the cells
+        that measure.
         """
         th = self.config.thresholds
         epoch = self.epoch(self.round)
-        firsts = [self._needs_capture(c, epoch) for c in cells]
-        rewarm = self._settle_steps(cells)
+        fill = self._mix_fill(cells)
+        group = [*cells, *fill]
+        firsts = [self._needs_capture(c, epoch) for c in group]
+        rewarm = self._settle_steps(group)
         warms = [th.warmup_steps + rewarm if f else rewarm for f in firsts]
         counts = [self._samples_wanted(c) for c in cells]
+        counts += [max(counts)] * (len(group) - len(cells))
         # Every rank draws the same sequences: steps with collectives must match across ranks.
         rng = np.random.default_rng([self.config.seed, self.round, int(cells[0].key[0]), 0x1E])
         stay = self.config.visit_stay(self.round, int(cells[0].key[0]))
-        warm_order = interleaved_steps([rewarm] * len(cells), rng, stay=stay)
+        warm_order = interleaved_steps([rewarm] * len(group), rng, stay=stay)
         order = interleaved_steps([n * th.replays_per_sample for n in counts], rng, stay=stay, balanced=True)
         self.comm.barrier()
         t0 = self.timer.now()
-        measured, failure = self._measure_group(cells, epoch, firsts, counts, warm_order, order)
+        measured, failure = self._measure_group(group, epoch, firsts, counts, warm_order, order)
         seconds = self.timer.now() - t0
-        timed = [sum(m.times) * th.replays_per_sample for m in measured]
+        timed = [sum(m.times) * th.replays_per_sample for m in measured[: len(cells)]]
         share = [t / sum(timed) if sum(timed) > 0 else 1.0 / len(cells) for t in timed]
         previous = self.last_cell
         records = [
             self._record(c, m, failure, seconds=seconds * w, warm=warm, epoch=epoch, previous=previous)
-            for c, m, w, warm in zip(cells, measured, share, warms, strict=True)
+            for c, m, w, warm in zip(cells, measured[: len(cells)], share, warms[: len(cells)], strict=True)
         ]
-        self.last_cell = cells[order[-1]] if order else cells[-1]
+        for record in records if fill else ():
+            record["fill"] = [list(c.key) for c in fill]  # the journal says which cells kept the mix
+        self.last_cell = group[order[-1]] if order else group[-1]
         self._write(records, sync=False)
+
+    def _mix_fill(self, cells: Sequence[Cell]) -> list[Cell]:
+        """The cells of ``cells``' G that no longer measure (decided), which an interleaved visit
+        runs untimed beside them so that the G's mix stays the design's (:meth:`_visit_group`)."""
+        g = int(cells[0].key[0])
+        return [
+            c
+            for c in self.config.cells
+            if int(c.key[0]) == g and c not in cells and self.states[c].decision is not None
+        ]
 
     def _settle_steps(self, cells: Sequence[Cell]) -> int:
         """Re-warm replays of each cell before an interleaved visit's timed sequence: the sweep's
