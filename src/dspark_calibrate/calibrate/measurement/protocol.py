@@ -171,7 +171,6 @@ def widen_for_protocol(summary: CellSummary, term: ProtocolTerm) -> CellSummary:
 MIX_STAYS: tuple[float, float] = (0.0, 0.75)
 
 
-
 def mix_arm(round_index: int) -> int:
     """The design (index into :data:`MIX_STAYS`) an interleaved sweep's round uses."""
     return round_index % len(MIX_STAYS)
