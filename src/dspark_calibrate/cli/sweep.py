@@ -216,13 +216,10 @@ def _pct(x: float) -> str:
     return f"{100 * x:.2f}%"
 
 
-#: A paired shift between processes of this size was measured on an H200 at its power cap
-#: (docs/sweep.md): a design that cannot resolve it says so.
-RESOLVE_TARGET_REL = 0.004
-
-
 def _between_line(between: Any, confidence: float) -> str:
     """The paired between-run estimate as measured: never a bare 0 where the design could not see it."""
+    from dspark_calibrate.calibrate.measurement.stats import RESOLVE_TARGET_REL
+
     if not between.estimated:
         return (
             "between-run: fewer than two epochs, nothing estimated (paired savings carry no between-run "
@@ -236,8 +233,14 @@ def _between_line(between: Any, confidence: float) -> str:
             worst = max(by_g, key=lambda g: g.resolvable)
             resolve += (
                 f" pooled over every G (each G alone {_pct(min(g.resolvable for g in by_g))}-"
-                f"{_pct(worst.resolvable)}, {worst.native.split('/')[0]} the least)"
+                f"{_pct(worst.resolvable)}, {worst.native.split('/')[0]} the least"
             )
+            if worst.resolvable > RESOLVE_TARGET_REL:
+                resolve += (
+                    f"; {_pct(RESOLVE_TARGET_REL)} at {worst.native.split('/')[0]} needs "
+                    + (f"{worst.epochs_factor}x its epochs" if worst.epochs_factor else "over 64x its epochs")
+                )
+            resolve += ")"
         if between.resolvable_shift_rel > RESOLVE_TARGET_REL:
             resolve += (
                 f", not the {_pct(RESOLVE_TARGET_REL)} an H200 at its power cap has shown: add passes (--passes 4) "

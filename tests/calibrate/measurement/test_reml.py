@@ -12,6 +12,7 @@ import pytest
 
 from dspark_calibrate.calibrate.measurement.reml import (
     EMPTY,
+    MAX_EPOCHS_FACTOR,
     VarianceComponent,
     design_effect,
     reml_component,
@@ -151,6 +152,41 @@ def test_a_quiet_series_resolves_more_than_a_noisy_one() -> None:
     noisy = reml_component(_series_of(rng, [0.015] * 6, 9, 6, 0.0)).resolvable
     both = reml_component(_series_of(rng, [0.001] * 6 + [0.015] * 6, 9, 6, 0.0)).resolvable
     assert both < 1.1 * quiet < noisy / 5, (quiet, noisy, both)
+
+
+@pytest.mark.slow  # 1 s: forty designs
+@pytest.mark.parametrize("target", [0.003, 0.004])
+def test_the_epochs_a_design_needs_are_what_a_design_that_long_resolves(target: float) -> None:
+    """One G's three correlated series, 4 epochs of 6 rounds at a heavy G's round noise: the design
+    resolves more than ``target``, and says how many times its epochs it needs. Designs drawn with
+    that many epochs resolve ``target`` (their stated resolvable σ at most 10% above it, median over
+    draws), and with one fewer multiple they do not (at least 5% above it)."""
+    taus, epochs, rounds, design = (0.006, 0.012, 0.02), 4, 6, 1.5
+    rng = np.random.default_rng(11)
+    short = reml_component(_series_of(rng, taus, epochs, rounds, 0.0), design=design, target=target)
+    k = short.epochs_factor
+    assert short.resolvable > target and k is not None and k > 1
+
+    def resolvable(times: int) -> float:
+        fits = [
+            reml_component(_series_of(rng, taus, epochs * times, rounds, 0.0), design=design).resolvable
+            for _ in range(20)
+        ]
+        return float(np.median(fits))
+
+    assert resolvable(k) <= 1.1 * target and resolvable(k - 1) >= 1.05 * target, (k, target)
+
+
+def test_a_design_that_resolves_the_target_needs_its_own_epochs_once() -> None:
+    rng = np.random.default_rng(4)
+    series = _series(rng, sigma=0.0)
+    fit = reml_component(series, target=0.004)
+    assert fit.resolvable <= 0.004 and fit.epochs_factor == 1
+    assert reml_component(series, target=1e-6).epochs_factor is None  # past ×MAX_EPOCHS_FACTOR
+    assert reml_component(series).epochs_factor is None and MAX_EPOCHS_FACTOR == 64
+    # A larger target never needs more epochs.
+    factors = [reml_component(series, target=t).epochs_factor for t in (0.001, 0.0015, 0.002)]
+    assert all(f is not None for f in factors) and factors == sorted(factors, reverse=True) and factors[0] > 2
 
 
 def test_more_epochs_resolve_smaller_shifts() -> None:

@@ -354,6 +354,15 @@ def test_the_summary_names_the_g_whose_own_paired_sd_is_carried() -> None:
     line = _between_line(replace(base, paired_groups=(light, heavy)), 0.95)
     assert "per G above the pool: G256 0.50% (carries 1.20%)" in line and "G8 " not in line
     assert "per G" not in _between_line(replace(base, paired_groups=(light,)), 0.95)
+    # The least-resolved G says how many times its epochs would resolve 0.4%.
+    resolving = replace(base, resolvable_shift_rel=0.001)
+    needs = replace(heavy, resolvable=0.0077, epochs_factor=4)
+    line = _between_line(replace(resolving, paired_groups=(replace(light, resolvable=0.002), needs)), 0.95)
+    assert "each G alone 0.20%-0.77%, G256 the least; 0.40% at G256 needs 4x its epochs)" in line
+    far = replace(needs, epochs_factor=None)
+    assert "needs over 64x its epochs" in _between_line(replace(resolving, paired_groups=(far,)), 0.95)
+    within = replace(needs, resolvable=0.003)
+    assert "needs" not in _between_line(replace(resolving, paired_groups=(within,)), 0.95)
     # A cell takes its own group's estimate and the larger upper value; a native cell the pool's.
     between = replace(base, paired_groups=(light, heavy))
     compact = CellSpec(256, 512, 5)

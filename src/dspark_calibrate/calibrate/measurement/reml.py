@@ -46,7 +46,7 @@ import numpy as np
 from scipy.optimize import brentq, minimize_scalar
 from scipy.stats import chi2
 
-__all__ = ["CLIP_SDS", "VarianceComponent", "design_effect", "reml_component"]
+__all__ = ["CLIP_SDS", "MAX_EPOCHS_FACTOR", "VarianceComponent", "design_effect", "reml_component"]
 
 #: Bounds of log(τ²/c) (c: the pooled within variance) and of σ²/c for the optimiser.
 _LOG_TAU_BOUNDS = (-25.0, 25.0)
@@ -69,6 +69,9 @@ class VarianceComponent:
         between_df: Σ (epochs − 1) over those series.
         within_df: Σ (rounds − epochs) over those series.
         confidence: the interval's level.
+        epochs_factor: with a ``target`` σ, how many times its epochs the design needs (each as
+            many rounds and as noisy as its own) to resolve it: 1 where it already does, None
+            without a target or a series, or past :data:`MAX_EPOCHS_FACTOR` (:func:`_epochs_factor`).
     """
 
     estimate: float
@@ -79,6 +82,7 @@ class VarianceComponent:
     between_df: int
     within_df: int
     confidence: float
+    epochs_factor: int | None = None
 
     @property
     def resolvable_or_none(self) -> float | None:
@@ -298,6 +302,44 @@ def _resolvable(d: _Design, cut: float) -> float:
     return math.sqrt(float(brentq(short, 0.0, hi, xtol=1e-6 * hi)) * d.scale)
 
 
+#: The most times its epochs :func:`_epochs_factor` projects a design to (beyond it, None).
+MAX_EPOCHS_FACTOR = 64
+
+
+def _tiled(d: _Design, k: int) -> _Design:
+    """``d`` with every series' epochs ``k`` times over: as many rounds per epoch, the same round
+    noise (so the within sums of squares and their degrees of freedom ``k`` times)."""
+    return _Design(
+        means=np.tile(d.means, (1, k)),
+        counts=np.tile(d.counts, (1, k)),
+        mask=np.tile(d.mask, (1, k)),
+        within=d.within * k,
+        within_df=d.within_df * k,
+        scale=d.scale,
+    )
+
+
+def _epochs_factor(d: _Design, target: float, cut: float) -> int | None:
+    """The fewest times its epochs (:func:`_tiled`) at which ``d`` resolves σ = ``target`` (its
+    expected-data ratio reaches ``cut``, as :func:`_resolvable` asks); None past
+    :data:`MAX_EPOCHS_FACTOR`. The ratio grows with the epochs, so a bisection finds it."""
+    x = target**2 / d.scale
+
+    def resolves(k: int) -> bool:
+        return float(np.sum(_expected_lr(x, _tiled(d, k)))) >= cut
+
+    if not resolves(MAX_EPOCHS_FACTOR):
+        return None
+    low, high = 0, MAX_EPOCHS_FACTOR  # resolves(high); not known at low
+    while high - low > 1:
+        mid = (low + high) // 2
+        if resolves(mid):
+            high = mid
+        else:
+            low = mid
+    return high
+
+
 def design_effect(cluster_sizes: Sequence[int], correlation: float) -> float:
     """The variance inflation of a pooled sum of squares over series that come in clusters whose
     members are equicorrelated: ``1 + (m − 1)·ρ²`` per series of a cluster of m, averaged."""
@@ -313,6 +355,7 @@ def reml_component(
     confidence: float = 0.95,
     design: float = 1.0,
     bounds: tuple[bool, bool] = (True, True),
+    target: float | None = None,
 ) -> VarianceComponent:
     """Estimate the between-epoch SD σ shared by ``series``, with its profile-likelihood interval.
 
@@ -325,6 +368,7 @@ def reml_component(
             quantile bounds it (a Rao-Scott correction); the estimate itself is unaffected.
         bounds: which ends of the interval to find (lower, upper); an end not asked for is NaN
             (each end costs a root search over the profile).
+        target: a σ to project the design to (``epochs_factor``); None: no projection.
 
     Returns:
         The component; :data:`EMPTY` when no series counts.
@@ -360,4 +404,5 @@ def reml_component(
         between_df=int(np.sum(epochs - 1)),
         within_df=int(d.within_df.sum()),
         confidence=confidence,
+        epochs_factor=None if target is None else _epochs_factor(d, target, cut),
     )

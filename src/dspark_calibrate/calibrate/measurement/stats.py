@@ -69,6 +69,7 @@ from dspark_calibrate.errors import ConfigError, InvalidValueError
 __all__ = [
     "FALLBACK_BETWEEN_RUN_REL",
     "FORCED_K_PRECISION_SHARE",
+    "RESOLVE_TARGET_REL",
     "BetweenRun",
     "CellProgress",
     "CellSamples",
@@ -417,6 +418,9 @@ class GroupPaired:
         df: between-epoch degrees of freedom behind it.
         series: the group's cells that contributed.
         resolvable: the smallest σ_d the group's own design resolves (None: none it could).
+        epochs_factor: how many times its epochs the group's design needs to resolve
+            :data:`RESOLVE_TARGET_REL` (1: it does; None: past ×64), each epoch as its own
+            (:func:`~.reml.reml_component`'s projection).
     """
 
     native: str
@@ -426,6 +430,7 @@ class GroupPaired:
     df: int
     series: int
     resolvable: float | None = None
+    epochs_factor: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -849,6 +854,10 @@ def round_log_medians(cells: Mapping[Cell, CellSamples]) -> dict[Cell, dict[int,
 #: Correlation of two cells' log-ratios to their shared native cell when every cell shifts alike
 #: between epochs (Var(u_c − u_n) = 2σ², Cov(u_c − u_n, u_c' − u_n) = σ²).
 PAIRED_CORRELATION = 0.5
+#: The paired shift a sweep's design should resolve: one between processes of this size was
+#: measured on an H200 at its power cap (docs/sweep.md); each G's group states how many times its
+#: epochs it would need (:attr:`GroupPaired.epochs_factor`).
+RESOLVE_TARGET_REL = 0.004
 
 
 def estimate_between_run(
@@ -897,11 +906,23 @@ def estimate_between_run(
     groups = []
     for native in dict.fromkeys(c.native for c in compared):
         mine = [r for c, r in zip(compared, ratios, strict=True) if c.native == native]
-        g = reml_component(mine, confidence=confidence, design=design_effect([len(mine)], PAIRED_CORRELATION))
+        g = reml_component(
+            mine,
+            confidence=confidence,
+            design=design_effect([len(mine)], PAIRED_CORRELATION),
+            target=RESOLVE_TARGET_REL,
+        )
         if g.series:
             groups.append(
                 GroupPaired(
-                    native.label(), g.estimate, g.low, g.high, g.between_df, g.series, g.resolvable_or_none
+                    native.label(),
+                    g.estimate,
+                    g.low,
+                    g.high,
+                    g.between_df,
+                    g.series,
+                    g.resolvable_or_none,
+                    g.epochs_factor,
                 )
             )
     return BetweenRun(
