@@ -860,6 +860,37 @@ PAIRED_CORRELATION = 0.5
 RESOLVE_TARGET_REL = 0.004
 
 
+def _paired_groups(
+    compared: Sequence[Cell], ratios: Sequence[tuple[dict[int, float], Mapping[int, int]]], confidence: float
+) -> tuple[GroupPaired, ...]:
+    """σ_d of each G alone from its cells' round log-ratios (``ratios``, one per cell of
+    ``compared``), with the resolvable shift and the epochs it would need for
+    :data:`RESOLVE_TARGET_REL`; a G with no series that counts is left out."""
+    groups = []
+    for native in dict.fromkeys(c.native for c in compared):
+        mine = [r for c, r in zip(compared, ratios, strict=True) if c.native == native]
+        g = reml_component(
+            mine,
+            confidence=confidence,
+            design=design_effect([len(mine)], PAIRED_CORRELATION),
+            target=RESOLVE_TARGET_REL,
+        )
+        if g.series:
+            groups.append(
+                GroupPaired(
+                    native.label(),
+                    g.estimate,
+                    g.low,
+                    g.high,
+                    g.between_df,
+                    g.series,
+                    g.resolvable_or_none,
+                    g.epochs_factor,
+                )
+            )
+    return tuple(groups)
+
+
 def estimate_between_run(
     cells: Mapping[Cell, CellSamples], *, confidence: float = 0.95, epochs_are_processes: bool = False
 ) -> BetweenRun:
@@ -903,28 +934,7 @@ def estimate_between_run(
     # correlate at 1/2, and their pooled sum of squares carries fewer independent pieces.
     per_g = [sum(1 for c in compared if c.native == n) for n in {c.native for c in compared}]
     paired = reml_component(ratios, confidence=confidence, design=design_effect(per_g, PAIRED_CORRELATION))
-    groups = []
-    for native in dict.fromkeys(c.native for c in compared):
-        mine = [r for c, r in zip(compared, ratios, strict=True) if c.native == native]
-        g = reml_component(
-            mine,
-            confidence=confidence,
-            design=design_effect([len(mine)], PAIRED_CORRELATION),
-            target=RESOLVE_TARGET_REL,
-        )
-        if g.series:
-            groups.append(
-                GroupPaired(
-                    native.label(),
-                    g.estimate,
-                    g.low,
-                    g.high,
-                    g.between_df,
-                    g.series,
-                    g.resolvable_or_none,
-                    g.epochs_factor,
-                )
-            )
+    groups = _paired_groups(compared, ratios, confidence)
     return BetweenRun(
         epochs=len(epochs),
         cells=len(multi),
@@ -942,7 +952,7 @@ def estimate_between_run(
         resolvable_shift_rel=paired.resolvable_or_none,
         level_resolvable_rel=level.resolvable_or_none,
         epochs_are_processes=epochs_are_processes,
-        paired_groups=tuple(groups),
+        paired_groups=groups,
     )
 
 
