@@ -218,6 +218,7 @@ def _pct(x: float) -> str:
 
 def _between_line(between: Any, confidence: float) -> str:
     """The paired between-run estimate as measured: never a bare 0 where the design could not see it."""
+    from dspark_calibrate.calibrate.measurement.reml import MAX_EPOCHS_FACTOR
     from dspark_calibrate.calibrate.measurement.stats import RESOLVE_TARGET_REL
 
     if not between.estimated:
@@ -238,7 +239,7 @@ def _between_line(between: Any, confidence: float) -> str:
             if worst.resolvable > RESOLVE_TARGET_REL:
                 resolve += (
                     f"; {_pct(RESOLVE_TARGET_REL)} at {worst.native.split('/')[0]} needs "
-                    + (f"{worst.epochs_factor}x its epochs" if worst.epochs_factor else "over 64x its epochs")
+                    + (f"{worst.epochs_factor}x its epochs" if worst.epochs_factor else f"over {MAX_EPOCHS_FACTOR}x its epochs")
                 )
             resolve += ")"
         if between.resolvable_shift_rel > RESOLVE_TARGET_REL:

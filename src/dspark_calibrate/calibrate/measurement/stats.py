@@ -419,7 +419,7 @@ class GroupPaired:
         series: the group's cells that contributed.
         resolvable: the smallest σ_d the group's own design resolves (None: none it could).
         epochs_factor: how many times its epochs the group's design needs to resolve
-            :data:`RESOLVE_TARGET_REL` (1: it does; None: past ×64), each epoch as its own
+            :data:`RESOLVE_TARGET_REL` (1: it does; None: past :data:`~.reml.MAX_EPOCHS_FACTOR`), each epoch as its own
             (:func:`~.reml.reml_component`'s projection).
     """
 
