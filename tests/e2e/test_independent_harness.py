@@ -400,3 +400,76 @@ def test_bad_harness_stays_are_refused_before_the_sweep(
     with pytest.raises(SystemExit) as exit_:
         ih.main(["job", "--tiny", "--out", "/nonexistent/never-written", "--harness-stays", stays])
     assert exit_.value.code == 2 and "--harness-stays" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recapture", [False, True])
+def test_a_recapturing_harness_captures_each_g_again_before_each_block(
+    recapture: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the real reference backend (CPU): capturing once builds each of the 8 tiny cells once;
+    re-capturing builds a G's cells again before each of its blocks (two per G), each after its
+    release, and the result says which it did."""
+    from dspark_calibrate.calibrate.measurement.backends.reference import ReferenceBackend
+
+    built: list[CellSpec] = []
+    released: list[CellSpec] = []
+    prepare, release = ReferenceBackend.prepare, ReferenceBackend.release
+
+    def counting_prepare(self: ReferenceBackend, cell: CellSpec) -> Any:
+        built.append(cell)
+        return prepare(self, cell)
+
+    def counting_release(self: ReferenceBackend, cell: CellSpec) -> None:
+        released.append(cell)
+        release(self, cell)
+
+    monkeypatch.setattr(ReferenceBackend, "prepare", counting_prepare)
+    monkeypatch.setattr(ReferenceBackend, "release", counting_release)
+    mode = ih.with_budget(ih.TINY, None, 12)
+    result = ih.run_harness(mode, recapture=recapture)
+    cells = mode.cells()
+    per_cell = {c: built.count(c) for c in cells}
+    assert per_cell == {c: 1 + (mode.blocks if recapture else 0) for c in cells}
+    assert sorted(released) == (sorted(cells * mode.blocks) if recapture else [])
+    assert result["recapture"] is recapture
+    assert all(len(c["saving_per_block"]) == mode.blocks for c in result["cells"])
+
+
+def test_an_unknown_recapture_is_refused_before_the_sweep(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="harness-recapture"):
+        ih.run_job(ih.TINY, tmp_path, sys.stderr, tmp_path / "work", recapture="sometimes")
+    assert not (tmp_path / "work").exists()
+
+
+def test_recapture_both_is_a_job_option_only(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="needs the job"):
+        ih.main(["harness", "--tiny", "--out", str(tmp_path), "--harness-recapture", "both"])
+
+
+@pytest.mark.slow
+def test_the_tiny_job_compares_with_both_harnesses(tmp_path: Path) -> None:
+    """``--harness-recapture both``: the capture-once harness comes back beside the re-capturing one,
+    the comparison is against the re-capturing one and also states the other's, and how far the
+    two harnesses are apart."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "independent_harness.py"), "job", "--tiny", "--out", str(out),
+         "--work", str(work), "--harness-recapture", "both", "--harness-blocks", "3"],
+        capture_output=True, text=True, timeout=600, check=False,
+        env={**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert (out / "independent_capture_once.json").exists()
+    once = json.loads((out / "independent_capture_once.json").read_text())
+    block = json.loads((out / "independent.json").read_text())
+    assert once["recapture"] is False and block["recapture"] is True
+    assert all(len(c["saving_per_block"]) == 3 for c in block["cells"])
+    result = json.loads((out / "sweep_efficiency.json").read_text())["independent"]
+    assert result["harness_layouts"] == ih.harness_agreement(once, block)
+    against = result["against_capture_once"]
+    assert set(against["meets"]) == set(ih.TARGETS)
+    assert against == {
+        k: v for k, v in ih.compare_files(work / "sweep", out / "independent_capture_once.json").items()
+        if k in against
+    }
