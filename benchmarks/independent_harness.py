@@ -56,12 +56,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -408,6 +410,7 @@ def run_harness(
     process_state: str = "sweep",
     stays: Sequence[float] = (STAY,),
     recapture: bool = False,
+    capture_seed: int | None = None,
 ) -> dict[str, Any]:
     """Capture every cell once, then time each G's alternating sequences (module docstring), in
     ``process_state`` (:data:`PROCESS_STATES`; it decides only a process's first build).
@@ -418,7 +421,10 @@ def run_harness(
 
     ``recapture``: before each of a G's blocks, release that G's cells and capture them again in
     a random order (:func:`recapture_group`), so the result averages as many capture layouts per G
-    as it has blocks, where capturing once times one."""
+    as it has blocks, where capturing once times one.
+
+    ``capture_seed``: the process captures its cells first in an order drawn from it, not in the
+    ladder's order (:func:`first_capture_order`)."""
     import torch
 
     from dspark_calibrate.calibrate.measurement import resources
@@ -435,7 +441,7 @@ def run_harness(
     nvml = _Nvml(cuda)
     t0 = time.perf_counter()
     by_g = {g: [c for c in cells if c.graph_batch_size == g] for g in ladder}
-    steps = {c: backend.prepare(c) for c in cells}
+    steps = {c: backend.prepare(c) for c in first_capture_order(cells, capture_seed)}
     warm_steps(steps.values(), cuda)
     rng = np.random.default_rng(seed)
     blocks: list[_Block] = []
@@ -470,7 +476,59 @@ def run_harness(
     result["steps"] = [
         {"g": b.g, "stay": b.stay, "cells": b.cells, "ms": [round(x, 5) for x in b.ms]} for b in blocks
     ]
-    return {**result, "process_state": process_state, "stays": list(stays), "recapture": recapture}
+    return {
+        **result,
+        "process_state": process_state,
+        "stays": list(stays),
+        "recapture": recapture,
+        "capture_seed": capture_seed,
+    }
+
+
+def first_capture_order(cells: Sequence[CellSpec], capture_seed: int | None) -> list[CellSpec]:
+    """The order a harness process captures its cells in first: the ladder's where ``capture_seed``
+    is None, else a permutation drawn from it.
+
+    A process places each cell's buffers and graph memory as it first captures them, and keeps
+    that placement when it captures again (the allocator hands the same blocks back), so a cell's
+    step time carries a component fixed for the process's life (:mod:`~dspark_calibrate.calibrate.
+    measurement.passes`: about 0.5 pp per saving on an H200). In the ladder's order every process
+    draws the same one, and the harness repeats itself across jobs while timing one placement; a
+    seeded order draws another placement per process."""
+    if capture_seed is None:
+        return list(cells)
+    order = np.random.default_rng([capture_seed, 0x0D]).permutation(len(cells))
+    return [cells[int(i)] for i in order]
+
+
+def harness_in_processes(
+    mode: Mode,
+    processes: int,
+    *,
+    process_state: str = "sweep",
+    stays: Sequence[float] = (STAY,),
+    recapture: bool = False,
+) -> list[dict[str, Any]]:
+    """:func:`run_harness` ``processes`` times, each in a fresh process (spawned, one run each),
+    process ``i`` capturing first in the order of capture seed ``i`` and drawing its sequences from
+    seed ``7 + i``: the placements of ``processes`` processes, not one (:func:`first_capture_order`)."""
+    if processes < 1:
+        raise SystemExit(f"--harness-processes must be >= 1, not {processes}")
+    context = multiprocessing.get_context("spawn")
+    runs = []
+    with ProcessPoolExecutor(max_workers=1, mp_context=context, max_tasks_per_child=1) as pool:
+        for i in range(processes):
+            job = pool.submit(
+                run_harness,
+                mode,
+                seed=7 + i,
+                process_state=process_state,
+                stays=stays,
+                recapture=recapture,
+                capture_seed=i,
+            )
+            runs.append(job.result())
+    return runs
 
 
 def recapture_group(
@@ -583,22 +641,50 @@ def summarize_harness(
 # --- the comparison ---------------------------------------------------------------------------------
 
 
-def pooled_harness(first: Mapping[str, Any], second: Mapping[str, Any]) -> dict[str, Any]:
-    """Two runs of this harness as one (pure): per cell the mean of the two medians and of the two
-    savings (each run's own estimate carries its run's noise; their mean half its variance)."""
-    two = {(c["graph_batch_size"], c["verifier_budget"]): c for c in second["cells"]}
+def pooled_harness(first: Mapping[str, Any], *others: Mapping[str, Any]) -> dict[str, Any]:
+    """Several runs of this harness as one (pure): per cell the mean of the runs' medians and of
+    their savings (each run's own estimate carries its run's noise and, run in its own process,
+    its process's placement; the mean of n has 1/n of their variance), and every run's per-block
+    savings. Cells missing from any run are left out."""
+    runs = [first, *others]
+    by_run = [{(c["graph_batch_size"], c["verifier_budget"]): c for c in r["cells"]} for r in runs]
     cells = []
     for c in first["cells"]:
-        o = two.get((c["graph_batch_size"], c["verifier_budget"]))
-        if o is not None:
-            cells.append(
-                {
-                    **c,
-                    "median_ms": (c["median_ms"] + o["median_ms"]) / 2,
-                    "saving": (c["saving"] + o["saving"]) / 2,
-                }
-            )
-    return {**first, "cells": cells, "pooled_runs": 2}
+        key = (c["graph_batch_size"], c["verifier_budget"])
+        mine = [b[key] for b in by_run if key in b]
+        if len(mine) < len(runs):
+            continue
+        cells.append(
+            {
+                **c,
+                "median_ms": float(np.mean([m["median_ms"] for m in mine])),
+                "saving": float(np.mean([m["saving"] for m in mine])),
+                "saving_per_block": [x for m in mine for x in m.get("saving_per_block", [])],
+                "saving_per_run": [m["saving"] for m in mine],
+            }
+        )
+    return {**first, "cells": cells, "pooled_runs": len(runs)}
+
+
+def process_spread(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """How far this harness's runs in separate processes are apart (pure): per compact cell the SD
+    of their savings (pp), and the median and largest of those SDs; what one process's saving
+    carries of its placement (with its own noise) where the runs captured in different orders."""
+    pooled = pooled_harness(*runs)
+    sds = {
+        f"G{c['graph_batch_size']}/V{c['verifier_budget']}": float(
+            np.std([_pp(x) for x in c["saving_per_run"]], ddof=1)
+        )
+        for c in pooled["cells"]
+        if c["kind"] == CellKind.COMPACT.value and len(runs) > 1
+    }
+    return {
+        "processes": len(runs),
+        "capture_seeds": [r.get("capture_seed") for r in runs],
+        "saving_sd_pp": sds,
+        "saving_sd_median_pp": float(np.median(list(sds.values()))) if sds else None,
+        "saving_sd_max_pp": max(sds.values(), default=None),
+    }
 
 
 def harness_agreement(first: Mapping[str, Any], second: Mapping[str, Any]) -> dict[str, Any]:
@@ -820,6 +906,7 @@ def run_job(
     process_state: str = "sweep",
     stays: Sequence[float] = (STAY,),
     recapture: str = "never",
+    processes: int = 1,
 ) -> int:
     """Sweep, harness, comparison; see the module docstring. The sweep's files go to ``work``
     (outside ``out``: a lent machine returns few files) and come back in one archive. Returns 0,
@@ -828,9 +915,17 @@ def run_job(
     ``recapture`` (:data:`RECAPTURE`): ``never`` captures the harness's cells once, ``block``
     again before each of a G's blocks (:func:`recapture_group`), ``both`` runs the two harnesses
     one after the other: the comparison is against the re-capturing one, ``against_capture_once``
-    against the other, and ``harness_layouts`` says how far the two are apart."""
+    against the other, and ``harness_layouts`` says how far the two are apart.
+
+    ``processes`` > 1 runs the harness that many times, each in its own process capturing first
+    in its own order (:func:`harness_in_processes`): ``independent.json`` is their pool, each run
+    is in ``independent_process_<i>.json`` and ``harness_processes`` says how far they are apart."""
     if recapture not in RECAPTURE:
         raise SystemExit(f"--harness-recapture {recapture!r} is unknown; use one of {RECAPTURE}")
+    if processes < 1 or (processes > 1 and recapture == "both"):
+        raise SystemExit(
+            f"--harness-processes {processes} needs to be >= 1, and 1 with --harness-recapture both"
+        )
     sweep_dir = work / "sweep"
     sweep_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -849,7 +944,18 @@ def run_job(
         once = run_harness(mode, process_state=process_state, stays=stays)
         (out / "independent_capture_once.json").write_text(json.dumps(once, indent=2, sort_keys=True) + "\n")
         print(f"capture-once harness done after {time.perf_counter() - started:.0f} s", file=log, flush=True)
-    harness = run_harness(mode, process_state=process_state, stays=stays, recapture=recapture != "never")
+    spread = None
+    if processes > 1:
+        runs = harness_in_processes(
+            mode, processes, process_state=process_state, stays=stays, recapture=recapture != "never"
+        )
+        for i, run in enumerate(runs):
+            (out / f"independent_process_{i}.json").write_text(
+                json.dumps(run, indent=2, sort_keys=True) + "\n"
+            )
+        harness, spread = pooled_harness(*runs), process_spread(runs)
+    else:
+        harness = run_harness(mode, process_state=process_state, stays=stays, recapture=recapture != "never")
     (out / "independent.json").write_text(json.dumps(harness, indent=2, sort_keys=True) + "\n")
     print(f"harness done after {time.perf_counter() - started:.0f} s", file=log, flush=True)
     agreement = None
@@ -864,6 +970,8 @@ def run_job(
     else:
         result = {"gpu": harness["gpu"], "error": f"the sweep wrote no summary (rc={rc}); see job_log.txt"}
         status = 1
+    if spread is not None:
+        result["harness_processes"] = spread
     if once is not None:
         result["harness_layouts"] = harness_agreement(once, harness)
         if (sweep_dir / "adaptive.parquet").exists():
@@ -899,6 +1007,7 @@ def run_job(
             "meets",
             "harness_repeat",
             "harness_layouts",
+            "harness_processes",
             "job_wall_s",
         )
     }
@@ -977,6 +1086,13 @@ def main(argv: list[str] | None = None) -> int:
             type=int,
             default=None,
             help="sequences per G (default 3); with --harness-recapture, the layouts each G averages",
+        )
+        p.add_argument(
+            "--harness-processes",
+            type=int,
+            default=1,
+            help="run the harness this many times, each in its own process capturing first in its own "
+            "order, and compare with their pool (default 1: one process, the ladder's order)",
         )
         p.add_argument("--sweep-seed", type=int, default=None, help="job: the sweep's --seed (default 1)")
         p.add_argument(
@@ -1064,12 +1180,14 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(
                 "--harness-recapture both needs the job (it compares two harnesses with one sweep)"
             )
-        result = run_harness(
+        runs = harness_in_processes(
             mode,
+            args.harness_processes,
             process_state=args.harness_process_state,
             stays=args.harness_stays,
             recapture=args.harness_recapture == "block",
         )
+        result = pooled_harness(*runs) if len(runs) > 1 else runs[0]
         (args.out / "independent.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
         return 0
     work = args.work or Path(tempfile.mkdtemp(prefix="independent-"))
@@ -1083,6 +1201,7 @@ def main(argv: list[str] | None = None) -> int:
             process_state=args.harness_process_state,
             stays=args.harness_stays,
             recapture=args.harness_recapture,
+            processes=args.harness_processes,
         )
 
 
