@@ -57,6 +57,7 @@ import argparse
 import json
 import math
 import multiprocessing
+import os
 import subprocess
 import sys
 import tarfile
@@ -482,6 +483,7 @@ def run_harness(
         "stays": list(stays),
         "recapture": recapture,
         "capture_seed": capture_seed,
+        "pid": os.getpid(),
     }
 
 

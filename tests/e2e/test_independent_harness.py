@@ -470,6 +470,79 @@ def test_the_tiny_job_compares_with_both_harnesses(tmp_path: Path) -> None:
     against = result["against_capture_once"]
     assert set(against["meets"]) == set(ih.TARGETS)
     assert against == {
-        k: v for k, v in ih.compare_files(work / "sweep", out / "independent_capture_once.json").items()
+        k: v
+        for k, v in ih.compare_files(work / "sweep", out / "independent_capture_once.json").items()
         if k in against
     }
+
+
+def test_the_first_capture_order_is_the_ladders_or_a_seeded_permutation() -> None:
+    cells = ih.FULL.cells()
+    assert ih.first_capture_order(cells, None) == cells
+    one, again, other = (ih.first_capture_order(cells, s) for s in (1, 1, 2))
+    assert sorted(one) == sorted(cells) and one == again
+    assert one != cells and one != other
+
+
+def test_several_harness_runs_pool_into_one_reference() -> None:
+    """Three runs: each cell's median and saving are the runs' means, every run's saving and
+    per-block savings are kept, and a cell one run lacks is left out."""
+    runs = []
+    for offset, error in ((0.0, 0.0), (0.01, 0.002), (0.02, 0.007)):
+        _, harness = _case(offset, {8: error})
+        for c in harness["cells"]:
+            c["saving_per_block"] = [c["saving"], c["saving"]]
+        runs.append(harness)
+    runs[2]["cells"] = [c for c in runs[2]["cells"] if c["verifier_budget"] != 96]  # G16's control
+    pooled = ih.pooled_harness(*runs)
+    assert pooled["pooled_runs"] == 3 and len(pooled["cells"]) == 5
+    compact = next(c for c in pooled["cells"] if (c["graph_batch_size"], c["verifier_budget"]) == (8, 16))
+    assert compact["saving_per_run"] == pytest.approx([0.10, 0.098, 0.093])
+    assert compact["saving"] == pytest.approx(np.mean([0.10, 0.098, 0.093]))
+    medians = [next(c["median_ms"] for c in r["cells"] if c["verifier_budget"] == 16) for r in runs]
+    assert compact["median_ms"] == pytest.approx(np.mean(medians))
+    assert len(compact["saving_per_block"]) == 6
+
+
+def test_the_process_spread_is_the_sd_of_each_compact_saving_over_processes() -> None:
+    runs = [_case(0.0, {8: e, 16: 0.0})[1] for e in (0.0, 0.004, 0.008)]
+    spread = ih.process_spread(runs)
+    assert spread["processes"] == 3
+    assert spread["saving_sd_pp"]["G8/V16"] == pytest.approx(0.4)
+    assert spread["saving_sd_pp"]["G16/V32"] == pytest.approx(0.0)
+    assert spread["saving_sd_max_pp"] == pytest.approx(0.4)
+    assert spread["saving_sd_median_pp"] == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize(("processes", "recapture"), [(0, "never"), (-1, "never"), (2, "both")])
+def test_bad_harness_processes_are_refused_before_the_sweep(
+    tmp_path: Path, processes: int, recapture: str
+) -> None:
+    with pytest.raises(SystemExit, match="harness-processes"):
+        ih.run_job(ih.TINY, tmp_path, sys.stderr, tmp_path / "work", recapture=recapture, processes=processes)
+    assert not (tmp_path / "work").exists()
+
+
+@pytest.mark.slow
+def test_the_tiny_job_pools_harnesses_run_in_separate_processes(tmp_path: Path) -> None:
+    """``--harness-processes 2``: two runs come back, each from its own process (another pid) with its
+    own capture seed, ``independent.json`` is their pool and the comparison is against it."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "independent_harness.py"), "job", "--tiny", "--out", str(out),
+         "--work", str(work), "--harness-processes", "2", "--harness-blocks", "2"],
+        capture_output=True, text=True, timeout=600, check=False,
+        env={**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    runs = [json.loads((out / f"independent_process_{i}.json").read_text()) for i in (0, 1)]
+    assert [r["capture_seed"] for r in runs] == [0, 1]
+    assert len({r["pid"] for r in runs} | {os.getpid()}) == 3
+    pooled = json.loads((out / "independent.json").read_text())
+    assert pooled == json.loads(json.dumps(ih.pooled_harness(*runs)))
+    result = json.loads((out / "sweep_efficiency.json").read_text())["independent"]
+    assert result["harness_processes"] == json.loads(json.dumps(ih.process_spread(runs)))
+    assert (
+        result["saving_diff_max_pp"]
+        == ih.compare_files(work / "sweep", out / "independent.json")["saving_diff_max_pp"]
+    )
