@@ -921,7 +921,7 @@ def run_job(
 
     ``processes`` > 1 runs the harness that many times, each in its own process capturing first
     in its own order (:func:`harness_in_processes`): ``independent.json`` is their pool, each run
-    is in ``independent_process_<i>.json`` and ``harness_processes`` says how far they are apart."""
+    is in ``independent_processes.json`` (``runs``; a lent machine returns at most eight files) and ``harness_processes`` says how far they are apart."""
     if recapture not in RECAPTURE:
         raise SystemExit(f"--harness-recapture {recapture!r} is unknown; use one of {RECAPTURE}")
     if processes < 1 or (processes > 1 and recapture == "both"):
@@ -951,10 +951,10 @@ def run_job(
         runs = harness_in_processes(
             mode, processes, process_state=process_state, stays=stays, recapture=recapture != "never"
         )
-        for i, run in enumerate(runs):
-            (out / f"independent_process_{i}.json").write_text(
-                json.dumps(run, indent=2, sort_keys=True) + "\n"
-            )
+        # One file for every run: a lent machine returns at most eight files.
+        (out / "independent_processes.json").write_text(
+            json.dumps({"runs": runs}, indent=2, sort_keys=True) + "\n"
+        )
         harness, spread = pooled_harness(*runs), process_spread(runs)
     else:
         harness = run_harness(mode, process_state=process_state, stays=stays, recapture=recapture != "never")

@@ -535,7 +535,10 @@ def test_the_tiny_job_pools_harnesses_run_in_separate_processes(tmp_path: Path) 
         env={**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}, cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 0, (done.stdout, done.stderr)
-    runs = [json.loads((out / f"independent_process_{i}.json").read_text()) for i in (0, 1)]
+    assert {p.name for p in out.iterdir()} == {
+        "sweep_efficiency.json", "independent.json", "independent_processes.json", "job_log.txt", "independent_work.tgz"
+    }  # fmt: skip
+    runs = json.loads((out / "independent_processes.json").read_text())["runs"]
     assert [r["capture_seed"] for r in runs] == [0, 1]
     assert len({r["pid"] for r in runs} | {os.getpid()}) == 3
     pooled = json.loads((out / "independent.json").read_text())
