@@ -47,6 +47,14 @@ first GPU work is the step's build runs differently (on an H200, G=8 2.1-2.3% fa
 compact savings 0.4-1.0 pp higher; ``benchmarks/layout_probe.py``), and no reference-backend sweep is in that
 state; ``--harness-process-state first-build`` times it.
 
+A process fixes part of each cell's time when it first captures (where the cells' memory lands;
+:func:`first_capture_order`): this harness, capturing in the ladder's order, repeats its savings
+across jobs to about 0.1 pp while timing one such draw. ``--harness-processes N`` runs it in N
+fresh processes, each capturing first in its own seeded order, and compares with their pool (on an
+H200 a saving moved by up to 0.59 pp between processes); ``--harness-recapture block`` captures a
+G's cells again before each of its blocks inside one process (at most 0.25 pp), ``both`` runs
+that beside the capture-once harness in one job.
+
 ``--tiny`` runs all of it on the CPU with the ``tiny`` config in well under a minute (the test of
 the pipeline); CUDA events become host-clock timings there.
 """
