@@ -47,13 +47,13 @@ first GPU work is the step's build runs differently (on an H200, G=8 2.1-2.3% fa
 compact savings 0.4-1.0 pp higher; ``benchmarks/layout_probe.py``), and no reference-backend sweep is in that
 state; ``--harness-process-state first-build`` times it.
 
-A process fixes part of each cell's time when it first captures (where the cells' memory lands;
-:func:`first_capture_order`): this harness, capturing in the ladder's order, repeats its savings
-across jobs to about 0.1 pp while timing one such draw. ``--harness-processes N`` runs it in N
-fresh processes, each capturing first in its own seeded order, and compares with their pool (on an
-H200 a saving moved by up to 0.59 pp between processes); ``--harness-recapture block`` captures a
-G's cells again before each of its blocks inside one process (at most 0.25 pp), ``both`` runs
-that beside the capture-once harness in one job.
+A process fixes part of each cell's time for its life (:func:`first_capture_order`): this
+harness, capturing in the ladder's order, repeats its savings across jobs to about 0.1 pp while
+timing one such draw. ``--harness-processes N`` runs it in N fresh processes, each capturing first
+in its own seeded order, and compares with their pool (on an H200 a saving moved by up to 0.59 pp
+between processes); ``--harness-recapture block`` captures a G's cells again before each of its
+blocks inside one process (at most 0.25 pp), ``both`` runs that beside the capture-once harness in
+one job.
 
 ``--tiny`` runs all of it on the CPU with the ``tiny`` config in well under a minute (the test of
 the pipeline); CUDA events become host-clock timings there.
@@ -429,8 +429,7 @@ def run_harness(
     and the same drift. The result's cells are those of the first stay; ``by_stay`` holds each.
 
     ``recapture``: before each of a G's blocks, release that G's cells and capture them again in
-    a random order (:func:`recapture_group`), so the result averages as many capture layouts per G
-    as it has blocks, where capturing once times one.
+    a random order (:func:`recapture_group`), so each block times its own captures.
 
     ``capture_seed``: the process captures its cells first in an order drawn from it, not in the
     ladder's order (:func:`first_capture_order`)."""
@@ -499,12 +498,13 @@ def first_capture_order(cells: Sequence[CellSpec], capture_seed: int | None) -> 
     """The order a harness process captures its cells in first: the ladder's where ``capture_seed``
     is None, else a permutation drawn from it.
 
-    A process places each cell's buffers and graph memory as it first captures them, and keeps
-    that placement when it captures again (the allocator hands the same blocks back), so a cell's
-    step time carries a component fixed for the process's life (:mod:`~dspark_calibrate.calibrate.
-    measurement.passes`: about 0.5 pp per saving on an H200). In the ladder's order every process
-    draws the same one, and the harness repeats itself across jobs while timing one placement; a
-    seeded order draws another placement per process."""
+    A cell's step time carries a component fixed for a process's life (:mod:`~dspark_calibrate.
+    calibrate.measurement.passes`: about 0.5 pp per saving between two sweep processes on an H200);
+    capturing again inside the process does not draw it anew (run 24: at most 0.25 pp), a process
+    capturing in another order does (run 25: up to 0.59 pp). Where the cells' memory lands is the
+    likely carrier, not a proven one. In the ladder's order every process draws the same component,
+    and the harness repeats itself across jobs while timing one draw; a seeded order draws another
+    per process."""
     if capture_seed is None:
         return list(cells)
     order = np.random.default_rng([capture_seed, 0x0D]).permutation(len(cells))
@@ -545,13 +545,11 @@ def recapture_group(
     backend: Any, steps: dict[CellSpec, Any], cells: Sequence[CellSpec], rng: np.random.Generator, cuda: bool
 ) -> None:
     """Release ``cells``, capture them again in an order drawn from ``rng`` and warm them (``steps``
-    updated in place): the next block times a new layout.
+    updated in place): the next block times new captures, as a sweep's epoch does.
 
-    Why (``--harness-recapture``): capturing every cell once, in one fixed order, gives the same
-    memory layout in every job, so the harness repeats its savings to about 0.1 pp across jobs
-    while timing one layout only. A serving fleet runs as many layouts as it has processes, and
-    the sweep captures again every epoch; on an H200 G=64's savings moved 0.4-1.0 pp with the
-    process's first build alone (``layout_probe.py``)."""
+    ``--harness-recapture`` asks whether that draws what a new process draws: on an H200 it moved
+    the harness's savings by at most 0.25 pp (run 24), where processes capturing in their own
+    orders moved them by up to 0.59 pp (run 25; :func:`first_capture_order`)."""
     for cell in cells:
         backend.release(cell)
         del steps[cell]
@@ -1089,13 +1087,13 @@ def main(argv: list[str] | None = None) -> int:
             choices=RECAPTURE,
             default="never",
             help="never: capture every cell once (default); block: capture a G's cells again before each "
-            "of its blocks, a new layout each; both (job): the two harnesses, compared against the second",
+            "of its blocks; both (job): the two harnesses, compared against the second",
         )
         p.add_argument(
             "--harness-blocks",
             type=int,
             default=None,
-            help="sequences per G (default 3); with --harness-recapture, the layouts each G averages",
+            help="sequences per G (default 3); with --harness-recapture block, the captures each G averages",
         )
         p.add_argument(
             "--harness-processes",
@@ -1190,14 +1188,20 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(
                 "--harness-recapture both needs the job (it compares two harnesses with one sweep)"
             )
-        runs = harness_in_processes(
-            mode,
-            args.harness_processes,
-            process_state=args.harness_process_state,
-            stays=args.harness_stays,
-            recapture=args.harness_recapture == "block",
-        )
-        result = pooled_harness(*runs) if len(runs) > 1 else runs[0]
+        recapture = args.harness_recapture == "block"
+        if args.harness_processes == 1:  # in this process, in the ladder's order, as always
+            result = run_harness(
+                mode, process_state=args.harness_process_state, stays=args.harness_stays, recapture=recapture
+            )
+        else:
+            runs = harness_in_processes(
+                mode,
+                args.harness_processes,
+                process_state=args.harness_process_state,
+                stays=args.harness_stays,
+                recapture=recapture,
+            )
+            result = pooled_harness(*runs)
         (args.out / "independent.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
         return 0
     work = args.work or Path(tempfile.mkdtemp(prefix="independent-"))

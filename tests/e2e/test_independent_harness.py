@@ -549,3 +549,12 @@ def test_the_tiny_job_pools_harnesses_run_in_separate_processes(tmp_path: Path) 
         result["saving_diff_max_pp"]
         == ih.compare_files(work / "sweep", out / "independent.json")["saving_diff_max_pp"]
     )
+
+
+@pytest.mark.slow
+def test_the_harness_alone_runs_in_this_process_in_the_ladders_order(tmp_path: Path) -> None:
+    """``harness`` without ``--harness-processes`` times the step as it always did: here, capturing
+    in the ladder's order."""
+    assert ih.main(["harness", "--tiny", "--out", str(tmp_path), "--harness-blocks", "1"]) == 0
+    result = json.loads((tmp_path / "independent.json").read_text())
+    assert result["capture_seed"] is None and result["pid"] == os.getpid() and not result["recapture"]
