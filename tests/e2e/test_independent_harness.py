@@ -426,7 +426,7 @@ def test_a_recapturing_harness_captures_each_g_again_before_each_block(
 
     monkeypatch.setattr(ReferenceBackend, "prepare", counting_prepare)
     monkeypatch.setattr(ReferenceBackend, "release", counting_release)
-    mode = ih.with_budget(ih.TINY, None, 12)
+    mode = ih.TINY
     result = ih.run_harness(mode, recapture=recapture)
     cells = mode.cells()
     per_cell = {c: built.count(c) for c in cells}
