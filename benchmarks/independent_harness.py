@@ -934,6 +934,8 @@ def run_job(
         raise SystemExit(
             f"--harness-processes {processes} needs to be >= 1, and 1 with --harness-recapture both"
         )
+    if repeat and processes > 1:  # a repeat in this process would be pooled with the processes' pool
+        raise SystemExit("--harness-repeat runs one more harness process; use --harness-processes alone")
     sweep_dir = work / "sweep"
     sweep_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()

@@ -281,22 +281,25 @@ def test_each_mix_designs_savings_are_compared_with_the_harness() -> None:
     assert ih.by_mix_design(cells, {}) is None  # a sweep of one cell per visit
 
 
+def _tiny_job(tmp_path: Path, *options: str) -> tuple[Path, Path]:
+    """Run the one-call job in its tiny CPU mode as a lent machine would (a subprocess from the
+    repository root) with ``options``; fail with its output unless it exits 0. Returns (out, work)."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "independent_harness.py"), "job", "--tiny",
+         "--out", str(out), "--work", str(work), *options],
+        capture_output=True, text=True, timeout=600, check=False,
+        env={**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    return out, work
+
+
 @pytest.mark.slow
 def test_the_tiny_job_runs_end_to_end(tmp_path: Path) -> None:
     """The one-call GPU job on the CPU: sweep (two passes), harness, comparison, and only the four
     files that come back from a lent machine under ``--out``."""
-    out, work = tmp_path / "out", tmp_path / "work"
-    script = ROOT / "benchmarks" / "independent_harness.py"
-    done = subprocess.run(
-        [sys.executable, str(script), "job", "--tiny", "--out", str(out), "--work", str(work)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env={**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"},
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, (done.stdout, done.stderr)
+    out, work = _tiny_job(tmp_path)
     assert {p.name for p in out.iterdir()} == {
         "sweep_efficiency.json",
         "independent.json",
@@ -452,14 +455,7 @@ def test_the_tiny_job_compares_with_both_harnesses(tmp_path: Path) -> None:
     """``--harness-recapture both``: the capture-once harness comes back beside the re-capturing one,
     the comparison is against the re-capturing one and also states the other's, and how far the
     two harnesses are apart."""
-    out, work = tmp_path / "out", tmp_path / "work"
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "independent_harness.py"), "job", "--tiny", "--out", str(out),
-         "--work", str(work), "--harness-recapture", "both", "--harness-blocks", "3"],
-        capture_output=True, text=True, timeout=600, check=False,
-        env={**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}, cwd=ROOT,
-    )  # fmt: skip
-    assert done.returncode == 0, (done.stdout, done.stderr)
+    out, work = _tiny_job(tmp_path, "--harness-recapture", "both", "--harness-blocks", "3")
     assert (out / "independent_capture_once.json").exists()
     once = json.loads((out / "independent_capture_once.json").read_text())
     block = json.loads((out / "independent.json").read_text())
@@ -523,18 +519,17 @@ def test_bad_harness_processes_are_refused_before_the_sweep(
     assert not (tmp_path / "work").exists()
 
 
+def test_a_repeat_beside_harness_processes_is_refused_before_the_sweep(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="harness-processes alone"):
+        ih.run_job(ih.TINY, tmp_path, sys.stderr, tmp_path / "work", repeat=True, processes=2)
+    assert not (tmp_path / "work").exists()
+
+
 @pytest.mark.slow
 def test_the_tiny_job_pools_harnesses_run_in_separate_processes(tmp_path: Path) -> None:
     """``--harness-processes 2``: two runs come back, each from its own process (another pid) with its
     own capture seed, ``independent.json`` is their pool and the comparison is against it."""
-    out, work = tmp_path / "out", tmp_path / "work"
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "independent_harness.py"), "job", "--tiny", "--out", str(out),
-         "--work", str(work), "--harness-processes", "2", "--harness-blocks", "2"],
-        capture_output=True, text=True, timeout=600, check=False,
-        env={**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}, cwd=ROOT,
-    )  # fmt: skip
-    assert done.returncode == 0, (done.stdout, done.stderr)
+    out, work = _tiny_job(tmp_path, "--harness-processes", "2", "--harness-blocks", "2")
     assert {p.name for p in out.iterdir()} == {
         "sweep_efficiency.json", "independent.json", "independent_processes.json", "job_log.txt", "independent_work.tgz"
     }  # fmt: skip
