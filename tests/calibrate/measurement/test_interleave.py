@@ -20,6 +20,7 @@ from dspark_calibrate.calibrate.measurement.order import interleaved_steps
 from dspark_calibrate.calibrate.measurement.protocol import mix_arm, within_visit_drift
 from dspark_calibrate.calibrate.measurement.stats import Thresholds
 from dspark_calibrate.calibrate.measurement.sweep import (
+    INTERLEAVE_DESIGN,
     MAX_SETTLE_S,
     SETTLE_S,
     SweepConfig,
@@ -177,35 +178,48 @@ def test_the_settle_is_queued_with_the_timed_steps_in_one_sequence(tmp_path: Pat
 def test_a_visit_keeps_its_gs_whole_mix(tmp_path: Path) -> None:
     """Once some of a G's cells have stopped, every visit to the G still runs all its cells, each
     as many timed-sequence steps as a cell that measures (the mix of the design, not a lighter one
-    left by the cells that stopped); the stopped cells' times are dropped: they take no sample
-    after their decision, the journal names them (``fill``), and the journal summarises again to
-    the same cells."""
+    left by the cells that stopped). The journal names them (``fill``); their times are kept as
+    their samples (own records, ``stopped``, after their stop round, charged no seconds), so every
+    cell of a G ends with the samples of every round its G ran; the journal summarises again to the
+    same cells."""
     backend = SyntheticBackend(seed=3, **{**HEAVY, "noise_rel": 0.01})
     staggered = Thresholds.quick(
         recapture_every=2, epochs_required=2, samples_per_visit=3, precision_rel=0.01, max_samples_per_cell=60
-    )  # cells stop after 12 to 60 samples
+    )  # cells decide after 12 to 60 samples
     config, _ = make_config(backend, thresholds=staggered, ladder=(2, 4), seed=3, interleave=True)
     spy = _SpyTimer(backend.timer())
     journal = tmp_path / "j.jsonl"
     result = run_sweep(config, backend, journal_path=journal, timer=spy)
-    assert len({c.samples_taken for c in result.cells}) >= 4
+    records = read_journal(journal).records
+    stopped_at = {(r["g"], r["v"]): r["round"] for r in records if r["type"] == "stop"}
+    assert len(set(stopped_at.values())) >= 3, "cells decided at different rounds"
     per_g = {g: sum(1 for c in config.cells if c.key[0] == g) for g in (2, 4)}
-    visits = [r for r in read_journal(journal).records if r["type"] == "visit"]
+    visits = [r for r in records if r["type"] == "visit"]
     groups: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for v in visits:
         groups.setdefault((v["round"], v["g"]), []).append(v)
     assert len(spy.sequences) == len(groups)
     filled = 0
-    for ((_, g), vs), (cells, steps) in zip(groups.items(), spy.sequences, strict=True):
-        assert cells == per_g[g] and len(set(steps)) == 1, (g, steps)
-        fill = vs[0].get("fill") or []
-        assert all(v.get("fill", []) == fill for v in vs) and len(vs) + len(fill) == per_g[g]
-        assert not {tuple(k) for k in fill} & {(v["g"], v["v"]) for v in vs}
+    for ((rnd, g), vs), (cells, steps) in zip(groups.items(), spy.sequences, strict=True):
+        assert cells == per_g[g] == len(vs) and len(set(steps)) == 1, (g, steps)
+        assert len({len(v["samples"]) for v in vs}) == 1  # every cell timed alike
+        measuring = [v for v in vs if not v.get("stopped")]
+        stopped = [v for v in vs if v.get("stopped")]
+        fill = measuring[0].get("fill") or []
+        assert all(v.get("fill", []) == fill for v in measuring)
+        assert sorted(tuple(k) for k in fill) == sorted((v["g"], v["v"]) for v in stopped)
+        for v in stopped:  # a cell is fill only after its decision, and costs nothing
+            assert rnd > stopped_at[(v["g"], v["v"])] and v["seconds"] == 0.0
+        for v in measuring:
+            assert (v["g"], v["v"]) not in stopped_at or rnd <= stopped_at[(v["g"], v["v"])]
         filled += bool(fill)
     assert filled >= 3, "some visits ran cells that had stopped"
-    for cell in result.cells:  # a filled cell took no sample after its decision
-        last = max(v["round"] for v in visits if (v["g"], v["v"]) == cell.spec.key)
-        assert all(list(cell.spec.key) not in (v.get("fill") or []) or v["round"] > last for v in visits)
+    for g in (2, 4):  # every cell of a G holds the samples of every round its G ran
+        cells = [c for c in result.cells if c.spec.key[0] == g]
+        assert len({c.samples_taken for c in cells}) == 1
+        assert cells[0].samples_taken == sum(len(vs[0]["samples"]) for (_, gg), vs in groups.items() if gg == g)
+    reasons = {(r["g"], r["v"]): r["reason"] for r in records if r["type"] == "stop"}
+    assert {c.spec.key: c.decision.reason for c in result.cells} == reasons  # the decisions stand
     assert resummarize(journal, passes=False).cells == result.cells
 
 
@@ -419,7 +433,7 @@ def test_the_power_capped_preset_sets_the_held_out_design(tmp_path: Path) -> Non
     res = CliRunner().invoke(build_calibrate_app(), [*base, "--out", str(out)])
     assert res.exit_code == 0, res.output
     config = _journal_config(out)
-    assert config["interleave"] == 4 and config["settle_s"] == 0.75
+    assert config["interleave"] == INTERLEAVE_DESIGN == 5 and config["settle_s"] == 0.75
     th = config["thresholds"]
     assert (th["samples_per_visit"], th["recapture_every"]) == (6, 6)
     assert (th["max_samples_per_cell"], th["precision_rel"]) == (24, 0.05)  # given: they win

@@ -1044,8 +1044,10 @@ def _with_checks(
 #: the settle and the timed steps as one sequence (no idle gap between them); 3 times a balanced
 #: sequence (:func:`~.order.interleaved_steps` with ``balanced``: blocks, run forward then
 #: backward); 4 keeps a G's whole mix in every visit (a cell that has stopped still runs, its times
-#: dropped, :meth:`_Harness._mix_fill`); a journal of an earlier design is not resumed under this one.
-INTERLEAVE_DESIGN = 4
+#: dropped, :meth:`_Harness._mix_fill`); 5 keeps those times as the stopped cell's samples (its steps
+#: run in the mix all the same, so they cost nothing); a journal of an earlier design is not resumed
+#: under this one.
+INTERLEAVE_DESIGN = 5
 #: Seconds an interleaved visit runs its G's mix untimed before it times it by default (at least
 #: the sweep's re-warm). On an H200 at its power cap a heavy G entered after a lighter one ran 3%
 #: fast for 0.2 s and 0.3-0.6% for the next 0.8 s (benchmarks/settling_curve.py): such GPUs want
@@ -1343,12 +1345,17 @@ class _Harness:
         the first reading taken after the last of them; every sample's previous cell is the one
         visited before the group (the carry-over the group as a whole inherits).
         The G's cells that have stopped run in the sequence as well, as many steps as a cell that
-        measures, their times dropped (:meth:`_mix_fill`; the records name them, ``fill``): every
-        visit keeps the G's whole mix, so the cells still measuring are timed at the clock of the
-        design's mix, not of a lighter or heavier one left by the cells that stopped (on an H200 at
-        its cap, G=64's cells ran at 1860-1875 MHz with two of its four cells left against 1815 with
-        all four, and a compact saving 0.3-0.4 pp lower). The visit's time is charged to the cells
-        that measure.
+        measures (:meth:`_mix_fill`; the records name them, ``fill``): every visit keeps the G's
+        whole mix, so the cells still measuring are timed at the clock of the design's mix, not of a
+        lighter or heavier one left by the cells that stopped (on an H200 at its cap, G=64's cells
+        ran at 1860-1875 MHz with two of its four cells left against 1815 with all four, and a
+        compact saving 0.3-0.4 pp lower). The visit's time is charged to the cells that measure.
+        A stopped cell's steps are timed like the others' and kept as its samples (its own record,
+        ``stopped``, charged no seconds): its decision only said it needs no more, and steps it runs
+        anyway pair with its native in the same rounds. A control cell reaches its precision in a
+        few rounds while its G measures on for its compact cells (on an H200, G=128's control
+        stopped after 7 of its native's 76 rounds), and its saving is the bias check of those
+        rounds: kept, its point rests on every round its G ran (design 5).
         """
         th = self.config.thresholds
         epoch = self.epoch(self.round)
@@ -1377,12 +1384,16 @@ class _Harness:
         ]
         for record in records if fill else ():
             record["fill"] = [list(c.key) for c in fill]  # the journal says which cells kept the mix
+        for c, m, warm in zip(fill, measured[len(cells) :], warms[len(cells) :], strict=True):
+            record = self._record(c, m, failure, seconds=0.0, warm=warm, epoch=epoch, previous=previous)
+            records.append({**record, "stopped": True})
         self.last_cell = group[order[-1]] if order else group[-1]
         self._write(records, sync=False)
 
     def _mix_fill(self, cells: Sequence[Cell]) -> list[Cell]:
         """The cells of ``cells``' G that no longer measure (decided), which an interleaved visit
-        runs untimed beside them so that the G's mix stays the design's (:meth:`_visit_group`)."""
+        runs beside them so that the G's mix stays the design's, its times kept as samples
+        (:meth:`_visit_group`)."""
         g = int(cells[0].key[0])
         return [
             c
