@@ -199,6 +199,19 @@ DwellOption = Annotated[
         show_default=False,
     ),
 ]
+ResolveOption = Annotated[
+    float | None,
+    typer.Option(
+        "--resolve",
+        help="With --interleave: keep each G measuring (all its cells timed) until its own cells "
+        "resolve a between-run shift of this size (0.004 = 0.4%), or the budget ends; the summary "
+        "states what each G resolves and how many times its epochs it would need. Off by default: a G "
+        "stops when its cells reach --precision. Costs time at the heavy G (2-4x their epochs on an "
+        "H200 at its cap); see docs/sweep.md.",
+        metavar="REL",
+        show_default=False,
+    ),
+]
 WorkloadOption = Annotated[
     Path | None,
     typer.Option(
@@ -444,6 +457,7 @@ class SweepOptions:
     interleave: bool | None
     settle_s: float | None
     dwell: str | None
+    resolve: float | None
     workload: Path | None
     preset: str
     precision: float | None

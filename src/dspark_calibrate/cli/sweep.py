@@ -106,6 +106,7 @@ from dspark_calibrate.cli._sweep_options import (
     RecaptureEveryOption,
     ReplaysOption,
     RequirePrecisionFlag,
+    ResolveOption,
     ResumeFlag,
     RewarmOption,
     SamplesPerVisitOption,
@@ -239,7 +240,11 @@ def _between_line(between: Any, confidence: float) -> str:
             if worst.resolvable > RESOLVE_TARGET_REL:
                 resolve += (
                     f"; {_pct(RESOLVE_TARGET_REL)} at {worst.native.split('/')[0]} needs "
-                    + (f"{worst.epochs_factor}x its epochs" if worst.epochs_factor else f"over {MAX_EPOCHS_FACTOR}x its epochs")
+                    + (
+                        f"{worst.epochs_factor}x its epochs (--resolve {RESOLVE_TARGET_REL:g} measures each G on until it does)"
+                        if worst.epochs_factor
+                        else f"over {MAX_EPOCHS_FACTOR}x its epochs"
+                    )
                 )
             resolve += ")"
         if between.resolvable_shift_rel > RESOLVE_TARGET_REL:
@@ -872,6 +877,7 @@ def _sweep_request(
         interleave=bool(opts.interleave),
         settle_s=opts.settle_s,
         dwell=_sweep_dwell(opts),
+        resolve_rel=opts.resolve,
     )
 
 
@@ -903,10 +909,15 @@ def run_sweep(opts: SweepOptions) -> None:
         live = _sweep_live(opts)
         base_fp = read_fingerprint(opts.fingerprint) if opts.fingerprint is not None else None
         if opts.mixed and (
-            opts.order != "random" or opts.workload is not None or opts.interleave or opts.dwell is not None
+            opts.order != "random"
+            or opts.workload is not None
+            or opts.interleave
+            or opts.dwell is not None
+            or opts.resolve is not None
         ):
             raise ConfigError(
-                "--order serving, --workload, --interleave and --dwell order decode cells; drop them with --mixed"
+                "--order serving, --workload, --interleave, --dwell and --resolve order decode cells; drop "
+                "them with --mixed"
             )
         if opts.mixed:
             _sweep_mixed(
@@ -920,11 +931,19 @@ def run_sweep(opts: SweepOptions) -> None:
         if opts.mixed_workload is not None or opts.mixed_grid is not None:
             raise ConfigError("--mixed-workload and --mixed-grid need --mixed; add --mixed")
         from dspark_calibrate.calibrate.measurement.dwell import check_dwell
-        from dspark_calibrate.calibrate.measurement.sweep import check_settle
+        from dspark_calibrate.calibrate.measurement.sweep import check_resolve, check_settle
 
         check_settle(opts.settle_s, interleave=bool(opts.interleave))
         check_dwell(_sweep_dwell(opts), interleave=bool(opts.interleave))
+        if opts.resolve is not None and opts.passes > 1:
+            raise ConfigError(
+                "--resolve measures a G on inside one process; a sweep in passes gets its epochs from "
+                "its processes: drop --resolve or --passes"
+            )
         request = _sweep_request(opts, backend_options, live, base_fp)
+        check_resolve(
+            request.resolve_rel, interleave=request.interleave, recapture=request.thresholds.recapture_every > 0
+        )
         if opts.passes > 1:
             rounds = request.thresholds.recapture_every or 3
             _run_in_passes(opts.passes, rounds, opts.resume, opts.as_json, opts.out)
@@ -958,6 +977,7 @@ def sweep_command(
     interleave: InterleaveFlag = None,
     settle_s: SettleOption = None,
     dwell: DwellOption = None,
+    resolve: ResolveOption = None,
     workload: WorkloadOption = None,
     preset: PresetOption = "default",
     precision: PrecisionOption = None,

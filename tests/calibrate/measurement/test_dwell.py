@@ -265,7 +265,7 @@ def test_the_cli_measures_at_a_dwell_per_g_and_says_so(tmp_path: Path) -> None:
     [
         (["--dwell", "2"], "add --interleave"),
         (["--interleave", "--dwell", "0.5"], "1..64 steps"),
-        (["--mixed", "--dwell", "2"], "--dwell order decode cells"),
+        (["--mixed", "--dwell", "2"], "--dwell and --resolve order decode cells"),
         (["--interleave", "--dwell", "2=3"], "no dwell for G=[4]"),
         (["--interleave", "--dwell", "2,8=3"], "G=8 is not in the ladder"),
         (["--dwell", "2,4=3"], "add --interleave"),

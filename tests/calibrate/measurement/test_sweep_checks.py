@@ -358,7 +358,7 @@ def test_the_summary_names_the_g_whose_own_paired_sd_is_carried() -> None:
     resolving = replace(base, resolvable_shift_rel=0.001)
     needs = replace(heavy, resolvable=0.0077, epochs_factor=4)
     line = _between_line(replace(resolving, paired_groups=(replace(light, resolvable=0.002), needs)), 0.95)
-    assert "each G alone 0.20%-0.77%, G256 the least; 0.40% at G256 needs 4x its epochs)" in line
+    assert "each G alone 0.20%-0.77%, G256 the least; 0.40% at G256 needs 4x its epochs (--resolve 0.004 measures" in line
     far = replace(needs, epochs_factor=None)
     assert "needs over 64x its epochs" in _between_line(replace(resolving, paired_groups=(far,)), 0.95)
     within = replace(needs, resolvable=0.003)

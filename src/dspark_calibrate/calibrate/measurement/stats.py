@@ -86,6 +86,7 @@ __all__ = [
     "Thresholds",
     "common_round_effects",
     "estimate_between_run",
+    "group_paired",
     "median_interval",
     "paired_saving_interval",
     "round_level_half_width",
@@ -861,11 +862,14 @@ RESOLVE_TARGET_REL = 0.004
 
 
 def _paired_groups(
-    compared: Sequence[Cell], ratios: Sequence[tuple[dict[int, float], Mapping[int, int]]], confidence: float
+    compared: Sequence[Cell],
+    ratios: Sequence[tuple[dict[int, float], Mapping[int, int]]],
+    confidence: float,
+    target: float = RESOLVE_TARGET_REL,
 ) -> tuple[GroupPaired, ...]:
     """σ_d of each G alone from its cells' round log-ratios (``ratios``, one per cell of
-    ``compared``), with the resolvable shift and the epochs it would need for
-    :data:`RESOLVE_TARGET_REL`; a G with no series that counts is left out."""
+    ``compared``), with the resolvable shift and the epochs it would need for ``target``; a G with
+    no series that counts is left out."""
     groups = []
     for native in dict.fromkeys(c.native for c in compared):
         mine = [r for c, r in zip(compared, ratios, strict=True) if c.native == native]
@@ -873,7 +877,7 @@ def _paired_groups(
             mine,
             confidence=confidence,
             design=design_effect([len(mine)], PAIRED_CORRELATION),
-            target=RESOLVE_TARGET_REL,
+            target=target,
         )
         if g.series:
             groups.append(
@@ -889,6 +893,39 @@ def _paired_groups(
                 )
             )
     return tuple(groups)
+
+
+def _paired_ratios(
+    logs: Mapping[Cell, dict[int, float]], epoch_of: Mapping[Cell, Mapping[int, int]], multi: Sequence[Cell]
+) -> tuple[list[Cell], list[tuple[dict[int, float], Mapping[int, int]]]]:
+    """The non-native cells of ``multi`` whose native has rounds, and each one's round log-ratios
+    to its native cell with its rounds' epochs: the series σ_d is estimated from."""
+    compared = [c for c in multi if c.kind is not CellKind.NATIVE and c.native in logs]
+    ratios = [
+        ({r: v - logs[c.native][r] for r, v in logs[c].items() if r in logs[c.native]}, epoch_of[c])
+        for c in compared
+    ]
+    return compared, ratios
+
+
+def group_paired(
+    cells: Mapping[Cell, CellSamples],
+    native: Cell,
+    *,
+    confidence: float = 0.95,
+    target: float = RESOLVE_TARGET_REL,
+) -> GroupPaired | None:
+    """σ_d of ``native``'s G alone from ``cells`` (which may hold other G's cells too): the group
+    :func:`estimate_between_run` states in ``paired_groups``, with its resolvable shift and the
+    epochs it would need to resolve ``target``; None while no cell of the G spans two epochs
+    beside its native. Pure."""
+    mine = {c: s for c, s in cells.items() if c.native == native}
+    logs = round_log_medians(mine)
+    epoch_of = {c: mine[c].round_epochs() for c in logs}
+    multi = [c for c in logs if len({epoch_of[c][r] for r in logs[c]}) >= 2]
+    compared, ratios = _paired_ratios(logs, epoch_of, multi)
+    groups = _paired_groups(compared, ratios, confidence, target) if compared else ()
+    return groups[0] if groups else None
 
 
 def estimate_between_run(
@@ -925,11 +962,7 @@ def estimate_between_run(
         confidence=confidence,
         bounds=(False, True),
     )
-    compared = [c for c in multi if c.kind is not CellKind.NATIVE and c.native in logs]
-    ratios = [
-        ({r: v - logs[c.native][r] for r, v in logs[c].items() if r in logs[c.native]}, epoch_of[c])
-        for c in compared
-    ]
+    compared, ratios = _paired_ratios(logs, epoch_of, multi)
     # The cells of one G share their native cell's shift: if cells shift alike, their log-ratios
     # correlate at 1/2, and their pooled sum of squares carries fewer independent pieces.
     per_g = [sum(1 for c in compared if c.native == n) for n in {c.native for c in compared}]

@@ -109,6 +109,7 @@ from dspark_calibrate.calibrate.measurement.stats import (
     Thresholds,
     common_round_effects,
     estimate_between_run,
+    group_paired,
     summarize,
 )
 from dspark_calibrate.calibrate.measurement.sweep_plot import plot_sweep
@@ -129,6 +130,7 @@ __all__ = [
     "SweepResult",
     "build_fingerprint",
     "check_reference_resources",
+    "check_resolve",
     "default_journal_path",
     "deployment_base",
     "deployment_ranks",
@@ -182,6 +184,11 @@ class SweepConfig:
             None: half the rounds switch every step and half run cells in runs
             (:data:`~.protocol.MIX_STAYS`), and the intervals hold both. At a power cap a saving
             moves with the dwell (docs/sweep.md "The policy's dwell").
+        resolve_rel: with ``interleave`` and re-capture, the paired shift each G's own cells must
+            resolve before its native cell may stop (:func:`~.stats.group_paired`): the G is
+            visited on, every cell timed (design 5), until its epochs resolve it, the budget ends
+            the sweep, or no number of epochs up to :data:`~.reml.MAX_EPOCHS_FACTOR` times its
+            own would. None: a G stops when its cells reach their precision.
     """
 
     k: int
@@ -198,9 +205,11 @@ class SweepConfig:
     interleave: bool = False
     settle_s: float | None = None
     dwell: Dwell | None = None
+    resolve_rel: float | None = None
 
     def __post_init__(self) -> None:
         check_settle(self.settle_s, interleave=self.interleave)
+        check_resolve(self.resolve_rel, interleave=self.interleave, recapture=self.thresholds.recapture_every > 0)
         check_dwell(self.dwell, interleave=self.interleave, ladder=self.ladder)
         if self.interleave and self.mixed is not None:
             raise ConfigError("--interleave alternates decode cells; a mixed sweep visits one step at a time")
@@ -262,6 +271,8 @@ class SweepConfig:
             out["settle_s"] = self.settle_s
         if self.dwell is not None:  # a sweep of both mix designs keeps its digest
             out["dwell"] = dwell_to_json(self.dwell)
+        if self.resolve_rel is not None:  # and a sweep that stops each G on its precision
+            out["resolve_rel"] = self.resolve_rel
         return out
 
     def visit_stay(self, round_index: int, g: int) -> float:
@@ -1074,6 +1085,31 @@ def check_settle(settle_s: float | None, *, interleave: bool) -> None:
         raise ConfigError(f"--settle-s {settle_s!r} is not a number of seconds in 0..{MAX_SETTLE_S:g}")
 
 
+#: The largest paired shift ``--resolve`` accepts (5%: a step's epochs move by far less).
+MAX_RESOLVE_REL = 0.05
+
+
+def check_resolve(resolve_rel: float | None, *, interleave: bool, recapture: bool) -> None:
+    """Refuse a ``--resolve`` outside ``(0, MAX_RESOLVE_REL]``, or one the design cannot act on:
+    without ``--interleave`` a G's stopped cells are not timed while its native measures on, and
+    without re-capture there are no epochs to resolve a shift between.
+
+    Raises:
+        ConfigError: naming ``--resolve`` and the fix.
+    """
+    if resolve_rel is None:
+        return
+    if not (math.isfinite(resolve_rel) and 0.0 < resolve_rel <= MAX_RESOLVE_REL):
+        raise ConfigError(f"--resolve {resolve_rel!r} is not a relative shift in (0, {MAX_RESOLVE_REL:g}]; e.g. 0.004")
+    if not interleave:
+        raise ConfigError(
+            "--resolve keeps a G measuring until its own cells resolve the shift, which only an "
+            "interleaved visit times them for once they stopped; add --interleave"
+        )
+    if not recapture:
+        raise ConfigError("--resolve needs capture epochs to resolve a shift between; set --recapture-every >= 1")
+
+
 #: Steps of an interleaved sequence between two telemetry readings (and between two waits of the
 #: host for the device: the next chunk is queued before the one before it is waited for).
 _CHUNK_STEPS = 8
@@ -1175,6 +1211,7 @@ def resummarize(journal_path: Path, *, passes: bool) -> SweepResult:
             interleave=bool(head.get("interleave")),
             settle_s=head.get("settle_s"),
             dwell=dwell_from_json(head.get("dwell")),
+            resolve_rel=head.get("resolve_rel"),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"{journal_path}: the journal's configuration is incomplete ({exc!r})") from exc
@@ -1275,6 +1312,19 @@ class _Harness:
         return any(
             c.native == native and c != native and st.decision is None for c, st in self.states.items()
         )
+
+    def _g_resolves(self, native: Cell) -> bool:
+        """Whether the native cell's G may stop as far as ``--resolve`` goes: no target; its own
+        cells resolve it (:func:`~.stats.group_paired`); or no projected number of epochs would
+        (more rounds cannot help). A G whose cells do not yet span two epochs measures on."""
+        target = self.config.resolve_rel
+        if target is None:
+            return True
+        kept = {c: st.kept() for c, st in self.states.items() if c.native == native and st.rows}
+        group = group_paired(kept, native, confidence=self.config.thresholds.confidence, target=target)
+        if group is None or group.resolvable is None:
+            return False
+        return group.resolvable <= target or group.epochs_factor is None
 
     def sweep_seconds(self) -> float:
         return self.seconds_total
@@ -1701,7 +1751,7 @@ class _Harness:
                 decision.stops
                 and cell.kind is CellKind.NATIVE
                 and decision.reason != StopReason.BUDGET.value
-                and self._siblings_open(cell)
+                and (self._siblings_open(cell) or not self._g_resolves(cell))
             ):
                 continue
             if decision.stops:
@@ -2302,6 +2352,8 @@ class SweepRequest:
             (:attr:`SweepConfig.interleave`).
         settle_s: an interleaved visit's untimed mix, seconds (:attr:`SweepConfig.settle_s`).
         dwell: the policy's mean run on one cell, steps, for every G or per G (:attr:`SweepConfig.dwell`).
+        resolve_rel: the paired shift each G must resolve before it stops (:attr:`SweepConfig.resolve_rel`);
+            one process only (a pass's epochs are other processes').
     """
 
     backend: str
@@ -2332,6 +2384,7 @@ class SweepRequest:
     interleave: bool = False
     settle_s: float | None = None
     dwell: Dwell | None = None
+    resolve_rel: float | None = None
 
 
 IMPORT_BACKEND = "import-samples"
@@ -2416,6 +2469,13 @@ def execute(
     if request.backend == IMPORT_BACKEND:
         return _execute_import(request)
 
+    # Refused before a backend loads (which can take minutes).
+    check_resolve(request.resolve_rel, interleave=request.interleave, recapture=request.thresholds.recapture_every > 0)
+    if request.resolve_rel is not None and request.pass_epoch is not None:
+        raise ConfigError(
+            "--resolve measures a G on inside one process; a sweep in passes gets its epochs from its "
+            "processes: drop --resolve or --passes"
+        )
     if request.backend == "reference":
         check_reference_resources(request, cells, on_event)
     if comm is None:
@@ -2456,6 +2516,7 @@ def execute(
             interleave=request.interleave,
             settle_s=request.settle_s,
             dwell=request.dwell,
+            resolve_rel=request.resolve_rel,
         )
         return sweep(
             config=config,
