@@ -202,6 +202,7 @@ def with_budget(
     seed: int | None = None,
     dwell: float | None = None,
     precision: float | None = None,
+    resolve: float | None = None,
 ) -> Mode:
     """``mode`` with another sweep budget (GPU-seconds) and harness sequence length, where given,
     and (``interleave``) a sweep that visits each G's cells in one interleaved sequence, running
@@ -211,7 +212,8 @@ def with_budget(
     ``samples_per_visit`` its samples per visit, ``max_samples`` its cap of samples per cell (a
     cell at the cap stops, whatever budget is left), ``dwell`` its ``--dwell`` (every visit in runs
     of that mean length: the harness's own dwell is 1 / its ``switch_share``), ``precision`` its
-    ``--precision`` (the relative half-width at which a cell stops). A budget above the
+    ``--precision`` (the relative half-width at which a cell stops), ``resolve`` its ``--resolve``
+    (each G measured on until its own cells resolve that paired shift). A budget above the
     mode's own raises the sweep's hard limit with it, so that the budget, not the limit, ends the
     sweep."""
     sweep = list(mode.sweep)
@@ -243,6 +245,10 @@ def with_budget(
         if not interleave:
             raise SystemExit("--sweep-dwell needs --sweep-interleave")
         sweep += ["--dwell", f"{dwell:g}"]
+    if resolve is not None:
+        if not interleave:
+            raise SystemExit("--sweep-resolve needs --sweep-interleave")
+        sweep += ["--resolve", f"{resolve:g}"]
     if sweep_budget is not None:
         if not sweep_budget > 0:
             raise SystemExit(f"--sweep-budget must be > 0, not {sweep_budget}")
@@ -1111,6 +1117,12 @@ def main(argv: list[str] | None = None) -> int:
             default=None,
             help="job: with --sweep-interleave, the sweep's --dwell (mean run on one cell, steps)",
         )
+        p.add_argument(
+            "--sweep-resolve",
+            type=float,
+            default=None,
+            help="job: with --sweep-interleave and one pass, the sweep's --resolve (e.g. 0.004)",
+        )
         p.add_argument("--sweep-passes", type=int, default=None, help="job: the sweep's --passes (default 4)")
         p.add_argument(
             "--sweep-recapture-every",
@@ -1179,6 +1191,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.sweep_seed,
         dwell=args.sweep_dwell,
         precision=args.sweep_precision,
+        resolve=args.sweep_resolve,
     )
     if args.harness_blocks is not None:
         if args.harness_blocks < 1:

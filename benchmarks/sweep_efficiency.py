@@ -173,6 +173,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             interleave=args.interleave,
             settle_s=args.settle_s,
             dwell=None if args.dwell is None else parse_dwell(args.dwell, parse_ladder(args.ladder)),
+            resolve_rel=args.resolve,
         )
         marks: list[float] = []
 
@@ -547,6 +548,12 @@ def main(argv: list[str] | None = None) -> int:
         "--dwell",
         default=None,
         help="with --interleave: mean run on one cell, steps, for every G or per G (--dwell)",
+    )
+    run.add_argument(
+        "--resolve",
+        type=float,
+        default=None,
+        help="with --interleave: measure each G on until its own cells resolve this paired shift (--resolve)",
     )
     run.add_argument("--out-dir", required=True)
     run.set_defaults(fn=cmd_run)

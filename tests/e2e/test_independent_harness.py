@@ -370,6 +370,13 @@ def test_the_sweep_can_be_asked_for_a_dwell() -> None:
         ih.with_budget(ih.FULL, None, None, dwell=2.6)
 
 
+def test_the_sweep_can_be_asked_to_resolve_each_g() -> None:
+    mode = ih.with_budget(ih.FULL, None, None, interleave=True, resolve=0.004)
+    assert mode.sweep[mode.sweep.index("--resolve") + 1] == "0.004"
+    with pytest.raises(SystemExit, match="--sweep-interleave"):
+        ih.with_budget(ih.FULL, None, None, resolve=0.004)
+
+
 @pytest.mark.parametrize("precision", [0.0, -0.01, 1.0])
 def test_a_sweep_precision_outside_the_unit_interval_is_refused(precision: float) -> None:
     with pytest.raises(SystemExit, match="--sweep-precision"):
@@ -387,10 +394,11 @@ def test_every_sweep_option_the_job_passes_is_one_the_sweep_script_takes(
     monkeypatch.setattr(se, "cmd_run", lambda args: seen.update(vars(args)) or 0)
     mode = ih.with_budget(
         ih.FULL, 240, None, interleave=True, settle_s=0.75, passes=1, recapture_every=6,
-        samples_per_visit=6, max_samples=320, seed=18, dwell=2.7, precision=0.003,
+        samples_per_visit=6, max_samples=320, seed=18, dwell=2.7, precision=0.003, resolve=0.004,
     )  # fmt: skip
     assert se.main(ih.sweep_command(mode, Path("/x"))[2:]) == 0
     assert (seen["dwell"], seen["settle_s"], seen["interleave"]) == ("2.7", 0.75, True)
+    assert seen["resolve"] == 0.004
     assert seen["precision"] == 0.003
     assert (seen["samples_per_visit"], seen["max_samples"], seen["seed"]) == (6, 320, 18)
 

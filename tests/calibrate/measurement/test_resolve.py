@@ -83,8 +83,12 @@ def test_a_groups_paired_sd_is_the_one_the_sweep_states() -> None:
             shift = rng.normal(0.0, 0.004, 6)  # one per epoch
             rounds = np.repeat(np.arange(18), 3)
             epochs = rounds // 3
-            ms = (1.0 + g) * (1.0 - 0.01 * v / g) * np.exp(shift[epochs] + rng.normal(0.0, 0.003, rounds.size))
-            cells[spec] = CellSamples(spec, tuple(ms), tuple(int(r) for r in rounds), tuple(int(e) for e in epochs))
+            ms = (
+                (1.0 + g) * (1.0 - 0.01 * v / g) * np.exp(shift[epochs] + rng.normal(0.0, 0.003, rounds.size))
+            )
+            cells[spec] = CellSamples(
+                spec, tuple(ms), tuple(int(r) for r in rounds), tuple(int(e) for e in epochs)
+            )
     stated = {g.native: g for g in estimate_between_run(cells).paired_groups}
     for g in (2, 4):
         native = CellSpec(g, 0, 3)
