@@ -241,7 +241,7 @@ def _between_line(between: Any, confidence: float) -> str:
                 resolve += (
                     f"; {_pct(RESOLVE_TARGET_REL)} at {worst.native.split('/')[0]} needs "
                     + (
-                        f"{worst.epochs_factor}x its epochs (--resolve {RESOLVE_TARGET_REL:g} measures each G on until it does)"
+                        f"{worst.epochs_factor}x its epochs (--resolve {RESOLVE_TARGET_REL:g} measures each G on until it does, budget permitting)"
                         if worst.epochs_factor
                         else f"over {MAX_EPOCHS_FACTOR}x its epochs"
                     )
