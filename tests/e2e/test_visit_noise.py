@@ -88,7 +88,7 @@ def test_a_synthetic_interleaved_sweep_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "noise.json"
     assert vn.main(["--sweep", str(tmp_path), "--out", str(out)]) == 0
     sweep = json.loads(out.read_text())["sweeps"][0]
-    assert sweep["interleave_design"] == 4 and sweep["samples_per_visit"] >= 1
+    assert sweep["interleave_design"] == 5 and sweep["samples_per_visit"] >= 1
     rows = [r for cells in sweep["per_g"].values() for d in cells.values() for r in d.values() if r]
     assert set(sweep["per_g"]) == {"2", "4"} and rows
     assert all(np.isfinite([r["visit_sd"], r["expected_sd"], r["excess_sd"]]).all() for r in rows)

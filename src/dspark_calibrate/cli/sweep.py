@@ -1032,9 +1032,8 @@ def sweep_command(
 ) -> None:
     """Measure T(G, V) for the native and candidate cells of every G, with honest intervals.
 
-    Before measuring, the reference backend estimates its memory and time and refuses what the
-    machine cannot hold. Fingerprint fields the sweep cannot probe come from the --live-* options
-    or --fingerprint (docs/fingerprint.md). Ctrl-C keeps the journal: --resume continues.
+    The reference backend first refuses what the machine cannot hold. Fingerprint fields the sweep
+    cannot probe come from --live-* or --fingerprint (docs/fingerprint.md). Ctrl-C keeps the journal.
     """
     # Every parameter is one SweepOptions field of the same name, and nothing else is local yet.
     run_sweep(SweepOptions(**locals()))

@@ -20,7 +20,14 @@ from dspark_calibrate.calibrate.measurement.stats import (
     estimate_between_run,
     group_paired,
 )
-from dspark_calibrate.calibrate.measurement.sweep import SweepResult, check_resolve, resummarize, run_sweep
+from dspark_calibrate.calibrate.measurement.sweep import (
+    SweepRequest,
+    SweepResult,
+    check_resolve,
+    execute,
+    resummarize,
+    run_sweep,
+)
 from dspark_calibrate.cli import build_calibrate_app
 from dspark_calibrate.errors import ConfigError
 from tests.calibrate.conftest import make_config
@@ -136,3 +143,22 @@ def test_the_cli_refuses_a_resolve_before_anything_runs(tmp_path: Path, extra: l
     res = CliRunner().invoke(build_calibrate_app(), args)
     assert res.exit_code != 0 and says in " ".join(res.output.split()), res.output
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"interleave": True, "pass_epoch": 0}, "drop --resolve or --passes"),
+        ({"interleave": False}, "add --interleave"),
+    ],
+)
+def test_a_request_to_resolve_is_refused_before_a_backend_loads(
+    tmp_path: Path, fields: dict[str, object], says: str
+) -> None:
+    """A :class:`SweepRequest` (the API the CLI and the benchmarks call) is checked too."""
+    request = SweepRequest(
+        backend="synthetic", k=3, ladder=(2, 4), out=tmp_path / "s.parquet", resolve_rel=0.004, **fields
+    )  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=says):
+        execute(request)
+    assert not list(tmp_path.iterdir())

@@ -2450,6 +2450,21 @@ def deployment_ranks(requested: int | None, processes: int) -> int:
     return requested
 
 
+def _check_request_resolve(request: SweepRequest) -> None:
+    """Refuse the request's ``--resolve`` where its design cannot act on it (:func:`check_resolve`),
+    or in a pass of a sweep in several processes (a pass's epochs are other processes').
+
+    Raises:
+        ConfigError: naming ``--resolve`` and the fix.
+    """
+    check_resolve(request.resolve_rel, interleave=request.interleave, recapture=request.thresholds.recapture_every > 0)
+    if request.resolve_rel is not None and request.pass_epoch is not None:
+        raise ConfigError(
+            "--resolve measures a G on inside one process; a sweep in passes gets its epochs from its "
+            "processes: drop --resolve or --passes"
+        )
+
+
 def execute(
     request: SweepRequest,
     *,
@@ -2469,13 +2484,7 @@ def execute(
     if request.backend == IMPORT_BACKEND:
         return _execute_import(request)
 
-    # Refused before a backend loads (which can take minutes).
-    check_resolve(request.resolve_rel, interleave=request.interleave, recapture=request.thresholds.recapture_every > 0)
-    if request.resolve_rel is not None and request.pass_epoch is not None:
-        raise ConfigError(
-            "--resolve measures a G on inside one process; a sweep in passes gets its epochs from its "
-            "processes: drop --resolve or --passes"
-        )
+    _check_request_resolve(request)  # before a backend loads (which can take minutes)
     if request.backend == "reference":
         check_reference_resources(request, cells, on_event)
     if comm is None:
