@@ -935,14 +935,12 @@ def run_sweep(opts: SweepOptions) -> None:
 
         check_settle(opts.settle_s, interleave=bool(opts.interleave))
         check_dwell(_sweep_dwell(opts), interleave=bool(opts.interleave))
-        if opts.resolve is not None and opts.passes > 1:
-            raise ConfigError(
-                "--resolve measures a G on inside one process; a sweep in passes gets its epochs from "
-                "its processes: drop --resolve or --passes"
-            )
         request = _sweep_request(opts, backend_options, live, base_fp)
         check_resolve(
-            request.resolve_rel, interleave=request.interleave, recapture=request.thresholds.recapture_every > 0
+            request.resolve_rel,
+            interleave=request.interleave,
+            recapture=request.thresholds.recapture_every > 0,
+            in_passes=opts.passes > 1 or opts.pass_index is not None,
         )
         if opts.passes > 1:
             rounds = request.thresholds.recapture_every or 3
@@ -1032,11 +1030,11 @@ def sweep_command(
 ) -> None:
     """Measure T(G, V) for the native and candidate cells of every G, with honest intervals.
 
-    The reference backend first refuses what the machine cannot hold. Fingerprint fields the sweep
-    cannot probe come from --live-* or --fingerprint (docs/fingerprint.md). Ctrl-C keeps the journal.
+    Before measuring, the reference backend estimates its memory and time and refuses what the
+    machine cannot hold. Fingerprint fields the sweep cannot probe come from the --live-* options
+    or --fingerprint (docs/fingerprint.md). Ctrl-C keeps the journal: --resume continues.
     """
-    # Every parameter is one SweepOptions field of the same name, and nothing else is local yet.
-    run_sweep(SweepOptions(**locals()))
+    run_sweep(SweepOptions(**locals()))  # every parameter is one SweepOptions field, nothing else local
 
 
 def register(app: typer.Typer) -> None:

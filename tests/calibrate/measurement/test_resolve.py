@@ -162,3 +162,9 @@ def test_a_request_to_resolve_is_refused_before_a_backend_loads(
     with pytest.raises(ConfigError, match=says):
         execute(request)
     assert not list(tmp_path.iterdir())
+
+
+def test_a_resolve_in_passes_is_refused() -> None:
+    with pytest.raises(ConfigError, match="drop --resolve or --passes"):
+        check_resolve(0.004, interleave=True, recapture=True, in_passes=True)
+    check_resolve(None, interleave=True, recapture=True, in_passes=True)

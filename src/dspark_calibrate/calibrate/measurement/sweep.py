@@ -1089,10 +1089,13 @@ def check_settle(settle_s: float | None, *, interleave: bool) -> None:
 MAX_RESOLVE_REL = 0.05
 
 
-def check_resolve(resolve_rel: float | None, *, interleave: bool, recapture: bool) -> None:
+def check_resolve(
+    resolve_rel: float | None, *, interleave: bool, recapture: bool, in_passes: bool = False
+) -> None:
     """Refuse a ``--resolve`` outside ``(0, MAX_RESOLVE_REL]``, or one the design cannot act on:
-    without ``--interleave`` a G's stopped cells are not timed while its native measures on, and
-    without re-capture there are no epochs to resolve a shift between.
+    without ``--interleave`` a G's stopped cells are not timed while its native measures on,
+    without re-capture there are no epochs to resolve a shift between, and in a sweep of several
+    processes (``in_passes``) a pass's epochs are other processes'.
 
     Raises:
         ConfigError: naming ``--resolve`` and the fix.
@@ -1108,6 +1111,11 @@ def check_resolve(resolve_rel: float | None, *, interleave: bool, recapture: boo
         )
     if not recapture:
         raise ConfigError("--resolve needs capture epochs to resolve a shift between; set --recapture-every >= 1")
+    if in_passes:
+        raise ConfigError(
+            "--resolve measures a G on inside one process; a sweep in passes gets its epochs from its "
+            "processes: drop --resolve or --passes"
+        )
 
 
 #: Steps of an interleaved sequence between two telemetry readings (and between two waits of the
@@ -2451,18 +2459,13 @@ def deployment_ranks(requested: int | None, processes: int) -> int:
 
 
 def _check_request_resolve(request: SweepRequest) -> None:
-    """Refuse the request's ``--resolve`` where its design cannot act on it (:func:`check_resolve`),
-    or in a pass of a sweep in several processes (a pass's epochs are other processes').
-
-    Raises:
-        ConfigError: naming ``--resolve`` and the fix.
-    """
-    check_resolve(request.resolve_rel, interleave=request.interleave, recapture=request.thresholds.recapture_every > 0)
-    if request.resolve_rel is not None and request.pass_epoch is not None:
-        raise ConfigError(
-            "--resolve measures a G on inside one process; a sweep in passes gets its epochs from its "
-            "processes: drop --resolve or --passes"
-        )
+    """:func:`check_resolve` on a request: a pass of a sweep in several processes is one."""
+    check_resolve(
+        request.resolve_rel,
+        interleave=request.interleave,
+        recapture=request.thresholds.recapture_every > 0,
+        in_passes=request.pass_epoch is not None,
+    )
 
 
 def execute(
